@@ -1,0 +1,294 @@
+//! The OpenAI-style request shapes pd-router splits, and the few fields it reads.
+
+use crate::body::TopLevel;
+use crate::error::ClientError;
+use serde_json::value::RawValue;
+
+/// An endpoint whose requests are split into prefill and decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Completions,
+    ChatCompletions,
+    /// The Responses API: like chat, with `input` and `max_output_tokens`.
+    Responses,
+}
+
+impl Api {
+    /// The API served at `path` (the query string is ignored).
+    pub fn from_path(path: &str) -> Option<Api> {
+        let path = path.split(['?', '#']).next().unwrap_or(path);
+        match path {
+            "/v1/completions" => Some(Api::Completions),
+            "/v1/chat/completions" => Some(Api::ChatCompletions),
+            "/v1/responses" => Some(Api::Responses),
+            _ => None,
+        }
+    }
+
+    /// The key that caps generated tokens on this API.
+    pub fn max_tokens_key(self) -> &'static str {
+        match self {
+            Api::Responses => "max_output_tokens",
+            _ => "max_tokens",
+        }
+    }
+}
+
+/// Keys the router reads or writes on every engine. A duplicate of any of them
+/// is rejected: the router and the engine could each honour a different copy.
+pub const CONTROLLED_KEYS: [&str; 12] = [
+    "model",
+    "stream",
+    "stream_options",
+    "n",
+    "prompt",
+    "messages",
+    "input",
+    "max_tokens",
+    "max_completion_tokens",
+    "max_output_tokens",
+    "min_tokens",
+    "min_completion_tokens",
+];
+
+/// What the router needs to know about a client request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Facts {
+    pub api: Api,
+    pub model: String,
+    pub stream: bool,
+    pub n: u64,
+    /// Completions with an array of prompts: how many.
+    pub prompt_batch: Option<usize>,
+    pub include_usage: bool,
+}
+
+impl Facts {
+    /// How many sequences one request asks for, where engines track them
+    /// separately (SGLang's bootstrap rooms): a prompt batch, or chat `n`.
+    pub fn batch_size(&self) -> Option<usize> {
+        match self.api {
+            Api::Completions => self.prompt_batch,
+            Api::ChatCompletions | Api::Responses if self.n > 1 => Some(self.n as usize),
+            _ => None,
+        }
+    }
+}
+
+fn bad(field: &str, what: &str) -> ClientError {
+    ClientError::BadField {
+        field: field.to_owned(),
+        message: what.to_owned(),
+    }
+}
+
+/// Reads and type-checks the fields the router relies on. Only top-level
+/// values are parsed; `messages` and `prompt` are looked at, never rebuilt.
+pub fn read_facts(api: Api, body: &[u8], top: &TopLevel) -> Result<Facts, ClientError> {
+    if let Some(dup) = top.first_duplicate(&CONTROLLED_KEYS) {
+        return Err(ClientError::DuplicateKey(dup.to_owned()));
+    }
+    let model = match top.raw_non_null(body, "model") {
+        None => return Err(bad("model", "is required")),
+        Some(raw) => match serde_json::from_slice::<String>(raw) {
+            Ok(m) if !m.is_empty() => m,
+            Ok(_) => return Err(bad("model", "must not be empty")),
+            Err(_) => return Err(bad("model", "must be a string")),
+        },
+    };
+    let stream = match top.raw_non_null(body, "stream") {
+        None => false,
+        Some(raw) => {
+            serde_json::from_slice::<bool>(raw).map_err(|_| bad("stream", "must be a boolean"))?
+        }
+    };
+    let n = match top.raw_non_null(body, "n") {
+        None => 1,
+        Some(raw) => match serde_json::from_slice::<u64>(raw) {
+            Ok(n) if n >= 1 => n,
+            _ => return Err(bad("n", "must be a positive integer")),
+        },
+    };
+    for key in [
+        "max_tokens",
+        "max_completion_tokens",
+        "max_output_tokens",
+        "min_tokens",
+        "min_completion_tokens",
+    ] {
+        if let Some(raw) = top.raw_non_null(body, key) {
+            serde_json::from_slice::<u64>(raw)
+                .map_err(|_| bad(key, "must be a non-negative integer"))?;
+        }
+    }
+    let include_usage = match top.raw_non_null(body, "stream_options") {
+        None => false,
+        Some(raw) => {
+            #[derive(serde::Deserialize)]
+            struct StreamOptions {
+                #[serde(default)]
+                include_usage: Option<bool>,
+            }
+            serde_json::from_slice::<StreamOptions>(raw)
+                .map_err(|_| bad("stream_options", "must be an object"))?
+                .include_usage
+                .unwrap_or(false)
+        }
+    };
+    let mut prompt_batch = None;
+    match api {
+        Api::Completions => {
+            let raw = top
+                .raw_non_null(body, "prompt")
+                .ok_or_else(|| bad("prompt", "is required"))?;
+            prompt_batch = prompt_batch_size(raw)?;
+        }
+        Api::ChatCompletions => {
+            let raw = top
+                .raw_non_null(body, "messages")
+                .ok_or_else(|| bad("messages", "is required"))?;
+            if raw.first() != Some(&b'[') {
+                return Err(bad("messages", "must be an array"));
+            }
+        }
+        Api::Responses => {
+            let raw = top
+                .raw_non_null(body, "input")
+                .ok_or_else(|| bad("input", "is required"))?;
+            if !matches!(raw.first(), Some(b'[') | Some(b'"')) {
+                return Err(bad("input", "must be a string or an array"));
+            }
+        }
+    }
+    Ok(Facts {
+        api,
+        model,
+        stream,
+        n,
+        prompt_batch,
+        include_usage,
+    })
+}
+
+/// `prompt` is a string, a list of token ids (one prompt), or a list of
+/// strings or of token lists (a batch).
+fn prompt_batch_size(raw: &[u8]) -> Result<Option<usize>, ClientError> {
+    match raw.first() {
+        Some(b'"') => Ok(None),
+        Some(b'[') => {
+            let items: Vec<&RawValue> = serde_json::from_slice(raw)
+                .map_err(|_| bad("prompt", "must be a string or an array"))?;
+            let Some(first) = items.first() else {
+                return Err(bad("prompt", "must not be empty"));
+            };
+            let is_batch = |v: &RawValue| matches!(v.get().as_bytes().first(), Some(b'"' | b'['));
+            let is_token = |v: &RawValue| serde_json::from_str::<u64>(v.get()).is_ok();
+            if is_batch(first) {
+                if items.iter().all(|v| is_batch(v)) {
+                    Ok(Some(items.len()))
+                } else {
+                    Err(bad("prompt", "mixes prompts and token ids"))
+                }
+            } else if items.iter().all(|v| is_token(v)) {
+                Ok(None)
+            } else {
+                Err(bad(
+                    "prompt",
+                    "must be a string, an array of strings, or an array of token ids",
+                ))
+            }
+        }
+        _ => Err(bad("prompt", "must be a string or an array")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(api: Api, body: &str) -> Result<Facts, ClientError> {
+        let top = TopLevel::parse(body.as_bytes()).expect("json");
+        read_facts(api, body.as_bytes(), &top)
+    }
+
+    #[test]
+    fn paths_map_to_apis() {
+        assert_eq!(Api::from_path("/v1/completions"), Some(Api::Completions));
+        assert_eq!(
+            Api::from_path("/v1/chat/completions?x=1"),
+            Some(Api::ChatCompletions)
+        );
+        assert_eq!(Api::from_path("/v1/responses"), Some(Api::Responses));
+        assert_eq!(Api::from_path("/v1/models"), None);
+        assert_eq!(Api::from_path("/v1/completions/x"), None);
+    }
+
+    #[test]
+    fn reads_the_fields_it_needs() {
+        let f = facts(
+            Api::ChatCompletions,
+            r#"{"model":"m","messages":[],"stream":true,"n":3,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(f.model, "m");
+        assert!(f.stream && f.include_usage);
+        assert_eq!(f.n, 3);
+        assert_eq!(f.batch_size(), Some(3));
+        let f = facts(Api::Completions, r#"{"model":"m","prompt":"p","stream":null,"n":null}"#).unwrap();
+        assert!(!f.stream);
+        assert_eq!(f.batch_size(), None);
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        let batch = |p: &str| facts(Api::Completions, &format!(r#"{{"model":"m","prompt":{p}}}"#));
+        assert_eq!(batch(r#""x""#).unwrap().prompt_batch, None);
+        assert_eq!(batch("[1,2,3]").unwrap().prompt_batch, None);
+        assert_eq!(batch(r#"["a","b"]"#).unwrap().prompt_batch, Some(2));
+        assert_eq!(batch("[[1],[2],[3]]").unwrap().prompt_batch, Some(3));
+        assert!(batch("[]").is_err());
+        assert!(batch(r#"["a",1]"#).is_err());
+        assert!(batch("[1.5]").is_err());
+        assert!(batch("7").is_err());
+    }
+
+    #[test]
+    fn wrong_types_are_client_errors() {
+        let cases = [
+            (Api::Completions, r#"{"prompt":"p"}"#, "model"),
+            (Api::Completions, r#"{"model":7,"prompt":"p"}"#, "model"),
+            (Api::Completions, r#"{"model":"","prompt":"p"}"#, "model"),
+            (Api::Completions, r#"{"model":"m","prompt":"p","stream":"yes"}"#, "stream"),
+            (Api::Completions, r#"{"model":"m","prompt":"p","n":0}"#, "n"),
+            (Api::Completions, r#"{"model":"m","prompt":"p","n":-1}"#, "n"),
+            (Api::Completions, r#"{"model":"m","prompt":"p","max_tokens":"5"}"#, "max_tokens"),
+            (Api::Completions, r#"{"model":"m","prompt":"p","stream_options":1}"#, "stream_options"),
+            (Api::Completions, r#"{"model":"m"}"#, "prompt"),
+            (Api::ChatCompletions, r#"{"model":"m","messages":"hi"}"#, "messages"),
+            (Api::ChatCompletions, r#"{"model":"m"}"#, "messages"),
+            (Api::Responses, r#"{"model":"m","input":5}"#, "input"),
+        ];
+        for (api, body, field) in cases {
+            match facts(api, body) {
+                Err(ClientError::BadField { field: f, .. }) => assert_eq!(f, field, "{body}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn duplicated_controlled_keys_are_rejected() {
+        let e = facts(
+            Api::Completions,
+            r#"{"model":"m","prompt":"p","max_tokens":1,"max_tokens":900}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e, ClientError::DuplicateKey("max_tokens".into()));
+        // A duplicate the router neither reads nor writes is the engine's business.
+        assert!(facts(
+            Api::Completions,
+            r#"{"model":"m","prompt":"p","temperature":1,"temperature":0}"#
+        )
+        .is_ok());
+    }
+}

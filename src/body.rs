@@ -1,0 +1,487 @@
+//! Top-level editing of a JSON object without touching the bytes the router
+//! does not own.
+//!
+//! Engines cache KV by prompt tokens, and the tokens come from the exact text of
+//! `messages`, `tools` and `prompt`. Re-serialising a body reorders keys, changes
+//! whitespace and rounds integers above 2^53, all of which break prefix-cache hits
+//! or corrupt ids. So a body is parsed once into the byte spans of its top-level
+//! members, and a new body is produced by splicing: kept members are copied
+//! verbatim, edited members get a new value in place, new members are appended.
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
+
+/// Why a body could not be read as a JSON object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyError {
+    /// The bytes are not UTF-8 (JSON text must be).
+    NotUtf8,
+    /// The body is empty or only whitespace.
+    Empty,
+    /// Valid or not, the top level is not an object.
+    NotObject,
+    /// The JSON is malformed; the text is serde_json's, with line and column.
+    Invalid(String),
+}
+
+impl fmt::Display for BodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BodyError::NotUtf8 => f.write_str("request body is not valid UTF-8"),
+            BodyError::Empty => f.write_str("request body is empty; expected a JSON object"),
+            BodyError::NotObject => f.write_str("request body must be a JSON object"),
+            BodyError::Invalid(e) => write!(f, "request body is not valid JSON: {e}"),
+        }
+    }
+}
+
+/// One top-level member: where its key and value sit in the source.
+#[derive(Debug, Clone)]
+struct Member {
+    key: String,
+    /// Just after the previous member's value (or after `{`): removing a
+    /// non-first member deletes from here, taking its leading comma with it.
+    lead_start: usize,
+    key_start: usize,
+    value: Range<usize>,
+}
+
+/// The top-level members of a JSON object, as spans into the source bytes.
+///
+/// It owns no part of the body, so a flow can keep it beside the body while a
+/// prefill is in flight and render the decode body later without parsing twice.
+#[derive(Debug, Clone)]
+pub struct TopLevel {
+    members: Vec<Member>,
+    /// Index of the closing `}`.
+    close: usize,
+}
+
+struct Key<'a>(Cow<'a, str>);
+
+impl<'de> de::Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+struct MembersVisitor;
+
+impl<'de> Visitor<'de> for MembersVisitor {
+    type Value = Vec<(Key<'de>, &'de RawValue)>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(map.size_hint().unwrap_or(16));
+        while let Some(key) = map.next_key::<Key<'de>>()? {
+            let value: &'de RawValue = map.next_value()?;
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+impl TopLevel {
+    /// Parses `src` as a JSON object, validating all of it (nesting is limited by
+    /// serde_json's recursion limit, so hostile depth is an error, not a crash).
+    pub fn parse(src: &[u8]) -> Result<TopLevel, BodyError> {
+        let text = std::str::from_utf8(src).map_err(|_| BodyError::NotUtf8)?;
+        let first = src.iter().position(|b| !is_ws(*b)).ok_or(BodyError::Empty)?;
+        if src[first] != b'{' {
+            // Tell a valid non-object apart from garbage: both are 400, but the
+            // message should say which.
+            return Err(match serde_json::from_str::<de::IgnoredAny>(text) {
+                Ok(_) => BodyError::NotObject,
+                Err(e) => BodyError::Invalid(e.to_string()),
+            });
+        }
+        let mut de = serde_json::Deserializer::from_str(text);
+        let raw = de
+            .deserialize_map(MembersVisitor)
+            .map_err(|e| BodyError::Invalid(e.to_string()))?;
+        de.end().map_err(|e| BodyError::Invalid(e.to_string()))?;
+        let close = src
+            .iter()
+            .rposition(|b| !is_ws(*b))
+            .ok_or(BodyError::Empty)?;
+
+        let base = text.as_ptr() as usize;
+        let mut members = Vec::with_capacity(raw.len());
+        let mut lead_start = first + 1;
+        for (key, value) in raw {
+            let start = value.get().as_ptr() as usize - base;
+            let end = start + value.get().len();
+            // The key is the first string after the previous value's end; the
+            // text was validated above, so only whitespace and a comma precede it.
+            let key_start = lead_start
+                + src[lead_start..start]
+                    .iter()
+                    .position(|b| *b == b'"')
+                    .unwrap_or(0);
+            members.push(Member {
+                key: key.0.into_owned(),
+                lead_start,
+                key_start,
+                value: start..end,
+            });
+            lead_start = end;
+        }
+        Ok(TopLevel { members, close })
+    }
+
+    /// The raw text of the first member named `key`.
+    pub fn raw<'s>(&self, src: &'s [u8], key: &str) -> Option<&'s [u8]> {
+        self.members
+            .iter()
+            .find(|m| m.key == key)
+            .map(|m| &src[m.value.clone()])
+    }
+
+    /// The raw text of `key`, treating an explicit `null` as absent (OpenAI
+    /// clients send `"stream": null` to mean "not set").
+    pub fn raw_non_null<'s>(&self, src: &'s [u8], key: &str) -> Option<&'s [u8]> {
+        self.raw(src, key).filter(|v| *v != b"null")
+    }
+
+    /// Whether a member named `key` exists (even if `null`).
+    pub fn contains(&self, key: &str) -> bool {
+        self.members.iter().any(|m| m.key == key)
+    }
+
+    /// The first of `keys` that appears more than once. JSON parsers disagree on
+    /// which duplicate wins, so a duplicated key the router reads or writes would
+    /// let the router and the engine see different requests.
+    pub fn first_duplicate<'k>(&self, keys: &[&'k str]) -> Option<&'k str> {
+        keys.iter()
+            .copied()
+            .find(|k| self.members.iter().filter(|m| m.key == *k).count() > 1)
+    }
+
+    /// Member names in order (for diagnostics and tests).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.members.iter().map(|m| m.key.as_str())
+    }
+
+    /// Produces `src` with `edits` applied. Members not named in `edits` are
+    /// copied byte for byte; the order of keys is kept; set keys that were absent
+    /// are appended in the order they were first set.
+    pub fn render(&self, src: &[u8], edits: &Edits) -> Vec<u8> {
+        if edits.is_empty() {
+            return src.to_vec();
+        }
+        let extra: usize = edits
+            .ops
+            .iter()
+            .map(|(k, op)| match op {
+                Op::Set(v) => k.len() + v.len() + 4,
+                Op::Remove => 0,
+            })
+            .sum();
+        let mut splices: Vec<(Range<usize>, &[u8])> = Vec::with_capacity(edits.ops.len() + 2);
+
+        let kept: Vec<bool> = self
+            .members
+            .iter()
+            .map(|m| !matches!(edits.get(&m.key), Some(Op::Remove)))
+            .collect();
+        let first_kept = kept.iter().position(|k| *k);
+
+        for (i, m) in self.members.iter().enumerate() {
+            match edits.get(&m.key) {
+                Some(Op::Set(v)) => splices.push((m.value.clone(), v.as_bytes())),
+                Some(Op::Remove) => {
+                    if matches!(first_kept, Some(fk) if fk < i) {
+                        splices.push((m.lead_start..m.value.end, b""));
+                    }
+                }
+                None => {}
+            }
+        }
+        // Removed members before the first kept one take the separator that
+        // follows them instead of the one before them.
+        match first_kept {
+            Some(fk) if fk > 0 => {
+                splices.push((self.members[0].key_start..self.members[fk].key_start, b""))
+            }
+            None if !self.members.is_empty() => {
+                let last = &self.members[self.members.len() - 1];
+                splices.push((self.members[0].key_start..last.value.end, b""));
+            }
+            _ => {}
+        }
+
+        let mut appended = Vec::new();
+        let mut any = first_kept.is_some();
+        for (key, op) in &edits.ops {
+            if let Op::Set(v) = op {
+                if !self.contains(key) {
+                    if any {
+                        appended.push(b',');
+                    }
+                    push_json_str(&mut appended, key);
+                    appended.push(b':');
+                    appended.extend_from_slice(v.as_bytes());
+                    any = true;
+                }
+            }
+        }
+        let insert_at = self
+            .members
+            .last()
+            .map(|m| m.value.end)
+            .unwrap_or(self.close);
+        if !appended.is_empty() {
+            splices.push((insert_at..insert_at, &appended));
+        }
+
+        splices.sort_by_key(|(r, _)| (r.start, r.end));
+        let mut out = Vec::with_capacity(src.len() + extra);
+        let mut cursor = 0;
+        for (range, text) in splices {
+            debug_assert!(range.start >= cursor, "overlapping splices");
+            out.extend_from_slice(&src[cursor..range.start.max(cursor)]);
+            out.extend_from_slice(text);
+            cursor = range.end.max(cursor);
+        }
+        out.extend_from_slice(&src[cursor..]);
+        out
+    }
+}
+
+/// What to do with one top-level key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Replace (or append) with this raw JSON text.
+    Set(String),
+    Remove,
+}
+
+/// Top-level edits for one leg, applied by [`TopLevel::render`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Edits {
+    ops: Vec<(String, Op)>,
+}
+
+impl Edits {
+    pub fn new() -> Edits {
+        Edits::default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+
+    /// Sets `key` to raw JSON `value`; the caller guarantees it is valid JSON.
+    pub fn set_raw(&mut self, key: &str, value: impl Into<String>) {
+        self.put(key, Op::Set(value.into()));
+    }
+
+    pub fn set_str(&mut self, key: &str, value: &str) {
+        let mut v = Vec::with_capacity(value.len() + 2);
+        push_json_str(&mut v, value);
+        // push_json_str only emits valid UTF-8 from valid UTF-8 input.
+        self.set_raw(key, String::from_utf8_lossy(&v).into_owned());
+    }
+
+    pub fn set_u64(&mut self, key: &str, value: u64) {
+        self.set_raw(key, value.to_string());
+    }
+
+    pub fn set_bool(&mut self, key: &str, value: bool) {
+        self.set_raw(key, if value { "true" } else { "false" });
+    }
+
+    pub fn remove(&mut self, key: &str) {
+        self.put(key, Op::Remove);
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Op> {
+        self.ops.iter().find(|(k, _)| k == key).map(|(_, op)| op)
+    }
+
+    fn put(&mut self, key: &str, op: Op) {
+        match self.ops.iter_mut().find(|(k, _)| k == key) {
+            Some(slot) => slot.1 = op,
+            None => self.ops.push((key.to_owned(), op)),
+        }
+    }
+}
+
+/// Appends `s` as a JSON string literal.
+pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    for c in s.chars() {
+        match c {
+            '"' => out.extend_from_slice(b"\\\""),
+            '\\' => out.extend_from_slice(b"\\\\"),
+            '\n' => out.extend_from_slice(b"\\n"),
+            '\r' => out.extend_from_slice(b"\\r"),
+            '\t' => out.extend_from_slice(b"\\t"),
+            c if (c as u32) < 0x20 => {
+                out.extend_from_slice(format!("\\u{:04x}", c as u32).as_bytes());
+            }
+            c => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn render(src: &str, f: impl FnOnce(&mut Edits)) -> String {
+        let top = TopLevel::parse(src.as_bytes()).expect("parse");
+        let mut e = Edits::new();
+        f(&mut e);
+        String::from_utf8(top.render(src.as_bytes(), &e)).expect("utf8")
+    }
+
+    #[test]
+    fn untouched_members_keep_their_bytes_and_order() {
+        let src = r#"{ "model" : "m",  "messages":[ {"role":"user" ,"content":"hi"} ],"stream":true , "seed": 18446744073709551615 }"#;
+        let out = render(src, |e| {
+            e.set_bool("stream", false);
+            e.set_u64("max_tokens", 1);
+        });
+        assert_eq!(
+            out,
+            r#"{ "model" : "m",  "messages":[ {"role":"user" ,"content":"hi"} ],"stream":false , "seed": 18446744073709551615,"max_tokens":1 }"#
+        );
+    }
+
+    #[test]
+    fn removes_first_middle_last_and_all() {
+        let src = r#"{"a":1, "b":2, "c":3}"#;
+        assert_eq!(render(src, |e| e.remove("a")), r#"{"b":2, "c":3}"#);
+        assert_eq!(render(src, |e| e.remove("b")), r#"{"a":1, "c":3}"#);
+        assert_eq!(render(src, |e| e.remove("c")), r#"{"a":1, "b":2}"#);
+        assert_eq!(
+            render(src, |e| {
+                e.remove("a");
+                e.remove("b");
+            }),
+            r#"{"c":3}"#
+        );
+        assert_eq!(
+            render(src, |e| {
+                e.remove("a");
+                e.remove("b");
+                e.remove("c");
+            }),
+            r#"{}"#
+        );
+        assert_eq!(
+            render(src, |e| {
+                e.remove("a");
+                e.remove("c");
+                e.set_u64("d", 4);
+            }),
+            r#"{"b":2,"d":4}"#
+        );
+        assert_eq!(
+            render(src, |e| {
+                for k in ["a", "b", "c"] {
+                    e.remove(k);
+                }
+                e.set_u64("d", 4);
+                e.set_u64("f", 5);
+            }),
+            r#"{"d":4,"f":5}"#
+        );
+    }
+
+    #[test]
+    fn appends_to_empty_object() {
+        assert_eq!(render("{}", |e| e.set_u64("x", 1)), r#"{"x":1}"#);
+        assert_eq!(render(" { \n } ", |e| e.set_u64("x", 1)), " { \n \"x\":1} ");
+    }
+
+    #[test]
+    fn every_result_is_valid_json() {
+        let src = r#"{"max_tokens":5,"stream":true,"stream_options":{"include_usage":true},"min_tokens":2,"prompt":"p"}"#;
+        let out = render(src, |e| {
+            e.set_u64("max_tokens", 1);
+            e.set_bool("stream", false);
+            e.remove("stream_options");
+            e.remove("min_tokens");
+            e.remove("min_completion_tokens");
+        });
+        assert_eq!(out, r#"{"max_tokens":1,"stream":false,"prompt":"p"}"#);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("valid");
+        assert_eq!(v["prompt"], "p");
+    }
+
+    #[test]
+    fn escaped_keys_are_matched_by_their_decoded_name() {
+        let src = r#"{"str\u0065am":true,"x":1}"#;
+        let top = TopLevel::parse(src.as_bytes()).expect("parse");
+        assert_eq!(top.raw(src.as_bytes(), "stream"), Some(&b"true"[..]));
+        assert_eq!(render(src, |e| e.remove("stream")), r#"{"x":1}"#);
+    }
+
+    #[test]
+    fn rejects_what_is_not_an_object() {
+        assert_eq!(TopLevel::parse(b"").unwrap_err(), BodyError::Empty);
+        assert_eq!(TopLevel::parse(b"  ").unwrap_err(), BodyError::Empty);
+        assert_eq!(TopLevel::parse(b"[1]").unwrap_err(), BodyError::NotObject);
+        assert_eq!(TopLevel::parse(b"\"s\"").unwrap_err(), BodyError::NotObject);
+        assert_eq!(TopLevel::parse(b"\xff{}").unwrap_err(), BodyError::NotUtf8);
+        assert!(matches!(TopLevel::parse(b"{\"a\":}"), Err(BodyError::Invalid(_))));
+        assert!(matches!(TopLevel::parse(b"{\"a\":1"), Err(BodyError::Invalid(_))));
+        assert!(matches!(TopLevel::parse(b"{} {}"), Err(BodyError::Invalid(_))));
+        assert!(matches!(TopLevel::parse(b"nope"), Err(BodyError::Invalid(_))));
+    }
+
+    #[test]
+    fn hostile_nesting_neither_crashes_nor_recurses() {
+        // serde_json skips raw values iteratively, so depth costs no stack.
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        let top = TopLevel::parse(deep.as_bytes()).expect("deep but valid");
+        assert_eq!(top.raw(deep.as_bytes(), "a").map(<[u8]>::len), Some(200_000));
+        let broken = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(99_999));
+        assert!(matches!(
+            TopLevel::parse(broken.as_bytes()),
+            Err(BodyError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn finds_duplicates_of_named_keys_only() {
+        let src = br#"{"a":1,"b":2,"a":3,"c":1,"c":2}"#;
+        let top = TopLevel::parse(src).expect("parse");
+        assert_eq!(top.first_duplicate(&["b", "c"]), Some("c"));
+        assert_eq!(top.first_duplicate(&["b"]), None);
+    }
+
+    #[test]
+    fn json_strings_are_escaped() {
+        let mut v = Vec::new();
+        push_json_str(&mut v, "a\"b\\c\n\u{1}é");
+        assert_eq!(String::from_utf8(v).unwrap(), r#""a\"b\\c\n\u0001é""#);
+    }
+}

@@ -1,0 +1,320 @@
+//! Engine handlers: what each inference engine needs on the prefill leg and
+//! how its prefill answer turns into the decode request (AIBrix `pd/engine`).
+
+mod default;
+mod sglang;
+mod trtllm;
+mod vllm;
+
+use crate::api::{Api, Facts};
+use crate::body::{Edits, TopLevel};
+use crate::config::Endpoint;
+use crate::error::{ClientError, PdError, PrefillFailure};
+use crate::transfer::Connector;
+use std::collections::BTreeMap;
+use std::fmt;
+
+pub use default::DefaultHandler;
+pub use sglang::SglangHandler;
+pub use trtllm::TrtllmHandler;
+pub use vllm::{connector_type, set_connector_type, VllmHandler};
+
+/// Randomness and ids that handlers draw on; the filter backs it with the
+/// host, tests with fixed values.
+pub trait Entropy {
+    /// A uniformly random 64-bit value.
+    fn random_u64(&mut self) -> Result<u64, String>;
+    /// The next TensorRT-LLM disagg request id.
+    fn disagg_request_id(&mut self) -> i64;
+}
+
+/// What a handler can see of the request being split.
+pub struct PdContext<'a> {
+    pub facts: &'a Facts,
+    /// The client's body and its top-level members.
+    pub body: &'a [u8],
+    pub top: &'a TopLevel,
+    pub request_id: &'a str,
+    /// The model's `kv_connector`, if it names one.
+    pub model_connector: Option<Connector>,
+    pub entropy: &'a mut dyn Entropy,
+}
+
+/// Edits for both legs. The decode leg starts as the client's body: it keeps
+/// the client's sampling values; only hand-off fields are added.
+#[derive(Debug, Clone, Default)]
+pub struct Legs {
+    pub prefill: Edits,
+    pub decode: Edits,
+}
+
+/// A prefill answer, parsed once by the flow.
+pub struct PrefillAnswer<'a> {
+    pub body: &'a [u8],
+    pub top: &'a TopLevel,
+}
+
+/// What to do once the prefill answer is merged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Merged {
+    /// Send the decode request.
+    Forward,
+    /// Send the decode request; the answer carried no hand-off, so the decode
+    /// recomputes the prompt (worth a log line and a counter, not a failure).
+    ForwardWithoutHandoff,
+    /// The prefill answer already is the client's answer (TensorRT-LLM, when
+    /// the context phase finished the generation).
+    Answer {
+        body: Vec<u8>,
+        content_type: &'static str,
+    },
+}
+
+/// A handler's failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The engine cannot serve this request disaggregated (answered 400).
+    Unsupported(String),
+    /// The prefill answer breaks the engine's contract (answered 502).
+    BadPrefillAnswer(String),
+    /// The host could not provide what the handler needed (answered 500).
+    Internal(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::Unsupported(m) | EngineError::BadPrefillAnswer(m) | EngineError::Internal(m) => {
+                f.write_str(m)
+            }
+        }
+    }
+}
+
+impl From<EngineError> for PdError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Unsupported(m) => PdError::Client(ClientError::Unsupported(m)),
+            EngineError::BadPrefillAnswer(m) => PdError::Prefill(PrefillFailure::BadAnswer(m)),
+            EngineError::Internal(m) => PdError::Internal(m),
+        }
+    }
+}
+
+/// One inference engine's prefill/decode contract.
+pub trait EngineHandler {
+    /// The name models use in `engine`.
+    fn name(&self) -> &'static str;
+
+    /// Whether prefill and decode run concurrently: the decode is sent as soon
+    /// as the prefill is dispatched, and the prefill answer is only watched.
+    fn is_async(&self) -> bool;
+
+    /// Top-level keys this engine's hand-off writes; a client may not send them.
+    fn owned_keys(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// Whether this request should be split at all with `prefill` as the
+    /// prefill pod; if not, it goes to the decode pod whole.
+    fn should_split(&self, _ctx: &PdContext, _prefill: &Endpoint) -> bool {
+        true
+    }
+
+    /// Adds the engine's fields to the legs. The common prefill constraints are
+    /// already in `legs.prefill`; a handler may override them.
+    fn augment_prefill_request(
+        &self,
+        ctx: &mut PdContext,
+        pod: &Endpoint,
+        legs: &mut Legs,
+    ) -> Result<(), EngineError>;
+
+    /// Turns the prefill answer into decode edits (sync engines only).
+    fn merge_prefill_response(
+        &self,
+        ctx: &mut PdContext,
+        answer: &PrefillAnswer,
+        pod: &Endpoint,
+        decode: &mut Edits,
+    ) -> Result<Merged, EngineError>;
+}
+
+/// The prefill-leg constraints shared by every engine (the union used by
+/// AIBrix, vLLM's proxy and llm-d): one token, no streaming, no minimums.
+pub fn prefill_constraints(facts: &Facts, top: &TopLevel) -> Edits {
+    let mut e = Edits::new();
+    e.set_u64(facts.api.max_tokens_key(), 1);
+    // vLLM's proxy only caps max_completion_tokens when the client sent it;
+    // adding it elsewhere would be an unknown field on the completions API.
+    if facts.api != Api::Responses && top.contains("max_completion_tokens") {
+        e.set_u64("max_completion_tokens", 1);
+    }
+    e.set_bool("stream", false);
+    e.remove("stream_options");
+    e.remove("min_tokens");
+    e.remove("min_completion_tokens");
+    e
+}
+
+/// Engine handlers by name; unknown names resolve to [`DefaultHandler`].
+pub struct Registry {
+    handlers: BTreeMap<&'static str, Box<dyn EngineHandler>>,
+    fallback: DefaultHandler,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::builtin()
+    }
+}
+
+impl Registry {
+    /// A registry holding only the default handler.
+    pub fn empty() -> Registry {
+        let mut r = Registry {
+            handlers: BTreeMap::new(),
+            fallback: DefaultHandler,
+        };
+        r.register(Box::new(DefaultHandler));
+        r
+    }
+
+    /// `vllm`, `sglang`, `trtllm` and `default`.
+    pub fn builtin() -> Registry {
+        let mut r = Registry::empty();
+        r.register(Box::new(VllmHandler));
+        r.register(Box::new(SglangHandler));
+        r.register(Box::new(TrtllmHandler));
+        r
+    }
+
+    /// Adds or replaces the handler for `handler.name()`.
+    pub fn register(&mut self, handler: Box<dyn EngineHandler>) {
+        self.handlers.insert(handler.name(), handler);
+    }
+
+    /// The handler for `name`; never nothing: unknown engines get the default.
+    pub fn resolve(&self, name: &str) -> &dyn EngineHandler {
+        self.handlers
+            .get(name)
+            .map(|h| h.as_ref())
+            .unwrap_or(&self.fallback)
+    }
+
+    /// Whether `name` has a handler of its own.
+    pub fn is_known(&self, name: &str) -> bool {
+        self.handlers.contains_key(name)
+    }
+
+    /// Registered engine names, sorted.
+    pub fn valid_engine_names(&self) -> Vec<&'static str> {
+        self.handlers.keys().copied().collect()
+    }
+}
+
+/// [`Entropy`] with fixed answers, for tests and golden fixtures.
+#[derive(Debug, Clone, Default)]
+pub struct FixedEntropy {
+    /// Returned in turn by `random_u64`, cycling.
+    pub randoms: Vec<u64>,
+    /// Returned by `disagg_request_id`, incremented after each call.
+    pub next_disagg_id: i64,
+    drawn: usize,
+}
+
+impl FixedEntropy {
+    pub fn new(randoms: Vec<u64>, next_disagg_id: i64) -> Self {
+        FixedEntropy {
+            randoms,
+            next_disagg_id,
+            drawn: 0,
+        }
+    }
+}
+
+impl Entropy for FixedEntropy {
+    fn random_u64(&mut self) -> Result<u64, String> {
+        if self.randoms.is_empty() {
+            return Err("no randomness configured".into());
+        }
+        let v = self.randoms[self.drawn % self.randoms.len()];
+        self.drawn += 1;
+        Ok(v)
+    }
+
+    fn disagg_request_id(&mut self) -> i64 {
+        let id = self.next_disagg_id;
+        self.next_disagg_id += 1;
+        id
+    }
+}
+
+/// Builds both legs' edits: the common prefill constraints, then the engine's
+/// augmentation.
+pub fn build_legs(
+    handler: &dyn EngineHandler,
+    ctx: &mut PdContext,
+    prefill_pod: &Endpoint,
+) -> Result<Legs, EngineError> {
+    let mut legs = Legs {
+        prefill: prefill_constraints(ctx.facts, ctx.top),
+        decode: Edits::new(),
+    };
+    handler.augment_prefill_request(ctx, prefill_pod, &mut legs)?;
+    Ok(legs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_resolves_unknown_names_to_default() {
+        let r = Registry::builtin();
+        assert_eq!(r.resolve("vllm").name(), "vllm");
+        assert_eq!(r.resolve("sglang").name(), "sglang");
+        assert_eq!(r.resolve("trtllm").name(), "trtllm");
+        assert_eq!(r.resolve("something-else").name(), "default");
+        assert!(!r.resolve("something-else").is_async());
+        assert!(!r.is_known("something-else"));
+        assert_eq!(
+            r.valid_engine_names(),
+            vec!["default", "sglang", "trtllm", "vllm"]
+        );
+    }
+
+    #[test]
+    fn registered_handlers_replace_by_name() {
+        struct Custom;
+        impl EngineHandler for Custom {
+            fn name(&self) -> &'static str {
+                "vllm"
+            }
+            fn is_async(&self) -> bool {
+                true
+            }
+            fn augment_prefill_request(
+                &self,
+                _: &mut PdContext,
+                _: &Endpoint,
+                _: &mut Legs,
+            ) -> Result<(), EngineError> {
+                Ok(())
+            }
+            fn merge_prefill_response(
+                &self,
+                _: &mut PdContext,
+                _: &PrefillAnswer,
+                _: &Endpoint,
+                _: &mut Edits,
+            ) -> Result<Merged, EngineError> {
+                Ok(Merged::Forward)
+            }
+        }
+        let mut r = Registry::empty();
+        assert_eq!(r.valid_engine_names(), vec!["default"]);
+        r.register(Box::new(Custom));
+        assert!(r.resolve("vllm").is_async());
+    }
+}

@@ -1,0 +1,191 @@
+use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
+use crate::api::Api;
+use crate::body::{Edits, TopLevel};
+use crate::config::Endpoint;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+/// TensorRT-LLM's disaggregated serving: a `context_only` request with a
+/// snowflake id, then a `generation_only` request carrying the context
+/// phase's `disaggregated_params` and the prompt as token ids.
+pub struct TrtllmHandler;
+
+impl EngineHandler for TrtllmHandler {
+    fn name(&self) -> &'static str {
+        "trtllm"
+    }
+
+    fn is_async(&self) -> bool {
+        false
+    }
+
+    fn owned_keys(&self) -> &'static [&'static str] {
+        &["disaggregated_params", "prompt_token_ids"]
+    }
+
+    fn augment_prefill_request(
+        &self,
+        ctx: &mut PdContext,
+        _pod: &Endpoint,
+        legs: &mut Legs,
+    ) -> Result<(), EngineError> {
+        match ctx.facts.api {
+            Api::Responses => {
+                return Err(EngineError::Unsupported(
+                    "TensorRT-LLM disaggregated serving supports /v1/completions and /v1/chat/completions only".into(),
+                ))
+            }
+            Api::Completions if ctx.facts.prompt_batch.is_some() => {
+                return Err(EngineError::Unsupported(
+                    "TensorRT-LLM disaggregated serving accepts a single prompt per /v1/completions request; send each prompt separately".into(),
+                ))
+            }
+            _ => {}
+        }
+        // The context phase rejects max_completion_tokens next to max_tokens.
+        legs.prefill.remove("max_completion_tokens");
+        let id = ctx.entropy.disagg_request_id();
+        legs.prefill.set_raw(
+            "disaggregated_params",
+            format!(r#"{{"request_type":"context_only","disagg_request_id":{id}}}"#),
+        );
+        Ok(())
+    }
+
+    fn merge_prefill_response(
+        &self,
+        ctx: &mut PdContext,
+        answer: &PrefillAnswer,
+        _pod: &Endpoint,
+        decode: &mut Edits,
+    ) -> Result<Merged, EngineError> {
+        let bad = |m: &str| EngineError::BadPrefillAnswer(m.to_owned());
+        let first_choice = first_choice(answer)?;
+        let choice_top = first_choice
+            .map(|c| TopLevel::parse(c.get().as_bytes()).map(|t| (c, t)))
+            .transpose()
+            .map_err(|_| bad("choices[0] is not an object"))?;
+
+        // Finished in the context phase (stop token, or max_tokens == 1 hit
+        // with nothing left): the context answer is the client's answer.
+        if let Some((c, t)) = &choice_top {
+            let reason = t.raw_non_null(c.get().as_bytes(), "finish_reason");
+            if let Some(reason) = reason {
+                let reason: String = serde_json::from_slice(reason)
+                    .map_err(|_| bad("choices[0].finish_reason is not a string"))?;
+                if reason != "length" && reason != "not_finished" {
+                    return short_circuit(ctx, answer);
+                }
+            }
+        }
+
+        // AIBrix looks at the top level first; TensorRT-LLM puts them in choices[0].
+        let params = match answer.top.raw_non_null(answer.body, "disaggregated_params") {
+            Some(p) => p,
+            None => choice_top
+                .as_ref()
+                .and_then(|(c, t)| t.raw_non_null(c.get().as_bytes(), "disaggregated_params"))
+                .ok_or_else(|| bad("the context response has no disaggregated_params"))?,
+        };
+        let params_top =
+            TopLevel::parse(params).map_err(|_| bad("disaggregated_params is not an object"))?;
+        let mut gen = Edits::new();
+        gen.set_str("request_type", "generation_only");
+        let params = params_top.render(params, &gen);
+
+        let tokens = answer
+            .top
+            .raw_non_null(answer.body, "prompt_token_ids")
+            .filter(|t| t.first() == Some(&b'['))
+            .ok_or_else(|| bad("the context response has no prompt_token_ids array"))?;
+        let tokens = String::from_utf8_lossy(tokens).into_owned();
+
+        decode.set_raw("disaggregated_params", String::from_utf8_lossy(&params));
+        match ctx.facts.api {
+            Api::Completions => decode.set_raw("prompt", tokens),
+            _ => decode.set_raw("prompt_token_ids", tokens),
+        }
+        Ok(Merged::Forward)
+    }
+}
+
+fn first_choice<'a>(answer: &PrefillAnswer<'a>) -> Result<Option<&'a RawValue>, EngineError> {
+    let Some(raw) = answer.top.raw_non_null(answer.body, "choices") else {
+        return Ok(None);
+    };
+    let choices: Vec<&'a RawValue> = serde_json::from_slice(raw)
+        .map_err(|_| EngineError::BadPrefillAnswer("choices is not an array".into()))?;
+    Ok(choices.first().copied())
+}
+
+/// The context response as the client asked for it. Streaming clients get
+/// it as one SSE chunk (chat deltas, completions text), an optional usage
+/// chunk, and `[DONE]`.
+fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, EngineError> {
+    if !ctx.facts.stream {
+        // prompt_token_ids is a hand-off field, possibly large; the client
+        // did not ask for it.
+        let mut strip = Edits::new();
+        strip.remove("prompt_token_ids");
+        return Ok(Merged::Answer {
+            body: answer.top.render(answer.body, &strip),
+            content_type: "application/json",
+        });
+    }
+    // This path is rare and small (one finished choice), so a Value is fine;
+    // serde_json keeps 64-bit integers exact.
+    let v: Value = serde_json::from_slice(answer.body)
+        .map_err(|e| EngineError::BadPrefillAnswer(e.to_string()))?;
+    let chat = ctx.facts.api != Api::Completions;
+    let choices: Vec<Value> = v
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(|cs| {
+            cs.iter()
+                .map(|c| {
+                    let mut out = json!({
+                        "index": c.get("index").cloned().unwrap_or(json!(0)),
+                        "finish_reason": c.get("finish_reason").cloned().unwrap_or(Value::Null),
+                        "logprobs": c.get("logprobs").cloned().unwrap_or(Value::Null),
+                    });
+                    if chat {
+                        out["delta"] = c.get("message").cloned().unwrap_or(json!({}));
+                    } else {
+                        out["text"] = c.get("text").cloned().unwrap_or(json!(""));
+                    }
+                    out
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let head = |extra: Value| {
+        let mut chunk = json!({
+            "id": v.get("id").cloned().unwrap_or(Value::Null),
+            "object": object,
+            "created": v.get("created").cloned().unwrap_or(Value::Null),
+            "model": v.get("model").cloned().unwrap_or(Value::Null),
+        });
+        if let (Some(obj), Value::Object(extra)) = (chunk.as_object_mut(), extra) {
+            obj.extend(extra);
+        }
+        chunk
+    };
+    let mut sse = Vec::new();
+    let mut event = |chunk: &Value| {
+        sse.extend_from_slice(b"data: ");
+        sse.extend_from_slice(chunk.to_string().as_bytes());
+        sse.extend_from_slice(b"\n\n");
+    };
+    event(&head(json!({ "choices": choices })));
+    if ctx.facts.include_usage {
+        if let Some(usage) = v.get("usage") {
+            event(&head(json!({ "choices": [], "usage": usage })));
+        }
+    }
+    sse.extend_from_slice(b"data: [DONE]\n\n");
+    Ok(Merged::Answer {
+        body: sse,
+        content_type: "text/event-stream",
+    })
+}

@@ -1,0 +1,278 @@
+//! Every error the filter can answer with, and the one place that turns an
+//! error into an HTTP status and an OpenAI-style body.
+
+use crate::body::{push_json_str, BodyError};
+use std::fmt;
+
+/// A request the client got wrong: always a 4xx.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClientError {
+    Body(BodyError),
+    BadField { field: String, message: String },
+    DuplicateKey(String),
+    /// A key the router writes for this engine (hand-off data) was supplied.
+    RouterOwnedKey { key: String, engine: String },
+    UnknownModel(String),
+    TooLarge { limit: usize },
+    MethodNotAllowed(String),
+    /// The engine cannot serve this request shape disaggregated.
+    Unsupported(String),
+}
+
+/// Why a prefill leg failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrefillFailure {
+    /// The prefill rejected the request (4xx): the client's fault, relayed.
+    Rejected { status: u16, message: String },
+    /// The prefill (or Envoy on its behalf) answered 5xx.
+    ServerError { status: u16, message: String },
+    /// No answer within `prefill_timeout_ms`, or the prefill answered 504.
+    Timeout,
+    /// The connection was reset before any response header.
+    Reset,
+    /// The answer is not what the engine's contract says.
+    BadAnswer(String),
+    /// Envoy refused to send the call (unknown cluster, bad headers).
+    Dispatch(String),
+}
+
+/// Everything that ends a request with a local reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PdError {
+    Client(ClientError),
+    NoEndpoint { model: String },
+    Prefill(PrefillFailure),
+    /// An asynchronous prefill (its decode already sent) failed.
+    AsyncPrefill(PrefillFailure),
+    Internal(String),
+}
+
+impl From<ClientError> for PdError {
+    fn from(e: ClientError) -> Self {
+        PdError::Client(e)
+    }
+}
+
+impl From<BodyError> for PdError {
+    fn from(e: BodyError) -> Self {
+        PdError::Client(ClientError::Body(e))
+    }
+}
+
+impl fmt::Display for ClientError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ClientError::Body(e) => e.fmt(f),
+            ClientError::BadField { field, message } => write!(f, "`{field}` {message}"),
+            ClientError::DuplicateKey(k) => write!(
+                f,
+                "`{k}` appears more than once in the request body; send it once"
+            ),
+            ClientError::RouterOwnedKey { key, engine } => write!(
+                f,
+                "`{key}` is set by the router for {engine} prefill/decode disaggregation; remove it from the request"
+            ),
+            ClientError::UnknownModel(m) => {
+                write!(f, "The model `{m}` does not exist or is not served by this router")
+            }
+            ClientError::TooLarge { limit } => {
+                write!(f, "request body exceeds the router's limit of {limit} bytes")
+            }
+            ClientError::MethodNotAllowed(m) => {
+                write!(f, "method {m} is not allowed here; use POST")
+            }
+            ClientError::Unsupported(m) => f.write_str(m),
+        }
+    }
+}
+
+impl fmt::Display for PrefillFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PrefillFailure::Rejected { message, .. } => f.write_str(message),
+            PrefillFailure::ServerError { status, message } if message.is_empty() => {
+                write!(f, "prefill failed with status {status}")
+            }
+            PrefillFailure::ServerError { status, message } => {
+                write!(f, "prefill failed with status {status}: {message}")
+            }
+            PrefillFailure::Timeout => f.write_str("prefill timed out"),
+            PrefillFailure::Reset => {
+                f.write_str("prefill connection was reset before it answered")
+            }
+            PrefillFailure::BadAnswer(m) => write!(f, "prefill answer is unusable: {m}"),
+            PrefillFailure::Dispatch(m) => write!(f, "could not send the prefill request: {m}"),
+        }
+    }
+}
+
+impl fmt::Display for PdError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PdError::Client(e) => e.fmt(f),
+            PdError::NoEndpoint { model } => write!(
+                f,
+                "no prefill/decode endpoint pair is available for model `{model}`"
+            ),
+            PdError::Prefill(e) => e.fmt(f),
+            PdError::AsyncPrefill(PrefillFailure::Timeout) => f.write_str(
+                "prefill failed with status 504 (timed out); the decode was abandoned",
+            ),
+            PdError::AsyncPrefill(PrefillFailure::Reset) => f.write_str(
+                "prefill failed (connection reset); the decode was abandoned",
+            ),
+            PdError::AsyncPrefill(PrefillFailure::Rejected { status, message })
+            | PdError::AsyncPrefill(PrefillFailure::ServerError { status, message }) => write!(
+                f,
+                "prefill failed with status {status}; the decode was abandoned: {message}"
+            ),
+            PdError::AsyncPrefill(e) => write!(f, "{e}; the decode was abandoned"),
+            PdError::Internal(m) => write!(f, "internal router error: {m}"),
+        }
+    }
+}
+
+/// A local reply: status and OpenAI-style JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+impl PdError {
+    /// HTTP status, OpenAI error `type` and machine-readable `code`.
+    pub fn classify(&self) -> (u16, &'static str, &'static str) {
+        use ClientError as C;
+        use PrefillFailure as P;
+        match self {
+            PdError::Client(C::Body(_)) => (400, "invalid_request_error", "invalid_body"),
+            PdError::Client(C::BadField { .. }) => (400, "invalid_request_error", "invalid_field"),
+            PdError::Client(C::DuplicateKey(_)) => (400, "invalid_request_error", "duplicate_key"),
+            PdError::Client(C::RouterOwnedKey { .. }) => {
+                (400, "invalid_request_error", "router_owned_field")
+            }
+            PdError::Client(C::Unsupported(_)) => (400, "invalid_request_error", "unsupported"),
+            PdError::Client(C::UnknownModel(_)) => (404, "invalid_request_error", "model_not_found"),
+            PdError::Client(C::MethodNotAllowed(_)) => {
+                (405, "invalid_request_error", "method_not_allowed")
+            }
+            PdError::Client(C::TooLarge { .. }) => (413, "invalid_request_error", "body_too_large"),
+            PdError::NoEndpoint { .. } => (503, "service_unavailable", "no_endpoint"),
+            PdError::Prefill(P::Rejected { status, .. }) => {
+                (*status, "invalid_request_error", "prefill_rejected")
+            }
+            PdError::Prefill(P::Timeout) => (504, "upstream_error", "prefill_timeout"),
+            PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
+            PdError::AsyncPrefill(_) => (502, "upstream_error", "prefill_failed"),
+            PdError::Internal(_) => (500, "internal_error", "internal_error"),
+        }
+    }
+
+    /// The local reply for this error.
+    pub fn reply(&self) -> Reply {
+        let (status, kind, code) = self.classify();
+        Reply {
+            status,
+            body: error_body(&self.to_string(), kind, code),
+        }
+    }
+}
+
+/// `{"error":{"message":..,"type":..,"param":null,"code":..}}`
+pub fn error_body(message: &str, kind: &str, code: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + 96);
+    out.extend_from_slice(b"{\"error\":{\"message\":");
+    push_json_str(&mut out, message);
+    out.extend_from_slice(b",\"type\":");
+    push_json_str(&mut out, kind);
+    out.extend_from_slice(b",\"param\":null,\"code\":");
+    push_json_str(&mut out, code);
+    out.extend_from_slice(b"}}");
+    out
+}
+
+/// The human message in an engine's error body: OpenAI's `error.message`,
+/// vLLM's older top-level `message`, FastAPI's `detail`, or the raw text.
+pub fn upstream_message(body: &[u8]) -> String {
+    const MAX: usize = 1000;
+    let from_json = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            let pick = |v: &serde_json::Value| match v {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Null => None,
+                other => Some(other.to_string()),
+            };
+            v.get("error")
+                .and_then(|e| e.get("message").and_then(pick).or_else(|| e.as_str().map(str::to_owned)))
+                .or_else(|| v.get("message").and_then(pick))
+                .or_else(|| v.get("detail").and_then(pick))
+        });
+    let mut msg = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_owned());
+    if msg.len() > MAX {
+        let mut cut = MAX;
+        while !msg.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        msg.truncate(cut);
+        msg.push('…');
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(e: &PdError) -> (u16, serde_json::Value) {
+        let r = e.reply();
+        (r.status, serde_json::from_slice(&r.body).expect("json body"))
+    }
+
+    #[test]
+    fn statuses_follow_the_contract() {
+        let cases: Vec<(PdError, u16)> = vec![
+            (BodyError::NotObject.into(), 400),
+            (ClientError::UnknownModel("x".into()).into(), 404),
+            (ClientError::TooLarge { limit: 10 }.into(), 413),
+            (ClientError::MethodNotAllowed("GET".into()).into(), 405),
+            (PdError::NoEndpoint { model: "m".into() }, 503),
+            (PdError::Prefill(PrefillFailure::ServerError { status: 500, message: String::new() }), 502),
+            (PdError::Prefill(PrefillFailure::Reset), 502),
+            (PdError::Prefill(PrefillFailure::BadAnswer("x".into())), 502),
+            (PdError::Prefill(PrefillFailure::Timeout), 504),
+            (PdError::Prefill(PrefillFailure::Rejected { status: 429, message: "slow down".into() }), 429),
+            (PdError::AsyncPrefill(PrefillFailure::Timeout), 502),
+            (PdError::Internal("x".into()), 500),
+        ];
+        for (e, status) in cases {
+            let (s, v) = parsed(&e);
+            assert_eq!(s, status, "{e}");
+            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert!(v["error"]["type"].is_string());
+            assert!(v["error"]["code"].is_string());
+        }
+    }
+
+    #[test]
+    fn async_failures_name_the_prefill_status() {
+        let e = PdError::AsyncPrefill(PrefillFailure::ServerError {
+            status: 503,
+            message: "overloaded".into(),
+        });
+        assert_eq!(
+            e.to_string(),
+            "prefill failed with status 503; the decode was abandoned: overloaded"
+        );
+    }
+
+    #[test]
+    fn upstream_messages_are_found_in_common_shapes() {
+        assert_eq!(upstream_message(br#"{"error":{"message":"too long"}}"#), "too long");
+        assert_eq!(upstream_message(br#"{"object":"error","message":"bad"}"#), "bad");
+        assert_eq!(upstream_message(br#"{"detail":"nope"}"#), "nope");
+        assert_eq!(upstream_message(b"  plain text \n"), "plain text");
+        let long = "é".repeat(2000);
+        assert!(upstream_message(long.as_bytes()).chars().count() <= 1001);
+    }
+}

@@ -1,0 +1,29 @@
+use super::{Handoff, KvTransferAgent};
+use crate::body::{Edits, TopLevel};
+use crate::config::Endpoint;
+use crate::engine::EngineError;
+
+/// AIBrix's Neuron variant: the prefill leg carries nothing extra, and the
+/// decode receives the whole prefill answer under `disagg_prefill_resp`.
+pub struct Neuron;
+
+impl KvTransferAgent for Neuron {
+    fn name(&self) -> &'static str {
+        "neuron"
+    }
+
+    fn augment_prefill(&self, _prefill: &mut Edits) {}
+
+    fn merge(
+        &self,
+        answer: &[u8],
+        _answer_top: &TopLevel,
+        _prefill_pod: &Endpoint,
+        decode: &mut Edits,
+    ) -> Result<Handoff, EngineError> {
+        // The answer was parsed as an object before the agent was called, so
+        // it is valid JSON and safe to embed as is.
+        decode.set_raw("disagg_prefill_resp", String::from_utf8_lossy(answer));
+        Ok(Handoff::Relayed)
+    }
+}

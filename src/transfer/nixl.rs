@@ -1,0 +1,39 @@
+use super::{kv_transfer_params, Handoff, KvTransferAgent};
+use crate::body::{Edits, TopLevel};
+use crate::config::Endpoint;
+use crate::engine::EngineError;
+
+/// vLLM's `NixlConnector`, pull mode: the decode pulls the prefill's blocks.
+///
+/// Only `do_remote_decode` is read by the prefill engine; the nulls follow
+/// vLLM's own proxy. The answer's `kv_transfer_params` grows with each vLLM
+/// release, so it is relayed as raw bytes, never modelled.
+pub struct Nixl;
+
+pub(crate) const PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
+impl KvTransferAgent for Nixl {
+    fn name(&self) -> &'static str {
+        "nixl"
+    }
+
+    fn augment_prefill(&self, prefill: &mut Edits) {
+        prefill.set_raw("kv_transfer_params", PREFILL_PARAMS);
+    }
+
+    fn merge(
+        &self,
+        answer: &[u8],
+        answer_top: &TopLevel,
+        _prefill_pod: &Endpoint,
+        decode: &mut Edits,
+    ) -> Result<Handoff, EngineError> {
+        match kv_transfer_params(answer, answer_top)? {
+            None => Ok(Handoff::Missing),
+            Some(raw) => {
+                decode.set_raw("kv_transfer_params", String::from_utf8_lossy(raw));
+                Ok(Handoff::Relayed)
+            }
+        }
+    }
+}

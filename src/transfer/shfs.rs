@@ -1,0 +1,39 @@
+use super::{kv_transfer_params, Handoff, KvTransferAgent};
+use crate::body::{Edits, TopLevel};
+use crate::config::Endpoint;
+use crate::engine::EngineError;
+
+/// AIBrix's `shfs`: NIXL pull mode, but the router overwrites `remote_host`
+/// with the prefill pod's IP, for engines that advertise an address the
+/// decode cannot reach (a pod-local or wildcard one).
+pub struct Shfs;
+
+impl KvTransferAgent for Shfs {
+    fn name(&self) -> &'static str {
+        "shfs"
+    }
+
+    fn augment_prefill(&self, prefill: &mut Edits) {
+        prefill.set_raw("kv_transfer_params", super::nixl::PREFILL_PARAMS);
+    }
+
+    fn merge(
+        &self,
+        answer: &[u8],
+        answer_top: &TopLevel,
+        prefill_pod: &Endpoint,
+        decode: &mut Edits,
+    ) -> Result<Handoff, EngineError> {
+        let Some(raw) = kv_transfer_params(answer, answer_top)? else {
+            return Ok(Handoff::Missing);
+        };
+        let params = TopLevel::parse(raw).map_err(|e| {
+            EngineError::BadPrefillAnswer(format!("kv_transfer_params: {e}"))
+        })?;
+        let mut edit = Edits::new();
+        edit.set_str("remote_host", &prefill_pod.ip);
+        let rewritten = params.render(raw, &edit);
+        decode.set_raw("kv_transfer_params", String::from_utf8_lossy(&rewritten));
+        Ok(Handoff::Relayed)
+    }
+}
