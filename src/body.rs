@@ -27,14 +27,21 @@ pub enum BodyError {
     Invalid(String),
 }
 
+impl BodyError {
+    /// The message, about `subject` ("request body", "the answer", ...).
+    pub fn describe(&self, subject: &str) -> String {
+        match self {
+            BodyError::NotUtf8 => format!("{subject} is not valid UTF-8"),
+            BodyError::Empty => format!("{subject} is empty; expected a JSON object"),
+            BodyError::NotObject => format!("{subject} must be a JSON object"),
+            BodyError::Invalid(e) => format!("{subject} is not valid JSON: {e}"),
+        }
+    }
+}
+
 impl fmt::Display for BodyError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BodyError::NotUtf8 => f.write_str("request body is not valid UTF-8"),
-            BodyError::Empty => f.write_str("request body is empty; expected a JSON object"),
-            BodyError::NotObject => f.write_str("request body must be a JSON object"),
-            BodyError::Invalid(e) => write!(f, "request body is not valid JSON: {e}"),
-        }
+        f.write_str(&self.describe("request body"))
     }
 }
 

@@ -199,7 +199,12 @@ impl Config {
 
     /// The model named `name`, exactly as the client spelt it.
     pub fn model(&self, name: &str) -> Option<&Model> {
-        self.by_name.get(name).map(|i| &self.models[*i])
+        self.model_entry(name).map(|(_, m)| m)
+    }
+
+    /// The model named `name` and its index in `models`.
+    pub fn model_entry(&self, name: &str) -> Option<(usize, &Model)> {
+        self.by_name.get(name).map(|i| (*i, &self.models[*i]))
     }
 
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {

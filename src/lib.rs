@@ -13,3 +13,9 @@ pub mod engine;
 pub mod error;
 pub mod transfer;
 pub mod trt_id;
+pub mod flow;
+pub mod host;
+pub mod select;
+
+#[cfg(target_arch = "wasm32")]
+mod shell;

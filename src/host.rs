@@ -1,0 +1,89 @@
+//! What the flow needs from Envoy. The shell implements it with proxy-wasm
+//! host calls; flow tests implement it with a recorder.
+
+/// What a callback tells Envoy to do with the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Continue,
+    Pause,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Counters exported as Envoy stats (`wasmcustom.pd_router.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Counter {
+    /// Requests split into prefill and decode.
+    Split,
+    /// Requests forwarded whole (paths not split, vLLM `n > 1`).
+    Unsplit,
+    /// Requests answered with a local error.
+    LocalReply,
+    /// Prefills that failed (any status but 2xx, reset, timeout).
+    PrefillFailed,
+    /// vLLM prefill answers without `kv_transfer_params` (decode recomputes).
+    HandoffMissing,
+    /// TensorRT-LLM context answers returned without a decode.
+    ContextAnswered,
+}
+
+impl Counter {
+    pub const ALL: [Counter; 6] = [
+        Counter::Split,
+        Counter::Unsplit,
+        Counter::LocalReply,
+        Counter::PrefillFailed,
+        Counter::HandoffMissing,
+        Counter::ContextAnswered,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Counter::Split => "pd_router.split",
+            Counter::Unsplit => "pd_router.unsplit",
+            Counter::LocalReply => "pd_router.local_reply",
+            Counter::PrefillFailed => "pd_router.prefill_failed",
+            Counter::HandoffMissing => "pd_router.handoff_missing",
+            Counter::ContextAnswered => "pd_router.context_answered",
+        }
+    }
+}
+
+/// The host operations one HTTP stream needs.
+pub trait Host {
+    /// A request header's raw value.
+    fn request_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// Sets (or, with `None`, removes) a request header.
+    fn set_request_header(&mut self, name: &str, value: Option<&str>);
+    /// The buffered request body (`len` bytes).
+    fn request_body(&self, len: usize) -> Option<Vec<u8>>;
+    /// Replaces the whole buffered body (`old_len` bytes) with `body`.
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), String>;
+    /// Starts an HTTP call; the answer arrives via the flow's
+    /// `on_prefill_response` with the returned token.
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, String>;
+    /// The body of the call answer being delivered.
+    fn call_response_body(&self, len: usize) -> Option<Vec<u8>>;
+    /// Lets a paused request go on upstream.
+    fn resume_request(&mut self);
+    /// Ends the stream with a local reply.
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
+    fn set_response_header(&mut self, name: &str, value: Option<&str>);
+    fn log(&self, level: Level, message: &str);
+    fn increment(&self, counter: Counter);
+    /// Wall-clock Unix milliseconds.
+    fn now_ms(&self) -> u64;
+    fn random_u64(&mut self) -> Result<u64, String>;
+}

@@ -1,0 +1,11 @@
+//! The only code that talks to Envoy: a root context that owns the validated
+//! configuration, and an HTTP context that forwards each callback to the flow.
+
+mod root;
+mod stream;
+
+use proxy_wasm::traits::RootContext;
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::default()) });
+}}

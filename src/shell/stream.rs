@@ -1,0 +1,161 @@
+use super::root::Metrics;
+use crate::flow::{Flow, Router};
+use crate::host::{Action, Counter, Host, Level};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::{Action as WasmAction, BufferType, LogLevel, MapType};
+use std::rc::Rc;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// One HTTP stream: forwards callbacks to the flow, implements [`Host`] with
+/// the `hostcalls` that return `Result` (the SDK's trait getters panic on
+/// unexpected statuses and on non-UTF-8 header values).
+pub(super) struct Stream {
+    flow: Flow,
+    io: Io,
+}
+
+pub(super) struct Io {
+    metrics: Metrics,
+}
+
+impl Stream {
+    pub(super) fn new(router: Rc<Router>, metrics: Metrics) -> Stream {
+        Stream {
+            flow: Flow::new(router),
+            io: Io { metrics },
+        }
+    }
+}
+
+fn to_wasm(a: Action) -> WasmAction {
+    match a {
+        Action::Continue => WasmAction::Continue,
+        Action::Pause => WasmAction::Pause,
+    }
+}
+
+impl Context for Stream {
+    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+        // A reset before any header arrives with no headers at all.
+        let status = if num_headers == 0 {
+            None
+        } else {
+            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+                .ok()
+                .flatten()
+                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+        };
+        self.flow.on_prefill_response(&mut self.io, token, status, body_size);
+    }
+}
+
+impl HttpContext for Stream {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
+        to_wasm(self.flow.on_request_headers(&mut self.io, end_of_stream))
+    }
+
+    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
+        to_wasm(self.flow.on_request_body(&mut self.io, body_size, end_of_stream))
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
+        to_wasm(self.flow.on_response_headers(&mut self.io))
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> WasmAction {
+        to_wasm(self.flow.on_response_body(&mut self.io, body_size))
+    }
+}
+
+impl Host for Io {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
+            .ok()
+            .flatten()
+    }
+
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+        if let Err(e) = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value) {
+            self.log(Level::Warn, &format!("could not set request header {name}: {e:?}"));
+        }
+    }
+
+    fn request_body(&self, len: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(BufferType::HttpRequestBody, 0, len)
+            .ok()
+            .flatten()
+    }
+
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), String> {
+        hostcalls::set_buffer(BufferType::HttpRequestBody, 0, old_len, body)
+            .map_err(|e| format!("{e:?}"))
+    }
+
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, String> {
+        hostcalls::dispatch_http_call(
+            cluster,
+            headers.to_vec(),
+            Some(body),
+            Vec::new(),
+            Duration::from_millis(timeout_ms),
+        )
+        .map_err(|e| format!("{e:?}"))
+    }
+
+    fn call_response_body(&self, len: usize) -> Option<Vec<u8>> {
+        hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, len)
+            .ok()
+            .flatten()
+    }
+
+    fn resume_request(&mut self) {
+        if let Err(e) = hostcalls::resume_http_request() {
+            self.log(Level::Error, &format!("could not resume the request: {e:?}"));
+        }
+    }
+
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        if let Err(e) = hostcalls::send_http_response(status as u32, headers.to_vec(), Some(body)) {
+            self.log(Level::Error, &format!("could not send a local reply: {e:?}"));
+        }
+    }
+
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+        let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value);
+    }
+
+    fn log(&self, level: Level, message: &str) {
+        let level = match level {
+            Level::Debug => LogLevel::Debug,
+            Level::Info => LogLevel::Info,
+            Level::Warn => LogLevel::Warn,
+            Level::Error => LogLevel::Error,
+        };
+        let _ = hostcalls::log(level, message);
+    }
+
+    fn increment(&self, counter: Counter) {
+        if let Some((_, id)) = self.metrics.iter().find(|(c, _)| *c == counter) {
+            let _ = hostcalls::increment_metric(*id, 1);
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        hostcalls::get_current_time()
+            .ok()
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    fn random_u64(&mut self) -> Result<u64, String> {
+        getrandom::u64().map_err(|e| e.to_string())
+    }
+}

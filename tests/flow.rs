@@ -1,0 +1,559 @@
+//! The request flow against a fake host that records every effect. Each test
+//! checks that its path ends in exactly one outcome: a resume, a `Continue`
+//! from a paused stream, or one local reply.
+
+use pd_router::config::Config;
+use pd_router::flow::{Flow, Router};
+use pd_router::host::{Action, Counter, Host, Level};
+use std::cell::RefCell;
+use std::rc::Rc;
+
+#[derive(Debug, Clone)]
+struct Dispatched {
+    cluster: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    timeout_ms: u64,
+}
+
+#[derive(Default)]
+struct FakeHost {
+    request_headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+    dispatched: Vec<Dispatched>,
+    dispatch_error: Option<String>,
+    call_body: Vec<u8>,
+    resumed: usize,
+    replies: Vec<(u16, Vec<(String, String)>, Vec<u8>)>,
+    response_headers: Vec<(String, Option<String>)>,
+    counters: RefCell<Vec<Counter>>,
+    logs: RefCell<Vec<String>>,
+    randoms: Vec<u64>,
+}
+
+impl FakeHost {
+    fn new(headers: &[(&str, &str)], body: &str) -> FakeHost {
+        FakeHost {
+            request_headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            body: body.as_bytes().to_vec(),
+            randoms: vec![0xFFFF_FFFF_FFFF_FFFF, 42],
+            ..Default::default()
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.request_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    }
+
+    fn body_str(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn reply(&self) -> (u16, serde_json::Value) {
+        assert_eq!(self.replies.len(), 1, "expected exactly one reply");
+        let (status, _, body) = &self.replies[0];
+        (*status, serde_json::from_slice(body).expect("reply is JSON"))
+    }
+
+    fn counted(&self, c: Counter) -> usize {
+        self.counters.borrow().iter().filter(|x| **x == c).count()
+    }
+}
+
+impl Host for FakeHost {
+    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
+        self.request_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+        self.request_headers.retain(|(k, _)| k != name);
+        if let Some(v) = value {
+            self.request_headers
+                .push((name.to_string(), v.as_bytes().to_vec()));
+        }
+    }
+    fn request_body(&self, len: usize) -> Option<Vec<u8>> {
+        Some(self.body[..len.min(self.body.len())].to_vec())
+    }
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), String> {
+        assert_eq!(old_len, self.body.len(), "must replace the whole body");
+        self.body = body.to_vec();
+        Ok(())
+    }
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, String> {
+        if let Some(e) = &self.dispatch_error {
+            return Err(e.clone());
+        }
+        self.dispatched.push(Dispatched {
+            cluster: cluster.into(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: body.to_vec(),
+            timeout_ms,
+        });
+        Ok(100 + self.dispatched.len() as u32)
+    }
+    fn call_response_body(&self, len: usize) -> Option<Vec<u8>> {
+        Some(self.call_body[..len.min(self.call_body.len())].to_vec())
+    }
+    fn resume_request(&mut self) {
+        self.resumed += 1;
+    }
+    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+        self.replies.push((
+            status,
+            headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body.to_vec(),
+        ));
+    }
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+        self.response_headers
+            .push((name.to_string(), value.map(str::to_string)));
+    }
+    fn log(&self, _level: Level, message: &str) {
+        self.logs.borrow_mut().push(message.to_string());
+    }
+    fn increment(&self, counter: Counter) {
+        self.counters.borrow_mut().push(counter);
+    }
+    fn now_ms(&self) -> u64 {
+        1_764_000_000_000
+    }
+    fn random_u64(&mut self) -> Result<u64, String> {
+        if self.randoms.is_empty() {
+            return Err("no entropy".into());
+        }
+        Ok(self.randoms.remove(0))
+    }
+}
+
+const CONFIG: &str = r#"{
+  "prefill_timeout_ms": 1234,
+  "max_body_bytes": 4096,
+  "models": [
+    {"name": "vllm-m", "engine": "vllm", "rolesets": [{"prefill": [{"address":"10.0.0.1:8000","name":"p0"}], "decode": [{"address":"10.0.0.2:8000","name":"d0"}]}]},
+    {"name": "shfs-m", "engine": "vllm", "kv_connector": "shfs", "rolesets": [{"prefill": ["10.0.0.1:8000"], "decode": ["10.0.0.2:8000"]}]},
+    {"name": "sglang-m", "engine": "sglang", "rolesets": [{"prefill": [{"address":"10.0.0.3:30000","bootstrap_port":9000}], "decode": ["10.0.0.4:30000"]}]},
+    {"name": "trt-m", "engine": "trtllm", "rolesets": [{"prefill": ["10.0.0.5:8000"], "decode": ["10.0.0.6:8000"]}]},
+    {"name": "other-m", "engine": "mystery", "rolesets": [{"prefill": ["10.0.0.7:8000"], "decode": ["10.0.0.8:8000"]}]},
+    {"name": "lonely-m", "engine": "vllm", "rolesets": [{"prefill": ["10.0.0.9:8000"]}]}
+  ]
+}"#;
+
+const ROUTING: &str = "x-envoy-original-dst-host";
+
+fn router() -> Rc<Router> {
+    Rc::new(Router::new(Config::parse(CONFIG.as_bytes()).expect("config"), 0).expect("router"))
+}
+
+fn post(path: &str, body: &str) -> FakeHost {
+    FakeHost::new(
+        &[
+            (":method", "POST"),
+            (":path", path),
+            (":authority", "gateway"),
+            ("x-request-id", "req-1"),
+            ("authorization", "Bearer sk-1"),
+            ("traceparent", "00-abc-def-01"),
+            ("content-type", "application/json"),
+            // A client trying to pick the upstream itself (Envoy's admin port).
+            (ROUTING, "127.0.0.1:9901"),
+        ],
+        body,
+    )
+}
+
+/// Headers, then the body in two chunks. Returns the last action.
+fn send_request(flow: &mut Flow, host: &mut FakeHost) -> Action {
+    assert_eq!(flow.on_request_headers(host, false), Action::Pause);
+    assert!(host.header(ROUTING).is_none(), "client routing header stripped");
+    let half = host.body.len() / 2;
+    assert_eq!(flow.on_request_body(host, half, false), Action::Pause);
+    flow.on_request_body(host, host.body.len(), true)
+}
+
+fn answer(flow: &mut Flow, host: &mut FakeHost, status: Option<u16>, body: &str) {
+    host.call_body = body.as_bytes().to_vec();
+    let token = 100 + host.dispatched.len() as u32;
+    flow.on_prefill_response(host, token, status, body.len());
+}
+
+const VLLM_ANSWER: &str = r#"{"id":"p","choices":[{"text":"x"}],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"0.0.0.0","remote_port":5600,"future":{"n":18446744073709551615}}}"#;
+
+#[test]
+fn vllm_sync_split_dispatches_prefill_then_resumes_with_the_handoff() {
+    let r = router();
+    let mut flow = Flow::new(r);
+    let client = r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":50,"min_tokens":3}"#;
+    let mut host = post("/v1/chat/completions", client);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(host.dispatched.len(), 1);
+    let d = &host.dispatched[0];
+    assert_eq!(d.cluster, "pd_prefill");
+    assert_eq!(d.timeout_ms, 1234);
+    let h = |k: &str| d.headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    assert_eq!(h(ROUTING), Some("10.0.0.1:8000"));
+    assert_eq!(h(":path"), Some("/v1/chat/completions"));
+    assert_eq!(h(":method"), Some("POST"));
+    assert_eq!(h("x-request-id"), Some("req-1"));
+    assert_eq!(h("authorization"), Some("Bearer sk-1"));
+    assert_eq!(h("traceparent"), Some("00-abc-def-01"));
+    assert_eq!(
+        String::from_utf8_lossy(&d.body),
+        r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}],"stream":false,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}"#
+    );
+    assert_eq!(host.resumed, 0, "paused until the prefill answers");
+
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    assert!(host.replies.is_empty());
+    assert_eq!(
+        host.body_str(),
+        r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":50,"min_tokens":3,"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"0.0.0.0","remote_port":5600,"future":{"n":18446744073709551615}}}"#
+    );
+    assert_eq!(host.header("content-length"), Some(host.body.len().to_string()));
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
+    assert_eq!(host.counted(Counter::Split), 1);
+
+    assert_eq!(flow.on_response_headers(&mut host), Action::Continue);
+    assert!(host
+        .response_headers
+        .contains(&("prefill-target-pod".into(), Some("p0".into()))));
+    assert!(host
+        .response_headers
+        .contains(&("prefill-target-pod-ip".into(), Some("10.0.0.1".into()))));
+
+    // A late duplicate callback changes nothing.
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    assert!(host.replies.is_empty());
+}
+
+#[test]
+fn shfs_rewrites_remote_host_to_the_prefill_pod_ip() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"shfs-m","prompt":"p"}"#);
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    assert!(host.body_str().contains(r#""remote_host":"10.0.0.1","remote_port":5600"#));
+}
+
+#[test]
+fn missing_handoff_forwards_and_counts() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(200), r#"{"id":"p","choices":[]}"#);
+    assert_eq!(host.resumed, 1);
+    assert_eq!(host.body_str(), r#"{"model":"vllm-m","prompt":"p"}"#);
+    assert_eq!(host.counted(Counter::HandoffMissing), 1);
+}
+
+#[test]
+fn vllm_n_above_one_is_not_split() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p","n":2}"#);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert!(host.dispatched.is_empty());
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
+    assert_eq!(host.body_str(), r#"{"model":"vllm-m","prompt":"p","n":2}"#);
+    assert!(host.replies.is_empty());
+    flow.on_response_headers(&mut host);
+    assert!(host
+        .response_headers
+        .contains(&("prefill-target-pod".into(), None)));
+}
+
+#[test]
+fn sglang_sends_decode_at_once_with_the_same_bootstrap_room() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/chat/completions",
+        r#"{"model":"sglang-m","messages":[],"stream":true}"#,
+    );
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    let prefill = String::from_utf8_lossy(&host.dispatched[0].body).into_owned();
+    let room = i64::MAX; // the first random value, masked to 63 bits
+    assert_eq!(
+        prefill,
+        format!(r#"{{"model":"sglang-m","messages":[],"stream":false,"max_tokens":1,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#)
+    );
+    assert_eq!(
+        host.body_str(),
+        format!(r#"{{"model":"sglang-m","messages":[],"stream":true,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#)
+    );
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.4:30000"));
+    assert_eq!(host.resumed, 0, "Continue from the body callback is the resume");
+
+    // Prefill succeeds: nothing more happens.
+    answer(&mut flow, &mut host, Some(200), r#"{"id":"x"}"#);
+    assert!(host.replies.is_empty());
+}
+
+#[test]
+fn sglang_prefill_failure_before_decode_output_fails_fast() {
+    for (status, expect) in [(Some(500), "status 500"), (Some(504), "504"), (None, "reset")] {
+        let mut flow = Flow::new(router());
+        let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":"p"}"#);
+        send_request(&mut flow, &mut host);
+        flow.on_response_headers(&mut host);
+        answer(&mut flow, &mut host, status, r#"{"error":{"message":"boom"}}"#);
+        let (code, v) = host.reply();
+        assert_eq!(code, 502);
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(expect), "{msg}");
+    }
+}
+
+#[test]
+fn sglang_prefill_failure_after_decode_output_is_only_logged() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":"p"}"#);
+    send_request(&mut flow, &mut host);
+    flow.on_response_headers(&mut host);
+    flow.on_response_body(&mut host, 10);
+    answer(&mut flow, &mut host, Some(500), "oops");
+    assert!(host.replies.is_empty());
+    assert_eq!(host.counted(Counter::PrefillFailed), 1);
+}
+
+#[test]
+fn sglang_batches_get_arrays_with_a_room_each() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":["a","b"]}"#);
+    send_request(&mut flow, &mut host);
+    let v: serde_json::Value = serde_json::from_slice(&host.body).unwrap();
+    assert_eq!(v["bootstrap_host"], serde_json::json!(["10.0.0.3", "10.0.0.3"]));
+    assert_eq!(v["bootstrap_port"], serde_json::json!([9000, 9000]));
+    assert_eq!(v["bootstrap_room"], serde_json::json!([i64::MAX, 42]));
+}
+
+#[test]
+fn trtllm_relays_params_and_tokens_and_keeps_big_ids_exact() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"trt-m","prompt":"hello","max_completion_tokens":9}"#,
+    );
+    send_request(&mut flow, &mut host);
+    let prefill = String::from_utf8_lossy(&host.dispatched[0].body).into_owned();
+    assert!(prefill.contains(r#""request_type":"context_only","disagg_request_id":"#));
+    assert!(!prefill.contains("max_completion_tokens"));
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        r#"{"choices":[{"index":0,"text":"x","finish_reason":"length","disaggregated_params":{"request_type":"context_only","ctx_request_id":9223372036854775806,"opaque_state":"b3BhcXVl"}}],"prompt_token_ids":[1,2,3]}"#,
+    );
+    assert_eq!(host.resumed, 1);
+    assert_eq!(
+        host.body_str(),
+        r#"{"model":"trt-m","prompt":[1,2,3],"max_completion_tokens":9,"disaggregated_params":{"request_type":"generation_only","ctx_request_id":9223372036854775806,"opaque_state":"b3BhcXVl"}}"#
+    );
+}
+
+#[test]
+fn trtllm_finished_context_answers_the_client_directly() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/chat/completions",
+        r#"{"model":"trt-m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#,
+    );
+    send_request(&mut flow, &mut host);
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        r#"{"id":"c1","created":5,"model":"trt-m","choices":[{"index":0,"message":{"role":"assistant","content":"."},"finish_reason":"stop"}],"prompt_token_ids":[1],"usage":{"total_tokens":2}}"#,
+    );
+    assert_eq!(host.resumed, 0);
+    assert_eq!(host.replies.len(), 1);
+    let (status, headers, body) = &host.replies[0];
+    assert_eq!(*status, 200);
+    assert!(headers.contains(&("content-type".into(), "text/event-stream".into())));
+    let text = String::from_utf8_lossy(body);
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 3, "{text}");
+    let chunk: serde_json::Value =
+        serde_json::from_str(events[0].trim_start_matches("data: ")).unwrap();
+    assert_eq!(chunk["object"], "chat.completion.chunk");
+    assert_eq!(chunk["choices"][0]["delta"]["content"], ".");
+    assert_eq!(chunk["choices"][0]["finish_reason"], "stop");
+    assert!(events[1].contains("\"usage\""));
+    assert_eq!(events[2], "data: [DONE]");
+    assert_eq!(host.counted(Counter::ContextAnswered), 1);
+}
+
+#[test]
+fn default_engine_prefills_and_forwards_the_client_body_unchanged() {
+    let mut flow = Flow::new(router());
+    let client = r#"{"model":"other-m","prompt":"p","stream":true}"#;
+    let mut host = post("/v1/completions", client);
+    send_request(&mut flow, &mut host);
+    assert_eq!(
+        String::from_utf8_lossy(&host.dispatched[0].body),
+        r#"{"model":"other-m","prompt":"p","stream":false,"max_tokens":1}"#
+    );
+    answer(&mut flow, &mut host, Some(200), r#"{"id":"x"}"#);
+    assert_eq!(host.resumed, 1);
+    assert_eq!(host.body_str(), client);
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.8:8000"));
+}
+
+fn expect_error(host: &FakeHost, status: u16, needle: &str) {
+    let (code, v) = host.reply();
+    assert_eq!(code, status, "{v}");
+    let msg = v["error"]["message"].as_str().expect("message");
+    assert!(msg.contains(needle), "{msg:?} should mention {needle:?}");
+    assert!(v["error"]["type"].is_string() && v["error"]["code"].is_string());
+    assert_eq!(host.resumed, 0);
+    assert!(host.header(ROUTING).is_none(), "no upstream was chosen");
+}
+
+#[test]
+fn client_errors_reply_once_and_reach_no_upstream() {
+    let cases: &[(&str, &str, u16, &str)] = &[
+        ("/v1/completions", "{not json", 400, "not valid JSON"),
+        ("/v1/completions", "[1,2]", 400, "must be a JSON object"),
+        ("/v1/completions", r#"{"prompt":"p"}"#, 400, "`model` is required"),
+        ("/v1/completions", r#"{"model":"nope","prompt":"p"}"#, 404, "nope"),
+        ("/v1/completions", r#"{"model":"lonely-m","prompt":"p"}"#, 503, "lonely-m"),
+        ("/v1/completions", r#"{"model":"vllm-m","prompt":"p","kv_transfer_params":{"remote_host":"6.6.6.6"}}"#, 400, "kv_transfer_params"),
+        ("/v1/completions", r#"{"model":"sglang-m","prompt":"p","bootstrap_room":1}"#, 400, "bootstrap_room"),
+        ("/v1/completions", r#"{"model":"trt-m","prompt":"p","disaggregated_params":{}}"#, 400, "disaggregated_params"),
+        ("/v1/completions", r#"{"model":"vllm-m","prompt":"p","stream":false,"stream":true}"#, 400, "`stream` appears more than once"),
+        ("/v1/completions", r#"{"model":"trt-m","prompt":["a","b"]}"#, 400, "single prompt"),
+    ];
+    for (path, body, status, needle) in cases {
+        let mut flow = Flow::new(router());
+        let mut host = post(path, body);
+        assert_eq!(send_request(&mut flow, &mut host), Action::Pause, "{body}");
+        assert!(host.dispatched.is_empty(), "{body}");
+        expect_error(&host, *status, needle);
+    }
+}
+
+#[test]
+fn oversized_bodies_are_refused_early() {
+    // By content-length, at the headers.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", "{}");
+    host.set_request_header("content-length", Some("5000"));
+    assert_eq!(flow.on_request_headers(&mut host, false), Action::Pause);
+    expect_error(&host, 413, "4096");
+    // By buffered size, before the end of the stream.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", &"x".repeat(5000));
+    assert_eq!(flow.on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(flow.on_request_body(&mut host, 5000, false), Action::Pause);
+    expect_error(&host, 413, "4096");
+}
+
+#[test]
+fn wrong_method_and_empty_body_are_refused_at_the_headers() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", "");
+    host.set_request_header(":method", Some("GET"));
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Pause);
+    expect_error(&host, 405, "GET");
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", "");
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Pause);
+    expect_error(&host, 400, "empty");
+}
+
+#[test]
+fn unsplit_paths_still_get_a_router_chosen_upstream() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/models", "");
+    host.set_request_header(":method", Some("GET"));
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Continue);
+    let chosen = host.header(ROUTING).expect("routing header");
+    assert_ne!(chosen, "127.0.0.1:9901");
+    assert!(chosen.starts_with("10.0.0."));
+    assert!(host.replies.is_empty());
+    assert_eq!(flow.on_request_body(&mut host, 0, true), Action::Continue);
+}
+
+#[test]
+fn prefill_failures_map_to_statuses() {
+    let cases: &[(Option<u16>, &str, u16, &str)] = &[
+        (Some(500), r#"{"error":{"message":"CUDA error"}}"#, 502, "CUDA error"),
+        (Some(503), "upstream connect error or disconnect/reset before headers", 502, "503"),
+        (Some(504), "upstream request timeout", 504, "timed out"),
+        (None, "", 502, "reset"),
+        (Some(400), r#"{"error":{"message":"prompt is too long"}}"#, 400, "prompt is too long"),
+        (Some(429), r#"{"detail":"busy"}"#, 429, "busy"),
+        (Some(200), "not json", 502, "not valid JSON"),
+        (Some(302), "", 502, "302"),
+    ];
+    for (status, body, expect, needle) in cases {
+        let mut flow = Flow::new(router());
+        let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+        send_request(&mut flow, &mut host);
+        answer(&mut flow, &mut host, *status, body);
+        let (code, v) = host.reply();
+        assert_eq!(code, *expect, "{status:?} {body}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(needle),
+            "{v}"
+        );
+        assert_eq!(host.resumed, 0);
+    }
+}
+
+#[test]
+fn dispatch_failure_is_a_bad_gateway() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    host.dispatch_error = Some("BadArgument".into());
+    send_request(&mut flow, &mut host);
+    let (code, v) = host.reply();
+    assert_eq!(code, 502);
+    assert!(v["error"]["message"].as_str().unwrap().contains("pd_prefill"));
+}
+
+#[test]
+fn missing_entropy_is_an_internal_error_not_a_panic() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":"p"}"#);
+    host.randoms.clear();
+    send_request(&mut flow, &mut host);
+    assert_eq!(host.reply().0, 500);
+    assert!(host.dispatched.is_empty());
+}
+
+#[test]
+fn upstream_cannot_forge_prefill_headers_on_unsplit_requests() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/health", "");
+    host.set_request_header(":method", Some("GET"));
+    flow.on_request_headers(&mut host, true);
+    flow.on_response_headers(&mut host);
+    assert!(host
+        .response_headers
+        .contains(&("prefill-target-pod".into(), None)));
+    assert!(host
+        .response_headers
+        .contains(&("prefill-target-pod-ip".into(), None)));
+}
