@@ -379,6 +379,19 @@ mod tests {
     }
 
     #[test]
+    fn shipped_plugin_configurations_parse() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/wasm-config");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).expect("wasm-config/") {
+            let path = entry.expect("entry").path();
+            let raw = std::fs::read(&path).expect("read");
+            Config::parse(&raw).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+        assert!(n >= 6);
+    }
+
+    #[test]
     fn defaults_apply_to_every_key_but_models() {
         let c = Config::parse(br#"{"models":[{"name":"m","engine":"x","rolesets":[]}]}"#)
             .expect("valid");
