@@ -23,8 +23,8 @@ build: setup
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: unit, golden, flow, and end-to-end through Envoy.
-test: build
+# Run every test: lint, unit, golden, flow, and end-to-end through Envoy.
+test: lint build
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine.
     cargo test --workspace -- --test-threads 2
 

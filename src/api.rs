@@ -234,14 +234,23 @@ mod tests {
         assert!(f.stream && f.include_usage);
         assert_eq!(f.n, 3);
         assert_eq!(f.batch_size(), Some(3));
-        let f = facts(Api::Completions, r#"{"model":"m","prompt":"p","stream":null,"n":null}"#).unwrap();
+        let f = facts(
+            Api::Completions,
+            r#"{"model":"m","prompt":"p","stream":null,"n":null}"#,
+        )
+        .unwrap();
         assert!(!f.stream);
         assert_eq!(f.batch_size(), None);
     }
 
     #[test]
     fn prompt_shapes() {
-        let batch = |p: &str| facts(Api::Completions, &format!(r#"{{"model":"m","prompt":{p}}}"#));
+        let batch = |p: &str| {
+            facts(
+                Api::Completions,
+                &format!(r#"{{"model":"m","prompt":{p}}}"#),
+            )
+        };
         assert_eq!(batch(r#""x""#).unwrap().prompt_batch, None);
         assert_eq!(batch("[1,2,3]").unwrap().prompt_batch, None);
         assert_eq!(batch(r#"["a","b"]"#).unwrap().prompt_batch, Some(2));
@@ -258,13 +267,33 @@ mod tests {
             (Api::Completions, r#"{"prompt":"p"}"#, "model"),
             (Api::Completions, r#"{"model":7,"prompt":"p"}"#, "model"),
             (Api::Completions, r#"{"model":"","prompt":"p"}"#, "model"),
-            (Api::Completions, r#"{"model":"m","prompt":"p","stream":"yes"}"#, "stream"),
+            (
+                Api::Completions,
+                r#"{"model":"m","prompt":"p","stream":"yes"}"#,
+                "stream",
+            ),
             (Api::Completions, r#"{"model":"m","prompt":"p","n":0}"#, "n"),
-            (Api::Completions, r#"{"model":"m","prompt":"p","n":-1}"#, "n"),
-            (Api::Completions, r#"{"model":"m","prompt":"p","max_tokens":"5"}"#, "max_tokens"),
-            (Api::Completions, r#"{"model":"m","prompt":"p","stream_options":1}"#, "stream_options"),
+            (
+                Api::Completions,
+                r#"{"model":"m","prompt":"p","n":-1}"#,
+                "n",
+            ),
+            (
+                Api::Completions,
+                r#"{"model":"m","prompt":"p","max_tokens":"5"}"#,
+                "max_tokens",
+            ),
+            (
+                Api::Completions,
+                r#"{"model":"m","prompt":"p","stream_options":1}"#,
+                "stream_options",
+            ),
             (Api::Completions, r#"{"model":"m"}"#, "prompt"),
-            (Api::ChatCompletions, r#"{"model":"m","messages":"hi"}"#, "messages"),
+            (
+                Api::ChatCompletions,
+                r#"{"model":"m","messages":"hi"}"#,
+                "messages",
+            ),
             (Api::ChatCompletions, r#"{"model":"m"}"#, "messages"),
             (Api::Responses, r#"{"model":"m","input":5}"#, "input"),
         ];

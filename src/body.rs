@@ -65,6 +65,8 @@ pub struct TopLevel {
     members: Vec<Member>,
     /// Index of the closing `}`.
     close: usize,
+    /// Length of the parsed source: spans are only valid for that source.
+    src_len: usize,
 }
 
 struct Key<'a>(Cow<'a, str>);
@@ -114,7 +116,10 @@ impl TopLevel {
     /// serde_json's recursion limit, so hostile depth is an error, not a crash).
     pub fn parse(src: &[u8]) -> Result<TopLevel, BodyError> {
         let text = std::str::from_utf8(src).map_err(|_| BodyError::NotUtf8)?;
-        let first = src.iter().position(|b| !is_ws(*b)).ok_or(BodyError::Empty)?;
+        let first = src
+            .iter()
+            .position(|b| !is_ws(*b))
+            .ok_or(BodyError::Empty)?;
         if src[first] != b'{' {
             // Tell a valid non-object apart from garbage: both are 400, but the
             // message should say which.
@@ -154,7 +159,11 @@ impl TopLevel {
             });
             lead_start = end;
         }
-        Ok(TopLevel { members, close })
+        Ok(TopLevel {
+            members,
+            close,
+            src_len: src.len(),
+        })
     }
 
     /// The raw text of the first member named `key`.
@@ -162,7 +171,7 @@ impl TopLevel {
         self.members
             .iter()
             .find(|m| m.key == key)
-            .map(|m| &src[m.value.clone()])
+            .and_then(|m| src.get(m.value.clone()))
     }
 
     /// The raw text of `key`, treating an explicit `null` as absent (OpenAI
@@ -194,7 +203,10 @@ impl TopLevel {
     /// copied byte for byte; the order of keys is kept; set keys that were absent
     /// are appended in the order they were first set.
     pub fn render(&self, src: &[u8], edits: &Edits) -> Vec<u8> {
-        if edits.is_empty() {
+        // Spans index the source they were parsed from; another source would
+        // be spliced at meaningless offsets (or out of bounds).
+        debug_assert_eq!(src.len(), self.src_len, "render with a different source");
+        if edits.is_empty() || src.len() != self.src_len {
             return src.to_vec();
         }
         let extra: usize = edits
@@ -458,10 +470,22 @@ mod tests {
         assert_eq!(TopLevel::parse(b"[1]").unwrap_err(), BodyError::NotObject);
         assert_eq!(TopLevel::parse(b"\"s\"").unwrap_err(), BodyError::NotObject);
         assert_eq!(TopLevel::parse(b"\xff{}").unwrap_err(), BodyError::NotUtf8);
-        assert!(matches!(TopLevel::parse(b"{\"a\":}"), Err(BodyError::Invalid(_))));
-        assert!(matches!(TopLevel::parse(b"{\"a\":1"), Err(BodyError::Invalid(_))));
-        assert!(matches!(TopLevel::parse(b"{} {}"), Err(BodyError::Invalid(_))));
-        assert!(matches!(TopLevel::parse(b"nope"), Err(BodyError::Invalid(_))));
+        assert!(matches!(
+            TopLevel::parse(b"{\"a\":}"),
+            Err(BodyError::Invalid(_))
+        ));
+        assert!(matches!(
+            TopLevel::parse(b"{\"a\":1"),
+            Err(BodyError::Invalid(_))
+        ));
+        assert!(matches!(
+            TopLevel::parse(b"{} {}"),
+            Err(BodyError::Invalid(_))
+        ));
+        assert!(matches!(
+            TopLevel::parse(b"nope"),
+            Err(BodyError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -469,7 +493,10 @@ mod tests {
         // serde_json skips raw values iteratively, so depth costs no stack.
         let deep = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
         let top = TopLevel::parse(deep.as_bytes()).expect("deep but valid");
-        assert_eq!(top.raw(deep.as_bytes(), "a").map(<[u8]>::len), Some(200_000));
+        assert_eq!(
+            top.raw(deep.as_bytes(), "a").map(<[u8]>::len),
+            Some(200_000)
+        );
         let broken = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(99_999));
         assert!(matches!(
             TopLevel::parse(broken.as_bytes()),

@@ -23,7 +23,11 @@ impl fmt::Display for ConfigError {
         if self.path.is_empty() || self.path == "." {
             write!(f, "pd-router configuration: {}", self.message)
         } else {
-            write!(f, "pd-router configuration: {}: {}", self.path, self.message)
+            write!(
+                f,
+                "pd-router configuration: {}: {}",
+                self.path, self.message
+            )
         }
     }
 }
@@ -219,7 +223,10 @@ impl Config {
         {
             return Err(err(
                 "routing_header",
-                format!("{:?} is not a lowercase HTTP header name", raw.routing_header),
+                format!(
+                    "{:?} is not a lowercase HTTP header name",
+                    raw.routing_header
+                ),
             ));
         }
         if raw.prefill_timeout_ms == 0 || raw.prefill_timeout_ms > u32::MAX as u64 {
@@ -422,16 +429,24 @@ mod tests {
         );
         assert!(parse_err(r#"{"prefill_timout_ms":1,"models":[]}"#)
             .contains("unknown field `prefill_timout_ms`"));
-        assert!(parse_err(r#"{"kv_connector":"lmcache","models":[{"name":"m","engine":"v","rolesets":[]}]}"#)
-            .contains("kv_connector: unknown KV connector \"lmcache\"; expected one of: nixl, shfs, neuron"));
-        assert!(parse_err(r#"{"trt_machine_id":1024,"models":[{"name":"m","engine":"v","rolesets":[]}]}"#)
-            .starts_with("pd-router configuration: trt_machine_id: "));
+        assert!(parse_err(
+            r#"{"kv_connector":"lmcache","models":[{"name":"m","engine":"v","rolesets":[]}]}"#
+        )
+        .contains(
+            "kv_connector: unknown KV connector \"lmcache\"; expected one of: nixl, shfs, neuron"
+        ));
+        assert!(parse_err(
+            r#"{"trt_machine_id":1024,"models":[{"name":"m","engine":"v","rolesets":[]}]}"#
+        )
+        .starts_with("pd-router configuration: trt_machine_id: "));
         assert!(parse_err(r#"{"models":[]}"#).contains("models: at least one model"));
         assert!(parse_err(r#"{}"#).contains("missing field `models`"));
         assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"decode":[{"adress":"1.2.3.4:5"}]}]}]}"#)
             .contains("models[0].rolesets[0].decode[0]"));
-        assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"decode":[7]}]}]}"#)
-            .contains("\"IP:port\" or an object"));
+        assert!(
+            parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"decode":[7]}]}]}"#)
+                .contains("\"IP:port\" or an object")
+        );
         assert!(parse_err(r#"{"routing_header":"X-Bad Header","models":[{"name":"m","engine":"v","rolesets":[]}]}"#)
             .contains("routing_header"));
         assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[]},{"name":"m","engine":"v","rolesets":[]}]}"#)

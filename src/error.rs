@@ -8,12 +8,20 @@ use std::fmt;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClientError {
     Body(BodyError),
-    BadField { field: String, message: String },
+    BadField {
+        field: String,
+        message: String,
+    },
     DuplicateKey(String),
     /// A key the router writes for this engine (hand-off data) was supplied.
-    RouterOwnedKey { key: String, engine: String },
+    RouterOwnedKey {
+        key: String,
+        engine: String,
+    },
     UnknownModel(String),
-    TooLarge { limit: usize },
+    TooLarge {
+        limit: usize,
+    },
     MethodNotAllowed(String),
     /// The engine cannot serve this request shape disaggregated.
     Unsupported(String),
@@ -40,7 +48,9 @@ pub enum PrefillFailure {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PdError {
     Client(ClientError),
-    NoEndpoint { model: String },
+    NoEndpoint {
+        model: String,
+    },
     Prefill(PrefillFailure),
     /// An asynchronous prefill (its decode already sent) failed.
     AsyncPrefill(PrefillFailure),
@@ -97,9 +107,7 @@ impl fmt::Display for PrefillFailure {
                 write!(f, "prefill failed with status {status}: {message}")
             }
             PrefillFailure::Timeout => f.write_str("prefill timed out"),
-            PrefillFailure::Reset => {
-                f.write_str("prefill connection was reset before it answered")
-            }
+            PrefillFailure::Reset => f.write_str("prefill connection was reset before it answered"),
             PrefillFailure::BadAnswer(m) => write!(f, "prefill answer is unusable: {m}"),
             PrefillFailure::Dispatch(m) => write!(f, "could not send the prefill request: {m}"),
         }
@@ -115,12 +123,12 @@ impl fmt::Display for PdError {
                 "no prefill/decode endpoint pair is available for model `{model}`"
             ),
             PdError::Prefill(e) => e.fmt(f),
-            PdError::AsyncPrefill(PrefillFailure::Timeout) => f.write_str(
-                "prefill failed with status 504 (timed out); the decode was abandoned",
-            ),
-            PdError::AsyncPrefill(PrefillFailure::Reset) => f.write_str(
-                "prefill failed (connection reset); the decode was abandoned",
-            ),
+            PdError::AsyncPrefill(PrefillFailure::Timeout) => {
+                f.write_str("prefill failed with status 504 (timed out); the decode was abandoned")
+            }
+            PdError::AsyncPrefill(PrefillFailure::Reset) => {
+                f.write_str("prefill failed (connection reset); the decode was abandoned")
+            }
             PdError::AsyncPrefill(PrefillFailure::Rejected { status, message })
             | PdError::AsyncPrefill(PrefillFailure::ServerError { status, message }) => write!(
                 f,
@@ -152,7 +160,9 @@ impl PdError {
                 (400, "invalid_request_error", "router_owned_field")
             }
             PdError::Client(C::Unsupported(_)) => (400, "invalid_request_error", "unsupported"),
-            PdError::Client(C::UnknownModel(_)) => (404, "invalid_request_error", "model_not_found"),
+            PdError::Client(C::UnknownModel(_)) => {
+                (404, "invalid_request_error", "model_not_found")
+            }
             PdError::Client(C::MethodNotAllowed(_)) => {
                 (405, "invalid_request_error", "method_not_allowed")
             }
@@ -204,7 +214,11 @@ pub fn upstream_message(body: &[u8]) -> String {
                 other => Some(other.to_string()),
             };
             v.get("error")
-                .and_then(|e| e.get("message").and_then(pick).or_else(|| e.as_str().map(str::to_owned)))
+                .and_then(|e| {
+                    e.get("message")
+                        .and_then(pick)
+                        .or_else(|| e.as_str().map(str::to_owned))
+                })
                 .or_else(|| v.get("message").and_then(pick))
                 .or_else(|| v.get("detail").and_then(pick))
         });
@@ -226,7 +240,10 @@ mod tests {
 
     fn parsed(e: &PdError) -> (u16, serde_json::Value) {
         let r = e.reply();
-        (r.status, serde_json::from_slice(&r.body).expect("json body"))
+        (
+            r.status,
+            serde_json::from_slice(&r.body).expect("json body"),
+        )
     }
 
     #[test]
@@ -237,18 +254,32 @@ mod tests {
             (ClientError::TooLarge { limit: 10 }.into(), 413),
             (ClientError::MethodNotAllowed("GET".into()).into(), 405),
             (PdError::NoEndpoint { model: "m".into() }, 503),
-            (PdError::Prefill(PrefillFailure::ServerError { status: 500, message: String::new() }), 502),
+            (
+                PdError::Prefill(PrefillFailure::ServerError {
+                    status: 500,
+                    message: String::new(),
+                }),
+                502,
+            ),
             (PdError::Prefill(PrefillFailure::Reset), 502),
             (PdError::Prefill(PrefillFailure::BadAnswer("x".into())), 502),
             (PdError::Prefill(PrefillFailure::Timeout), 504),
-            (PdError::Prefill(PrefillFailure::Rejected { status: 429, message: "slow down".into() }), 429),
+            (
+                PdError::Prefill(PrefillFailure::Rejected {
+                    status: 429,
+                    message: "slow down".into(),
+                }),
+                429,
+            ),
             (PdError::AsyncPrefill(PrefillFailure::Timeout), 502),
             (PdError::Internal("x".into()), 500),
         ];
         for (e, status) in cases {
             let (s, v) = parsed(&e);
             assert_eq!(s, status, "{e}");
-            assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+            assert!(v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()));
             assert!(v["error"]["type"].is_string());
             assert!(v["error"]["code"].is_string());
         }
@@ -268,8 +299,14 @@ mod tests {
 
     #[test]
     fn upstream_messages_are_found_in_common_shapes() {
-        assert_eq!(upstream_message(br#"{"error":{"message":"too long"}}"#), "too long");
-        assert_eq!(upstream_message(br#"{"object":"error","message":"bad"}"#), "bad");
+        assert_eq!(
+            upstream_message(br#"{"error":{"message":"too long"}}"#),
+            "too long"
+        );
+        assert_eq!(
+            upstream_message(br#"{"object":"error","message":"bad"}"#),
+            "bad"
+        );
         assert_eq!(upstream_message(br#"{"detail":"nope"}"#), "nope");
         assert_eq!(upstream_message(b"  plain text \n"), "plain text");
         let long = "é".repeat(2000);

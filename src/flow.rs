@@ -4,9 +4,7 @@
 use crate::api::{read_facts, Api, Facts};
 use crate::body::{Edits, TopLevel};
 use crate::config::{Config, Endpoint};
-use crate::engine::{
-    build_legs, Entropy, Merged, PdContext, PrefillAnswer, Registry,
-};
+use crate::engine::{build_legs, Entropy, Merged, PdContext, PrefillAnswer, Registry};
 use crate::error::{upstream_message, ClientError, PdError, PrefillFailure};
 use crate::host::{Action, Counter, Host, Level};
 use crate::select::RoundRobin;
@@ -135,15 +133,27 @@ impl Flow {
     }
 
     fn log<H: Host>(&self, host: &H, level: Level, msg: &str) {
-        let id = if self.request_id.is_empty() { "-" } else { &self.request_id };
+        let id = if self.request_id.is_empty() {
+            "-"
+        } else {
+            &self.request_id
+        };
         host.log(level, &format!("[{id}] {msg}"));
     }
 
     /// Ends the stream with the error's reply.
     fn fail<H: Host>(&mut self, host: &mut H, err: PdError) -> Action {
         let reply = err.reply();
-        let level = if reply.status >= 500 { Level::Warn } else { Level::Info };
-        self.log(host, level, &format!("{} {}: {err}", reply.status, self.path));
+        let level = if reply.status >= 500 {
+            Level::Warn
+        } else {
+            Level::Info
+        };
+        self.log(
+            host,
+            level,
+            &format!("{} {}: {err}", reply.status, self.path),
+        );
         host.increment(Counter::LocalReply);
         host.send_reply(
             reply.status,
@@ -174,10 +184,17 @@ impl Flow {
             return self.fail(host, crate::body::BodyError::Empty.into());
         }
         if let Some(len) = lossy(host.request_header("content-length")) {
-            if len.trim().parse::<u64>().is_ok_and(|n| n > config.max_body_bytes as u64) {
+            if len
+                .trim()
+                .parse::<u64>()
+                .is_ok_and(|n| n > config.max_body_bytes as u64)
+            {
                 return self.fail(
                     host,
-                    ClientError::TooLarge { limit: config.max_body_bytes }.into(),
+                    ClientError::TooLarge {
+                        limit: config.max_body_bytes,
+                    }
+                    .into(),
                 );
             }
         }
@@ -245,7 +262,12 @@ impl Flow {
         }
     }
 
-    fn split<H: Host>(&mut self, host: &mut H, api: Api, body_size: usize) -> Result<Action, PdError> {
+    fn split<H: Host>(
+        &mut self,
+        host: &mut H,
+        api: Api,
+        body_size: usize,
+    ) -> Result<Action, PdError> {
         let router = Rc::clone(&self.router);
         let config = &router.config;
         let body = host.request_body(body_size).unwrap_or_default();
@@ -262,12 +284,13 @@ impl Flow {
             }
             .into());
         }
-        let pair = router
-            .round_robin
-            .pair(model_index, model)
-            .ok_or_else(|| PdError::NoEndpoint {
-                model: model.name.clone(),
-            })?;
+        let pair =
+            router
+                .round_robin
+                .pair(model_index, model)
+                .ok_or_else(|| PdError::NoEndpoint {
+                    model: model.name.clone(),
+                })?;
 
         let request_id = self.request_id.clone();
         let mut entropy = HostEntropy {
@@ -286,7 +309,12 @@ impl Flow {
             self.log(
                 host,
                 Level::Debug,
-                &format!("not split ({} n={}): whole request to {}", handler.name(), facts.n, pair.decode.address),
+                &format!(
+                    "not split ({} n={}): whole request to {}",
+                    handler.name(),
+                    facts.n,
+                    pair.decode.address
+                ),
             );
             host.set_request_header(&config.routing_header, Some(&pair.decode.address));
             host.increment(Counter::Unsplit);
@@ -363,13 +391,18 @@ impl Flow {
         for (k, v) in &self.forwarded {
             headers.push((k, v));
         }
-        host.dispatch(&config.prefill_cluster, &headers, body, config.prefill_timeout_ms)
-            .map_err(|e| {
-                PdError::Prefill(PrefillFailure::Dispatch(format!(
-                    "cluster {:?}: {e}",
-                    config.prefill_cluster
-                )))
-            })
+        host.dispatch(
+            &config.prefill_cluster,
+            &headers,
+            body,
+            config.prefill_timeout_ms,
+        )
+        .map_err(|e| {
+            PdError::Prefill(PrefillFailure::Dispatch(format!(
+                "cluster {:?}: {e}",
+                config.prefill_cluster
+            )))
+        })
     }
 
     /// Points the paused request at the decode pod with its new body.
@@ -426,7 +459,11 @@ impl Flow {
                     if body_seen {
                         // Decode output already reached the client, so the
                         // hand-off worked; the prefill's late error is noise.
-                        self.log(host, Level::Warn, &format!("prefill failed after the decode produced output: {failure}"));
+                        self.log(
+                            host,
+                            Level::Warn,
+                            &format!("prefill failed after the decode produced output: {failure}"),
+                        );
                     } else {
                         // Without its prefill the decode would wait out its
                         // bootstrap timeout: fail now. After the response

@@ -11,11 +11,11 @@ pub mod body;
 pub mod config;
 pub mod engine;
 pub mod error;
-pub mod transfer;
-pub mod trt_id;
 pub mod flow;
 pub mod host;
 pub mod select;
+pub mod transfer;
+pub mod trt_id;
 
 #[cfg(target_arch = "wasm32")]
 mod shell;

@@ -123,7 +123,12 @@ mod tests {
     fn unsplit_requests_rotate_over_distinct_decodes() {
         let c = config();
         let rr = RoundRobin::new(&c);
-        let got: Vec<_> = (0..4).map(|_| rr.any_decode().unwrap().address.clone()).collect();
-        assert_eq!(got, vec!["10.0.1.1:1", "10.0.1.2:1", "10.0.1.3:1", "10.0.1.1:1"]);
+        let got: Vec<_> = (0..4)
+            .map(|_| rr.any_decode().unwrap().address.clone())
+            .collect();
+        assert_eq!(
+            got,
+            vec!["10.0.1.1:1", "10.0.1.2:1", "10.0.1.3:1", "10.0.1.1:1"]
+        );
     }
 }

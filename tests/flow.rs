@@ -16,6 +16,8 @@ struct Dispatched {
     timeout_ms: u64,
 }
 
+type Headers = Vec<(String, String)>;
+
 #[derive(Default)]
 struct FakeHost {
     request_headers: Vec<(String, Vec<u8>)>,
@@ -24,7 +26,7 @@ struct FakeHost {
     dispatch_error: Option<String>,
     call_body: Vec<u8>,
     resumed: usize,
-    replies: Vec<(u16, Vec<(String, String)>, Vec<u8>)>,
+    replies: Vec<(u16, Headers, Vec<u8>)>,
     response_headers: Vec<(String, Option<String>)>,
     counters: RefCell<Vec<Counter>>,
     logs: RefCell<Vec<String>>,
@@ -58,7 +60,10 @@ impl FakeHost {
     fn reply(&self) -> (u16, serde_json::Value) {
         assert_eq!(self.replies.len(), 1, "expected exactly one reply");
         let (status, _, body) = &self.replies[0];
-        (*status, serde_json::from_slice(body).expect("reply is JSON"))
+        (
+            *status,
+            serde_json::from_slice(body).expect("reply is JSON"),
+        )
     }
 
     fn counted(&self, c: Counter) -> usize {
@@ -185,7 +190,10 @@ fn post(path: &str, body: &str) -> FakeHost {
 /// Headers, then the body in two chunks. Returns the last action.
 fn send_request(flow: &mut Flow, host: &mut FakeHost) -> Action {
     assert_eq!(flow.on_request_headers(host, false), Action::Pause);
-    assert!(host.header(ROUTING).is_none(), "client routing header stripped");
+    assert!(
+        host.header(ROUTING).is_none(),
+        "client routing header stripped"
+    );
     let half = host.body.len() / 2;
     assert_eq!(flow.on_request_body(host, half, false), Action::Pause);
     flow.on_request_body(host, host.body.len(), true)
@@ -210,7 +218,12 @@ fn vllm_sync_split_dispatches_prefill_then_resumes_with_the_handoff() {
     let d = &host.dispatched[0];
     assert_eq!(d.cluster, "pd_prefill");
     assert_eq!(d.timeout_ms, 1234);
-    let h = |k: &str| d.headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let h = |k: &str| {
+        d.headers
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
     assert_eq!(h(ROUTING), Some("10.0.0.1:8000"));
     assert_eq!(h(":path"), Some("/v1/chat/completions"));
     assert_eq!(h(":method"), Some("POST"));
@@ -230,7 +243,10 @@ fn vllm_sync_split_dispatches_prefill_then_resumes_with_the_handoff() {
         host.body_str(),
         r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":50,"min_tokens":3,"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"0.0.0.0","remote_port":5600,"future":{"n":18446744073709551615}}}"#
     );
-    assert_eq!(host.header("content-length"), Some(host.body.len().to_string()));
+    assert_eq!(
+        host.header("content-length"),
+        Some(host.body.len().to_string())
+    );
     assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
     assert_eq!(host.counted(Counter::Split), 1);
 
@@ -255,7 +271,9 @@ fn shfs_rewrites_remote_host_to_the_prefill_pod_ip() {
     send_request(&mut flow, &mut host);
     answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
     assert_eq!(host.resumed, 1);
-    assert!(host.body_str().contains(r#""remote_host":"10.0.0.1","remote_port":5600"#));
+    assert!(host
+        .body_str()
+        .contains(r#""remote_host":"10.0.0.1","remote_port":5600"#));
 }
 
 #[test]
@@ -263,7 +281,12 @@ fn missing_handoff_forwards_and_counts() {
     let mut flow = Flow::new(router());
     let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
     send_request(&mut flow, &mut host);
-    answer(&mut flow, &mut host, Some(200), r#"{"id":"p","choices":[]}"#);
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        r#"{"id":"p","choices":[]}"#,
+    );
     assert_eq!(host.resumed, 1);
     assert_eq!(host.body_str(), r#"{"model":"vllm-m","prompt":"p"}"#);
     assert_eq!(host.counted(Counter::HandoffMissing), 1);
@@ -272,7 +295,10 @@ fn missing_handoff_forwards_and_counts() {
 #[test]
 fn vllm_n_above_one_is_not_split() {
     let mut flow = Flow::new(router());
-    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p","n":2}"#);
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"vllm-m","prompt":"p","n":2}"#,
+    );
     assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
     assert!(host.dispatched.is_empty());
     assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
@@ -296,14 +322,21 @@ fn sglang_sends_decode_at_once_with_the_same_bootstrap_room() {
     let room = i64::MAX; // the first random value, masked to 63 bits
     assert_eq!(
         prefill,
-        format!(r#"{{"model":"sglang-m","messages":[],"stream":false,"max_tokens":1,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#)
+        format!(
+            r#"{{"model":"sglang-m","messages":[],"stream":false,"max_tokens":1,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#
+        )
     );
     assert_eq!(
         host.body_str(),
-        format!(r#"{{"model":"sglang-m","messages":[],"stream":true,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#)
+        format!(
+            r#"{{"model":"sglang-m","messages":[],"stream":true,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#
+        )
     );
     assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.4:30000"));
-    assert_eq!(host.resumed, 0, "Continue from the body callback is the resume");
+    assert_eq!(
+        host.resumed, 0,
+        "Continue from the body callback is the resume"
+    );
 
     // Prefill succeeds: nothing more happens.
     answer(&mut flow, &mut host, Some(200), r#"{"id":"x"}"#);
@@ -312,12 +345,21 @@ fn sglang_sends_decode_at_once_with_the_same_bootstrap_room() {
 
 #[test]
 fn sglang_prefill_failure_before_decode_output_fails_fast() {
-    for (status, expect) in [(Some(500), "status 500"), (Some(504), "504"), (None, "reset")] {
+    for (status, expect) in [
+        (Some(500), "status 500"),
+        (Some(504), "504"),
+        (None, "reset"),
+    ] {
         let mut flow = Flow::new(router());
         let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":"p"}"#);
         send_request(&mut flow, &mut host);
         flow.on_response_headers(&mut host);
-        answer(&mut flow, &mut host, status, r#"{"error":{"message":"boom"}}"#);
+        answer(
+            &mut flow,
+            &mut host,
+            status,
+            r#"{"error":{"message":"boom"}}"#,
+        );
         let (code, v) = host.reply();
         assert_eq!(code, 502);
         let msg = v["error"]["message"].as_str().unwrap();
@@ -340,10 +382,16 @@ fn sglang_prefill_failure_after_decode_output_is_only_logged() {
 #[test]
 fn sglang_batches_get_arrays_with_a_room_each() {
     let mut flow = Flow::new(router());
-    let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":["a","b"]}"#);
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"sglang-m","prompt":["a","b"]}"#,
+    );
     send_request(&mut flow, &mut host);
     let v: serde_json::Value = serde_json::from_slice(&host.body).unwrap();
-    assert_eq!(v["bootstrap_host"], serde_json::json!(["10.0.0.3", "10.0.0.3"]));
+    assert_eq!(
+        v["bootstrap_host"],
+        serde_json::json!(["10.0.0.3", "10.0.0.3"])
+    );
     assert_eq!(v["bootstrap_port"], serde_json::json!([9000, 9000]));
     assert_eq!(v["bootstrap_room"], serde_json::json!([i64::MAX, 42]));
 }
@@ -435,14 +483,54 @@ fn client_errors_reply_once_and_reach_no_upstream() {
     let cases: &[(&str, &str, u16, &str)] = &[
         ("/v1/completions", "{not json", 400, "not valid JSON"),
         ("/v1/completions", "[1,2]", 400, "must be a JSON object"),
-        ("/v1/completions", r#"{"prompt":"p"}"#, 400, "`model` is required"),
-        ("/v1/completions", r#"{"model":"nope","prompt":"p"}"#, 404, "nope"),
-        ("/v1/completions", r#"{"model":"lonely-m","prompt":"p"}"#, 503, "lonely-m"),
-        ("/v1/completions", r#"{"model":"vllm-m","prompt":"p","kv_transfer_params":{"remote_host":"6.6.6.6"}}"#, 400, "kv_transfer_params"),
-        ("/v1/completions", r#"{"model":"sglang-m","prompt":"p","bootstrap_room":1}"#, 400, "bootstrap_room"),
-        ("/v1/completions", r#"{"model":"trt-m","prompt":"p","disaggregated_params":{}}"#, 400, "disaggregated_params"),
-        ("/v1/completions", r#"{"model":"vllm-m","prompt":"p","stream":false,"stream":true}"#, 400, "`stream` appears more than once"),
-        ("/v1/completions", r#"{"model":"trt-m","prompt":["a","b"]}"#, 400, "single prompt"),
+        (
+            "/v1/completions",
+            r#"{"prompt":"p"}"#,
+            400,
+            "`model` is required",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"nope","prompt":"p"}"#,
+            404,
+            "nope",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"lonely-m","prompt":"p"}"#,
+            503,
+            "lonely-m",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"vllm-m","prompt":"p","kv_transfer_params":{"remote_host":"6.6.6.6"}}"#,
+            400,
+            "kv_transfer_params",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"sglang-m","prompt":"p","bootstrap_room":1}"#,
+            400,
+            "bootstrap_room",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"trt-m","prompt":"p","disaggregated_params":{}}"#,
+            400,
+            "disaggregated_params",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"vllm-m","prompt":"p","stream":false,"stream":true}"#,
+            400,
+            "`stream` appears more than once",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"trt-m","prompt":["a","b"]}"#,
+            400,
+            "single prompt",
+        ),
     ];
     for (path, body, status, needle) in cases {
         let mut flow = Flow::new(router());
@@ -498,11 +586,26 @@ fn unsplit_paths_still_get_a_router_chosen_upstream() {
 #[test]
 fn prefill_failures_map_to_statuses() {
     let cases: &[(Option<u16>, &str, u16, &str)] = &[
-        (Some(500), r#"{"error":{"message":"CUDA error"}}"#, 502, "CUDA error"),
-        (Some(503), "upstream connect error or disconnect/reset before headers", 502, "503"),
+        (
+            Some(500),
+            r#"{"error":{"message":"CUDA error"}}"#,
+            502,
+            "CUDA error",
+        ),
+        (
+            Some(503),
+            "upstream connect error or disconnect/reset before headers",
+            502,
+            "503",
+        ),
         (Some(504), "upstream request timeout", 504, "timed out"),
         (None, "", 502, "reset"),
-        (Some(400), r#"{"error":{"message":"prompt is too long"}}"#, 400, "prompt is too long"),
+        (
+            Some(400),
+            r#"{"error":{"message":"prompt is too long"}}"#,
+            400,
+            "prompt is too long",
+        ),
         (Some(429), r#"{"detail":"busy"}"#, 429, "busy"),
         (Some(200), "not json", 502, "not valid JSON"),
         (Some(302), "", 502, "302"),
@@ -530,7 +633,10 @@ fn dispatch_failure_is_a_bad_gateway() {
     send_request(&mut flow, &mut host);
     let (code, v) = host.reply();
     assert_eq!(code, 502);
-    assert!(v["error"]["message"].as_str().unwrap().contains("pd_prefill"));
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("pd_prefill"));
 }
 
 #[test]

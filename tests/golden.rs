@@ -70,8 +70,12 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     if let Some(c) = &case.kv_connector {
         model["kv_connector"] = c.clone().into();
     }
-    let config = Config::parse(serde_json::json!({ "models": [model] }).to_string().as_bytes())
-        .expect("config");
+    let config = Config::parse(
+        serde_json::json!({ "models": [model] })
+            .to_string()
+            .as_bytes(),
+    )
+    .expect("config");
     let pod = &config.models[0].rolesets[0].prefill[0];
     let registry = Registry::builtin();
     let handler = registry.resolve(&case.engine);
@@ -90,12 +94,26 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
         model_connector: config.models[0].kv_connector,
         entropy: &mut entropy,
     };
-    assert!(handler.should_split(&ctx, pod), "{}: not split", dir.display());
+    assert!(
+        handler.should_split(&ctx, pod),
+        "{}: not split",
+        dir.display()
+    );
     let legs = build_legs(handler, &mut ctx, pod).expect("augment");
-    check(dir, "prefill.json", &top.render(&client, &legs.prefill), failures);
+    check(
+        dir,
+        "prefill.json",
+        &top.render(&client, &legs.prefill),
+        failures,
+    );
 
     if handler.is_async() {
-        check(dir, "decode.json", &top.render(&client, &legs.decode), failures);
+        check(
+            dir,
+            "decode.json",
+            &top.render(&client, &legs.decode),
+            failures,
+        );
         return;
     }
     let answer = read(dir, "answer.json").expect("answer.json for a sync engine");
@@ -129,7 +147,11 @@ fn golden_fixtures() {
         .filter(|p| p.is_dir())
         .collect();
     dirs.sort();
-    assert!(dirs.len() >= 12, "expected the golden cases, found {}", dirs.len());
+    assert!(
+        dirs.len() >= 12,
+        "expected the golden cases, found {}",
+        dirs.len()
+    );
     let mut failures = Vec::new();
     for dir in &dirs {
         run_case(dir, &mut failures);

@@ -84,9 +84,9 @@ pub enum EngineError {
 impl fmt::Display for EngineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EngineError::Unsupported(m) | EngineError::BadPrefillAnswer(m) | EngineError::Internal(m) => {
-                f.write_str(m)
-            }
+            EngineError::Unsupported(m)
+            | EngineError::BadPrefillAnswer(m)
+            | EngineError::Internal(m) => f.write_str(m),
         }
     }
 }

@@ -34,7 +34,9 @@ impl EngineHandler for SglangHandler {
             ctx.entropy
                 .random_u64()
                 .map(|r| r & ROOM_MASK)
-                .map_err(|e| EngineError::Internal(format!("no randomness for bootstrap_room: {e}")))
+                .map_err(|e| {
+                    EngineError::Internal(format!("no randomness for bootstrap_room: {e}"))
+                })
         };
         let mut host = Vec::with_capacity(pod.ip.len() + 2);
         push_json_str(&mut host, &pod.ip);

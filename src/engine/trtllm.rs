@@ -158,7 +158,11 @@ fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, Engi
                 .collect()
         })
         .unwrap_or_default();
-    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
     let head = |extra: Value| {
         let mut chunk = json!({
             "id": v.get("id").cloned().unwrap_or(Value::Null),

@@ -41,7 +41,10 @@ fn claim_worker_slot() -> u8 {
             return (current % WORKER_SLOTS as u32) as u8;
         }
     }
-    log(LogLevel::Warn, "pd-router: could not claim a worker slot; using 0");
+    log(
+        LogLevel::Warn,
+        "pd-router: could not claim a worker slot; using 0",
+    );
     0
 }
 
@@ -77,7 +80,10 @@ impl RootContext for Root {
         let router = match Router::new(config, claim_worker_slot()) {
             Ok(r) => r,
             Err(e) => {
-                log(LogLevel::Critical, &format!("pd-router configuration: trt_machine_id: {e}"));
+                log(
+                    LogLevel::Critical,
+                    &format!("pd-router configuration: trt_machine_id: {e}"),
+                );
                 return false;
             }
         };
@@ -98,7 +104,10 @@ impl RootContext for Root {
         for c in Counter::ALL {
             match hostcalls::define_metric(MetricType::Counter, c.name()) {
                 Ok(id) => metrics.push((c, id)),
-                Err(e) => log(LogLevel::Warn, &format!("pd-router: metric {}: {e:?}", c.name())),
+                Err(e) => log(
+                    LogLevel::Warn,
+                    &format!("pd-router: metric {}: {e:?}", c.name()),
+                ),
             }
         }
         self.metrics = Rc::new(metrics);
@@ -108,7 +117,10 @@ impl RootContext for Root {
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         let router = self.router.as_ref()?;
-        Some(Box::new(Stream::new(Rc::clone(router), Rc::clone(&self.metrics))))
+        Some(Box::new(Stream::new(
+            Rc::clone(router),
+            Rc::clone(&self.metrics),
+        )))
     }
 
     fn get_type(&self) -> Option<ContextType> {

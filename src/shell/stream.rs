@@ -36,7 +36,13 @@ fn to_wasm(a: Action) -> WasmAction {
 }
 
 impl Context for Stream {
-    fn on_http_call_response(&mut self, token: u32, num_headers: usize, body_size: usize, _trailers: usize) {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        num_headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
         // A reset before any header arrives with no headers at all.
         let status = if num_headers == 0 {
             None
@@ -46,7 +52,8 @@ impl Context for Stream {
                 .flatten()
                 .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
         };
-        self.flow.on_prefill_response(&mut self.io, token, status, body_size);
+        self.flow
+            .on_prefill_response(&mut self.io, token, status, body_size);
     }
 }
 
@@ -56,10 +63,17 @@ impl HttpContext for Stream {
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        to_wasm(self.flow.on_request_body(&mut self.io, body_size, end_of_stream))
+        to_wasm(
+            self.flow
+                .on_request_body(&mut self.io, body_size, end_of_stream),
+        )
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> WasmAction {
+    fn on_http_response_headers(
+        &mut self,
+        _num_headers: usize,
+        _end_of_stream: bool,
+    ) -> WasmAction {
         to_wasm(self.flow.on_response_headers(&mut self.io))
     }
 
@@ -77,7 +91,10 @@ impl Host for Io {
 
     fn set_request_header(&mut self, name: &str, value: Option<&str>) {
         if let Err(e) = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value) {
-            self.log(Level::Warn, &format!("could not set request header {name}: {e:?}"));
+            self.log(
+                Level::Warn,
+                &format!("could not set request header {name}: {e:?}"),
+            );
         }
     }
 
@@ -117,13 +134,19 @@ impl Host for Io {
 
     fn resume_request(&mut self) {
         if let Err(e) = hostcalls::resume_http_request() {
-            self.log(Level::Error, &format!("could not resume the request: {e:?}"));
+            self.log(
+                Level::Error,
+                &format!("could not resume the request: {e:?}"),
+            );
         }
     }
 
     fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
         if let Err(e) = hostcalls::send_http_response(status as u32, headers.to_vec(), Some(body)) {
-            self.log(Level::Error, &format!("could not send a local reply: {e:?}"));
+            self.log(
+                Level::Error,
+                &format!("could not send a local reply: {e:?}"),
+            );
         }
     }
 

@@ -27,9 +27,8 @@ impl KvTransferAgent for Shfs {
         let Some(raw) = kv_transfer_params(answer, answer_top)? else {
             return Ok(Handoff::Missing);
         };
-        let params = TopLevel::parse(raw).map_err(|e| {
-            EngineError::BadPrefillAnswer(format!("kv_transfer_params: {e}"))
-        })?;
+        let params = TopLevel::parse(raw)
+            .map_err(|e| EngineError::BadPrefillAnswer(format!("kv_transfer_params: {e}")))?;
         let mut edit = Edits::new();
         edit.set_str("remote_host", &prefill_pod.ip);
         let rewritten = params.render(raw, &edit);

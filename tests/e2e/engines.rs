@@ -19,14 +19,22 @@ pub fn client_body(model: &str, path: &str, stream: bool) -> String {
     } else {
         format!(
             r#"{{"model":"{model}","prompt":{PROMPT},"max_tokens":6,"stream":{stream},"min_tokens":2,"stream_options":{},"seed":18446744073709551615}}"#,
-            if stream { r#"{"include_usage":true}"# } else { "null" }
+            if stream {
+                r#"{"include_usage":true}"#
+            } else {
+                "null"
+            }
         )
     }
 }
 
 fn request_id() -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
-    format!("e2e-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "e2e-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 pub struct Setup {
@@ -37,7 +45,12 @@ pub struct Setup {
 }
 
 impl Setup {
-    pub fn start(engine: &str, connector: Option<&str>, prefill_args: &[&str], decode_args: &[&str]) -> Setup {
+    pub fn start(
+        engine: &str,
+        connector: Option<&str>,
+        prefill_args: &[&str],
+        decode_args: &[&str],
+    ) -> Setup {
         let mock_engine = match engine {
             "vllm" | "sglang" | "trtllm" => engine,
             _ => "default",
@@ -85,19 +98,36 @@ fn check_engine(setup: &Setup, handoff: &str) {
             let what = format!("{} {path} stream={stream}", setup.model);
             assert_eq!(a.status, 200, "{what}: {}\n{}", a.body, setup.envoy.log());
             assert_eq!(a.header("x-mock-kv"), Some(handoff), "{what}");
-            assert_eq!(a.header("x-mock-pod"), Some(setup.decode.name.as_str()), "{what}");
-            assert_eq!(a.header("prefill-target-pod"), Some(setup.prefill.name.as_str()), "{what}");
-            assert_eq!(a.header("prefill-target-pod-ip"), Some("127.0.0.1"), "{what}");
+            assert_eq!(
+                a.header("x-mock-pod"),
+                Some(setup.decode.name.as_str()),
+                "{what}"
+            );
+            assert_eq!(
+                a.header("prefill-target-pod"),
+                Some(setup.prefill.name.as_str()),
+                "{what}"
+            );
+            assert_eq!(
+                a.header("prefill-target-pod-ip"),
+                Some("127.0.0.1"),
+                "{what}"
+            );
             if stream {
                 assert!(
-                    a.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")),
+                    a.header("content-type")
+                        .is_some_and(|c| c.starts_with("text/event-stream")),
                     "{what}"
                 );
                 let events = a.events();
-                assert!(events.len() >= 6, "{what}: chunk per token expected, got {events:?}");
+                assert!(
+                    events.len() >= 6,
+                    "{what}: chunk per token expected, got {events:?}"
+                );
                 assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{what}");
                 for e in &events[..events.len() - 1] {
-                    serde_json::from_str::<Value>(e).unwrap_or_else(|_| panic!("{what}: bad chunk {e}"));
+                    serde_json::from_str::<Value>(e)
+                        .unwrap_or_else(|_| panic!("{what}: bad chunk {e}"));
                 }
             } else {
                 let v = a.json();
@@ -141,11 +171,18 @@ fn check_engine(setup: &Setup, handoff: &str) {
         assert_eq!(p.raw("stream_options"), None);
         assert_eq!(p.raw("min_tokens"), None);
         assert_eq!(d.raw("max_tokens").as_deref(), Some("6"));
-        assert_eq!(d.raw("stream").as_deref(), Some(if *stream { "true" } else { "false" }));
-        assert_eq!(d.raw("stream_options"), raw_member(client, "stream_options"));
+        assert_eq!(
+            d.raw("stream").as_deref(),
+            Some(if *stream { "true" } else { "false" })
+        );
+        assert_eq!(
+            d.raw("stream_options"),
+            raw_member(client, "stream_options")
+        );
         // Envoy reframes the decode leg with the content-length the filter set.
         assert_eq!(
-            d.header("content-length").and_then(|v| v.parse::<usize>().ok()),
+            d.header("content-length")
+                .and_then(|v| v.parse::<usize>().ok()),
             Some(d.body.len()),
             "{id}: decode content-length"
         );
@@ -159,7 +196,10 @@ fn vllm_nixl() {
     // The hand-off object is relayed verbatim, unknown fields and u64::MAX included.
     let p = s.prefill.requests();
     let d = s.decode.requests();
-    assert!(p[0].raw("kv_transfer_params").unwrap().contains(r#""do_remote_decode":true"#));
+    assert!(p[0]
+        .raw("kv_transfer_params")
+        .unwrap()
+        .contains(r#""do_remote_decode":true"#));
     let relayed = d[0].raw("kv_transfer_params").expect("decode got hand-off");
     assert!(relayed.contains("18446744073709551615"), "{relayed}");
     assert!(relayed.contains("x_mock_future_field"), "{relayed}");
@@ -169,7 +209,12 @@ fn vllm_nixl() {
 fn vllm_shfs_rewrites_remote_host() {
     // The prefill advertises an address the decode cannot use; only the
     // router's rewrite to the pod IP makes the pull work.
-    let s = Setup::start("vllm", Some("shfs"), &["--advertise-host", "192.0.2.1"], &[]);
+    let s = Setup::start(
+        "vllm",
+        Some("shfs"),
+        &["--advertise-host", "192.0.2.1"],
+        &[],
+    );
     check_engine(&s, "pulled");
     let d = s.decode.requests();
     let params: Value = serde_json::from_str(&d[0].raw("kv_transfer_params").unwrap()).unwrap();
@@ -180,7 +225,12 @@ fn vllm_shfs_rewrites_remote_host() {
 fn vllm_nixl_does_not_rewrite_remote_host() {
     // Same mocks as above with plain nixl: the decode must fail to pull,
     // which proves the shfs test is not passing by accident.
-    let s = Setup::start("vllm", Some("nixl"), &["--advertise-host", "192.0.2.1"], &[]);
+    let s = Setup::start(
+        "vllm",
+        Some("nixl"),
+        &["--advertise-host", "192.0.2.1"],
+        &[],
+    );
     let a = post(
         &s.envoy.url("/v1/completions"),
         client_body(&s.model, "/v1/completions", false),
@@ -199,8 +249,17 @@ fn vllm_neuron() {
 
 #[test]
 fn vllm_missing_handoff_recomputes_and_n_above_one_is_not_split() {
-    let s = Setup::start("vllm", Some("nixl"), &["--fault", "no-kv-params"], &["--allow-recompute"]);
-    let a = post(&s.envoy.url("/v1/completions"), client_body(&s.model, "/v1/completions", false), &[]);
+    let s = Setup::start(
+        "vllm",
+        Some("nixl"),
+        &["--fault", "no-kv-params"],
+        &["--allow-recompute"],
+    );
+    let a = post(
+        &s.envoy.url("/v1/completions"),
+        client_body(&s.model, "/v1/completions", false),
+        &[],
+    );
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.header("x-mock-kv"), Some("recomputed"));
     assert_eq!(s.envoy.stat("wasmcustom.pd_router.handoff_missing"), 1);
@@ -223,7 +282,12 @@ fn sglang_runs_both_legs_concurrently() {
     let d = s.decode.requests();
     let room = p[0].json()["bootstrap_room"].as_u64().expect("room");
     assert!(room < (1 << 63));
-    assert_eq!(d.iter().filter(|r| r.json()["bootstrap_room"].as_u64() == Some(room)).count(), 1);
+    assert_eq!(
+        d.iter()
+            .filter(|r| r.json()["bootstrap_room"].as_u64() == Some(room))
+            .count(),
+        1
+    );
     assert_eq!(p[0].json()["bootstrap_host"], "127.0.0.1");
     assert_eq!(p[0].json()["bootstrap_port"], s.prefill.bootstrap.unwrap());
 }
@@ -238,15 +302,26 @@ fn sglang_batches_use_one_room_per_sequence() {
     let a = post(&s.envoy.url("/v1/chat/completions"), body, &[]);
     assert_eq!(a.status, 200, "{}", a.body);
     let d = s.decode.requests();
-    let rooms = d[0].json()["bootstrap_room"].as_array().cloned().expect("array");
+    let rooms = d[0].json()["bootstrap_room"]
+        .as_array()
+        .cloned()
+        .expect("array");
     assert_eq!(rooms.len(), 3);
-    assert_eq!(d[1].json()["bootstrap_room"].as_array().map(Vec::len), Some(2));
+    assert_eq!(
+        d[1].json()["bootstrap_room"].as_array().map(Vec::len),
+        Some(2)
+    );
 }
 
 #[test]
 fn sglang_prefill_failure_is_answered_at_once() {
     // The decode would wait 30 s for its KV; the router must not.
-    let s = Setup::start("sglang", None, &["--fault", "status:500"], &["--bootstrap-timeout-ms", "30000"]);
+    let s = Setup::start(
+        "sglang",
+        None,
+        &["--fault", "status:500"],
+        &["--bootstrap-timeout-ms", "30000"],
+    );
     for (path, stream) in [("/v1/completions", false), ("/v1/chat/completions", true)] {
         let a = post(&s.envoy.url(path), client_body(&s.model, path, stream), &[]);
         assert_eq!(a.status, 502, "{}", a.body);
@@ -270,7 +345,10 @@ fn trtllm() {
         let id = sent["disagg_request_id"].as_u64().expect("u64 id");
         assert!(id > (1u64 << 53), "id {id}");
         let relayed = d.raw("disaggregated_params").unwrap();
-        assert!(relayed.contains(&format!("\"ctx_request_id\":{id}")), "{relayed}");
+        assert!(
+            relayed.contains(&format!("\"ctx_request_id\":{id}")),
+            "{relayed}"
+        );
         assert!(relayed.contains("\"generation_only\""), "{relayed}");
     }
 }
@@ -279,7 +357,9 @@ fn trtllm() {
 fn trtllm_finished_context_is_the_answer() {
     let s = Setup::start("trtllm", None, &[], &[]);
     let body = |stream: bool| {
-        format!(r#"{{"model":"test/trtllm","prompt":"stop here [[finish]]","max_tokens":5,"stream":{stream}}}"#)
+        format!(
+            r#"{{"model":"test/trtllm","prompt":"stop here [[finish]]","max_tokens":5,"stream":{stream}}}"#
+        )
     };
     let a = post(&s.envoy.url("/v1/completions"), body(false), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
@@ -287,10 +367,16 @@ fn trtllm_finished_context_is_the_answer() {
     assert!(a.json().get("prompt_token_ids").is_none());
     let a = post(&s.envoy.url("/v1/completions"), body(true), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
-    assert!(a.header("content-type").unwrap_or_default().starts_with("text/event-stream"));
+    assert!(a
+        .header("content-type")
+        .unwrap_or_default()
+        .starts_with("text/event-stream"));
     let events = a.events();
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    assert!(s.decode.requests().is_empty(), "no decode for a finished context");
+    assert!(
+        s.decode.requests().is_empty(),
+        "no decode for a finished context"
+    );
 }
 
 #[test]

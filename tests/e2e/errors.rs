@@ -15,11 +15,56 @@ fn closed_port() -> u16 {
 fn every_error_status() {
     let ok_p = Mock::start("ok-prefill", &["--engine", "default", "--role", "prefill"]);
     let decode = Mock::start("decode", &["--engine", "default", "--role", "decode"]);
-    let p500 = Mock::start("p500", &["--engine", "default", "--role", "prefill", "--fault", "status:500"]);
-    let p400 = Mock::start("p400", &["--engine", "default", "--role", "prefill", "--fault", "status:400"]);
-    let p429 = Mock::start("p429", &["--engine", "default", "--role", "prefill", "--fault", "status:429"]);
-    let garbage = Mock::start("garbage", &["--engine", "default", "--role", "prefill", "--fault", "garbage"]);
-    let slow = Mock::start("slow", &["--engine", "default", "--role", "prefill", "--fault", "delay:5000"]);
+    let p500 = Mock::start(
+        "p500",
+        &[
+            "--engine",
+            "default",
+            "--role",
+            "prefill",
+            "--fault",
+            "status:500",
+        ],
+    );
+    let p400 = Mock::start(
+        "p400",
+        &[
+            "--engine",
+            "default",
+            "--role",
+            "prefill",
+            "--fault",
+            "status:400",
+        ],
+    );
+    let p429 = Mock::start(
+        "p429",
+        &[
+            "--engine",
+            "default",
+            "--role",
+            "prefill",
+            "--fault",
+            "status:429",
+        ],
+    );
+    let garbage = Mock::start(
+        "garbage",
+        &[
+            "--engine", "default", "--role", "prefill", "--fault", "garbage",
+        ],
+    );
+    let slow = Mock::start(
+        "slow",
+        &[
+            "--engine",
+            "default",
+            "--role",
+            "prefill",
+            "--fault",
+            "delay:5000",
+        ],
+    );
     let refused = closed_port();
 
     let model = |name: &str, prefill: serde_json::Value, decode: &[&Mock]| {
@@ -46,15 +91,45 @@ fn every_error_status() {
     let body = |m: &str| format!(r#"{{"model":"{m}","prompt":"hello","max_tokens":4}}"#);
 
     let cases: Vec<(&str, String, u16, &str)> = vec![
-        ("malformed JSON", r#"{"model":"ok","prompt":"#.into(), 400, "not valid JSON"),
+        (
+            "malformed JSON",
+            r#"{"model":"ok","prompt":"#.into(),
+            400,
+            "not valid JSON",
+        ),
         ("not an object", "[1,2,3]".into(), 400, "JSON object"),
-        ("wrong type", r#"{"model":"ok","prompt":"p","stream":"yes"}"#.into(), 400, "`stream` must be a boolean"),
-        ("duplicate key", r#"{"model":"ok","prompt":"p","max_tokens":1,"max_tokens":99}"#.into(), 400, "more than once"),
+        (
+            "wrong type",
+            r#"{"model":"ok","prompt":"p","stream":"yes"}"#.into(),
+            400,
+            "`stream` must be a boolean",
+        ),
+        (
+            "duplicate key",
+            r#"{"model":"ok","prompt":"p","max_tokens":1,"max_tokens":99}"#.into(),
+            400,
+            "more than once",
+        ),
         ("unknown model", body("gpt-17"), 404, "gpt-17"),
-        ("too large", format!(r#"{{"model":"ok","prompt":"{}"}}"#, "x".repeat(70_000)), 413, "65536"),
+        (
+            "too large",
+            format!(r#"{{"model":"ok","prompt":"{}"}}"#, "x".repeat(70_000)),
+            413,
+            "65536",
+        ),
         ("prefill 5xx", body("p500"), 502, "status 500"),
-        ("prefill 4xx relayed", body("p400"), 400, "mock fault: status 400"),
-        ("prefill 429 relayed", body("p429"), 429, "mock fault: status 429"),
+        (
+            "prefill 4xx relayed",
+            body("p400"),
+            400,
+            "mock fault: status 400",
+        ),
+        (
+            "prefill 429 relayed",
+            body("p429"),
+            429,
+            "mock fault: status 429",
+        ),
         ("unparsable answer", body("garbage"), 502, "not valid JSON"),
         ("prefill timeout", body("slow"), 504, "timed out"),
         ("prefill refused", body("refused"), 502, "503"),
@@ -64,14 +139,25 @@ fn every_error_status() {
         let a = post(&url, body, &[]);
         assert_eq!(a.status, status, "{what}: {}", a.body);
         let msg = a.error_message();
-        assert!(msg.contains(needle), "{what}: {msg:?} should mention {needle:?}");
         assert!(
-            a.header("content-type").is_some_and(|c| c.contains("application/json")),
+            msg.contains(needle),
+            "{what}: {msg:?} should mention {needle:?}"
+        );
+        assert!(
+            a.header("content-type")
+                .is_some_and(|c| c.contains("application/json")),
             "{what}"
         );
-        assert!(a.header("x-mock-pod").is_none(), "{what}: reached a decode pod");
+        assert!(
+            a.header("x-mock-pod").is_none(),
+            "{what}: reached a decode pod"
+        );
     }
-    let a = post(&url, b"{\"model\":\"ok\",\"prompt\":\"\xff\"}".to_vec(), &[]);
+    let a = post(
+        &url,
+        b"{\"model\":\"ok\",\"prompt\":\"\xff\"}".to_vec(),
+        &[],
+    );
     assert_eq!(a.status, 400, "{}", a.body);
     assert!(a.error_message().contains("UTF-8"));
     // The timeout is the configured one, not the mock's delay.
@@ -100,9 +186,15 @@ fn a_client_cannot_smuggle_hand_off_data() {
         ("t", "trtllm", None, &[&sp], &[&sd]),
     ]));
     for (model, field) in [
-        ("v", r#""kv_transfer_params":{"remote_host":"169.254.169.254","remote_port":80}"#),
+        (
+            "v",
+            r#""kv_transfer_params":{"remote_host":"169.254.169.254","remote_port":80}"#,
+        ),
         ("s", r#""bootstrap_host":"169.254.169.254""#),
-        ("t", r#""disaggregated_params":{"request_type":"generation_only"}"#),
+        (
+            "t",
+            r#""disaggregated_params":{"request_type":"generation_only"}"#,
+        ),
     ] {
         let body = format!(r#"{{"model":"{model}","prompt":"p",{field}}}"#);
         let a = post(&envoy.url("/v1/completions"), body, &[]);

@@ -35,7 +35,10 @@ pub fn envoy_bin() -> PathBuf {
 }
 
 pub fn wasm_path() -> PathBuf {
-    artifact("PD_ROUTER_WASM", "target/wasm32-wasip1/release/pd_router.wasm")
+    artifact(
+        "PD_ROUTER_WASM",
+        "target/wasm32-wasip1/release/pd_router.wasm",
+    )
 }
 
 pub fn mock_bin() -> PathBuf {
@@ -268,7 +271,11 @@ impl Envoy {
         let mut cmd = Command::new(envoy_bin());
         cmd.arg("-c")
             .arg(&yaml_path)
-            .args(["--disable-hot-restart", "--concurrency", &concurrency.to_string()])
+            .args([
+                "--disable-hot-restart",
+                "--concurrency",
+                &concurrency.to_string(),
+            ])
             .args(["-l", "info", "--component-log-level", "wasm:debug"])
             .arg("--admin-address-path")
             .arg(&admin_path)
@@ -281,7 +288,12 @@ impl Envoy {
         let deadline = Instant::now() + Duration::from_secs(30);
         let admin = loop {
             if let Ok(a) = std::fs::read_to_string(&admin_path) {
-                if let Some(p) = a.trim().rsplit(':').next().and_then(|p| p.parse::<u16>().ok()) {
+                if let Some(p) = a
+                    .trim()
+                    .rsplit(':')
+                    .next()
+                    .and_then(|p| p.parse::<u16>().ok())
+                {
                     break p;
                 }
             }
@@ -313,7 +325,11 @@ impl Envoy {
             if let (Some(p), true) = (found, ready) {
                 break p;
             }
-            assert!(Instant::now() < deadline, "envoy never became ready:\n{}", tail(&log));
+            assert!(
+                Instant::now() < deadline,
+                "envoy never became ready:\n{}",
+                tail(&log)
+            );
             std::thread::sleep(Duration::from_millis(50));
         };
         Envoy {
@@ -332,7 +348,10 @@ impl Envoy {
     /// Envoy's stats whose names contain `filter`, as (name, value).
     pub fn stats(&self, filter: &str) -> Vec<(String, u64)> {
         http()
-            .get(format!("http://127.0.0.1:{}/stats?filter={filter}", self.admin))
+            .get(format!(
+                "http://127.0.0.1:{}/stats?filter={filter}",
+                self.admin
+            ))
             .send()
             .and_then(|r| r.text())
             .unwrap_or_default()
@@ -366,9 +385,18 @@ pub fn tail(path: &Path) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
-/// A plugin configuration with one model per `(name, engine, connector,
-/// prefill mocks, decode mocks)`.
-pub fn plugin_config(models: &[(&str, &str, Option<&str>, &[&Mock], &[&Mock])]) -> Value {
+/// One model of a test configuration: name, engine, KV connector, prefill
+/// mocks, decode mocks.
+pub type ModelSpec<'a> = (
+    &'a str,
+    &'a str,
+    Option<&'a str>,
+    &'a [&'a Mock],
+    &'a [&'a Mock],
+);
+
+/// A plugin configuration with one single-roleset model per spec.
+pub fn plugin_config(models: &[ModelSpec]) -> Value {
     let models: Vec<Value> = models
         .iter()
         .map(|(name, engine, connector, prefill, decode)| {
@@ -404,8 +432,7 @@ impl Answer {
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
     }
 
     /// The OpenAI error message, asserting the error shape.

@@ -6,7 +6,13 @@ use crate::harness::*;
 fn a_client_routing_header_pointing_at_the_admin_port_is_ignored() {
     let prefill = Mock::start("p", &["--engine", "vllm", "--role", "prefill"]);
     let decode = Mock::start("d", &["--engine", "vllm", "--role", "decode"]);
-    let envoy = Envoy::start(&plugin_config(&[("m", "vllm", None, &[&prefill], &[&decode])]));
+    let envoy = Envoy::start(&plugin_config(&[(
+        "m",
+        "vllm",
+        None,
+        &[&prefill],
+        &[&decode],
+    )]));
     let admin = format!("127.0.0.1:{}", envoy.admin);
     let spoof = [("x-envoy-original-dst-host", admin.as_str())];
 
@@ -17,8 +23,16 @@ fn a_client_routing_header_pointing_at_the_admin_port_is_ignored() {
 
     // A path the router does not split: it goes to a pod the router chose.
     let a = get(&envoy.url("/server_info"), &spoof);
-    assert!(!a.body.contains("\"state\""), "reached the admin port: {}", a.body);
-    assert_eq!(a.header("x-mock-pod"), Some("d"), "went to the pod the router chose");
+    assert!(
+        !a.body.contains("\"state\""),
+        "reached the admin port: {}",
+        a.body
+    );
+    assert_eq!(
+        a.header("x-mock-pod"),
+        Some("d"),
+        "went to the pod the router chose"
+    );
     let a = get(&envoy.url("/v1/models"), &spoof);
     assert_eq!(a.status, 200, "{}", a.body);
     assert!(a.body.contains("mock-model"), "{}", a.body);

@@ -45,7 +45,10 @@ fn shipped_envoy_yaml_and_every_wasm_config_validate() {
         assert!(ok, "{} does not validate:\n{out}", path.display());
         n += 1;
     }
-    assert!(n >= 6, "expected a plugin configuration per engine/connector, found {n}");
+    assert!(
+        n >= 6,
+        "expected a plugin configuration per engine/connector, found {n}"
+    );
 }
 
 #[test]
