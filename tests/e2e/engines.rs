@@ -400,3 +400,82 @@ fn a_four_mib_prompt_goes_through() {
     let d = s.decode.requests();
     assert_eq!(d[0].raw("prompt"), raw_member(body.as_bytes(), "prompt"));
 }
+
+#[test]
+fn decode_output_streams_through_chunk_by_chunk() {
+    // 8 tokens 150 ms apart: buffered, the first byte would arrive with the
+    // last; streamed, it arrives about a second earlier.
+    let s = Setup::start("vllm", Some("nixl"), &[], &["--stream-delay-ms", "150"]);
+    let body = format!(
+        r#"{{"model":"{}","prompt":"p","max_tokens":8,"stream":true}}"#,
+        s.model
+    );
+    let start = std::time::Instant::now();
+    let mut resp = http()
+        .post(s.envoy.url("/v1/completions"))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut first = None;
+    let mut all = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = std::io::Read::read(&mut resp, &mut buf).expect("read");
+        if n == 0 {
+            break;
+        }
+        first.get_or_insert_with(|| start.elapsed());
+        all.extend_from_slice(&buf[..n]);
+    }
+    let total = start.elapsed();
+    let first = first.expect("some output");
+    assert!(String::from_utf8_lossy(&all).ends_with("data: [DONE]\n\n"));
+    assert!(
+        total - first >= std::time::Duration::from_millis(700),
+        "first chunk at {first:?}, end at {total:?}: the stream was buffered"
+    );
+}
+
+#[test]
+fn several_worker_threads_share_the_configuration() {
+    // Two Envoy workers, each with its own VM: every request still splits, and
+    // TensorRT-LLM ids stay distinct across workers.
+    let prefill = Mock::start("trt-p", &["--engine", "trtllm", "--role", "prefill"]);
+    let decode = Mock::start("trt-d", &["--engine", "trtllm", "--role", "decode"]);
+    let envoy = Envoy::start_with(
+        &plugin_config(&[("t", "trtllm", None, &[&prefill], &[&decode])]),
+        2,
+    );
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let url = envoy.url("/v1/completions");
+            std::thread::spawn(move || {
+                (0..10)
+                    .map(|i| {
+                        post(
+                            &url,
+                            format!(r#"{{"model":"t","prompt":"p{i}","max_tokens":2}}"#),
+                            &[],
+                        )
+                        .status
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(h.join().expect("thread").iter().all(|s| *s == 200));
+    }
+    let ids: std::collections::HashSet<u64> = prefill
+        .requests()
+        .iter()
+        .map(|r| {
+            r.json()["disaggregated_params"]["disagg_request_id"]
+                .as_u64()
+                .expect("id")
+        })
+        .collect();
+    assert_eq!(ids.len(), 40, "disagg ids must be unique");
+}
