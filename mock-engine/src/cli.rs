@@ -1,0 +1,314 @@
+//! Command-line parsing. Hand-written rather than clap: the surface is small
+//! and the mock should build fast on a shared 2-core machine.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Vllm,
+    Sglang,
+    Trtllm,
+    Default,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Sglang => "sglang",
+            Engine::Trtllm => "trtllm",
+            Engine::Default => "default",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Prefill,
+    Decode,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Connector {
+    Nixl,
+    Shfs,
+    Neuron,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    Status(u16),
+    Delay(Duration),
+    Garbage,
+    NoKvParams,
+    Hang,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub engine: Engine,
+    pub role: Role,
+    pub name: String,
+    pub model: String,
+    pub listen: SocketAddr,
+    pub connector: Connector,
+    pub bootstrap_listen: SocketAddr,
+    pub side_listen: SocketAddr,
+    pub advertise_host: Option<String>,
+    pub faults: Vec<Fault>,
+    pub allow_recompute: bool,
+    pub bootstrap_timeout: Duration,
+    pub stream_delay: Duration,
+    pub allow_remote_peers: bool,
+}
+
+impl Config {
+    /// vLLM prefill with a pull-based connector serves KV over the side channel.
+    pub fn vllm_pull_connector(&self) -> bool {
+        self.engine == Engine::Vllm && matches!(self.connector, Connector::Nixl | Connector::Shfs)
+    }
+
+    pub fn needs_side_channel(&self) -> bool {
+        self.role == Role::Prefill && (self.vllm_pull_connector() || self.engine == Engine::Trtllm)
+    }
+
+    pub fn needs_bootstrap(&self) -> bool {
+        self.role == Role::Prefill && self.engine == Engine::Sglang
+    }
+
+    pub fn has_fault(&self, fault: &Fault) -> bool {
+        self.faults.contains(fault)
+    }
+}
+
+#[derive(Debug)]
+pub struct CliError(pub String);
+
+impl fmt::Display for CliError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub const USAGE: &str = "\
+usage: mock-engine --engine vllm|sglang|trtllm|default --role prefill|decode
+  [--name NAME] [--model MODEL] [--listen ADDR]
+  [--connector nixl|shfs|neuron] [--bootstrap-listen ADDR] [--side-listen ADDR]
+  [--advertise-host HOST] [--fault SPEC]... [--allow-recompute]
+  [--bootstrap-timeout-ms N] [--stream-delay-ms N] [--allow-remote-peers]
+fault SPEC: status:N | delay:MS | garbage | no-kv-params | hang";
+
+fn err(msg: impl Into<String>) -> CliError {
+    CliError(msg.into())
+}
+
+fn parse_addr(flag: &str, v: &str) -> Result<SocketAddr, CliError> {
+    v.parse()
+        .map_err(|e| err(format!("{flag}: invalid socket address {v:?}: {e}")))
+}
+
+fn parse_ms(flag: &str, v: &str) -> Result<Duration, CliError> {
+    v.parse::<u64>()
+        .map(Duration::from_millis)
+        .map_err(|e| err(format!("{flag}: invalid milliseconds {v:?}: {e}")))
+}
+
+fn parse_fault(v: &str) -> Result<Fault, CliError> {
+    match v {
+        "garbage" => return Ok(Fault::Garbage),
+        "no-kv-params" => return Ok(Fault::NoKvParams),
+        "hang" => return Ok(Fault::Hang),
+        _ => {}
+    }
+    if let Some(n) = v.strip_prefix("status:") {
+        let code: u16 = n
+            .parse()
+            .map_err(|e| err(format!("--fault {v}: invalid status: {e}")))?;
+        if !(100..=599).contains(&code) {
+            return Err(err(format!("--fault {v}: status must be in 100..=599")));
+        }
+        return Ok(Fault::Status(code));
+    }
+    if let Some(ms) = v.strip_prefix("delay:") {
+        return Ok(Fault::Delay(parse_ms("--fault delay", ms)?));
+    }
+    Err(err(format!("--fault: unknown spec {v:?}")))
+}
+
+pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError> {
+    let loopback_any: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
+    let mut engine = None;
+    let mut role = None;
+    let mut name = "mock".to_string();
+    let mut model = "mock-model".to_string();
+    let mut listen = loopback_any;
+    let mut connector = None;
+    let mut bootstrap_listen = None;
+    let mut side_listen = None;
+    let mut advertise_host = None;
+    let mut faults = Vec::new();
+    let mut allow_recompute = false;
+    let mut bootstrap_timeout = Duration::from_millis(10_000);
+    let mut stream_delay = Duration::from_millis(2);
+    let mut allow_remote_peers = false;
+
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        // Accept both `--flag value` and `--flag=value`.
+        let (flag, inline) = match flag.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (flag, None),
+        };
+        let is_switch = matches!(
+            flag.as_str(),
+            "--allow-recompute" | "--allow-remote-peers" | "--help" | "-h"
+        );
+        let value = if is_switch {
+            if inline.is_some() {
+                return Err(err(format!("{flag} takes no value")));
+            }
+            String::new()
+        } else {
+            match inline.or_else(|| it.next()) {
+                Some(v) => v,
+                None => return Err(err(format!("{flag} needs a value"))),
+            }
+        };
+        match flag.as_str() {
+            "--help" | "-h" => return Err(err(USAGE)),
+            "--engine" => {
+                engine = Some(match value.as_str() {
+                    "vllm" => Engine::Vllm,
+                    "sglang" => Engine::Sglang,
+                    "trtllm" => Engine::Trtllm,
+                    "default" => Engine::Default,
+                    other => return Err(err(format!("--engine: unknown engine {other:?}"))),
+                })
+            }
+            "--role" => {
+                role = Some(match value.as_str() {
+                    "prefill" => Role::Prefill,
+                    "decode" => Role::Decode,
+                    other => return Err(err(format!("--role: unknown role {other:?}"))),
+                })
+            }
+            "--name" => name = value,
+            "--model" => model = value,
+            "--listen" => listen = parse_addr("--listen", &value)?,
+            "--connector" => {
+                connector = Some(match value.as_str() {
+                    "nixl" => Connector::Nixl,
+                    "shfs" => Connector::Shfs,
+                    "neuron" => Connector::Neuron,
+                    other => return Err(err(format!("--connector: unknown connector {other:?}"))),
+                })
+            }
+            "--bootstrap-listen" => {
+                bootstrap_listen = Some(parse_addr("--bootstrap-listen", &value)?)
+            }
+            "--side-listen" => side_listen = Some(parse_addr("--side-listen", &value)?),
+            "--advertise-host" => advertise_host = Some(value),
+            "--fault" => faults.push(parse_fault(&value)?),
+            "--allow-recompute" => allow_recompute = true,
+            "--allow-remote-peers" => allow_remote_peers = true,
+            "--bootstrap-timeout-ms" => {
+                bootstrap_timeout = parse_ms("--bootstrap-timeout-ms", &value)?
+            }
+            "--stream-delay-ms" => stream_delay = parse_ms("--stream-delay-ms", &value)?,
+            other => return Err(err(format!("unknown flag {other:?}\n{USAGE}"))),
+        }
+    }
+
+    let engine = engine.ok_or_else(|| err(format!("--engine is required\n{USAGE}")))?;
+    let role = role.ok_or_else(|| err(format!("--role is required\n{USAGE}")))?;
+    let config = Config {
+        engine,
+        role,
+        name,
+        model,
+        listen,
+        connector: connector.unwrap_or(Connector::Nixl),
+        bootstrap_listen: bootstrap_listen.unwrap_or(loopback_any),
+        side_listen: side_listen.unwrap_or(loopback_any),
+        advertise_host,
+        faults,
+        allow_recompute,
+        bootstrap_timeout,
+        stream_delay,
+        allow_remote_peers,
+    };
+
+    // Flags that do not apply are ignored rather than fatal, so a test harness
+    // can pass one flag set to every pod; the warning still shows the mistake.
+    let mut ignored = Vec::new();
+    if connector.is_some() && engine != Engine::Vllm {
+        ignored.push("--connector (vllm only)");
+    }
+    if bootstrap_listen.is_some() && !config.needs_bootstrap() {
+        ignored.push("--bootstrap-listen (sglang prefill only)");
+    }
+    if side_listen.is_some() && !config.needs_side_channel() {
+        ignored.push("--side-listen (vllm nixl/shfs prefill and trtllm prefill only)");
+    }
+    if config.advertise_host.is_some() && !(config.vllm_pull_connector() && role == Role::Prefill) {
+        ignored.push("--advertise-host (vllm nixl/shfs prefill only)");
+    }
+    if allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
+        ignored.push("--allow-recompute (vllm decode only)");
+    }
+    if config.has_fault(&Fault::NoKvParams)
+        && !(config.vllm_pull_connector() && role == Role::Prefill)
+    {
+        ignored.push("--fault no-kv-params (vllm nixl/shfs prefill only)");
+    }
+    for flag in ignored {
+        eprintln!("mock-engine: warning: ignoring {flag}");
+    }
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn parses_full_command_line() {
+        let c = parse(args(
+            "--engine vllm --role prefill --name p0 --connector=shfs --fault status:503 \
+             --fault delay:20 --advertise-host 192.0.2.1 --bootstrap-timeout-ms 500",
+        ))
+        .expect("valid");
+        assert_eq!(c.engine, Engine::Vllm);
+        assert_eq!(c.connector, Connector::Shfs);
+        assert_eq!(
+            c.faults,
+            vec![Fault::Status(503), Fault::Delay(Duration::from_millis(20))]
+        );
+        assert_eq!(c.advertise_host.as_deref(), Some("192.0.2.1"));
+        assert_eq!(c.bootstrap_timeout, Duration::from_millis(500));
+        assert!(c.needs_side_channel());
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert!(parse(args("--engine vllm")).is_err());
+        assert!(parse(args("--engine foo --role decode")).is_err());
+        assert!(parse(args("--engine vllm --role decode --fault status:42")).is_err());
+        assert!(parse(args("--engine vllm --role decode --listen")).is_err());
+    }
+}

@@ -1,0 +1,22 @@
+//! The `default` engine: a plain OpenAI server with no KV hand-off, for
+//! routers that only split the legs (or for recompute baselines).
+
+use crate::error::Checked;
+use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::request::{approx_tokens, Request};
+
+fn prompt_tokens(req: &Request<'_>) -> u64 {
+    req.prompt_key().map(|k| approx_tokens(&k)).unwrap_or(0)
+}
+
+pub fn prefill(req: &Request<'_>) -> Checked<PrefillOut> {
+    super::prefill_constraints(req, true)?;
+    Ok(PrefillOut::new(prompt_tokens(req)))
+}
+
+pub fn decode(req: &Request<'_>) -> DecodeOut {
+    DecodeOut {
+        kv: Kv::None,
+        prompt_tokens: prompt_tokens(req),
+    }
+}

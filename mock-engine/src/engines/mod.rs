@@ -1,0 +1,154 @@
+//! Per-engine prefill/decode contracts. Each engine module checks what the
+//! router sent, performs the hand-off (side channel, bootstrap, ...) and says
+//! what to add to the answer; `handle` turns that into the HTTP response.
+
+mod default;
+mod sglang;
+mod trtllm;
+mod vllm;
+
+use axum::response::Response;
+use serde_json::{Map, Value};
+
+use crate::cli::{Connector, Engine, Role};
+use crate::error::{Checked, Fail};
+use crate::generate::{self, GenParams};
+use crate::request::{short, Api, Request};
+use crate::state::{InFlight, Shared};
+
+pub async fn handle(state: &Shared, api: Api, body: &[u8], guard: InFlight) -> Checked<Response> {
+    let req = Request::parse(api, body)?;
+    // Validated first so a malformed knob never consumes a hand-off.
+    let params = GenParams::from_request(&req)?;
+    let cfg = &state.config;
+    match cfg.role {
+        Role::Prefill => {
+            let out = match (cfg.engine, cfg.connector) {
+                (Engine::Vllm, Connector::Neuron) => vllm::neuron_prefill(&req)?,
+                (Engine::Vllm, _) => vllm::prefill(state, &req)?,
+                (Engine::Sglang, _) => sglang::prefill(state, &req).await?,
+                (Engine::Trtllm, _) => trtllm::prefill(state, &req)?,
+                (Engine::Default, _) => default::prefill(&req)?,
+            };
+            Ok(generate::prefill_response(state, api, &params, out))
+        }
+        Role::Decode => {
+            let out = match (cfg.engine, cfg.connector) {
+                (Engine::Vllm, Connector::Neuron) => vllm::neuron_decode(&req)?,
+                (Engine::Vllm, _) => vllm::decode(state, &req).await?,
+                (Engine::Sglang, _) => sglang::decode(state, &req).await?,
+                (Engine::Trtllm, _) => trtllm::decode(state, &req).await?,
+                (Engine::Default, _) => default::decode(&req),
+            };
+            Ok(generate::decode_response(state, api, params, out, guard))
+        }
+    }
+}
+
+/// What every prefill leg must look like: exactly one token, not streamed,
+/// and nothing that would force more than one token. TRT-LLM refuses
+/// `max_completion_tokens` outright, the others accept it when it is 1.
+fn prefill_constraints(req: &Request<'_>, max_completion_tokens_ok: bool) -> Checked<()> {
+    match req.u64_field("max_tokens")? {
+        Some(1) => {}
+        Some(m) => {
+            return Err(Fail::contract(format!(
+                "prefill needs `max_tokens` == 1, got {m}"
+            )))
+        }
+        None => {
+            return Err(Fail::contract(
+                "prefill needs `max_tokens` == 1, it is absent",
+            ))
+        }
+    }
+    if req.bool_field("stream")? == Some(true) {
+        return Err(Fail::contract("prefill must not stream, `stream` is true"));
+    }
+    for field in ["stream_options", "min_tokens", "min_completion_tokens"] {
+        if req.has(field) {
+            return Err(Fail::contract(format!(
+                "prefill request must not carry `{field}`"
+            )));
+        }
+    }
+    if max_completion_tokens_ok {
+        match req.u64_field("max_completion_tokens")? {
+            None | Some(1) => {}
+            Some(m) => {
+                return Err(Fail::contract(format!(
+                    "prefill needs `max_completion_tokens` absent or 1, got {m}"
+                )))
+            }
+        }
+    } else if req.has("max_completion_tokens") {
+        return Err(Fail::contract(
+            "prefill request must not carry `max_completion_tokens`",
+        ));
+    }
+    Ok(())
+}
+
+/// The named top-level member as a JSON object.
+fn object_field(req: &Request<'_>, name: &str) -> Checked<Option<Map<String, Value>>> {
+    match req.value(name)? {
+        None => Ok(None),
+        Some(Value::Object(o)) => Ok(Some(o)),
+        Some(v) => Err(Fail::contract(format!(
+            "`{name}` must be an object, got {}",
+            short(&v)
+        ))),
+    }
+}
+
+/// `obj.field` as a string, or a violation naming `parent.field`.
+fn str_member<'o>(obj: &'o Map<String, Value>, parent: &str, field: &str) -> Checked<&'o str> {
+    match obj.get(field) {
+        Some(Value::String(s)) => Ok(s),
+        Some(v) => Err(Fail::contract(format!(
+            "`{parent}.{field}` must be a string, got {}",
+            short(v)
+        ))),
+        None => Err(Fail::contract(format!("`{parent}.{field}` is missing"))),
+    }
+}
+
+/// `obj.field` as an exact u64, or a violation naming `parent.field`.
+fn u64_member(obj: &Map<String, Value>, parent: &str, field: &str) -> Checked<u64> {
+    match obj.get(field) {
+        Some(v) => v.as_u64().ok_or_else(|| {
+            Fail::contract(format!(
+                "`{parent}.{field}` must be a non-negative integer, got {}",
+                short(v)
+            ))
+        }),
+        None => Err(Fail::contract(format!("`{parent}.{field}` is missing"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(body: &str, mct_ok: bool) -> Result<(), String> {
+        let req = Request::parse(Api::Completions, body.as_bytes()).map_err(|f| f.message)?;
+        prefill_constraints(&req, mct_ok).map_err(|f| f.message)
+    }
+
+    #[test]
+    fn prefill_constraints_cases() {
+        assert!(check(r#"{"max_tokens":1}"#, true).is_ok());
+        assert!(check(
+            r#"{"max_tokens":1,"stream":false,"max_completion_tokens":1}"#,
+            true
+        )
+        .is_ok());
+        assert!(check(r#"{"max_tokens":1,"max_completion_tokens":1}"#, false).is_err());
+        assert!(check(r#"{"max_tokens":1.0}"#, true).is_err());
+        assert!(check(r#"{"max_tokens":2}"#, true).is_err());
+        assert!(check(r#"{}"#, true).is_err());
+        assert!(check(r#"{"max_tokens":1,"stream":true}"#, true).is_err());
+        assert!(check(r#"{"max_tokens":1,"min_tokens":1}"#, true).is_err());
+        assert!(check(r#"{"max_tokens":1,"stream_options":{}}"#, true).is_err());
+    }
+}

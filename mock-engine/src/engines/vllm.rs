@@ -1,0 +1,260 @@
+//! vLLM disaggregated prefill.
+//!
+//! NIXL / shfs: the prefill is asked (`kv_transfer_params.do_remote_decode`)
+//! to keep its KV blocks and answers with `kv_transfer_params` telling the
+//! decode where to pull them from; the router must relay that object to the
+//! decode verbatim. Neuron: the router passes the whole prefill response to
+//! the decode as `disagg_prefill_resp`.
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{object_field, prefill_constraints, str_member, u64_member};
+use crate::cli::Fault;
+use crate::error::{Checked, Fail};
+use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::peer::{authority, pct};
+use crate::request::{approx_tokens, prompt_hash, short, Request};
+use crate::sidechannel::KvEntry;
+use crate::state::Shared;
+
+const PULL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An unknown member the router must relay untouched: nested values and a
+/// u64::MAX that any f64 round-trip would corrupt.
+fn future_field() -> Value {
+    json!({"nested": [1, 2, {"k": "v"}], "big": u64::MAX})
+}
+
+pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
+    prefill_constraints(req, true)?;
+    let params = object_field(req, "kv_transfer_params")?.ok_or_else(|| {
+        Fail::contract(
+            "prefill request has no `kv_transfer_params` (needs {\"do_remote_decode\": true})",
+        )
+    })?;
+    match params.get("do_remote_decode") {
+        Some(Value::Bool(true)) => {}
+        Some(v) => {
+            return Err(Fail::contract(format!(
+                "`kv_transfer_params.do_remote_decode` must be true, got {}",
+                short(v)
+            )))
+        }
+        None => {
+            return Err(Fail::contract(
+                "`kv_transfer_params.do_remote_decode` is missing (must be true)",
+            ))
+        }
+    }
+    // The decode's params sent to the prefill would make it pull, not serve.
+    if params.get("do_remote_prefill") == Some(&Value::Bool(true)) {
+        return Err(Fail::contract(
+            "`kv_transfer_params.do_remote_prefill` is true on the prefill leg",
+        ));
+    }
+    let key = req.prompt_key()?;
+    let mut out = PrefillOut::new(approx_tokens(&key));
+    if state.config.has_fault(&Fault::NoKvParams) {
+        return Ok(out);
+    }
+
+    let cfg = &state.config;
+    let side = state
+        .bound
+        .side
+        .ok_or_else(|| Fail::internal("vllm prefill has no side channel bound"))?;
+    let remote_request_id = format!("{}-{:016x}", state.next_id(), state.random_u64());
+    let block_ids: Vec<u64> = (0..3)
+        .map(|_| state.random_u64() & u64::from(u32::MAX))
+        .collect();
+    let engine_id = format!("mock-engine-{}", cfg.name);
+    let host = cfg
+        .advertise_host
+        .clone()
+        .unwrap_or_else(|| side.ip().to_string());
+    state.side.put_kv(
+        remote_request_id.clone(),
+        KvEntry {
+            engine_id: engine_id.clone(),
+            block_ids: block_ids.clone(),
+            prompt_hash: prompt_hash(&key),
+        },
+    );
+    out.top.insert(
+        "kv_transfer_params".into(),
+        json!({
+            "do_remote_prefill": true,
+            "do_remote_decode": false,
+            "remote_block_ids": block_ids,
+            "remote_engine_id": engine_id,
+            "remote_request_id": remote_request_id,
+            "remote_host": host,
+            "remote_port": side.port(),
+            "tp_size": 1,
+            "x_mock_future_field": future_field(),
+        }),
+    );
+    Ok(out)
+}
+
+#[derive(Deserialize)]
+struct Pulled {
+    prompt_hash: String,
+}
+
+pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
+    let key = req.prompt_key()?;
+    let own_hash = prompt_hash(&key);
+    let prompt_tokens = approx_tokens(&key);
+    let Some(params) = object_field(req, "kv_transfer_params")? else {
+        // vLLM's own proxy sends n > 1 without a hand-off; anything else
+        // means the prompt is recomputed on the decode, a silent perf bug.
+        let n = req.u64_field("n")?.unwrap_or(1);
+        if n > 1 || state.config.allow_recompute {
+            return Ok(DecodeOut {
+                kv: Kv::Recomputed,
+                prompt_tokens,
+            });
+        }
+        return Err(Fail::contract(
+            "no kv_transfer_params: the decode would silently recompute the prompt",
+        ));
+    };
+
+    const P: &str = "kv_transfer_params";
+    match params.get("do_remote_prefill") {
+        Some(Value::Bool(true)) => {}
+        Some(v) => {
+            return Err(Fail::contract(format!(
+                "`{P}.do_remote_prefill` must be true, got {}",
+                short(v)
+            )))
+        }
+        None => {
+            return Err(Fail::contract(format!(
+                "`{P}.do_remote_prefill` is missing"
+            )))
+        }
+    }
+    if params.get("do_remote_decode") == Some(&Value::Bool(true)) {
+        return Err(Fail::contract(format!(
+            "`{P}.do_remote_decode` is true on the decode leg"
+        )));
+    }
+    let block_ids = match params.get("remote_block_ids") {
+        Some(v) => match crate::request::u64_array(v) {
+            Some(ids) if !ids.is_empty() => ids,
+            _ => {
+                return Err(Fail::contract(format!(
+                    "`{P}.remote_block_ids` must be a non-empty array of integers, got {}",
+                    short(v)
+                )))
+            }
+        },
+        None => return Err(Fail::contract(format!("`{P}.remote_block_ids` is missing"))),
+    };
+    let engine_id = str_member(&params, P, "remote_engine_id")?;
+    let request_id = str_member(&params, P, "remote_request_id")?;
+    let host = str_member(&params, P, "remote_host")?;
+    let port = u64_member(&params, P, "remote_port")?;
+    let port = u16::try_from(port)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| Fail::contract(format!("`{P}.remote_port` {port} is not a TCP port")))?;
+    match params.get("x_mock_future_field") {
+        Some(v) if *v == future_field() => {}
+        Some(v) => {
+            return Err(Fail::contract(format!(
+                "`{P}.x_mock_future_field` was altered: got {}, expected {}",
+                short(v),
+                future_field()
+            )))
+        }
+        None => {
+            return Err(Fail::contract(format!(
+                "`{P}.x_mock_future_field` is missing: the router must relay the prefill's \
+                 kv_transfer_params verbatim, unknown fields included"
+            )))
+        }
+    }
+
+    let at = authority(host, port);
+    let blocks: Vec<String> = block_ids.iter().map(u64::to_string).collect();
+    let path = format!(
+        "/kv/{}?engine_id={}&block_ids={}",
+        pct(request_id),
+        pct(engine_id),
+        blocks.join(",")
+    );
+    let pull_err = |what: String| Fail::contract(format!("could not pull KV from {at}: {what}"));
+    let resp = state
+        .peers
+        .get(&at, &path, PULL_TIMEOUT)
+        .await
+        .map_err(|e| pull_err(e.to_string()))?;
+    if resp.status != StatusCode::OK {
+        return Err(pull_err(format!(
+            "side channel answered {}: {}",
+            resp.status.as_u16(),
+            resp.text()
+        )));
+    }
+    let pulled: Pulled = serde_json::from_slice(&resp.body)
+        .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
+    if pulled.prompt_hash != own_hash {
+        return Err(Fail::contract(format!(
+            "prompt differs from the prefilled prompt (prefill hashed {}, decode hashes {own_hash})",
+            pulled.prompt_hash
+        )));
+    }
+    Ok(DecodeOut {
+        kv: Kv::Pulled,
+        prompt_tokens,
+    })
+}
+
+pub fn neuron_prefill(req: &Request<'_>) -> Checked<PrefillOut> {
+    prefill_constraints(req, true)?;
+    if req.has("kv_transfer_params") {
+        return Err(Fail::contract(
+            "neuron prefill request must not carry `kv_transfer_params`",
+        ));
+    }
+    let key = req.prompt_key()?;
+    let mut out = PrefillOut::new(approx_tokens(&key));
+    out.id_prefix = Some("mock-prefill-");
+    out.top
+        .insert("mock_prompt_hash".into(), json!(prompt_hash(&key)));
+    Ok(out)
+}
+
+pub fn neuron_decode(req: &Request<'_>) -> Checked<DecodeOut> {
+    const P: &str = "disagg_prefill_resp";
+    let key = req.prompt_key()?;
+    let own_hash = prompt_hash(&key);
+    let resp = object_field(req, P)?.ok_or_else(|| {
+        Fail::contract(format!(
+            "no `{P}`: the neuron decode needs the prefill's response"
+        ))
+    })?;
+    let id = str_member(&resp, P, "id")?;
+    if !id.starts_with("mock-prefill-") {
+        return Err(Fail::contract(format!(
+            "`{P}.id` {id:?} is not a prefill response id (mock-prefill-...)"
+        )));
+    }
+    let hash = str_member(&resp, P, "mock_prompt_hash")?;
+    if hash != own_hash {
+        return Err(Fail::contract(format!(
+            "prompt differs from the prefilled prompt (prefill hashed {hash}, decode hashes {own_hash})"
+        )));
+    }
+    Ok(DecodeOut {
+        kv: Kv::Pulled,
+        prompt_tokens: approx_tokens(&key),
+    })
+}

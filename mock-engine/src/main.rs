@@ -1,0 +1,152 @@
+//! mock-engine: impersonates one vLLM / SGLang / TensorRT-LLM pod in the
+//! prefill or decode role and enforces that engine's prefill/decode contract,
+//! so end-to-end tests of the router fail when the router is wrong.
+
+mod bootstrap;
+mod cli;
+mod engines;
+mod error;
+mod generate;
+mod peer;
+mod request;
+mod server;
+mod sidechannel;
+mod state;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use axum::Router;
+use tokio::net::TcpListener;
+
+use crate::state::{AppState, Bound};
+
+async fn bind(what: &str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|e| format!("cannot bind {what} on {addr}: {e}"))?;
+    let local = listener
+        .local_addr()
+        .map_err(|e| format!("cannot read {what} address: {e}"))?;
+    Ok((listener, local))
+}
+
+async fn serve(listener: TcpListener, router: Router) -> std::io::Result<()> {
+    axum::serve(listener, router).await
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+async fn run(config: cli::Config) -> Result<(), String> {
+    let (http, http_addr) = bind("http", config.listen).await?;
+    let side = if config.needs_side_channel() {
+        Some(bind("side channel", config.side_listen).await?)
+    } else {
+        None
+    };
+    let boot = if config.needs_bootstrap() {
+        Some(bind("bootstrap server", config.bootstrap_listen).await?)
+    } else {
+        None
+    };
+    let bound = Bound {
+        http: http_addr,
+        side: side.as_ref().map(|(_, a)| *a),
+        bootstrap: boot.as_ref().map(|(_, a)| *a),
+    };
+    let peers = peer::Peers::new(config.allow_remote_peers)
+        .map_err(|e| format!("cannot build HTTP client: {e}"))?;
+    let state = Arc::new(AppState::new(config, bound, peers));
+
+    let mut servers = tokio::task::JoinSet::new();
+    servers.spawn(serve(http, server::main_router(state.clone())));
+    if let Some((listener, _)) = side {
+        let router =
+            server::with_access_log(sidechannel::router(state.clone()), state.clone(), "side");
+        servers.spawn(serve(listener, router));
+    }
+    if let Some((listener, _)) = boot {
+        let router =
+            server::with_access_log(bootstrap::router(state.clone()), state.clone(), "bootstrap");
+        servers.spawn(serve(listener, router));
+    }
+
+    // Only after every listener is bound: tests wait for this line.
+    let port = |a: Option<SocketAddr>| a.map_or("null".to_string(), |a| a.port().to_string());
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "READY {{\"http\":{},\"bootstrap\":{},\"side\":{}}}",
+        bound.http.port(),
+        port(bound.bootstrap),
+        port(bound.side)
+    )
+    .and_then(|_| out.flush())
+    .map_err(|e| format!("cannot write READY: {e}"))?;
+    drop(out);
+
+    tokio::select! {
+        _ = shutdown_signal() => Ok(()),
+        Some(done) = servers.join_next() => match done {
+            Ok(Ok(())) => Err("a server stopped unexpectedly".to_string()),
+            Ok(Err(e)) => Err(format!("server error: {e}")),
+            Err(e) => Err(format!("server task failed: {e}")),
+        },
+    }
+    // Returning drops the runtime, which cancels in-flight requests: a
+    // hanging (fault) or streaming request must not keep the pod alive.
+}
+
+fn main() -> ExitCode {
+    let config = match cli::parse(std::env::args().skip(1)) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("mock-engine: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mock-engine: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(run(config));
+    // Don't wait for hung handlers (fault "hang") on the way out.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mock-engine: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

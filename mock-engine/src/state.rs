@@ -1,0 +1,110 @@
+//! Shared state of one mock pod: its config, where it listens, what it has
+//! seen (for /debug/requests and /metrics) and the hand-off stores.
+
+use std::collections::hash_map::RandomState;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde::Serialize;
+
+use crate::bootstrap::Rooms;
+use crate::cli::Config;
+use crate::peer::Peers;
+use crate::sidechannel::SideStore;
+
+/// Addresses actually bound (ports are usually chosen by the OS).
+#[derive(Clone, Copy, Debug)]
+pub struct Bound {
+    pub http: SocketAddr,
+    pub side: Option<SocketAddr>,
+    pub bootstrap: Option<SocketAddr>,
+}
+
+#[derive(Serialize, Clone)]
+pub struct DebugRecord {
+    pub path: String,
+    pub headers: BTreeMap<String, String>,
+    pub body: String,
+}
+
+pub struct AppState {
+    pub config: Config,
+    pub bound: Bound,
+    pub running: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub debug: Mutex<Vec<DebugRecord>>,
+    pub side: SideStore,
+    pub rooms: Rooms,
+    pub peers: Peers,
+    seq: AtomicU64,
+    random: RandomState,
+    random_seq: AtomicU64,
+}
+
+pub type Shared = Arc<AppState>;
+
+impl AppState {
+    pub fn new(config: Config, bound: Bound, peers: Peers) -> Self {
+        AppState {
+            config,
+            bound,
+            running: AtomicU64::new(0),
+            generated_tokens: AtomicU64::new(0),
+            debug: Mutex::new(Vec::new()),
+            side: SideStore::default(),
+            rooms: Rooms::default(),
+            peers,
+            seq: AtomicU64::new(0),
+            random: RandomState::new(),
+            random_seq: AtomicU64::new(0),
+        }
+    }
+
+    /// `mock <engine> <role>`: the prefix of every error message.
+    pub fn label(&self) -> String {
+        format!(
+            "mock {} {}",
+            self.config.engine.as_str(),
+            self.config.role.as_str()
+        )
+    }
+
+    /// A fresh id suffix: pod name plus a per-process sequence number, so ids
+    /// are unique and still readable in logs.
+    pub fn next_id(&self) -> String {
+        let n = self.seq.fetch_add(1, Ordering::Relaxed);
+        format!("{}-{n}", self.config.name)
+    }
+
+    /// Unpredictable 64-bit value (std's per-process random hash keys mixed
+    /// with a counter), so block ids differ between runs without a rand crate.
+    pub fn random_u64(&self) -> u64 {
+        let mut h = self.random.build_hasher();
+        h.write_u64(self.random_seq.fetch_add(1, Ordering::Relaxed));
+        h.finish()
+    }
+
+    /// Counts a POST as running until the guard (possibly moved into a
+    /// streaming body) is dropped.
+    pub fn in_flight(self: &Arc<Self>) -> InFlight {
+        self.running.fetch_add(1, Ordering::Relaxed);
+        InFlight(self.clone())
+    }
+}
+
+pub struct InFlight(Shared);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A poisoned lock only means another handler panicked mid-update; the data
+/// here stays usable, so the mock keeps serving instead of cascading panics.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
