@@ -4,6 +4,7 @@
 //! silently falling back to a default is worse than a refused config), and
 //! every error names the field by its path so one log line says what to fix.
 
+use crate::sched::{DecodePolicy, PrefillPolicy};
 use crate::transfer::Connector;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -59,6 +60,24 @@ struct RawConfig {
     trt_machine_id: u64,
     #[serde(default = "d_kv_connector")]
     kv_connector: String,
+    #[serde(default = "d_prefill_max_retries")]
+    prefill_max_retries: u32,
+    #[serde(default = "d_unhealthy_cooldown_ms")]
+    unhealthy_cooldown_ms: u64,
+    #[serde(default = "d_eject_after_failures")]
+    eject_after_failures: u32,
+    #[serde(default = "d_scrape_interval_ms")]
+    scrape_interval_ms: u64,
+    #[serde(default = "d_scrape_timeout_ms")]
+    scrape_timeout_ms: u64,
+    #[serde(default = "d_metrics_ttl_ms")]
+    metrics_ttl_ms: u64,
+    #[serde(default = "d_metrics_path")]
+    metrics_path: String,
+    #[serde(default)]
+    metrics_cluster: Option<String>,
+    #[serde(default)]
+    scheduling: Scheduling,
     models: Vec<RawModel>,
 }
 
@@ -77,6 +96,102 @@ fn d_max_body_bytes() -> u64 {
 fn d_kv_connector() -> String {
     "nixl".into()
 }
+fn d_prefill_max_retries() -> u32 {
+    1
+}
+fn d_unhealthy_cooldown_ms() -> u64 {
+    10_000
+}
+fn d_eject_after_failures() -> u32 {
+    3
+}
+fn d_scrape_interval_ms() -> u64 {
+    1_000
+}
+fn d_scrape_timeout_ms() -> u64 {
+    1_000
+}
+fn d_metrics_ttl_ms() -> u64 {
+    5_000
+}
+fn d_metrics_path() -> String {
+    "/metrics".into()
+}
+
+/// Scheduling thresholds; the defaults are AIBrix's.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scheduling {
+    /// Prompt bytes per prefix-cache block.
+    pub prefix_block_bytes: usize,
+    /// Blocks of a prompt's prefix that are hashed and looked up.
+    pub prefix_max_blocks: usize,
+    /// Slots of the shared prefix table; a colliding insert evicts the older entry.
+    pub prefix_table_slots: u32,
+    /// Prefix entries older than this are ignored.
+    pub prefix_ttl_ms: u64,
+    /// Outstanding-prefill spread (max − min) above which the least-loaded
+    /// prefill pod is taken outright.
+    pub prefill_imbalance_min_spread: u32,
+    /// Prefill pods with more outstanding prefills than mean + N·σ are skipped.
+    pub prefill_outlier_stddev_factor: f64,
+    /// Running+pending spread at which the least-loaded decode pod is taken.
+    pub decode_imbalance_min_spread: f64,
+    /// Generation-throughput spread (tokens/s) above which the least busy
+    /// decode pod is taken.
+    pub decode_throughput_imbalance_min_spread: f64,
+    /// Ratio of (running / drain rate) between decode pods above which the
+    /// lowest is taken.
+    pub decode_score_ratio_threshold: f64,
+    /// Weight of running requests in the decode load score.
+    pub decode_weight_running: f64,
+    /// Weight of generation throughput in the decode load score.
+    pub decode_weight_throughput: f64,
+    /// A combined pod below this queue/drain ratio counts as idle.
+    pub combined_idle_ratio: f64,
+    /// A PD pod above this queue/drain ratio counts as overloaded.
+    pub pd_overload_ratio: f64,
+}
+
+impl Default for Scheduling {
+    fn default() -> Self {
+        Scheduling {
+            prefix_block_bytes: 128,
+            prefix_max_blocks: 128,
+            prefix_table_slots: 16_384,
+            prefix_ttl_ms: 20 * 60 * 1000,
+            prefill_imbalance_min_spread: 16,
+            prefill_outlier_stddev_factor: 1.0,
+            decode_imbalance_min_spread: 16.0,
+            decode_throughput_imbalance_min_spread: 2048.0,
+            decode_score_ratio_threshold: 1.5,
+            decode_weight_running: 1.0,
+            decode_weight_throughput: 1.0,
+            combined_idle_ratio: 0.25,
+            pd_overload_ratio: 1.0,
+        }
+    }
+}
+
+/// An inclusive range of prompt lengths, in estimated tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRange {
+    #[serde(default)]
+    pub min: u64,
+    #[serde(default = "d_max_tokens_range")]
+    pub max: u64,
+}
+
+fn d_max_tokens_range() -> u64 {
+    u64::MAX
+}
+
+impl TokenRange {
+    pub fn contains(&self, tokens: u64) -> bool {
+        self.min <= tokens && tokens <= self.max
+    }
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -85,7 +200,14 @@ struct RawModel {
     engine: String,
     #[serde(default)]
     kv_connector: Option<String>,
+    #[serde(default)]
+    prefill_policy: Option<String>,
+    #[serde(default)]
+    decode_policy: Option<String>,
+    #[serde(default)]
     rolesets: Vec<RawRoleset>,
+    #[serde(default)]
+    combined: Vec<RawEndpoint>,
 }
 
 #[derive(Deserialize)]
@@ -97,6 +219,8 @@ struct RawRoleset {
     prefill: Vec<RawEndpoint>,
     #[serde(default)]
     decode: Vec<RawEndpoint>,
+    #[serde(default)]
+    prompt_tokens: Option<TokenRange>,
 }
 
 #[derive(Deserialize)]
@@ -109,6 +233,8 @@ struct EndpointSpec {
     bootstrap_port: Option<u16>,
     #[serde(default)]
     kv_connector: Option<String>,
+    #[serde(default)]
+    prompt_tokens: Option<TokenRange>,
 }
 
 /// An endpoint is either `"IP:port"` or an object; a custom visitor keeps the
@@ -129,6 +255,7 @@ impl<'de> Deserialize<'de> for RawEndpoint {
                     name: None,
                     bootstrap_port: None,
                     kv_connector: None,
+                    prompt_tokens: None,
                 }))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEndpoint, A::Error> {
@@ -150,6 +277,18 @@ pub struct Endpoint {
     pub name: String,
     pub bootstrap_port: u16,
     pub kv_connector: Option<Connector>,
+    /// Index of this address in [`Config::pods`]: load, health and metrics are
+    /// kept per address, whatever model or role the address serves.
+    pub pod: usize,
+    /// Prompt lengths a combined pod takes (`None`: any).
+    pub prompt_tokens: Option<TokenRange>,
+}
+
+/// One distinct pod address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pod {
+    pub address: String,
+    pub name: String,
 }
 
 /// Prefill and decode pods that belong together (AIBrix's roleset: pods of one
@@ -159,6 +298,8 @@ pub struct Roleset {
     pub name: String,
     pub prefill: Vec<Endpoint>,
     pub decode: Vec<Endpoint>,
+    /// Prompt lengths this roleset takes (`None`: any).
+    pub prompt_tokens: Option<TokenRange>,
 }
 
 impl Roleset {
@@ -174,11 +315,23 @@ pub struct Model {
     /// Free text: unknown engines get the default handler.
     pub engine: String,
     pub kv_connector: Option<Connector>,
+    pub prefill_policy: PrefillPolicy,
+    pub decode_policy: DecodePolicy,
     pub rolesets: Vec<Roleset>,
+    /// Pods that serve both phases: no prefill call.
+    pub combined: Vec<Endpoint>,
+}
+
+impl Model {
+    /// Whether any roleset or combined pod declares a prompt-length bucket.
+    pub fn uses_buckets(&self) -> bool {
+        self.rolesets.iter().any(|r| r.prompt_tokens.is_some())
+            || self.combined.iter().any(|c| c.prompt_tokens.is_some())
+    }
 }
 
 /// The validated configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub prefill_cluster: String,
     pub routing_header: String,
@@ -186,7 +339,24 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub trt_machine_id: u16,
     pub kv_connector: Connector,
+    pub prefill_max_retries: u32,
+    pub unhealthy_cooldown_ms: u64,
+    /// Prefill failures in a row (5xx, timeouts) that eject a pod; an
+    /// unreachable pod is ejected at once.
+    pub eject_after_failures: u32,
+    /// 0 turns scraping off.
+    pub scrape_interval_ms: u64,
+    pub scrape_timeout_ms: u64,
+    pub metrics_ttl_ms: u64,
+    pub metrics_path: String,
+    pub metrics_cluster: String,
+    pub scheduling: Scheduling,
     pub models: Vec<Model>,
+    /// Every distinct pod address, in order of first mention.
+    pub pods: Vec<Pod>,
+    /// Identifies this configuration's shared-data keys, so a reloaded
+    /// configuration never reads another one's state.
+    pub fingerprint: String,
     by_name: HashMap<String, usize>,
 }
 
@@ -198,7 +368,9 @@ impl Config {
             let path = e.path().to_string();
             err(path, e.into_inner().to_string())
         })?;
-        Self::validate(raw)
+        let mut config = Self::validate(raw)?;
+        config.fingerprint = format!("{:016x}", fnv1a(json));
+        Ok(config)
     }
 
     /// The model named `name`, exactly as the client spelt it.
@@ -243,12 +415,61 @@ impl Config {
         let trt_machine_id = crate::trt_id::validate_trt_machine_id(raw.trt_machine_id)
             .map_err(|e| err("trt_machine_id", e.to_string()))?;
         let kv_connector = parse_connector(&raw.kv_connector, "kv_connector")?;
+        let sch = &raw.scheduling;
+        if sch.prefix_block_bytes == 0 {
+            return Err(err(
+                "scheduling.prefix_block_bytes",
+                "must be greater than 0",
+            ));
+        }
+        if sch.prefix_table_slots == 0 {
+            return Err(err(
+                "scheduling.prefix_table_slots",
+                "must be greater than 0",
+            ));
+        }
+        for (name, v) in [
+            (
+                "prefill_outlier_stddev_factor",
+                sch.prefill_outlier_stddev_factor,
+            ),
+            (
+                "decode_imbalance_min_spread",
+                sch.decode_imbalance_min_spread,
+            ),
+            (
+                "decode_throughput_imbalance_min_spread",
+                sch.decode_throughput_imbalance_min_spread,
+            ),
+            (
+                "decode_score_ratio_threshold",
+                sch.decode_score_ratio_threshold,
+            ),
+            ("decode_weight_running", sch.decode_weight_running),
+            ("decode_weight_throughput", sch.decode_weight_throughput),
+            ("combined_idle_ratio", sch.combined_idle_ratio),
+            ("pd_overload_ratio", sch.pd_overload_ratio),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(err(
+                    format!("scheduling.{name}"),
+                    "must be a finite number >= 0",
+                ));
+            }
+        }
+        if raw.scrape_interval_ms > 0 && raw.scrape_timeout_ms == 0 {
+            return Err(err("scrape_timeout_ms", "must be greater than 0"));
+        }
+        if !raw.metrics_path.starts_with('/') {
+            return Err(err("metrics_path", "must start with /"));
+        }
         if raw.models.is_empty() {
             return Err(err("models", "at least one model is required"));
         }
 
         let mut models = Vec::with_capacity(raw.models.len());
         let mut by_name = HashMap::new();
+        let mut pods: Vec<Pod> = Vec::new();
         for (mi, m) in raw.models.into_iter().enumerate() {
             let mp = format!("models[{mi}]");
             if m.name.is_empty() {
@@ -265,28 +486,63 @@ impl Config {
                 .as_deref()
                 .map(|c| parse_connector(c, &format!("{mp}.kv_connector")))
                 .transpose()?;
+            let prefill_policy = match &m.prefill_policy {
+                None => PrefillPolicy::default(),
+                Some(p) => PrefillPolicy::from_name(p).ok_or_else(|| {
+                    err(
+                        format!("{mp}.prefill_policy"),
+                        format!(
+                            "unknown policy {p:?}; expected one of: {}",
+                            PrefillPolicy::NAMES.join(", ")
+                        ),
+                    )
+                })?,
+            };
+            let decode_policy = match &m.decode_policy {
+                None => DecodePolicy::default(),
+                Some(p) => DecodePolicy::from_name(p).ok_or_else(|| {
+                    err(
+                        format!("{mp}.decode_policy"),
+                        format!(
+                            "unknown policy {p:?}; expected one of: {}",
+                            DecodePolicy::NAMES.join(", ")
+                        ),
+                    )
+                })?,
+            };
+            let mut endpoints = |list: Vec<RawEndpoint>, path: &str| {
+                list.into_iter()
+                    .enumerate()
+                    .map(|(ei, e)| endpoint(e.0, &format!("{path}[{ei}]"), &mut pods))
+                    .collect::<Result<Vec<_>, _>>()
+            };
             let mut rolesets = Vec::with_capacity(m.rolesets.len());
             for (ri, rs) in m.rolesets.into_iter().enumerate() {
                 let rp = format!("{mp}.rolesets[{ri}]");
-                let endpoints = |list: Vec<RawEndpoint>, role: &str| {
-                    list.into_iter()
-                        .enumerate()
-                        .map(|(ei, e)| endpoint(e.0, &format!("{rp}.{role}[{ei}]")))
-                        .collect::<Result<Vec<_>, _>>()
-                };
+                if let Some(r) = rs.prompt_tokens {
+                    check_range(r, &format!("{rp}.prompt_tokens"))?;
+                }
                 rolesets.push(Roleset {
                     name: rs.name.unwrap_or_else(|| format!("rs{ri}")),
-                    prefill: endpoints(rs.prefill, "prefill")?,
-                    decode: endpoints(rs.decode, "decode")?,
+                    prefill: endpoints(rs.prefill, &format!("{rp}.prefill"))?,
+                    decode: endpoints(rs.decode, &format!("{rp}.decode"))?,
+                    prompt_tokens: rs.prompt_tokens,
                 });
             }
+            let combined = endpoints(m.combined, &format!("{mp}.combined"))?;
             models.push(Model {
                 name: m.name,
                 engine: m.engine,
                 kv_connector: model_connector,
+                prefill_policy,
+                decode_policy,
                 rolesets,
+                combined,
             });
         }
+        let metrics_cluster = raw
+            .metrics_cluster
+            .unwrap_or_else(|| raw.prefill_cluster.clone());
         Ok(Config {
             prefill_cluster: raw.prefill_cluster,
             routing_header: header.to_owned(),
@@ -294,10 +550,38 @@ impl Config {
             max_body_bytes,
             trt_machine_id,
             kv_connector,
+            prefill_max_retries: raw.prefill_max_retries,
+            unhealthy_cooldown_ms: raw.unhealthy_cooldown_ms,
+            eject_after_failures: raw.eject_after_failures.max(1),
+            scrape_interval_ms: raw.scrape_interval_ms,
+            scrape_timeout_ms: raw.scrape_timeout_ms,
+            metrics_ttl_ms: raw.metrics_ttl_ms,
+            metrics_path: raw.metrics_path,
+            metrics_cluster,
+            scheduling: raw.scheduling,
             models,
+            pods,
+            fingerprint: String::new(),
             by_name,
         })
     }
+}
+
+fn check_range(r: TokenRange, path: &str) -> Result<(), ConfigError> {
+    if r.min > r.max {
+        return Err(err(path, format!("min {} is above max {}", r.min, r.max)));
+    }
+    Ok(())
+}
+
+/// FNV-1a, 64 bits: stable across VMs and builds (std's hasher is seeded).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
 }
 
 fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
@@ -312,7 +596,7 @@ fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
     })
 }
 
-fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
+fn endpoint(spec: EndpointSpec, path: &str, pods: &mut Vec<Pod>) -> Result<Endpoint, ConfigError> {
     // ORIGINAL_DST routes to the header's address without DNS, so only a
     // literal IP:port can work.
     let addr: SocketAddr = spec.address.parse().map_err(|_| {
@@ -335,13 +619,29 @@ fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
         .as_deref()
         .map(|c| parse_connector(c, &format!("{path}.kv_connector")))
         .transpose()?;
+    if let Some(r) = spec.prompt_tokens {
+        check_range(r, &format!("{path}.prompt_tokens"))?;
+    }
     let address = addr.to_string();
+    let name = spec.name.unwrap_or_else(|| address.clone());
+    let pod = match pods.iter().position(|p| p.address == address) {
+        Some(i) => i,
+        None => {
+            pods.push(Pod {
+                address: address.clone(),
+                name: name.clone(),
+            });
+            pods.len() - 1
+        }
+    };
     Ok(Endpoint {
         ip: addr.ip().to_string(),
-        name: spec.name.unwrap_or_else(|| address.clone()),
+        name,
         address,
         bootstrap_port: spec.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT),
         kv_connector,
+        pod,
+        prompt_tokens: spec.prompt_tokens,
     })
 }
 

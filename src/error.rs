@@ -32,7 +32,9 @@ pub enum ClientError {
 pub enum PrefillFailure {
     /// The prefill rejected the request (4xx): the client's fault, relayed.
     Rejected { status: u16, message: String },
-    /// The prefill (or Envoy on its behalf) answered 5xx.
+    /// Envoy could not connect to the prefill pod (its synthetic 503).
+    Unreachable(String),
+    /// The prefill answered 5xx.
     ServerError { status: u16, message: String },
     /// No answer within `prefill_timeout_ms`, or the prefill answered 504.
     Timeout,
@@ -51,6 +53,8 @@ pub enum PdError {
     NoEndpoint {
         model: String,
     },
+    /// Pods are configured but none can take the request now.
+    Unavailable(String),
     Prefill(PrefillFailure),
     /// An asynchronous prefill (its decode already sent) failed.
     AsyncPrefill(PrefillFailure),
@@ -106,6 +110,7 @@ impl fmt::Display for PrefillFailure {
             PrefillFailure::ServerError { status, message } => {
                 write!(f, "prefill failed with status {status}: {message}")
             }
+            PrefillFailure::Unreachable(m) => write!(f, "prefill pod unreachable: {m}"),
             PrefillFailure::Timeout => f.write_str("prefill timed out"),
             PrefillFailure::Reset => f.write_str("prefill connection was reset before it answered"),
             PrefillFailure::BadAnswer(m) => write!(f, "prefill answer is unusable: {m}"),
@@ -122,6 +127,7 @@ impl fmt::Display for PdError {
                 f,
                 "no prefill/decode endpoint pair is available for model `{model}`"
             ),
+            PdError::Unavailable(m) => f.write_str(m),
             PdError::Prefill(e) => e.fmt(f),
             PdError::AsyncPrefill(PrefillFailure::Timeout) => {
                 f.write_str("prefill failed with status 504 (timed out); the decode was abandoned")
@@ -168,6 +174,7 @@ impl PdError {
             }
             PdError::Client(C::TooLarge { .. }) => (413, "invalid_request_error", "body_too_large"),
             PdError::NoEndpoint { .. } => (503, "service_unavailable", "no_endpoint"),
+            PdError::Unavailable(_) => (503, "service_unavailable", "no_healthy_endpoint"),
             PdError::Prefill(P::Rejected { status, .. }) => {
                 (*status, "invalid_request_error", "prefill_rejected")
             }

@@ -1,6 +1,8 @@
 //! What the flow needs from Envoy. The shell implements it with proxy-wasm
 //! host calls; flow tests implement it with a recorder.
 
+pub use crate::sched::state::SharedStore;
+
 /// What a callback tells Envoy to do with the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -31,16 +33,25 @@ pub enum Counter {
     HandoffMissing,
     /// TensorRT-LLM context answers returned without a decode.
     ContextAnswered,
+    /// Prefills sent again to another pod after a failure.
+    PrefillRetry,
+    /// Pods marked unhealthy (by a request or a scrape).
+    Ejection,
+    /// Requests sent whole to a combined pod.
+    Combined,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 6] = [
+    pub const ALL: [Counter; 9] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
         Counter::PrefillFailed,
         Counter::HandoffMissing,
         Counter::ContextAnswered,
+        Counter::PrefillRetry,
+        Counter::Ejection,
+        Counter::Combined,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,12 +62,53 @@ impl Counter {
             Counter::PrefillFailed => "pd_router.prefill_failed",
             Counter::HandoffMissing => "pd_router.handoff_missing",
             Counter::ContextAnswered => "pd_router.context_answered",
+            Counter::PrefillRetry => "pd_router.prefill_retries",
+            Counter::Ejection => "pd_router.ejections",
+            Counter::Combined => "pd_router.combined",
         }
     }
 }
 
+/// Per-pod events, exported as `wasmcustom.pd_router.pod.<name>.<event>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodEvent {
+    PrefillSelected,
+    DecodeSelected,
+    Ejected,
+}
+
+impl PodEvent {
+    pub const ALL: [PodEvent; 3] = [
+        PodEvent::PrefillSelected,
+        PodEvent::DecodeSelected,
+        PodEvent::Ejected,
+    ];
+
+    pub fn suffix(self) -> &'static str {
+        match self {
+            PodEvent::PrefillSelected => "prefill_selected",
+            PodEvent::DecodeSelected => "decode_selected",
+            PodEvent::Ejected => "ejected",
+        }
+    }
+}
+
+/// A pod's name as a stats name segment: Envoy splits stat names on dots and
+/// tags them on colons, so anything but `[A-Za-z0-9_-]` becomes `_`.
+pub fn stat_segment(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// The host operations one HTTP stream needs.
-pub trait Host {
+pub trait Host: SharedStore {
     /// A request header's raw value.
     fn request_header(&self, name: &str) -> Option<Vec<u8>>;
     /// Sets (or, with `None`, removes) a request header.
@@ -83,6 +135,7 @@ pub trait Host {
     fn set_response_header(&mut self, name: &str, value: Option<&str>);
     fn log(&self, level: Level, message: &str);
     fn increment(&self, counter: Counter);
+    fn count_pod(&self, pod: usize, event: PodEvent);
     /// Wall-clock Unix milliseconds.
     fn now_ms(&self) -> u64;
     fn random_u64(&mut self) -> Result<u64, String>;

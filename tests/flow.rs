@@ -4,7 +4,8 @@
 
 use pd_router::config::Config;
 use pd_router::flow::{Flow, Router};
-use pd_router::host::{Action, Counter, Host, Level};
+use pd_router::host::{Action, Counter, Host, Level, PodEvent};
+use pd_router::sched::state::{MemoryStore, SetError, SharedStore};
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -29,8 +30,10 @@ struct FakeHost {
     replies: Vec<(u16, Headers, Vec<u8>)>,
     response_headers: Vec<(String, Option<String>)>,
     counters: RefCell<Vec<Counter>>,
+    pod_events: RefCell<Vec<(usize, PodEvent)>>,
     logs: RefCell<Vec<String>>,
     randoms: Vec<u64>,
+    shared: MemoryStore,
 }
 
 impl FakeHost {
@@ -68,6 +71,15 @@ impl FakeHost {
 
     fn counted(&self, c: Counter) -> usize {
         self.counters.borrow().iter().filter(|x| **x == c).count()
+    }
+}
+
+impl SharedStore for FakeHost {
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.shared.shared_get(key)
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.shared.shared_set(key, value, cas)
     }
 }
 
@@ -139,6 +151,9 @@ impl Host for FakeHost {
     }
     fn increment(&self, counter: Counter) {
         self.counters.borrow_mut().push(counter);
+    }
+    fn count_pod(&self, pod: usize, event: PodEvent) {
+        self.pod_events.borrow_mut().push((pod, event));
     }
     fn now_ms(&self) -> u64 {
         1_764_000_000_000
@@ -596,7 +611,7 @@ fn prefill_failures_map_to_statuses() {
             Some(503),
             "upstream connect error or disconnect/reset before headers",
             502,
-            "503",
+            "unreachable",
         ),
         (Some(504), "upstream request timeout", 504, "timed out"),
         (None, "", 502, "reset"),
@@ -662,4 +677,248 @@ fn upstream_cannot_forge_prefill_headers_on_unsplit_requests() {
     assert!(host
         .response_headers
         .contains(&("prefill-target-pod-ip".into(), None)));
+}
+
+// ---- scheduling state: load accounting, health and retries ----
+
+const POOL: &str = r#"{
+  "prefill_timeout_ms": 1000,
+  "unhealthy_cooldown_ms": 60000,
+  "models": [
+    {"name": "m", "engine": "vllm", "prefill_policy": "least_request", "decode_policy": "least_request",
+     "rolesets": [{"prefill": [{"address":"10.1.0.1:8000","name":"p0"}, {"address":"10.1.0.2:8000","name":"p1"}],
+                   "decode": [{"address":"10.1.0.3:8000","name":"d0"}]}]},
+    {"name": "s", "engine": "sglang",
+     "rolesets": [{"prefill": ["10.1.1.1:8000"], "decode": ["10.1.1.2:8000"]}]},
+    {"name": "c", "engine": "vllm",
+     "rolesets": [{"prompt_tokens": {"max": 4}, "prefill": ["10.1.2.1:8000"], "decode": ["10.1.2.2:8000"]}],
+     "combined": [{"address": "10.1.2.9:8000", "name": "combo"}]}
+  ]
+}"#;
+
+fn pool() -> Rc<Router> {
+    Rc::new(Router::new(Config::parse(POOL.as_bytes()).expect("config"), 0).expect("router"))
+}
+
+fn load(r: &Router, host: &FakeHost) -> Vec<(u32, u32)> {
+    r.counters(host)
+        .iter()
+        .map(|c| (c.outstanding_prefills, c.pending_decodes))
+        .collect()
+}
+
+fn all_zero(r: &Router, host: &FakeHost) -> bool {
+    load(r, host).iter().all(|(p, d)| *p == 0 && *d == 0)
+}
+
+/// A fresh request on `host`'s shared data (the same "Envoy").
+fn next_request(host: &mut FakeHost, body: &str) {
+    let shared = std::mem::take(&mut host.shared);
+    *host = post("/v1/completions", body);
+    host.shared = shared;
+}
+
+fn dispatched_to(host: &FakeHost, i: usize) -> String {
+    host.dispatched[i]
+        .headers
+        .iter()
+        .find(|(k, _)| k == ROUTING)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn load_is_held_while_in_flight_and_returned_on_every_ending() {
+    let r = pool();
+    let body = r#"{"model":"m","prompt":"p"}"#;
+    let mut host = post("/v1/completions", body);
+
+    // Success: prefill counted until it answers, decode until the stream ends.
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    assert_eq!(load(&r, &host).iter().map(|l| l.0).sum::<u32>(), 1);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(load(&r, &host).iter().map(|l| l.0).sum::<u32>(), 0);
+    assert_eq!(load(&r, &host).iter().map(|l| l.1).sum::<u32>(), 1);
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host), "released once only");
+
+    // The client goes away while the prefill is in flight.
+    next_request(&mut host, body);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+
+    // The prefill fails (4xx, not retried): local reply, nothing held.
+    next_request(&mut host, body);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(400), "{}");
+    assert_eq!(host.reply().0, 400);
+    assert!(all_zero(&r, &host));
+
+    // Async (SGLang): both held, prefill returned on its answer.
+    next_request(&mut host, r#"{"model":"s","prompt":"p"}"#);
+    let mut flow = Flow::new(Rc::clone(&r));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    answer(&mut flow, &mut host, Some(200), "{}");
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+}
+
+#[test]
+fn a_failed_prefill_pod_is_ejected_and_the_request_retried_elsewhere() {
+    let r = pool();
+    let body = r#"{"model":"m","prompt":"p"}"#;
+    let mut host = post("/v1/completions", body);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    let first = dispatched_to(&host, 0);
+    answer(
+        &mut flow,
+        &mut host,
+        Some(503),
+        "upstream connect error or disconnect/reset before headers",
+    );
+    assert_eq!(host.dispatched.len(), 2, "retried");
+    let second = dispatched_to(&host, 1);
+    assert_ne!(first, second, "on another prefill pod");
+    assert!(host.replies.is_empty());
+    assert_eq!(host.counted(Counter::PrefillRetry), 1);
+    assert_eq!(host.counted(Counter::Ejection), 1);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+
+    // Later requests skip the ejected pod.
+    for _ in 0..4 {
+        next_request(&mut host, body);
+        let mut flow = Flow::new(Rc::clone(&r));
+        send_request(&mut flow, &mut host);
+        assert_eq!(dispatched_to(&host, 0), second);
+        flow.on_stream_end(&mut host);
+    }
+
+    // Retries are bounded (prefill_max_retries = 1): the last error is answered.
+    next_request(&mut host, body);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, None, "");
+    let (status, v) = host.reply();
+    assert_eq!(status, 502);
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("reset"),
+        "{v}"
+    );
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+
+    // Every prefill pod unhealthy: 503 naming the model, nothing dispatched.
+    next_request(&mut host, body);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    let (status, v) = host.reply();
+    assert_eq!(status, 503);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("unhealthy"));
+    assert!(host.dispatched.is_empty());
+}
+
+#[test]
+fn prompts_outside_every_bucket_go_to_the_combined_pod() {
+    let r = pool();
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"c","prompt":"a prompt longer than four tokens"}"#,
+    );
+    let mut flow = Flow::new(Rc::clone(&r));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert!(host.dispatched.is_empty(), "no prefill for a combined pod");
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.1.2.9:8000"));
+    assert_eq!(host.counted(Counter::Combined), 1);
+    flow.on_response_headers(&mut host);
+    assert!(host
+        .response_headers
+        .contains(&("decode-target-pod".into(), Some("combo".into()))));
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+
+    let mut host = post("/v1/completions", r#"{"model":"c","prompt":"hi"}"#);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    assert_eq!(
+        dispatched_to(&host, 0),
+        "10.1.2.1:8000",
+        "a short prompt fits the bucket"
+    );
+}
+
+#[test]
+fn selections_are_counted_per_pod_and_named_in_the_response() {
+    let r = pool();
+    let mut host = post("/v1/completions", r#"{"model":"m","prompt":"p"}"#);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    flow.on_response_headers(&mut host);
+    assert!(host
+        .response_headers
+        .contains(&("decode-target-pod".into(), Some("d0".into()))));
+    let events = host.pod_events.borrow();
+    assert!(events.contains(&(2, PodEvent::DecodeSelected)));
+    assert_eq!(
+        events
+            .iter()
+            .filter(|(_, e)| *e == PodEvent::PrefillSelected)
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn engine_errors_eject_a_pod_only_after_several_in_a_row() {
+    let r = pool();
+    let body = r#"{"model":"m","prompt":"p"}"#;
+    let mut host = post("/v1/completions", body);
+    let fail = |host: &mut FakeHost, status: u16| {
+        next_request(host, body);
+        let mut flow = Flow::new(Rc::clone(&r));
+        send_request(&mut flow, host);
+        let target = dispatched_to(host, 0);
+        answer(
+            &mut flow,
+            host,
+            Some(status),
+            r#"{"error":{"message":"engine error"}}"#,
+        );
+        // The retry, on the other pod, succeeds.
+        answer(&mut flow, host, Some(200), VLLM_ANSWER);
+        flow.on_stream_end(host);
+        target
+    };
+    let ejections = |host: &FakeHost| host.counted(Counter::Ejection);
+    // Two 500s from p0 (least_request keeps choosing the first idle pod), a
+    // success resets the streak, then three in a row eject it.
+    assert_eq!(fail(&mut host, 500), "10.1.0.1:8000");
+    assert_eq!(ejections(&host), 0);
+    assert_eq!(fail(&mut host, 500), "10.1.0.1:8000");
+    next_request(&mut host, body);
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    flow.on_stream_end(&mut host);
+    let mut total = 0;
+    for _ in 0..3 {
+        fail(&mut host, 503);
+        total += ejections(&host);
+    }
+    assert_eq!(total, 1, "ejected on the third failure in a row");
+    assert!(r.counters(&host)[0].unhealthy_until_ms > 0);
+    assert!(all_zero(&r, &host));
 }

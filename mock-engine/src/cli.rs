@@ -46,6 +46,40 @@ pub enum Connector {
     Neuron,
 }
 
+/// Which engine's metric names `/metrics` uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MetricsFormat {
+    Vllm,
+    Sglang,
+}
+
+/// Load the pod reports on `/metrics` on top of what it really does; set by
+/// the `--report-*` flags, changed at run time by `POST /debug/load`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Load {
+    /// Added to the real in-flight POST count.
+    pub running: f64,
+    pub waiting: f64,
+    /// Fraction in [0, 1].
+    pub kv_usage: f64,
+    /// Tokens/s (SGLang's `gen_throughput`; vLLM exports no such gauge).
+    pub gen_throughput: f64,
+    /// `/metrics` answers 500.
+    pub metrics_fail: bool,
+}
+
+/// Checks one reported value: finite and non-negative, and at most 1 when it
+/// is a `fraction` (KV usage). Shared by the flags and `POST /debug/load`.
+pub fn check_load_value(what: &str, v: f64, fraction: bool) -> Result<f64, String> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("{what} must be a finite number >= 0, got {v}"));
+    }
+    if fraction && v > 1.0 {
+        return Err(format!("{what} must be in [0, 1], got {v}"));
+    }
+    Ok(v)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Fault {
     Status(u16),
@@ -71,6 +105,9 @@ pub struct Config {
     pub bootstrap_timeout: Duration,
     pub stream_delay: Duration,
     pub allow_remote_peers: bool,
+    pub metrics_format: MetricsFormat,
+    /// Initial reported load (see [`Load`]).
+    pub load: Load,
 }
 
 impl Config {
@@ -107,6 +144,8 @@ usage: mock-engine --engine vllm|sglang|trtllm|default --role prefill|decode
   [--connector nixl|shfs|neuron] [--bootstrap-listen ADDR] [--side-listen ADDR]
   [--advertise-host HOST] [--fault SPEC]... [--allow-recompute]
   [--bootstrap-timeout-ms N] [--stream-delay-ms N] [--allow-remote-peers]
+  [--metrics-format vllm|sglang] [--report-running N] [--report-waiting N]
+  [--report-kv-usage F] [--report-gen-throughput N] [--metrics-fail]
 fault SPEC: status:N | delay:MS | garbage | no-kv-params | hang";
 
 fn err(msg: impl Into<String>) -> CliError {
@@ -122,6 +161,13 @@ fn parse_ms(flag: &str, v: &str) -> Result<Duration, CliError> {
     v.parse::<u64>()
         .map(Duration::from_millis)
         .map_err(|e| err(format!("{flag}: invalid milliseconds {v:?}: {e}")))
+}
+
+fn parse_load(flag: &str, v: &str, fraction: bool) -> Result<f64, CliError> {
+    let n: f64 = v
+        .parse()
+        .map_err(|e| err(format!("{flag}: invalid number {v:?}: {e}")))?;
+    check_load_value(flag, n, fraction).map_err(err)
 }
 
 fn parse_fault(v: &str) -> Result<Fault, CliError> {
@@ -162,6 +208,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
     let mut bootstrap_timeout = Duration::from_millis(10_000);
     let mut stream_delay = Duration::from_millis(2);
     let mut allow_remote_peers = false;
+    let mut metrics_format = MetricsFormat::Vllm;
+    let mut load = Load::default();
 
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -172,7 +220,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         };
         let is_switch = matches!(
             flag.as_str(),
-            "--allow-recompute" | "--allow-remote-peers" | "--help" | "-h"
+            "--allow-recompute" | "--allow-remote-peers" | "--metrics-fail" | "--help" | "-h"
         );
         let value = if is_switch {
             if inline.is_some() {
@@ -226,6 +274,24 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
                 bootstrap_timeout = parse_ms("--bootstrap-timeout-ms", &value)?
             }
             "--stream-delay-ms" => stream_delay = parse_ms("--stream-delay-ms", &value)?,
+            "--metrics-format" => {
+                metrics_format = match value.as_str() {
+                    "vllm" => MetricsFormat::Vllm,
+                    "sglang" => MetricsFormat::Sglang,
+                    other => {
+                        return Err(err(format!(
+                            "--metrics-format: unknown format {other:?} (vllm|sglang)"
+                        )))
+                    }
+                }
+            }
+            "--report-running" => load.running = parse_load("--report-running", &value, false)?,
+            "--report-waiting" => load.waiting = parse_load("--report-waiting", &value, false)?,
+            "--report-kv-usage" => load.kv_usage = parse_load("--report-kv-usage", &value, true)?,
+            "--report-gen-throughput" => {
+                load.gen_throughput = parse_load("--report-gen-throughput", &value, false)?
+            }
+            "--metrics-fail" => load.metrics_fail = true,
             other => return Err(err(format!("unknown flag {other:?}\n{USAGE}"))),
         }
     }
@@ -247,6 +313,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         bootstrap_timeout,
         stream_delay,
         allow_remote_peers,
+        metrics_format,
+        load,
     };
 
     // Flags that do not apply are ignored rather than fatal, so a test harness
@@ -310,5 +378,41 @@ mod tests {
         assert!(parse(args("--engine foo --role decode")).is_err());
         assert!(parse(args("--engine vllm --role decode --fault status:42")).is_err());
         assert!(parse(args("--engine vllm --role decode --listen")).is_err());
+    }
+
+    #[test]
+    fn parses_load_reporting() {
+        let c = parse(args("--engine vllm --role decode")).expect("valid");
+        assert_eq!(c.metrics_format, MetricsFormat::Vllm);
+        assert_eq!(c.load, Load::default());
+        let c = parse(args(
+            "--engine sglang --role decode --metrics-format sglang --report-running 2.5 \
+             --report-waiting=7 --report-kv-usage 0.75 --report-gen-throughput 120 --metrics-fail",
+        ))
+        .expect("valid");
+        assert_eq!(c.metrics_format, MetricsFormat::Sglang);
+        assert_eq!(
+            c.load,
+            Load {
+                running: 2.5,
+                waiting: 7.0,
+                kv_usage: 0.75,
+                gen_throughput: 120.0,
+                metrics_fail: true,
+            }
+        );
+        for bad in [
+            "--metrics-format prom",
+            "--report-kv-usage 1.5",
+            "--report-kv-usage -0.1",
+            "--report-running -1",
+            "--report-waiting NaN",
+            "--report-running inf",
+            "--report-running x",
+            "--metrics-fail=yes",
+        ] {
+            let line = format!("--engine vllm --role decode {bad}");
+            assert!(parse(args(&line)).is_err(), "{bad}");
+        }
     }
 }

@@ -241,6 +241,7 @@ pub fn decode_response(
             .collect();
         body.insert("choices".into(), Value::Array(choices));
         body.insert("usage".into(), usage(out.prompt_tokens, completion_tokens));
+        guard.finish();
         return with_kv(axum::Json(Value::Object(body)).into_response(), out.kv);
     }
 
@@ -256,7 +257,12 @@ pub fn decode_response(
     let stream = futures_util::stream::unfold(
         (sse, Step::Token { k: 0, i: 0 }, guard),
         |(sse, step, guard)| async move {
-            let (event, next) = sse.event(step)?;
+            let Some((event, next)) = sse.event(step) else {
+                // Sent to the end: a finished request. A client that hangs
+                // up earlier drops the stream, and the guard unfinished.
+                guard.finish();
+                return None;
+            };
             if !matches!(step, Step::Token { k: 0, i: 0 }) && !sse.delay.is_zero() {
                 tokio::time::sleep(sse.delay).await;
             }

@@ -1,5 +1,6 @@
-//! The pod's main HTTP API: health, models, metrics, the request log, and
-//! POST /v1/* (faults first, then the engine contract).
+//! The pod's main HTTP API: health, models, metrics, the debug endpoints
+//! (request log, reported load), and POST /v1/* (faults first, then the
+//! engine contract).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -12,9 +13,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::json;
 
-use crate::cli::Fault;
+use crate::cli::{check_load_value, Fault, Load, MetricsFormat};
 use crate::engines;
 use crate::error::{error_body, Fail};
 use crate::request::Api;
@@ -33,6 +35,8 @@ pub fn main_router(state: Shared) -> Router {
         .route("/v1/models", get(models))
         .route("/metrics", get(metrics))
         .route("/debug/requests", get(debug_requests))
+        .route("/debug/reset", post(debug_reset))
+        .route("/debug/load", post(debug_load))
         .route("/v1/{*rest}", post(v1_post))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state.clone());
@@ -101,24 +105,151 @@ fn label_value(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-async fn metrics(State(state): State<Shared>) -> Response {
-    let labels = format!("{{model_name=\"{}\"}}", label_value(&state.config.model));
-    let running = state.running.load(Ordering::Relaxed);
-    let generated = state.generated_tokens.load(Ordering::Relaxed);
-    let text = format!(
-        "# HELP vllm:num_requests_running Number of requests currently running.\n\
-         # TYPE vllm:num_requests_running gauge\n\
-         vllm:num_requests_running{labels} {running}\n\
-         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
-         # TYPE vllm:num_requests_waiting gauge\n\
-         vllm:num_requests_waiting{labels} 0\n\
-         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
-         # TYPE vllm:kv_cache_usage_perc gauge\n\
-         vllm:kv_cache_usage_perc{labels} 0.0\n\
-         # HELP vllm:generation_tokens_total Number of generation tokens processed.\n\
-         # TYPE vllm:generation_tokens_total counter\n\
-         vllm:generation_tokens_total{labels} {generated}\n"
+/// What `/metrics` shows at one instant.
+#[derive(Clone, Copy, Debug)]
+struct Snapshot {
+    in_flight: u64,
+    generated_tokens: u64,
+    finished: u64,
+    load: Load,
+}
+
+/// One metric family: HELP, TYPE and a single sample.
+fn family(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: f64) {
+    use std::fmt::Write as _;
+    let _ = write!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {value:?}\n"
     );
+}
+
+/// The Prometheus text page, with vLLM's or SGLang's metric names and labels.
+/// Running = real in-flight POSTs + reported extra; the other gauges are the
+/// reported values; counters count what the pod really did.
+fn render_metrics(format: MetricsFormat, model: &str, s: Snapshot) -> String {
+    let model = label_value(model);
+    let running = s.in_flight as f64 + s.load.running;
+    let mut out = String::with_capacity(2048);
+    match format {
+        MetricsFormat::Vllm => {
+            let l = format!("{{model_name=\"{model}\"}}");
+            family(
+                &mut out,
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests in model execution batches.",
+                &l,
+                running,
+            );
+            family(
+                &mut out,
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                &l,
+                s.load.waiting,
+            );
+            family(
+                &mut out,
+                "vllm:kv_cache_usage_perc",
+                "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                &l,
+                s.load.kv_usage,
+            );
+            family(
+                &mut out,
+                "vllm:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                &l,
+                s.generated_tokens as f64,
+            );
+            family(
+                &mut out,
+                "vllm:request_success_total",
+                "counter",
+                "Count of successfully processed requests.",
+                &format!("{{finished_reason=\"length\",model_name=\"{model}\"}}"),
+                s.finished as f64,
+            );
+        }
+        MetricsFormat::Sglang => {
+            // Scheduler gauges carry the rank labels, tokenizer counters only
+            // the model, as in sglang/srt/metrics/collector.py.
+            let sched = format!(
+                "{{model_name=\"{model}\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}}"
+            );
+            let l = format!("{{model_name=\"{model}\"}}");
+            family(
+                &mut out,
+                "sglang:num_running_reqs",
+                "gauge",
+                "The number of running requests.",
+                &sched,
+                running,
+            );
+            family(
+                &mut out,
+                "sglang:num_queue_reqs",
+                "gauge",
+                "The number of requests in the waiting queue.",
+                &sched,
+                s.load.waiting,
+            );
+            family(
+                &mut out,
+                "sglang:token_usage",
+                "gauge",
+                "The token usage.",
+                &sched,
+                s.load.kv_usage,
+            );
+            family(
+                &mut out,
+                "sglang:gen_throughput",
+                "gauge",
+                "The generation throughput (token/s).",
+                &sched,
+                s.load.gen_throughput,
+            );
+            family(
+                &mut out,
+                "sglang:generation_tokens_total",
+                "counter",
+                "Number of generation tokens processed.",
+                &l,
+                s.generated_tokens as f64,
+            );
+            family(
+                &mut out,
+                "sglang:num_requests_total",
+                "counter",
+                "Number of requests processed.",
+                &l,
+                s.finished as f64,
+            );
+        }
+    }
+    out
+}
+
+async fn metrics(State(state): State<Shared>) -> Response {
+    let load = *lock(&state.load);
+    if load.metrics_fail {
+        let mut resp =
+            (StatusCode::INTERNAL_SERVER_ERROR, "mock metrics failure\n").into_response();
+        resp.extensions_mut()
+            .insert(Note("metrics_fail is set".into()));
+        return resp;
+    }
+    let snapshot = Snapshot {
+        in_flight: state.running.load(Ordering::Relaxed),
+        generated_tokens: state.generated_tokens.load(Ordering::Relaxed),
+        finished: state.finished.load(Ordering::Relaxed),
+        load,
+    };
+    let text = render_metrics(state.config.metrics_format, &state.config.model, snapshot);
     (
         [(
             header::CONTENT_TYPE,
@@ -132,6 +263,75 @@ async fn metrics(State(state): State<Shared>) -> Response {
 async fn debug_requests(State(state): State<Shared>) -> Response {
     let records = lock(&state.debug).clone();
     Json(records).into_response()
+}
+
+async fn debug_reset(State(state): State<Shared>) -> Response {
+    lock(&state.debug).clear();
+    Json(json!({"ok": true})).into_response()
+}
+
+/// `POST /debug/load` body: each present key replaces that reported value.
+#[derive(Deserialize, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+struct LoadUpdate {
+    running: Option<f64>,
+    waiting: Option<f64>,
+    kv_usage: Option<f64>,
+    gen_throughput: Option<f64>,
+    metrics_fail: Option<bool>,
+}
+
+impl LoadUpdate {
+    /// `load` with the update applied, or why the update is refused (then
+    /// nothing changes).
+    fn apply(&self, mut load: Load) -> Result<Load, String> {
+        let checked = |what, v: Option<f64>, fraction| {
+            v.map(|v| check_load_value(what, v, fraction)).transpose()
+        };
+        if let Some(v) = checked("running", self.running, false)? {
+            load.running = v;
+        }
+        if let Some(v) = checked("waiting", self.waiting, false)? {
+            load.waiting = v;
+        }
+        if let Some(v) = checked("kv_usage", self.kv_usage, true)? {
+            load.kv_usage = v;
+        }
+        if let Some(v) = checked("gen_throughput", self.gen_throughput, false)? {
+            load.gen_throughput = v;
+        }
+        if let Some(fail) = self.metrics_fail {
+            load.metrics_fail = fail;
+        }
+        Ok(load)
+    }
+}
+
+/// Changes the reported load at run time; answers the load now in force.
+/// The body is read as JSON whatever its content type, so `curl -d` works.
+async fn debug_load(State(state): State<Shared>, body: Bytes) -> Response {
+    let bad = |message: String| {
+        let status = StatusCode::BAD_REQUEST;
+        let mut resp = (
+            status,
+            Json(error_body(status, "mock_bad_request", &message)),
+        )
+            .into_response();
+        resp.extensions_mut().insert(Note(message));
+        resp
+    };
+    let update: LoadUpdate = match serde_json::from_slice(&body) {
+        Ok(u) => u,
+        Err(e) => return bad(format!("/debug/load: invalid body: {e}")),
+    };
+    let mut load = lock(&state.load);
+    match update.apply(*load) {
+        Ok(new) => {
+            *load = new;
+            Json(new).into_response()
+        }
+        Err(e) => bad(format!("/debug/load: {e}")),
+    }
 }
 
 fn record(state: &Shared, path: &str, headers: &HeaderMap, body: &[u8]) {
@@ -219,5 +419,92 @@ async fn v1_post(
     match engines::handle(&state, api, &body, guard).await {
         Ok(resp) => resp,
         Err(fail) => fail_response(&state, fail),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(in_flight: u64, load: Load) -> Snapshot {
+        Snapshot {
+            in_flight,
+            generated_tokens: 42,
+            finished: 3,
+            load,
+        }
+    }
+
+    /// Sample lines (not comments) of a page, as `name{labels} value`.
+    fn samples(page: &str) -> Vec<&str> {
+        page.lines().filter(|l| !l.starts_with('#')).collect()
+    }
+
+    #[test]
+    fn vllm_page() {
+        let load = Load {
+            running: 2.5,
+            waiting: 4.0,
+            kv_usage: 0.75,
+            gen_throughput: 99.0,
+            metrics_fail: false,
+        };
+        let page = render_metrics(MetricsFormat::Vllm, "m\"x", snapshot(1, load));
+        assert_eq!(
+            samples(&page),
+            [
+                r#"vllm:num_requests_running{model_name="m\"x"} 3.5"#,
+                r#"vllm:num_requests_waiting{model_name="m\"x"} 4.0"#,
+                r#"vllm:kv_cache_usage_perc{model_name="m\"x"} 0.75"#,
+                r#"vllm:generation_tokens_total{model_name="m\"x"} 42.0"#,
+                r#"vllm:request_success_total{finished_reason="length",model_name="m\"x"} 3.0"#,
+            ]
+        );
+        assert!(page.contains("# TYPE vllm:request_success_total counter\n"));
+        assert!(page.ends_with('\n'));
+    }
+
+    #[test]
+    fn sglang_page() {
+        let page = render_metrics(MetricsFormat::Sglang, "m", snapshot(0, Load::default()));
+        let sched = r#"{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"}"#;
+        assert_eq!(
+            samples(&page),
+            [
+                format!("sglang:num_running_reqs{sched} 0.0"),
+                format!("sglang:num_queue_reqs{sched} 0.0"),
+                format!("sglang:token_usage{sched} 0.0"),
+                format!("sglang:gen_throughput{sched} 0.0"),
+                r#"sglang:generation_tokens_total{model_name="m"} 42.0"#.to_string(),
+                r#"sglang:num_requests_total{model_name="m"} 3.0"#.to_string(),
+            ]
+        );
+    }
+
+    #[test]
+    fn load_update() {
+        let base = Load {
+            running: 1.0,
+            waiting: 2.0,
+            kv_usage: 0.5,
+            gen_throughput: 10.0,
+            metrics_fail: false,
+        };
+        let parse = |s: &str| serde_json::from_str::<LoadUpdate>(s);
+        let u = parse(r#"{"waiting": 7, "metrics_fail": true, "running": null}"#).unwrap();
+        assert_eq!(
+            u.apply(base),
+            Ok(Load {
+                waiting: 7.0,
+                metrics_fail: true,
+                ..base
+            })
+        );
+        assert_eq!(parse("{}").unwrap().apply(base), Ok(base));
+        assert!(parse(r#"{"kv_usage": 1.5}"#).unwrap().apply(base).is_err());
+        assert!(parse(r#"{"running": -1}"#).unwrap().apply(base).is_err());
+        assert!(parse(r#"{"runing": 1}"#).is_err());
+        assert!(parse(r#"{"running": "1"}"#).is_err());
+        assert!(parse("[]").is_err());
     }
 }

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use serde::Serialize;
 
 use crate::bootstrap::Rooms;
-use crate::cli::Config;
+use crate::cli::{Config, Load};
 use crate::peer::Peers;
 use crate::sidechannel::SideStore;
 
@@ -35,6 +35,12 @@ pub struct AppState {
     pub bound: Bound,
     pub running: AtomicU64,
     pub generated_tokens: AtomicU64,
+    /// POSTs that ended with a complete successful answer (non-streamed
+    /// answer built, or stream sent to its end): `request_success_total`.
+    pub finished: AtomicU64,
+    /// Reported load, starting from the `--report-*` flags; `POST /debug/load`
+    /// changes it.
+    pub load: Mutex<Load>,
     pub debug: Mutex<Vec<DebugRecord>>,
     pub side: SideStore,
     pub rooms: Rooms,
@@ -48,11 +54,14 @@ pub type Shared = Arc<AppState>;
 
 impl AppState {
     pub fn new(config: Config, bound: Bound, peers: Peers) -> Self {
+        let load = config.load;
         AppState {
             config,
             bound,
             running: AtomicU64::new(0),
             generated_tokens: AtomicU64::new(0),
+            finished: AtomicU64::new(0),
+            load: Mutex::new(load),
             debug: Mutex::new(Vec::new()),
             side: SideStore::default(),
             rooms: Rooms::default(),
@@ -91,15 +100,34 @@ impl AppState {
     /// streaming body) is dropped.
     pub fn in_flight(self: &Arc<Self>) -> InFlight {
         self.running.fetch_add(1, Ordering::Relaxed);
-        InFlight(self.clone())
+        InFlight {
+            state: self.clone(),
+            succeeded: false,
+        }
     }
 }
 
-pub struct InFlight(Shared);
+/// One running POST. Dropped plainly (error, fault, client gone mid-stream)
+/// it only stops counting as running; [`InFlight::finish`] also counts it as
+/// a finished request.
+pub struct InFlight {
+    state: Shared,
+    succeeded: bool,
+}
+
+impl InFlight {
+    /// The request ended with a complete answer.
+    pub fn finish(mut self) {
+        self.succeeded = true;
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.running.fetch_sub(1, Ordering::Relaxed);
+        if self.succeeded {
+            self.state.finished.fetch_add(1, Ordering::Relaxed);
+        }
+        self.state.running.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

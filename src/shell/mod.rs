@@ -2,6 +2,8 @@
 //! configuration, and an HTTP context that forwards each callback to the flow.
 
 mod root;
+mod shared;
+mod stats;
 mod stream;
 
 use proxy_wasm::traits::RootContext;

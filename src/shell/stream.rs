@@ -1,6 +1,8 @@
-use super::root::Metrics;
+use super::shared;
+use super::stats::Stats;
 use crate::flow::{Flow, Router};
-use crate::host::{Action, Counter, Host, Level};
+use crate::host::{Action, Counter, Host, Level, PodEvent};
+use crate::sched::state::{SetError, SharedStore};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action as WasmAction, BufferType, LogLevel, MapType};
@@ -16,14 +18,14 @@ pub(super) struct Stream {
 }
 
 pub(super) struct Io {
-    metrics: Metrics,
+    stats: Rc<Stats>,
 }
 
 impl Stream {
-    pub(super) fn new(router: Rc<Router>, metrics: Metrics) -> Stream {
+    pub(super) fn new(router: Rc<Router>, stats: Rc<Stats>) -> Stream {
         Stream {
             flow: Flow::new(router),
-            io: Io { metrics },
+            io: Io { stats },
         }
     }
 }
@@ -79,6 +81,22 @@ impl HttpContext for Stream {
 
     fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> WasmAction {
         to_wasm(self.flow.on_response_body(&mut self.io, body_size))
+    }
+
+    // Called once at the end of every stream, however it ended (client
+    // abort and local replies included): the flow gives back its load here.
+    fn on_log(&mut self) {
+        self.flow.on_stream_end(&mut self.io);
+    }
+}
+
+impl SharedStore for Io {
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        shared::get(key)
+    }
+
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        shared::set(key, value, cas)
     }
 }
 
@@ -165,9 +183,11 @@ impl Host for Io {
     }
 
     fn increment(&self, counter: Counter) {
-        if let Some((_, id)) = self.metrics.iter().find(|(c, _)| *c == counter) {
-            let _ = hostcalls::increment_metric(*id, 1);
-        }
+        self.stats.increment(counter);
+    }
+
+    fn count_pod(&self, pod: usize, event: PodEvent) {
+        self.stats.count_pod(pod, event);
     }
 
     fn now_ms(&self) -> u64 {

@@ -132,7 +132,7 @@ fn every_error_status() {
         ),
         ("unparsable answer", body("garbage"), 502, "not valid JSON"),
         ("prefill timeout", body("slow"), 504, "timed out"),
-        ("prefill refused", body("refused"), 502, "503"),
+        ("prefill refused", body("refused"), 502, "unreachable"),
         ("no endpoint", body("nodecode"), 503, "nodecode"),
     ];
     for (what, body, status, needle) in cases {

@@ -30,7 +30,9 @@ pub async fn handle(state: &Shared, api: Api, body: &[u8], guard: InFlight) -> C
                 (Engine::Trtllm, _) => trtllm::prefill(state, &req)?,
                 (Engine::Default, _) => default::prefill(&req)?,
             };
-            Ok(generate::prefill_response(state, api, &params, out))
+            let resp = generate::prefill_response(state, api, &params, out);
+            guard.finish();
+            Ok(resp)
         }
         Role::Decode => {
             let out = match (cfg.engine, cfg.connector) {

@@ -1,0 +1,444 @@
+//! Scheduling on deterministic inputs, with AIBrix's formulas checked on
+//! hand-computed examples.
+
+use super::*;
+use crate::config::Config;
+
+/// 2 rolesets × 2 prefill × 2 decode; pods 0..8 in the order
+/// rs0.p0 rs0.p1 rs0.d0 rs0.d1 rs1.p0 rs1.p1 rs1.d0 rs1.d1.
+fn config(extra_model: &str) -> Config {
+    let json = format!(
+        r#"{{"models":[{{"name":"m","engine":"vllm"{extra_model},"rolesets":[
+            {{"name":"rs0","prefill":["10.0.0.1:1","10.0.0.2:1"],"decode":["10.0.0.3:1","10.0.0.4:1"]}},
+            {{"name":"rs1","prefill":["10.0.1.1:1","10.0.1.2:1"],"decode":["10.0.1.3:1","10.0.1.4:1"]}}]}}]}}"#
+    );
+    Config::parse(json.as_bytes()).expect("config")
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*: deterministic, good enough for tests.
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn run(
+    config: &Config,
+    pods: &[PodState],
+    tokens: u64,
+    prefix: &dyn Fn(usize) -> f64,
+) -> (String, String, &'static str) {
+    let mut rng = Rng(42);
+    let mut random = || rng.next();
+    let mut ask = Ask {
+        prompt_tokens: tokens,
+        prefix_match: prefix,
+        turn: 0,
+        random: &mut random,
+        exclude: &[],
+    };
+    match schedule(&config.models[0], pods, &mut ask, &config.scheduling) {
+        Decision::Split {
+            prefill,
+            decode,
+            reason,
+        } => (prefill.address.clone(), decode.address.clone(), reason),
+        Decision::Combined { pod, reason } => ("combined".into(), pod.address.clone(), reason),
+        Decision::NoPod(why) => ("none".into(), format!("{why:?}"), ""),
+    }
+}
+
+fn idle(n: usize) -> Vec<PodState> {
+    vec![PodState::default(); n]
+}
+
+fn no_prefix(_: usize) -> f64 {
+    0.0
+}
+
+fn eps(c: &Config, pods: &[usize]) -> Vec<Endpoint> {
+    let all: Vec<Endpoint> = c.models[0]
+        .rolesets
+        .iter()
+        .flat_map(|r| r.prefill.iter().chain(r.decode.iter()).cloned())
+        .collect();
+    pods.iter().map(|i| all[*i].clone()).collect()
+}
+
+#[test]
+fn prefix_cache_score_matches_aibrix_formula() {
+    let c = config("");
+    let mut pods = idle(8);
+    pods[0].outstanding_prefills = 2;
+    let cands = eps(&c, &[0, 1]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
+    let mut ask = Ask {
+        prompt_tokens: 0,
+        prefix_match: &prefix,
+        turn: 0,
+        random: &mut random,
+        exclude: &[],
+    };
+    // (100 − 80) × 0.1 + 2/2 = 3.0 ; (100 − 0) × 0.1 + 0/2 = 10.0
+    assert_eq!(
+        prefill_scores(PrefillPolicy::PrefixCache, &refs, &pods, &mut ask),
+        vec![3.0, 10.0]
+    );
+    assert_eq!(
+        prefill_scores(PrefillPolicy::LeastRequest, &refs, &pods, &mut ask),
+        vec![2.0, 0.0]
+    );
+}
+
+#[test]
+fn load_balancing_score_matches_aibrix_formula() {
+    let c = config("");
+    let mut pods = idle(8);
+    pods[2].pending_decodes = 1;
+    pods[2].metrics = Some(PodMetrics {
+        running: 3.0,
+        kv_usage: Some(0.5),
+        gen_throughput: Some(100.0),
+        ..Default::default()
+    });
+    pods[3].metrics = Some(PodMetrics {
+        kv_usage: Some(0.0),
+        gen_throughput: Some(0.0),
+        ..Default::default()
+    });
+    let cands = eps(&c, &[2, 3]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let mut ask = Ask {
+        prompt_tokens: 0,
+        prefix_match: &no_prefix,
+        turn: 0,
+        random: &mut random,
+        exclude: &[],
+    };
+    // d0: run 4, thr 100, free 50 → (4/4 + (1 − 100/100)) / (50/100) = 2.0
+    // d1: run 0, thr 0, free 100 → (0 + (1 − 0)) / (100/100) = 1.0
+    let s = &c.scheduling;
+    assert_eq!(
+        decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s),
+        vec![2.0, 1.0]
+    );
+    assert_eq!(
+        decode_scores(DecodePolicy::LeastRequest, &refs, &pods, &mut ask, s),
+        vec![4.0, 0.0]
+    );
+    // Full KV cache: free floors at 0.1, so the score explodes rather than dividing by 0.
+    pods[3].metrics = Some(PodMetrics {
+        kv_usage: Some(1.0),
+        ..Default::default()
+    });
+    let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s);
+    assert!(scores[1] > 100.0, "{scores:?}");
+}
+
+#[test]
+fn rolesets_are_ranked_by_the_normalised_sum_of_their_best_pods() {
+    let c = config("");
+    let mut pods = idle(8);
+    // rs0's best prefill (pod 1) has a 50% prefix match; rs1's prefills none.
+    // rs0's decodes are busy, rs1's idle.
+    for d in [2, 3] {
+        pods[d].metrics = Some(PodMetrics {
+            running: 8.0,
+            ..Default::default()
+        });
+    }
+    let prefix = |pod: usize| if pod == 1 { 50.0 } else { 0.0 };
+    // prefill: rs0 best = 5.0, rs1 best = 10.0, max = 10 → 0.5 vs 1.0
+    // decode (least weight on thr since all 0): rs0 = (8/8 + 1)/1 = 2, rs1 = (0 + 1)/1 = 1, max = 2 → 1.0 vs 0.5
+    // totals: rs0 1.5, rs1 1.5 → tie, first roleset wins
+    let (p, d, why) = run(&c, &pods, 10, &prefix);
+    assert_eq!(
+        (p.as_str(), d.as_str(), why),
+        ("10.0.0.2:1", "10.0.0.3:1", "score")
+    );
+    // A stronger match tips it: rs0 prefill 2.0/10 = 0.2 → total 1.2 < 1.5
+    let prefix = |pod: usize| if pod == 1 { 80.0 } else { 0.0 };
+    let (p, _, _) = run(&c, &pods, 10, &prefix);
+    assert_eq!(p, "10.0.0.2:1");
+    // Half-full KV caches on rs0's decodes tip the 50% case the other way:
+    // rs0 decode (8/8 + 1) / (50/100) = 4 → 1.0, rs1 1 → 0.25;
+    // totals rs0 0.5 + 1.0 = 1.5, rs1 1.0 + 0.25 = 1.25.
+    for d in [2, 3] {
+        pods[d].metrics = Some(PodMetrics {
+            running: 8.0,
+            kv_usage: Some(0.5),
+            ..Default::default()
+        });
+    }
+    let prefix = |pod: usize| if pod == 1 { 50.0 } else { 0.0 };
+    let (p, d, why) = run(&c, &pods, 10, &prefix);
+    assert_eq!(
+        (p.as_str(), d.as_str(), why),
+        ("10.0.1.1:1", "10.0.1.3:1", "score")
+    );
+}
+
+#[test]
+fn prefill_imbalance_takes_the_least_loaded_pod_and_aligns_decode() {
+    let c = config("");
+    let mut pods = idle(8);
+    for p in [0, 1, 5] {
+        pods[p].outstanding_prefills = 17;
+    }
+    // pod 4 (rs1.p0) has 0: spread 17 > 16.
+    let (p, d, why) = run(&c, &pods, 10, &|pod| if pod == 0 { 100.0 } else { 0.0 });
+    assert_eq!(why, "prefill_imbalance");
+    assert_eq!(p, "10.0.1.1:1");
+    assert!(
+        d.starts_with("10.0.1."),
+        "decode from the same roleset: {d}"
+    );
+    // A spread of exactly 16 does not trigger it.
+    for p in [0, 1, 5] {
+        pods[p].outstanding_prefills = 16;
+    }
+    assert_ne!(run(&c, &pods, 10, &no_prefix).2, "prefill_imbalance");
+}
+
+#[test]
+fn outliers_are_filtered_before_scoring() {
+    let c = config("");
+    let mut pods = idle(8);
+    // Loads 1, 1, 1, 10: mean 3.25, sample σ 4.5, limit 7.75 → pod 5 is out,
+    // although its 100% prefix match would otherwise win.
+    for (p, l) in [(0, 1), (1, 1), (4, 1), (5, 10)] {
+        pods[p].outstanding_prefills = l;
+    }
+    let (p, _, _) = run(&c, &pods, 10, &|pod| if pod == 5 { 100.0 } else { 0.0 });
+    assert_ne!(p, "10.0.1.2:1");
+    // Without the outlier, it wins.
+    pods[5].outstanding_prefills = 1;
+    let (p, _, _) = run(&c, &pods, 10, &|pod| if pod == 5 { 100.0 } else { 0.0 });
+    assert_eq!(p, "10.0.1.2:1");
+}
+
+#[test]
+fn decode_imbalance_checks_in_aibrix_order() {
+    let c = config("");
+    let mut pods = idle(8);
+    // 1. running + pending spread ≥ 16 → the least loaded decode pod.
+    for d in [2, 3, 6] {
+        pods[d].pending_decodes = 16;
+    }
+    let (p, d, why) = run(&c, &pods, 10, &no_prefix);
+    assert_eq!(
+        (d.as_str(), why),
+        ("10.0.1.4:1", "decode_running_imbalance")
+    );
+    assert!(
+        p.starts_with("10.0.1."),
+        "prefill aligned to the decode's roleset"
+    );
+
+    // 2. throughput spread > 2048 tok/s → the least busy pod.
+    let mut pods = idle(8);
+    for (d, t) in [(2, 3000.0), (3, 2500.0), (6, 100.0), (7, 900.0)] {
+        pods[d].metrics = Some(PodMetrics {
+            gen_throughput: Some(t),
+            ..Default::default()
+        });
+    }
+    let (_, d, why) = run(&c, &pods, 10, &no_prefix);
+    assert_eq!(
+        (d.as_str(), why),
+        ("10.0.1.3:1", "decode_throughput_imbalance")
+    );
+
+    // 3. every pod drains: running/drain ratio max/min > 1.5 → the lowest.
+    let mut pods = idle(8);
+    for (d, r, dr) in [(2, 4.0, 1.0), (3, 4.0, 1.0), (6, 4.0, 4.0), (7, 4.0, 1.0)] {
+        pods[d].metrics = Some(PodMetrics {
+            running: r,
+            drain_rate: Some(dr),
+            ..Default::default()
+        });
+    }
+    let (_, d, why) = run(&c, &pods, 10, &no_prefix);
+    assert_eq!((d.as_str(), why), ("10.0.1.3:1", "decode_drain_imbalance"));
+}
+
+#[test]
+fn unhealthy_and_excluded_pods_are_skipped() {
+    let c = config(r#","prefill_policy":"least_request","decode_policy":"least_request""#);
+    let mut pods = idle(8);
+    pods[0].unhealthy = true;
+    pods[1].unhealthy = true;
+    let (p, _, _) = run(&c, &pods, 10, &no_prefix);
+    assert!(p.starts_with("10.0.1."), "rs0 has no healthy prefill: {p}");
+    for i in 0..8 {
+        pods[i].unhealthy = true;
+    }
+    assert_eq!(run(&c, &pods, 10, &no_prefix).1, "AllUnhealthy");
+
+    let pods = idle(8);
+    let mut random = || 1u64;
+    let exclude = [0usize, 4];
+    let mut ask = Ask {
+        prompt_tokens: 1,
+        prefix_match: &no_prefix,
+        turn: 0,
+        random: &mut random,
+        exclude: &exclude,
+    };
+    match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
+        Decision::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.pod)),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn direct_policies_rotate_randomise_and_sample_two() {
+    let c = config(r#","prefill_policy":"round_robin","decode_policy":"round_robin""#);
+    let pods = idle(8);
+    let mut seen = Vec::new();
+    for turn in 0..4 {
+        let mut random = || 0u64;
+        let mut ask = Ask {
+            prompt_tokens: 1,
+            prefix_match: &no_prefix,
+            turn,
+            random: &mut random,
+            exclude: &[],
+        };
+        if let Decision::Split { prefill, .. } =
+            schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
+        {
+            seen.push(prefill.pod);
+        }
+    }
+    assert_eq!(seen, vec![0, 1, 4, 5]);
+
+    let c = config(r#","prefill_policy":"power_of_two","decode_policy":"power_of_two""#);
+    let mut pods = idle(8);
+    for (p, l) in [(0, 5), (1, 4), (4, 3), (5, 6)] {
+        pods[p].outstanding_prefills = l;
+    }
+    // The two sampled prefill pods are indices a and a+1+(r % 3) of the
+    // candidate list; whatever they are, the less loaded one is taken.
+    for seed in 1..20u64 {
+        let mut rng = Rng(seed);
+        let mut random = || rng.next();
+        let mut ask = Ask {
+            prompt_tokens: 1,
+            prefix_match: &no_prefix,
+            turn: 0,
+            random: &mut random,
+            exclude: &[],
+        };
+        match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
+            Decision::Split {
+                prefill, decode, ..
+            } => {
+                assert_ne!(prefill.pod, 5, "the most loaded pod never wins a pair");
+                let rs = if prefill.pod < 4 { 0 } else { 1 };
+                assert_eq!(decode.pod / 4, rs, "decode from the prefill's roleset");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let c = config(r#","prefill_policy":"random","decode_policy":"random""#);
+    let pods = idle(8);
+    let mut counts = [0usize; 8];
+    let mut rng = Rng(7);
+    for _ in 0..400 {
+        let mut random = || rng.next();
+        let mut ask = Ask {
+            prompt_tokens: 1,
+            prefix_match: &no_prefix,
+            turn: 0,
+            random: &mut random,
+            exclude: &[],
+        };
+        if let Decision::Split { prefill, .. } =
+            schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
+        {
+            counts[prefill.pod] += 1;
+        }
+    }
+    for p in [0, 1, 4, 5] {
+        assert!(counts[p] > 50, "{counts:?}");
+    }
+}
+
+fn bucket_config() -> Config {
+    Config::parse(
+        br#"{"models":[{"name":"m","engine":"vllm",
+          "rolesets":[
+            {"name":"short","prompt_tokens":{"max":1000},"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]},
+            {"name":"long","prompt_tokens":{"min":1001,"max":8000},"prefill":["10.0.1.1:1"],"decode":["10.0.1.2:1"]}],
+          "combined":[{"address":"10.0.9.1:1","name":"combo"}]}]}"#,
+    )
+    .expect("config")
+}
+
+#[test]
+fn prompt_length_buckets_and_combined_pods() {
+    let c = bucket_config();
+    let pods = idle(5);
+    assert_eq!(run(&c, &pods, 10, &no_prefix).0, "10.0.0.1:1");
+    assert_eq!(run(&c, &pods, 5000, &no_prefix).0, "10.0.1.1:1");
+    let (p, d, why) = run(&c, &pods, 9000, &no_prefix);
+    assert_eq!(
+        (p.as_str(), d.as_str(), why),
+        ("combined", "10.0.9.1:1", "no_bucket")
+    );
+
+    let no_combined = Config::parse(
+        br#"{"models":[{"name":"m","engine":"vllm","rolesets":[
+            {"prompt_tokens":{"max":10},"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]}]}]}"#,
+    )
+    .expect("config");
+    assert_eq!(run(&no_combined, &idle(2), 11, &no_prefix).1, "NoBucket");
+}
+
+#[test]
+fn an_idle_combined_pod_takes_work_from_overloaded_pd_pods() {
+    let c = bucket_config();
+    let mut pods = idle(5);
+    // combined: 1 waiting / 10 per s = 0.1 < 0.25; a decode pod: 30 / 10 = 3 > 1.
+    pods[4].metrics = Some(PodMetrics {
+        waiting: 1.0,
+        drain_rate: Some(10.0),
+        ..Default::default()
+    });
+    pods[1].metrics = Some(PodMetrics {
+        waiting: 30.0,
+        drain_rate: Some(10.0),
+        ..Default::default()
+    });
+    let (p, _, why) = run(&c, &pods, 10, &no_prefix);
+    assert_eq!((p.as_str(), why), ("combined", "pd_overloaded"));
+    // Not overloaded: PD as usual.
+    pods[1].metrics = Some(PodMetrics {
+        waiting: 5.0,
+        drain_rate: Some(10.0),
+        ..Default::default()
+    });
+    assert_eq!(run(&c, &pods, 10, &no_prefix).0, "10.0.0.1:1");
+}
+
+#[test]
+fn models_without_a_complete_roleset() {
+    let c = Config::parse(
+        br#"{"models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:1"]}]}]}"#,
+    )
+    .expect("config");
+    assert_eq!(run(&c, &idle(1), 1, &no_prefix).1, "NotConfigured");
+    let only_combined =
+        Config::parse(br#"{"models":[{"name":"m","engine":"vllm","combined":["10.0.0.9:1"]}]}"#)
+            .expect("config");
+    assert_eq!(run(&only_combined, &idle(1), 1, &no_prefix).0, "combined");
+}

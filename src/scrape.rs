@@ -1,0 +1,111 @@
+//! Scraping pods' `/metrics`: which VM scrapes (a lease in shared data, so
+//! N workers do not scrape N times), and turning counters into rates.
+
+use crate::metrics::EngineMetrics;
+use crate::sched::PodMetrics;
+
+/// The lease record: holder id and expiry (Unix ms).
+pub fn encode_lease(holder: u64, expires_ms: u64) -> Vec<u8> {
+    let mut v = holder.to_le_bytes().to_vec();
+    v.extend_from_slice(&expires_ms.to_le_bytes());
+    v
+}
+
+pub fn decode_lease(bytes: &[u8]) -> Option<(u64, u64)> {
+    let b: &[u8; 16] = bytes.try_into().ok()?;
+    let mut h = [0u8; 8];
+    let mut e = [0u8; 8];
+    h.copy_from_slice(&b[..8]);
+    e.copy_from_slice(&b[8..]);
+    Some((u64::from_le_bytes(h), u64::from_le_bytes(e)))
+}
+
+/// Whether `me` may take or renew the lease given its current record.
+pub fn may_hold(current: Option<&[u8]>, me: u64, now_ms: u64) -> bool {
+    match current.and_then(decode_lease) {
+        None => true,
+        Some((holder, expires)) => holder == me || expires <= now_ms,
+    }
+}
+
+/// The last counter readings of one pod, to turn counters into rates.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Previous {
+    pub at_ms: u64,
+    pub generation_tokens_total: Option<f64>,
+    pub requests_finished_total: Option<f64>,
+}
+
+fn rate(now: Option<f64>, then: Option<f64>, dt_s: f64) -> Option<f64> {
+    let (now, then) = (now?, then?);
+    // A counter that went down was reset (engine restart): no rate this time.
+    (dt_s > 0.0 && now >= then).then(|| (now - then) / dt_s)
+}
+
+/// The load signals of one scrape, with rates from the previous one.
+pub fn observe(prev: &Previous, now_ms: u64, m: &EngineMetrics) -> (PodMetrics, Previous) {
+    let dt_s = now_ms.saturating_sub(prev.at_ms) as f64 / 1000.0;
+    let dt_s = if prev.at_ms == 0 { 0.0 } else { dt_s };
+    let gen_rate = rate(
+        m.generation_tokens_total,
+        prev.generation_tokens_total,
+        dt_s,
+    );
+    let metrics = PodMetrics {
+        running: m.running.unwrap_or(0.0),
+        waiting: m.waiting.unwrap_or(0.0),
+        kv_usage: m.kv_usage,
+        // An engine's own throughput gauge beats a rate over one interval.
+        gen_throughput: m.gen_throughput.or(gen_rate),
+        drain_rate: rate(
+            m.requests_finished_total,
+            prev.requests_finished_total,
+            dt_s,
+        ),
+    };
+    let next = Previous {
+        at_ms: now_ms,
+        generation_tokens_total: m.generation_tokens_total,
+        requests_finished_total: m.requests_finished_total,
+    };
+    (metrics, next)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_is_taken_when_free_or_expired_and_kept_by_its_holder() {
+        assert!(may_hold(None, 1, 100));
+        let l = encode_lease(7, 1000);
+        assert_eq!(decode_lease(&l), Some((7, 1000)));
+        assert!(may_hold(Some(&l), 7, 500));
+        assert!(!may_hold(Some(&l), 8, 500));
+        assert!(may_hold(Some(&l), 8, 1000));
+        assert!(may_hold(Some(&[1, 2]), 8, 0), "garbage is no lease");
+    }
+
+    #[test]
+    fn counters_become_rates() {
+        let m = |gen: f64, fin: f64| EngineMetrics {
+            running: Some(3.0),
+            generation_tokens_total: Some(gen),
+            requests_finished_total: Some(fin),
+            ..Default::default()
+        };
+        let (first, prev) = observe(&Previous::default(), 10_000, &m(100.0, 10.0));
+        assert_eq!(first.gen_throughput, None, "no rate from a single reading");
+        assert_eq!(first.running, 3.0);
+        let (second, prev) = observe(&prev, 12_000, &m(500.0, 14.0));
+        assert_eq!(second.gen_throughput, Some(200.0));
+        assert_eq!(second.drain_rate, Some(2.0));
+        let (reset, _) = observe(&prev, 13_000, &m(5.0, 1.0));
+        assert_eq!(reset.gen_throughput, None, "a counter reset gives no rate");
+        let gauge = EngineMetrics {
+            gen_throughput: Some(42.0),
+            ..m(900.0, 20.0)
+        };
+        assert_eq!(observe(&prev, 13_000, &gauge).0.gen_throughput, Some(42.0));
+    }
+}

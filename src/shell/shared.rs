@@ -1,0 +1,31 @@
+//! Shared data through the `hostcalls` that return `Result` (the SDK's trait
+//! methods panic on unexpected statuses).
+
+use crate::sched::state::{SetError, SharedStore};
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::Status;
+
+/// Shared data of this VM's `vm_id`, as a [`SharedStore`].
+pub(super) struct Shared;
+
+pub(super) fn get(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+    hostcalls::get_shared_data(key).unwrap_or((None, None))
+}
+
+pub(super) fn set(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+    match hostcalls::set_shared_data(key, Some(value), cas) {
+        Ok(()) => Ok(()),
+        Err(Status::CasMismatch) => Err(SetError::CasMismatch),
+        Err(e) => Err(SetError::Failed(format!("{e:?}"))),
+    }
+}
+
+impl SharedStore for Shared {
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        get(key)
+    }
+
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        set(key, value, cas)
+    }
+}
