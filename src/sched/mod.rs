@@ -181,7 +181,7 @@ fn usable(ep: &Endpoint, pods: &[PodState], exclude: &[usize]) -> bool {
     !exclude.contains(&ep.pod) && pods.get(ep.pod).is_some_and(|p| !p.unhealthy)
 }
 
-fn least<'a, T>(items: &'a [T], key: impl Fn(&T) -> f64) -> Option<&'a T> {
+fn least<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
     items.iter().fold(None, |best: Option<&T>, x| match best {
         Some(b) if key(b) <= key(x) => Some(b),
         _ => Some(x),

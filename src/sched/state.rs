@@ -225,6 +225,7 @@ mod tests {
                 outstanding_prefills: 3,
                 pending_decodes: 9,
                 unhealthy_until_ms: u64::MAX,
+                failures: 2,
             },
             PodCounters::default(),
         ];
