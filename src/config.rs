@@ -130,11 +130,20 @@ pub struct Scheduling {
     pub prefix_table_slots: u32,
     /// Prefix entries older than this are ignored.
     pub prefix_ttl_ms: u64,
+    /// A prefill pod holding at least this share (percent) of the prompt's
+    /// blocks gets the request outright, decode aligned to its roleset
+    /// (SGLang's cache-aware rule; AIBrix's combined score alone lets decode
+    /// load split a shared prefix across rolesets). Above 100: off.
+    pub prefix_affinity_min_match: f64,
     /// Outstanding-prefill spread (max − min) above which the least-loaded
     /// prefill pod is taken outright.
     pub prefill_imbalance_min_spread: u32,
     /// Prefill pods with more outstanding prefills than mean + N·σ are skipped.
     pub prefill_outlier_stddev_factor: f64,
+    /// ... if they are also this many above the least-loaded pod. AIBrix has
+    /// no such floor, and with N = 1 its filter drops any lone busy pod even
+    /// at one request in flight, which defeats prefix affinity on small pools.
+    pub prefill_outlier_min_spread: u32,
     /// Running+pending spread at which the least-loaded decode pod is taken.
     pub decode_imbalance_min_spread: f64,
     /// Generation-throughput spread (tokens/s) above which the least busy
@@ -160,8 +169,10 @@ impl Default for Scheduling {
             prefix_max_blocks: 128,
             prefix_table_slots: 16_384,
             prefix_ttl_ms: 20 * 60 * 1000,
+            prefix_affinity_min_match: 50.0,
             prefill_imbalance_min_spread: 16,
             prefill_outlier_stddev_factor: 1.0,
+            prefill_outlier_min_spread: 8,
             decode_imbalance_min_spread: 16.0,
             decode_throughput_imbalance_min_spread: 2048.0,
             decode_score_ratio_threshold: 1.5,

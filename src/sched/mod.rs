@@ -293,10 +293,15 @@ pub fn schedule<'m>(
         let mean = loads.iter().sum::<f64>() / n;
         let var = loads.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
         let limit = mean + s.prefill_outlier_stddev_factor * var.sqrt();
+        let floor =
+            loads.iter().copied().fold(f64::MAX, f64::min) + s.prefill_outlier_min_spread as f64;
         if var > 0.0 {
             let kept: Vec<Cand> = prefill
                 .iter()
-                .filter(|c| pods[c.ep.pod].outstanding_prefills as f64 <= limit)
+                .filter(|c| {
+                    let o = pods[c.ep.pod].outstanding_prefills as f64;
+                    o <= limit || o < floor
+                })
                 .map(|c| Cand {
                     roleset: c.roleset,
                     ep: c.ep,
@@ -334,6 +339,38 @@ pub fn schedule<'m>(
                 decode: dec,
                 reason: "prefill_imbalance",
             };
+        }
+    }
+
+    // Prefix affinity: a pod that already holds most of the prompt takes it.
+    if model.prefill_policy == PrefillPolicy::PrefixCache {
+        let best = prefill
+            .iter()
+            .map(|c| (c, (ask.prefix_match)(c.ep.pod)))
+            .filter(|(_, m)| *m >= s.prefix_affinity_min_match && *m > 0.0)
+            .fold(None, |best: Option<(&Cand, f64)>, (c, m)| {
+                let load = |c: &Cand| pods[c.ep.pod].outstanding_prefills;
+                match best {
+                    Some((b, bm)) if bm > m || (bm == m && load(b) <= load(c)) => Some((b, bm)),
+                    _ => Some((c, m)),
+                }
+            });
+        if let Some((pick, _)) = best {
+            let d: Vec<Cand> = decode
+                .iter()
+                .filter(|c| c.roleset == pick.roleset)
+                .map(|c| Cand {
+                    roleset: c.roleset,
+                    ep: c.ep,
+                })
+                .collect();
+            if let Some(dec) = pick_one_decode(model, &d, pods, ask, s) {
+                return Decision::Split {
+                    prefill: pick.ep,
+                    decode: dec,
+                    reason: "prefix_affinity",
+                };
+            }
         }
     }
 

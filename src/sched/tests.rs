@@ -144,7 +144,9 @@ fn load_balancing_score_matches_aibrix_formula() {
 
 #[test]
 fn rolesets_are_ranked_by_the_normalised_sum_of_their_best_pods() {
-    let c = config("");
+    let mut c = config("");
+    // The scores alone, without the prefix-affinity shortcut.
+    c.scheduling.prefix_affinity_min_match = 101.0;
     let mut pods = idle(8);
     // rs0's best prefill (pod 1) has a 50% prefix match; rs1's prefills none.
     // rs0's decodes are busy, rs1's idle.
@@ -277,8 +279,8 @@ fn unhealthy_and_excluded_pods_are_skipped() {
     pods[1].unhealthy = true;
     let (p, _, _) = run(&c, &pods, 10, &no_prefix);
     assert!(p.starts_with("10.0.1."), "rs0 has no healthy prefill: {p}");
-    for i in 0..8 {
-        pods[i].unhealthy = true;
+    for p in pods.iter_mut() {
+        p.unhealthy = true;
     }
     assert_eq!(run(&c, &pods, 10, &no_prefix).1, "AllUnhealthy");
 
@@ -441,4 +443,37 @@ fn models_without_a_complete_roleset() {
         Config::parse(br#"{"models":[{"name":"m","engine":"vllm","combined":["10.0.0.9:1"]}]}"#)
             .expect("config");
     assert_eq!(run(&only_combined, &idle(1), 1, &no_prefix).0, "combined");
+}
+
+#[test]
+fn a_pod_holding_most_of_the_prompt_takes_it_whatever_the_decode_load() {
+    let c = config("");
+    let mut pods = idle(8);
+    // rs0's decodes are busier, which alone would favour rs1.
+    for d in [2, 3] {
+        pods[d].metrics = Some(PodMetrics {
+            running: 8.0,
+            kv_usage: Some(0.5),
+            ..Default::default()
+        });
+    }
+    let prefix = |pod: usize| if pod == 1 { 60.0 } else { 0.0 };
+    let (p, d, why) = run(&c, &pods, 10, &prefix);
+    assert_eq!((p.as_str(), why), ("10.0.0.2:1", "prefix_affinity"));
+    assert!(
+        d.starts_with("10.0.0."),
+        "decode aligned to the prefill's roleset: {d}"
+    );
+    // Below the threshold the scores decide.
+    let prefix = |pod: usize| if pod == 1 { 40.0 } else { 0.0 };
+    assert_eq!(run(&c, &pods, 10, &prefix).2, "score");
+    // A few requests in flight on the owner do not move the prompt away...
+    pods[1].outstanding_prefills = 4;
+    let prefix = |pod: usize| if pod == 1 { 90.0 } else { 0.0 };
+    assert_eq!(run(&c, &pods, 10, &prefix).2, "prefix_affinity");
+    // ...an overloaded owner is left (outlier filter, then imbalance).
+    pods[1].outstanding_prefills = 17;
+    let (p, _, why) = run(&c, &pods, 10, &prefix);
+    assert_ne!(p, "10.0.0.2:1");
+    assert_ne!(why, "prefix_affinity");
 }

@@ -102,7 +102,7 @@ impl Drop for Proc {
 
 /// One mock engine pod.
 pub struct Mock {
-    _proc: Proc,
+    proc: Proc,
     pub name: String,
     pub http: u16,
     pub bootstrap: Option<u16>,
@@ -138,8 +138,13 @@ impl Mock {
             http: port("http").expect("http port"),
             bootstrap: port("bootstrap"),
             name: name.to_owned(),
-            _proc: proc,
+            proc,
         }
+    }
+
+    /// Stops the pod (SIGKILL), as a crashed engine would.
+    pub fn kill(&mut self) {
+        self.proc.kill();
     }
 
     pub fn address(&self) -> String {

@@ -7,5 +7,6 @@
 mod engines;
 mod errors;
 mod harness;
+mod scheduling;
 mod security;
 mod validate;
