@@ -38,3 +38,7 @@ lint: setup
     cargo fmt --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
+
+# Benchmarks: the per-request cost of pod selection with 4 and 64 pods.
+bench:
+    cargo bench --bench select
