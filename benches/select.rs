@@ -132,15 +132,27 @@ fn main() {
                     })
                     .collect();
                 let hashes = if pp == "prefix_cache" {
-                    prefix::block_hashes(&prompt, fnv1a(b"m"), s.prefix_block_bytes, s.prefix_max_blocks)
+                    prefix::block_hashes(
+                        &prompt,
+                        fnv1a(b"m"),
+                        s.prefix_block_bytes,
+                        s.prefix_max_blocks,
+                    )
                 } else {
                     Vec::new()
                 };
                 let m = prefix::walk(
                     &hashes,
                     |h| {
-                        let key = prefix::slot_key(&c.fingerprint, prefix::slot_of(h, s.prefix_table_slots));
-                        store.shared_get(&key).0.as_deref().and_then(PrefixEntry::decode)
+                        let key = prefix::slot_key(
+                            &c.fingerprint,
+                            prefix::slot_of(h, s.prefix_table_slots),
+                        );
+                        store
+                            .shared_get(&key)
+                            .0
+                            .as_deref()
+                            .and_then(PrefixEntry::decode)
                     },
                     1_000,
                     s.prefix_ttl_ms,
@@ -160,7 +172,10 @@ fn main() {
                     exclude: &[],
                 };
                 let d = schedule(model, &pod_states, &mut ask, s);
-                let Decision::Split { prefill, decode, .. } = d else {
+                let Decision::Split {
+                    prefill, decode, ..
+                } = d
+                else {
                     panic!("no split: {d:?}");
                 };
                 let (p, dd) = (prefill.pod, decode.pod);
@@ -171,8 +186,13 @@ fn main() {
                 .expect("hold");
                 let owned = (m.percent(p) / 100.0 * hashes.len() as f64).round() as usize;
                 for h in &hashes[owned.min(hashes.len())..] {
-                    let e = PrefixEntry { hash: *h, pod: p as u32, at_ms: 1_000 };
-                    let key = prefix::slot_key(&c.fingerprint, prefix::slot_of(*h, s.prefix_table_slots));
+                    let e = PrefixEntry {
+                        hash: *h,
+                        pod: p as u32,
+                        at_ms: 1_000,
+                    };
+                    let key =
+                        prefix::slot_key(&c.fingerprint, prefix::slot_of(*h, s.prefix_table_slots));
                     let _ = store.shared_set(&key, &e.encode(), None);
                 }
                 state::update_load(&mut store, &load_key, n, |c| {
