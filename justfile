@@ -42,3 +42,7 @@ lint: setup
 # Benchmarks: the per-request cost of pod selection with 4 and 64 pods.
 bench:
     cargo bench --bench select
+
+# The full soak: 100 000 mixed requests at concurrency 64 through Envoy.
+soak: build
+    PD_SOAK_REQUESTS=100000 PD_SOAK_CONCURRENCY=64 cargo test --release --test e2e soak -- --nocapture

@@ -228,7 +228,8 @@ impl RootContext for Root {
             }
         };
         set_connector_type(config.kv_connector);
-        let router = match Router::new(config, claim_worker_slot()) {
+        let slot = claim_worker_slot();
+        let router = match Router::new(config, slot) {
             Ok(r) => r,
             Err(e) => {
                 log(
@@ -252,7 +253,7 @@ impl RootContext for Root {
             }
         }
         self.vm_id = getrandom::u64().unwrap_or_else(|_| now_ms());
-        self.stats = Rc::new(Stats::define(&router.config));
+        self.stats = Rc::new(Stats::define(&router.config, slot));
         self.previous = vec![Previous::default(); router.config.pods.len()];
         let tick = match router.config.scrape_interval_ms {
             0 => 1000,
@@ -274,6 +275,7 @@ impl RootContext for Root {
         };
         let now = now_ms();
         router.refresh_metrics(&Shared);
+        self.stats.record_vm_memory();
         for (i, c) in router.counters(&Shared).iter().enumerate() {
             self.stats.record_pod(
                 i,

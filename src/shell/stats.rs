@@ -12,6 +12,8 @@ pub(super) struct Stats {
     pod_events: Vec<Vec<Option<u32>>>,
     /// Per pod: outstanding prefills, pending decodes, healthy (0/1).
     pod_gauges: Vec<[Option<u32>; 3]>,
+    /// This VM's linear memory, to see leaks under load.
+    vm_memory: Option<u32>,
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -19,7 +21,7 @@ fn define(kind: MetricType, name: &str) -> Option<u32> {
 }
 
 impl Stats {
-    pub(super) fn define(config: &Config) -> Stats {
+    pub(super) fn define(config: &Config, worker_slot: u8) -> Stats {
         let counters = Counter::ALL
             .iter()
             .filter_map(|c| define(MetricType::Counter, c.name()).map(|id| (*c, id)))
@@ -44,6 +46,18 @@ impl Stats {
             counters,
             pod_events,
             pod_gauges,
+            vm_memory: define(
+                MetricType::Gauge,
+                &format!("pd_router.vm.{worker_slot}.memory_bytes"),
+            ),
+        }
+    }
+
+    /// Publishes the size of this VM's linear memory.
+    pub(super) fn record_vm_memory(&self) {
+        if let Some(id) = self.vm_memory {
+            let bytes = core::arch::wasm32::memory_size(0) as u64 * 65_536;
+            let _ = hostcalls::record_metric(id, bytes);
         }
     }
 

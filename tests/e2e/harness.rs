@@ -268,9 +268,20 @@ impl Envoy {
     }
 
     pub fn start_with(plugin_config: &Value, concurrency: u32) -> Envoy {
+        Envoy::start_edited(plugin_config, concurrency, &[])
+    }
+
+    /// Like [`Envoy::start_with`], with text replacements in envoy.yaml
+    /// (each must match, so a renamed setting fails loudly).
+    pub fn start_edited(plugin_config: &Value, concurrency: u32, edits: &[(&str, &str)]) -> Envoy {
         let scratch = Scratch::new("envoy");
         let yaml_path = scratch.0.join("envoy.yaml");
-        std::fs::write(&yaml_path, test_envoy_yaml(plugin_config, &wasm_path())).expect("write");
+        let mut yaml = test_envoy_yaml(plugin_config, &wasm_path());
+        for (from, to) in edits {
+            assert!(yaml.contains(from), "envoy.yaml has no {from:?}");
+            yaml = yaml.replace(from, to);
+        }
+        std::fs::write(&yaml_path, yaml).expect("write");
         let admin_path = scratch.0.join("admin.txt");
         let log = scratch.0.join("envoy.log");
         let mut cmd = Command::new(envoy_bin());

@@ -9,4 +9,5 @@ mod errors;
 mod harness;
 mod scheduling;
 mod security;
+mod soak;
 mod validate;
