@@ -171,7 +171,7 @@ fn every_error_status() {
 
     // No failed request reached the decode pod.
     assert!(decode.requests().is_empty(), "{:?}", decode.requests());
-    assert_eq!(envoy.stat("wasm.envoy.wasm.runtime.v8.vm_failed"), 0);
+    assert_eq!(envoy.stat("wasm.pd-router.vm_reload"), 0);
 }
 
 #[test]

@@ -379,12 +379,14 @@ impl Envoy {
             .collect()
     }
 
+    /// One stat's value; a stat Envoy does not have fails the test (so a
+    /// misspelt name cannot pass as 0).
     pub fn stat(&self, name: &str) -> u64 {
         self.stats(name)
             .into_iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v)
-            .unwrap_or(0)
+            .unwrap_or_else(|| panic!("Envoy has no stat {name}"))
     }
 
     pub fn log(&self) -> String {

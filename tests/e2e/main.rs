@@ -4,6 +4,7 @@
 //! `just test` builds the module and the mocks and installs Envoy first; the
 //! paths can be overridden with ENVOY_BIN, PD_ROUTER_WASM and MOCK_ENGINE_BIN.
 
+mod bad_input;
 mod engines;
 mod errors;
 mod harness;

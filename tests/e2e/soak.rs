@@ -161,5 +161,5 @@ fn soak() {
         })
         .collect();
     assert!(busy.is_empty(), "counters not back to zero: {busy:?}");
-    assert_eq!(envoy.stat("wasm.envoy.wasm.runtime.v8.vm_failed"), 0);
+    assert_eq!(envoy.stat("wasm.pd-router.vm_reload"), 0);
 }
