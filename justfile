@@ -42,6 +42,7 @@ lint: setup
 # Benchmarks: the per-request cost of pod selection with 4 and 64 pods.
 bench:
     cargo bench --bench select
+    cargo bench --bench request
 
 # The full soak: 100 000 mixed requests at concurrency 64 through Envoy.
 soak: build
