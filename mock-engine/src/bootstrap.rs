@@ -7,6 +7,7 @@
 //! before sending the decode makes the prefill time out, as real SGLang does.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,8 @@ struct RoomStatus {
     registered: bool,
     /// Prompt hash of the prefill that handled the room, once it has.
     transferred: Option<String>,
+    /// The decode has collected the transfer (its GET /wait was answered).
+    collected: bool,
 }
 
 /// Rooms by id. A watch channel per room lets any number of waiters see
@@ -71,9 +74,20 @@ impl Rooms {
             .is_ok_and(|r| r.is_ok())
     }
 
-    pub fn mark_transferred(&self, room: u64, prompt_hash: String) {
-        self.entry(room)
-            .send_modify(|s| s.transferred = Some(prompt_hash));
+    /// Prefill side. The returned future resolves once the decode has
+    /// collected the transfer (it holds the room, which the collection
+    /// removes from the map).
+    pub fn mark_transferred(
+        &self,
+        room: u64,
+        prompt_hash: String,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let tx = self.entry(room);
+        let mut rx = tx.subscribe();
+        tx.send_modify(|s| s.transferred = Some(prompt_hash));
+        async move {
+            let _ = rx.wait_for(|s| s.collected).await;
+        }
     }
 
     /// Decode side (via GET /wait): the prefill's prompt hash once it has
@@ -93,6 +107,7 @@ impl Rooms {
                 _ => return Err(WaitError::Timeout),
             };
         lock(&self.map).remove(&room);
+        tx.send_modify(|s| s.collected = true);
         Ok(hash)
     }
 }

@@ -87,6 +87,24 @@ pub enum Fault {
     Garbage,
     NoKvParams,
     Hang,
+    /// Read the request, then drop the connection (TCP RST), nothing sent.
+    Reset,
+    /// 200 with the full answer's `content-length`, half the body, then close.
+    Truncate,
+    /// SGLang prefill: hand the KV over as usual, wait until the decode has
+    /// collected it and then this long, then answer 500.
+    FailAfterTransfer(Duration),
+    /// The other faults apply only after this many POST /v1/* requests.
+    /// Parsed only; [`Config::fail_after`] holds it afterwards.
+    FailAfter(u64),
+}
+
+/// The wait of the `fail-after-transfer` fault among `faults`, if any.
+pub fn fail_after_transfer(faults: &[Fault]) -> Option<Duration> {
+    faults.iter().find_map(|f| match f {
+        Fault::FailAfterTransfer(d) => Some(*d),
+        _ => None,
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -100,7 +118,12 @@ pub struct Config {
     pub bootstrap_listen: SocketAddr,
     pub side_listen: SocketAddr,
     pub advertise_host: Option<String>,
+    /// The faults to apply (never a `FailAfter`): to every POST /v1/*, or,
+    /// with `fail_after`, to those after the first N. `--fault fail-after:N`
+    /// alone means `status:500` here.
     pub faults: Vec<Fault>,
+    /// `--fault fail-after:N`: the first N POST /v1/* get no fault at all.
+    pub fail_after: Option<u64>,
     pub allow_recompute: bool,
     pub bootstrap_timeout: Duration,
     pub stream_delay: Duration,
@@ -127,6 +150,20 @@ impl Config {
     pub fn has_fault(&self, fault: &Fault) -> bool {
         self.faults.contains(fault)
     }
+
+    /// The wait of a `fail-after-transfer` fault, if one is configured.
+    pub fn fail_after_transfer(&self) -> Option<Duration> {
+        fail_after_transfer(&self.faults)
+    }
+
+    /// The faults for the POST /v1/* numbered `seq` (0-based, in order of
+    /// arrival).
+    pub fn faults_for(&self, seq: u64) -> &[Fault] {
+        match self.fail_after {
+            Some(n) if seq < n => &[],
+            _ => &self.faults,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -146,7 +183,12 @@ usage: mock-engine --engine vllm|sglang|trtllm|default --role prefill|decode
   [--bootstrap-timeout-ms N] [--stream-delay-ms N] [--allow-remote-peers]
   [--metrics-format vllm|sglang] [--report-running N] [--report-waiting N]
   [--report-kv-usage F] [--report-gen-throughput N] [--metrics-fail]
-fault SPEC: status:N | delay:MS | garbage | no-kv-params | hang";
+fault SPEC: status:N | delay:MS | garbage | no-kv-params | hang | reset | truncate
+  | fail-after-transfer[:MS] | fail-after:N";
+
+/// How long `fail-after-transfer` waits, once the decode has collected the
+/// KV, before answering 500: time for the decode's answer to get going.
+pub const DEFAULT_FAIL_AFTER_TRANSFER: Duration = Duration::from_millis(100);
 
 fn err(msg: impl Into<String>) -> CliError {
     CliError(msg.into())
@@ -175,7 +217,22 @@ fn parse_fault(v: &str) -> Result<Fault, CliError> {
         "garbage" => return Ok(Fault::Garbage),
         "no-kv-params" => return Ok(Fault::NoKvParams),
         "hang" => return Ok(Fault::Hang),
+        "reset" => return Ok(Fault::Reset),
+        "truncate" => return Ok(Fault::Truncate),
+        "fail-after-transfer" => return Ok(Fault::FailAfterTransfer(DEFAULT_FAIL_AFTER_TRANSFER)),
         _ => {}
+    }
+    if let Some(ms) = v.strip_prefix("fail-after-transfer:") {
+        return Ok(Fault::FailAfterTransfer(parse_ms(
+            "--fault fail-after-transfer",
+            ms,
+        )?));
+    }
+    if let Some(n) = v.strip_prefix("fail-after:") {
+        return n
+            .parse::<u64>()
+            .map(Fault::FailAfter)
+            .map_err(|e| err(format!("--fault fail-after: invalid count {n:?}: {e}")));
     }
     if let Some(n) = v.strip_prefix("status:") {
         let code: u16 = n
@@ -296,6 +353,19 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         }
     }
 
+    let mut fail_after = None;
+    for f in &faults {
+        if let Fault::FailAfter(n) = f {
+            if fail_after.replace(*n).is_some() {
+                return Err(err("--fault fail-after:N given twice"));
+            }
+        }
+    }
+    faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
+    if fail_after.is_some() && faults.is_empty() {
+        faults.push(Fault::Status(500));
+    }
+
     let engine = engine.ok_or_else(|| err(format!("--engine is required\n{USAGE}")))?;
     let role = role.ok_or_else(|| err(format!("--role is required\n{USAGE}")))?;
     let config = Config {
@@ -309,6 +379,7 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         side_listen: side_listen.unwrap_or(loopback_any),
         advertise_host,
         faults,
+        fail_after,
         allow_recompute,
         bootstrap_timeout,
         stream_delay,
@@ -339,6 +410,11 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         && !(config.vllm_pull_connector() && role == Role::Prefill)
     {
         ignored.push("--fault no-kv-params (vllm nixl/shfs prefill only)");
+    }
+    if config.fail_after_transfer().is_some()
+        && !(engine == Engine::Sglang && role == Role::Prefill)
+    {
+        ignored.push("--fault fail-after-transfer (sglang prefill only)");
     }
     for flag in ignored {
         eprintln!("mock-engine: warning: ignoring {flag}");
@@ -378,6 +454,68 @@ mod tests {
         assert!(parse(args("--engine foo --role decode")).is_err());
         assert!(parse(args("--engine vllm --role decode --fault status:42")).is_err());
         assert!(parse(args("--engine vllm --role decode --listen")).is_err());
+    }
+
+    #[test]
+    fn parses_new_faults() {
+        let c = parse(args(
+            "--engine sglang --role prefill --fault reset --fault=truncate \
+             --fault fail-after-transfer",
+        ))
+        .expect("valid");
+        assert_eq!(
+            c.faults,
+            vec![
+                Fault::Reset,
+                Fault::Truncate,
+                Fault::FailAfterTransfer(DEFAULT_FAIL_AFTER_TRANSFER)
+            ]
+        );
+        assert_eq!(c.fail_after_transfer(), Some(DEFAULT_FAIL_AFTER_TRANSFER));
+        let c = parse(args(
+            "--engine sglang --role prefill --fault fail-after-transfer:0",
+        ))
+        .expect("valid");
+        assert_eq!(c.fail_after_transfer(), Some(Duration::ZERO));
+        assert_eq!(c.fail_after, None);
+        assert_eq!(c.faults_for(0), c.faults.as_slice());
+
+        // Alone, fail-after:N means status:500 after N requests.
+        let c = parse(args("--engine default --role decode --fault fail-after:2")).expect("valid");
+        assert_eq!(c.fail_after, Some(2));
+        assert_eq!(c.faults, vec![Fault::Status(500)]);
+        assert!(c.faults_for(0).is_empty());
+        assert!(c.faults_for(1).is_empty());
+        assert_eq!(c.faults_for(2), [Fault::Status(500)]);
+        assert_eq!(c.faults_for(100), [Fault::Status(500)]);
+
+        // With other faults, it delays them, wherever it is on the line.
+        let c = parse(args(
+            "--engine default --role decode --fault reset --fault fail-after:1 --fault delay:5",
+        ))
+        .expect("valid");
+        assert_eq!(
+            c.faults,
+            vec![Fault::Reset, Fault::Delay(Duration::from_millis(5))]
+        );
+        assert!(c.faults_for(0).is_empty());
+        assert_eq!(c.faults_for(1), c.faults.as_slice());
+
+        let c = parse(args("--engine default --role decode --fault fail-after:0")).expect("valid");
+        assert_eq!(c.faults_for(0), [Fault::Status(500)]);
+
+        for bad in [
+            "--fault fail-after:",
+            "--fault fail-after:-1",
+            "--fault fail-after:x",
+            "--fault fail-after:1 --fault fail-after:2",
+            "--fault fail-after-transfer:x",
+            "--fault fail-after-transfer:",
+            "--fault resets",
+        ] {
+            let line = format!("--engine vllm --role decode {bad}");
+            assert!(parse(args(&line)).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 mod bootstrap;
 mod cli;
+mod conn;
 mod engines;
 mod error;
 mod generate;
@@ -82,7 +83,10 @@ async fn run(config: cli::Config) -> Result<(), String> {
     let state = Arc::new(AppState::new(config, bound, peers));
 
     let mut servers = tokio::task::JoinSet::new();
-    servers.spawn(serve(http, server::main_router(state.clone())));
+    // The main server's connections can be dropped by a fault (see conn.rs).
+    let main = server::main_router(state.clone())
+        .into_make_service_with_connect_info::<conn::ConnHandle>();
+    servers.spawn(async move { axum::serve(conn::CtlListener(http), main).await });
     if let Some((listener, _)) = side {
         let router =
             server::with_access_log(sidechannel::router(state.clone()), state.clone(), "side");

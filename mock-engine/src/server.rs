@@ -1,14 +1,15 @@
 //! The pod's main HTTP API: health, models, metrics, the debug endpoints
 //! (request log, reported load), and POST /v1/* (faults first, then the
-//! engine contract).
+//! engine contract, then the faults that spoil the engine's answer).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Request as HttpRequest, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Request as HttpRequest, State};
+use axum::http::{header, Extensions, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -16,7 +17,8 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cli::{check_load_value, Fault, Load, MetricsFormat};
+use crate::cli::{check_load_value, fail_after_transfer, Engine, Fault, Load, MetricsFormat, Role};
+use crate::conn::{truncated_body, ConnCtl, ConnHandle};
 use crate::engines;
 use crate::error::{error_body, Fail};
 use crate::request::Api;
@@ -28,6 +30,11 @@ const BODY_LIMIT: usize = 64 << 20;
 /// Attached to a response so the access log can say why it failed.
 #[derive(Clone)]
 struct Note(String);
+
+/// Attached to a response that is never sent (fault `reset`): the access log
+/// shows `RESET` for its status.
+#[derive(Clone)]
+struct Dropped;
 
 pub fn main_router(state: Shared) -> Router {
     let routes = Router::new()
@@ -78,13 +85,17 @@ async fn access_log(State(ctx): State<LogCtx>, req: HttpRequest, next: Next) -> 
         .get::<Note>()
         .map(|n| format!(": {}", n.0))
         .unwrap_or_default();
+    let status = if resp.extensions().get::<Dropped>().is_some() {
+        "RESET".to_string()
+    } else {
+        resp.status().as_u16().to_string()
+    };
     eprintln!(
-        "[{} {}/{} {}] {method} {uri} -> {} in {}ms{kv}{note}",
+        "[{} {}/{} {}] {method} {uri} -> {status} in {}ms{kv}{note}",
         cfg.name,
         cfg.engine.as_str(),
         cfg.role.as_str(),
         ctx.server,
-        resp.status().as_u16(),
         started.elapsed().as_millis(),
     );
     resp
@@ -373,12 +384,24 @@ async fn v1_post(
     State(state): State<Shared>,
     uri: Uri,
     headers: HeaderMap,
+    extensions: Extensions,
     body: Bytes,
 ) -> Response {
     record(&state, uri.path(), &headers, &body);
-    let guard = state.in_flight();
+    let seq = state.posts.fetch_add(1, Ordering::Relaxed);
+    let cfg = &state.config;
+    let faults = cfg.faults_for(seq);
+    let fail_after_transfer = fail_after_transfer(faults).is_some()
+        && cfg.engine == Engine::Sglang
+        && cfg.role == Role::Prefill;
+    let truncate = faults.contains(&Fault::Truncate);
+    // The engine's answer is spoiled afterwards: not a finished request.
+    let guard = if fail_after_transfer || truncate {
+        state.in_flight_faulted()
+    } else {
+        state.in_flight()
+    };
 
-    let faults = &state.config.faults;
     for fault in faults {
         if let Fault::Delay(d) = fault {
             tokio::time::sleep(*d).await;
@@ -386,6 +409,9 @@ async fn v1_post(
     }
     if faults.contains(&Fault::Hang) {
         std::future::pending::<()>().await;
+    }
+    if faults.contains(&Fault::Reset) {
+        return reset_connection(&extensions);
     }
     if let Some(code) = faults.iter().find_map(|f| match f {
         Fault::Status(c) => Some(*c),
@@ -416,10 +442,89 @@ async fn v1_post(
             )
         }
     };
-    match engines::handle(&state, api, &body, guard).await {
+    let resp = match engines::handle(&state, api, &body, faults, guard).await {
         Ok(resp) => resp,
-        Err(fail) => fail_response(&state, fail),
+        Err(fail) => return fail_response(&state, fail),
+    };
+    if fail_after_transfer {
+        // The decode collected the KV (sglang::prefill waited for that) and
+        // goes on regardless.
+        return error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock_fault",
+            "mock fault: prefill failed after the KV transfer".into(),
+        );
     }
+    if truncate {
+        return truncate_response(resp, &extensions).await;
+    }
+    resp
+}
+
+/// The connection's switch, when served by [`crate::conn::CtlListener`].
+fn conn_ctl(extensions: &Extensions) -> Option<Arc<ConnCtl>> {
+    extensions
+        .get::<ConnectInfo<ConnHandle>>()
+        .map(|ConnectInfo(ConnHandle(ctl))| ctl.clone())
+}
+
+fn no_conn_ctl(fault: &str) -> Response {
+    error_response(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "mock_internal",
+        format!("mock fault {fault}: connection not served by the mock's listener"),
+    )
+}
+
+/// Fault `reset`: throws the connection's switch and returns a stand-in
+/// answer, which hyper then fails to write: the client gets an RST and not
+/// one byte (see [`crate::conn`]).
+fn reset_connection(extensions: &Extensions) -> Response {
+    let Some(ctl) = conn_ctl(extensions) else {
+        return no_conn_ctl("reset");
+    };
+    ctl.reset();
+    let mut resp = StatusCode::INTERNAL_SERVER_ERROR.into_response();
+    let ext = resp.extensions_mut();
+    ext.insert(Dropped);
+    ext.insert(Note(
+        "fault: reset, connection dropped (RST) before any response byte".into(),
+    ));
+    resp
+}
+
+/// Fault `truncate`: a successful answer is sent with the `content-length`
+/// of its whole body (streams are collected first), but only the first half
+/// of the body follows before the connection is closed. Error answers pass
+/// unchanged, so contract violations still show.
+async fn truncate_response(resp: Response, extensions: &Extensions) -> Response {
+    if !resp.status().is_success() {
+        return resp;
+    }
+    let Some(ctl) = conn_ctl(extensions) else {
+        return no_conn_ctl("truncate");
+    };
+    let (mut parts, body) = resp.into_parts();
+    let full = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "mock_internal",
+                format!("mock fault truncate: cannot collect the answer: {e}"),
+            )
+        }
+    };
+    let half = full.slice(..full.len() / 2);
+    parts
+        .headers
+        .insert(header::CONTENT_LENGTH, HeaderValue::from(full.len()));
+    parts.extensions.insert(Note(format!(
+        "fault: truncate, {} of {} body bytes sent, then closed",
+        half.len(),
+        full.len()
+    )));
+    Response::from_parts(parts, truncated_body(half, ctl))
 }
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ pub struct AppState {
     pub side: SideStore,
     pub rooms: Rooms,
     pub peers: Peers,
+    /// POST /v1/* received so far (numbers them for `fail-after:N`).
+    pub posts: AtomicU64,
     seq: AtomicU64,
     random: RandomState,
     random_seq: AtomicU64,
@@ -66,6 +68,7 @@ impl AppState {
             side: SideStore::default(),
             rooms: Rooms::default(),
             peers,
+            posts: AtomicU64::new(0),
             seq: AtomicU64::new(0),
             random: RandomState::new(),
             random_seq: AtomicU64::new(0),
@@ -103,7 +106,16 @@ impl AppState {
         InFlight {
             state: self.clone(),
             succeeded: false,
+            countable: true,
         }
+    }
+
+    /// Like [`AppState::in_flight`], for a POST whose answer a fault will
+    /// spoil after the engine built it: never counted as finished.
+    pub fn in_flight_faulted(self: &Arc<Self>) -> InFlight {
+        let mut guard = self.in_flight();
+        guard.countable = false;
+        guard
     }
 }
 
@@ -113,6 +125,7 @@ impl AppState {
 pub struct InFlight {
     state: Shared,
     succeeded: bool,
+    countable: bool,
 }
 
 impl InFlight {
@@ -124,7 +137,7 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.succeeded {
+        if self.succeeded && self.countable {
             self.state.finished.fetch_add(1, Ordering::Relaxed);
         }
         self.state.running.fetch_sub(1, Ordering::Relaxed);

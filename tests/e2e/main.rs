@@ -7,6 +7,7 @@
 mod bad_input;
 mod engines;
 mod errors;
+mod faults;
 mod harness;
 mod scheduling;
 mod security;

@@ -10,13 +10,21 @@ mod vllm;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
-use crate::cli::{Connector, Engine, Role};
+use crate::cli::{fail_after_transfer, Connector, Engine, Fault, Role};
 use crate::error::{Checked, Fail};
 use crate::generate::{self, GenParams};
 use crate::request::{short, Api, Request};
 use crate::state::{InFlight, Shared};
 
-pub async fn handle(state: &Shared, api: Api, body: &[u8], guard: InFlight) -> Checked<Response> {
+/// `faults`: those in force for this request (only `no-kv-params` and
+/// `fail-after-transfer` matter here; the dispatcher applies the others).
+pub async fn handle(
+    state: &Shared,
+    api: Api,
+    body: &[u8],
+    faults: &[Fault],
+    guard: InFlight,
+) -> Checked<Response> {
     let req = Request::parse(api, body)?;
     // Validated first so a malformed knob never consumes a hand-off.
     let params = GenParams::from_request(&req)?;
@@ -25,8 +33,12 @@ pub async fn handle(state: &Shared, api: Api, body: &[u8], guard: InFlight) -> C
         Role::Prefill => {
             let out = match (cfg.engine, cfg.connector) {
                 (Engine::Vllm, Connector::Neuron) => vllm::neuron_prefill(&req)?,
-                (Engine::Vllm, _) => vllm::prefill(state, &req)?,
-                (Engine::Sglang, _) => sglang::prefill(state, &req).await?,
+                (Engine::Vllm, _) => {
+                    vllm::prefill(state, &req, faults.contains(&Fault::NoKvParams))?
+                }
+                (Engine::Sglang, _) => {
+                    sglang::prefill(state, &req, fail_after_transfer(faults)).await?
+                }
                 (Engine::Trtllm, _) => trtllm::prefill(state, &req)?,
                 (Engine::Default, _) => default::prefill(&req)?,
             };

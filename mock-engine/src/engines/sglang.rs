@@ -168,7 +168,15 @@ fn room_hashes(req: &Request<'_>, batch: Option<usize>) -> Checked<Vec<String>> 
     }
 }
 
-pub async fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
+/// `linger`: fault `fail-after-transfer` is in force; once every room is
+/// transferred, wait until the decode has collected each (or the bootstrap
+/// timeout) and then `linger` more, so the decode's answer has started when
+/// the dispatcher turns this one into a 500.
+pub async fn prefill(
+    state: &Shared,
+    req: &Request<'_>,
+    linger: Option<Duration>,
+) -> Checked<PrefillOut> {
     let batch = batch_size(req)?;
     let targets = targets(req, batch)?;
     let bootstrap = state
@@ -192,6 +200,7 @@ pub async fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
     let key = req.prompt_key()?;
 
     let deadline = Instant::now() + state.config.bootstrap_timeout;
+    let mut collected = Vec::with_capacity(targets.len());
     for (t, hash) in targets.iter().zip(hashes) {
         if !state.rooms.await_registered(t.room, deadline).await {
             return Err(Fail::timeout(format!(
@@ -199,7 +208,15 @@ pub async fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
                 t.room
             )));
         }
-        state.rooms.mark_transferred(t.room, hash);
+        collected.push(state.rooms.mark_transferred(t.room, hash));
+    }
+    if let Some(linger) = linger {
+        let deadline = Instant::now() + state.config.bootstrap_timeout;
+        for c in collected {
+            // Only pacing a fault: a decode that never collects is no error.
+            let _ = tokio::time::timeout_at(deadline, c).await;
+        }
+        tokio::time::sleep(linger).await;
     }
     Ok(PrefillOut::new(approx_tokens(&key)))
 }

@@ -13,7 +13,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{object_field, prefill_constraints, str_member, u64_member};
-use crate::cli::Fault;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct};
@@ -29,7 +28,8 @@ fn future_field() -> Value {
     json!({"nested": [1, 2, {"k": "v"}], "big": u64::MAX})
 }
 
-pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
+/// `no_kv_params`: the `no-kv-params` fault is in force for this request.
+pub fn prefill(state: &Shared, req: &Request<'_>, no_kv_params: bool) -> Checked<PrefillOut> {
     prefill_constraints(req, true)?;
     let params = object_field(req, "kv_transfer_params")?.ok_or_else(|| {
         Fail::contract(
@@ -58,7 +58,7 @@ pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
     }
     let key = req.prompt_key()?;
     let mut out = PrefillOut::new(approx_tokens(&key));
-    if state.config.has_fault(&Fault::NoKvParams) {
+    if no_kv_params {
         return Ok(out);
     }
 
