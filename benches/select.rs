@@ -184,8 +184,8 @@ fn main() {
                     c[dd].pending_decodes += 1;
                 })
                 .expect("hold");
-                let owned = (m.percent(p) / 100.0 * hashes.len() as f64).round() as usize;
-                for h in &hashes[owned.min(hashes.len())..] {
+                let held = if m.percent(p) > 0.0 { m.depth } else { 0 };
+                for h in &prefix::to_record(&hashes, held) {
                     let e = PrefixEntry {
                         hash: *h,
                         pod: p as u32,

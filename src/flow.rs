@@ -738,8 +738,12 @@ impl Flow {
             return;
         }
         let s = &self.router.config.scheduling;
-        let owned = (req.prefix.percent(pod) / 100.0 * req.hashes.len() as f64).round() as usize;
-        for h in &req.hashes[owned.min(req.hashes.len())..] {
+        let held = if req.prefix.percent(pod) > 0.0 {
+            req.prefix.depth
+        } else {
+            0
+        };
+        for h in &prefix::to_record(&req.hashes, held) {
             let entry = PrefixEntry {
                 hash: *h,
                 pod: pod as u32,

@@ -6,6 +6,11 @@
 //! slot holds one `(hash, pod, time)`, and an insert into a taken slot
 //! overwrites it, so the table is bounded by construction and old entries
 //! are evicted by newer ones (and ignored once older than the TTL).
+//!
+//! Every entry is a host call inside Envoy, so not every block is stored:
+//! only checkpoint blocks (powers of two, every 16th, and the last), and a
+//! lookup bisects over them (a repeated prompt costs one lookup; a partial
+//! match a handful). A 32 KB prompt stores 20 entries instead of 256.
 
 use crate::config::fnv1a;
 
@@ -84,9 +89,18 @@ impl PrefixMatch {
     }
 }
 
-/// Walks `hashes` from the first block, stopping at the first block nobody
-/// holds; each pod's match is the depth of the deepest block it owns, as a
-/// percentage of the prompt's blocks.
+/// The block indices stored in the table for a prompt of `n` blocks.
+pub fn checkpoints(n: usize) -> Vec<usize> {
+    (0..n)
+        .filter(|i| (i + 1).is_power_of_two() || (i + 1) % 16 == 0 || i + 1 == n)
+        .collect()
+}
+
+/// Finds the deepest checkpoint of `hashes` present in the table (bisecting:
+/// the entries of one prompt are written together, so presence is monotone
+/// along the chain but for evictions, which only make the match a worse
+/// hint). The pod holding it holds the prefix up to it; its match is that
+/// depth as a percentage of the prompt's blocks.
 pub fn walk(
     hashes: &[u64],
     mut lookup: impl FnMut(u64) -> Option<PrefixEntry>,
@@ -97,20 +111,48 @@ pub fn walk(
         blocks: hashes.len(),
         ..Default::default()
     };
-    for (i, h) in hashes.iter().enumerate() {
-        let Some(e) =
-            lookup(*h).filter(|e| e.hash == *h && now_ms.saturating_sub(e.at_ms) <= ttl_ms)
-        else {
-            break;
-        };
-        m.depth = i + 1;
-        let pct = (i + 1) as f64 * 100.0 / hashes.len() as f64;
-        match m.by_pod.iter_mut().find(|(p, _)| *p == e.pod as usize) {
-            Some(slot) => slot.1 = pct,
-            None => m.by_pod.push((e.pod as usize, pct)),
+    let cps = checkpoints(hashes.len());
+    let mut probe = |k: usize| {
+        let h = hashes[cps[k]];
+        lookup(h).filter(|e| e.hash == h && now_ms.saturating_sub(e.at_ms) <= ttl_ms)
+    };
+    let Some(last) = cps.len().checked_sub(1) else {
+        return m;
+    };
+    // A repeated prompt matches at its last block: one lookup.
+    let found = match probe(last) {
+        Some(e) => Some((last, e)),
+        None => {
+            let (mut lo, mut hi, mut best) = (0usize, last, None);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                match probe(mid) {
+                    Some(e) => {
+                        best = Some((mid, e));
+                        lo = mid + 1;
+                    }
+                    None => hi = mid,
+                }
+            }
+            best
         }
+    };
+    if let Some((k, e)) = found {
+        m.depth = cps[k] + 1;
+        m.by_pod
+            .push((e.pod as usize, m.depth as f64 * 100.0 / hashes.len() as f64));
     }
     m
+}
+
+/// The checkpoint hashes `pod` should record: those past the depth it
+/// already holds.
+pub fn to_record(hashes: &[u64], held_depth: usize) -> Vec<u64> {
+    checkpoints(hashes.len())
+        .into_iter()
+        .filter(|i| *i >= held_depth)
+        .map(|i| hashes[i])
+        .collect()
 }
 
 #[cfg(test)]
@@ -134,43 +176,94 @@ mod tests {
         assert_eq!(block_hashes(&[0u8; 100], 1, 4, 5).len(), 5);
     }
 
+    fn table(hashes: &[u64], upto: usize, pod: u32, at: u64) -> HashMap<u64, PrefixEntry> {
+        to_record(&hashes[..upto], 0)
+            .into_iter()
+            .map(|h| {
+                (
+                    h,
+                    PrefixEntry {
+                        hash: h,
+                        pod,
+                        at_ms: at,
+                    },
+                )
+            })
+            .collect()
+    }
+
     #[test]
-    fn walk_finds_each_pods_deepest_block() {
-        let hashes = block_hashes(&[7u8; 40], 3, 4, 100); // 10 blocks
-        let mut table: HashMap<u64, PrefixEntry> = HashMap::new();
-        for (i, h) in hashes.iter().enumerate().take(6) {
-            let pod = if i < 2 { 1 } else { 2 };
-            table.insert(
-                *h,
-                PrefixEntry {
-                    hash: *h,
-                    pod,
-                    at_ms: 100,
-                },
-            );
-        }
-        let m = walk(&hashes, |h| table.get(&h).copied(), 200, 1000);
-        assert_eq!(m.depth, 6);
-        assert_eq!(m.percent(1), 20.0);
-        assert_eq!(m.percent(2), 60.0);
-        assert_eq!(m.percent(3), 0.0);
-        // Stale entries count as absent.
-        let m = walk(&hashes, |h| table.get(&h).copied(), 5000, 1000);
-        assert_eq!(m.depth, 0);
-        // A slot holding another hash (a collision) is a miss.
+    fn checkpoints_are_sparse_and_end_at_the_last_block() {
+        assert_eq!(checkpoints(0), Vec::<usize>::new());
+        assert_eq!(checkpoints(1), vec![0]);
+        assert_eq!(checkpoints(10), vec![0, 1, 3, 7, 9]);
+        assert_eq!(checkpoints(256).len(), 20);
+        assert_eq!(checkpoints(40), vec![0, 1, 3, 7, 15, 31, 39]);
+    }
+
+    #[test]
+    fn walk_finds_the_deepest_recorded_checkpoint_in_few_lookups() {
+        let prompt = [7u8; 400]; // 100 blocks of 4
+        let hashes = block_hashes(&prompt, 3, 4, 1000);
+        // Pod 2 served this whole prompt.
+        let t = table(&hashes, 100, 2, 100);
+        let mut lookups = 0;
         let m = walk(
             &hashes,
             |h| {
-                Some(PrefixEntry {
+                lookups += 1;
+                t.get(&h).copied()
+            },
+            200,
+            1000,
+        );
+        assert_eq!((m.depth, m.percent(2), lookups), (100, 100.0, 1));
+
+        // A prompt sharing the first 70 blocks: the deepest shared checkpoint
+        // is block 63 (index 63 = every 16th).
+        let mut other = prompt.to_vec();
+        other[70 * 4] = 9;
+        let other_hashes = block_hashes(&other, 3, 4, 1000);
+        let mut lookups = 0;
+        let m = walk(
+            &other_hashes,
+            |h| {
+                lookups += 1;
+                t.get(&h).copied()
+            },
+            200,
+            1000,
+        );
+        assert_eq!(m.depth, 64);
+        assert_eq!(m.percent(2), 64.0);
+        assert_eq!(m.percent(1), 0.0);
+        assert!(lookups <= 5, "{lookups} lookups");
+
+        // Stale entries and hash collisions are misses.
+        assert_eq!(walk(&hashes, |h| t.get(&h).copied(), 5000, 1000).depth, 0);
+        assert_eq!(
+            walk(
+                &hashes,
+                |h| Some(PrefixEntry {
                     hash: h ^ 1,
                     pod: 1,
-                    at_ms: 0,
-                })
-            },
-            0,
-            10,
+                    at_ms: 0
+                }),
+                0,
+                10
+            )
+            .depth,
+            0
         );
-        assert_eq!(m.depth, 0);
+        assert_eq!(walk(&[], |_| None, 0, 10), PrefixMatch::default());
+    }
+
+    #[test]
+    fn a_pod_records_only_what_it_does_not_hold() {
+        let hashes = block_hashes(&[1u8; 80], 1, 4, 100); // 20 blocks
+        assert_eq!(to_record(&hashes, 0).len(), checkpoints(20).len());
+        assert_eq!(to_record(&hashes, 16), vec![hashes[19]]);
+        assert!(to_record(&hashes, 20).is_empty());
     }
 
     #[test]
