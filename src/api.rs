@@ -51,6 +51,11 @@ pub const CONTROLLED_KEYS: [&str; 12] = [
     "min_completion_tokens",
 ];
 
+/// The largest `n` accepted (OpenAI's limit). SGLang's hand-off makes one
+/// bootstrap room per sequence on both legs, so an unbounded `n` would let a
+/// few bytes of request grow both bodies without limit (found by fuzzing).
+pub const MAX_N: u64 = 128;
+
 /// What the router needs to know about a client request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Facts {
@@ -105,8 +110,8 @@ pub fn read_facts(api: Api, body: &[u8], top: &TopLevel) -> Result<Facts, Client
     let n = match top.raw_non_null(body, "n") {
         None => 1,
         Some(raw) => match serde_json::from_slice::<u64>(raw) {
-            Ok(n) if n >= 1 => n,
-            _ => return Err(bad("n", "must be a positive integer")),
+            Ok(n) if (1..=MAX_N).contains(&n) => n,
+            _ => return Err(bad("n", &format!("must be an integer from 1 to {MAX_N}"))),
         },
     };
     for key in [

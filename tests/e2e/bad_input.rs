@@ -135,7 +135,21 @@ fn cases(admin: u16) -> Vec<Case> {
             C,
             r#"{"model":"v","prompt":"p","n":0}"#,
             400,
-            "`n` must be a positive integer",
+            "`n` must be an integer from 1 to 128",
+        ),
+        case(
+            "n is huge (SGLang rooms)",
+            CHAT,
+            r#"{"model":"s","messages":[],"n":18446744073709551615}"#,
+            400,
+            "`n`",
+        ),
+        case(
+            "n above 128",
+            CHAT,
+            r#"{"model":"s","messages":[],"n":8888888}"#,
+            400,
+            "`n`",
         ),
         case(
             "n is negative",

@@ -1,0 +1,228 @@
+//! Helpers shared by the fuzz targets: an independent walk over a JSON
+//! object's top-level members, JSON validity checks, and the engine /
+//! connector / prefill-pod matrix the request targets run through.
+#![allow(dead_code)] // each target uses a subset
+
+use pd_router::api::Api;
+use pd_router::body::TopLevel;
+use pd_router::config::Config;
+use pd_router::engine::{FixedEntropy, Registry};
+use serde::de::{Deserializer, MapAccess, Visitor};
+use serde_json::value::RawValue;
+use std::fmt;
+use std::sync::OnceLock;
+
+pub const ENGINES: [&str; 4] = ["vllm", "sglang", "trtllm", "default"];
+/// `None`: the model names no connector (the global default applies).
+pub const CONNECTORS: [Option<&str>; 4] = [None, Some("nixl"), Some("shfs"), Some("neuron")];
+pub const APIS: [Api; 3] = [Api::Completions, Api::ChatCompletions, Api::Responses];
+
+/// One model configuration of the matrix.
+pub struct Case {
+    pub engine: &'static str,
+    pub connector: Option<&'static str>,
+    pub config: Config,
+}
+
+/// Every engine × connector, each with three prefill pods: IPv4 with the
+/// default bootstrap port, IPv6 with the highest port, and one whose own
+/// `kv_connector` overrides the model's.
+pub fn cases() -> &'static [Case] {
+    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
+    CASES.get_or_init(|| {
+        let mut out = Vec::new();
+        for engine in ENGINES {
+            for connector in CONNECTORS {
+                let mut model = serde_json::json!({
+                    "name": "m",
+                    "engine": engine,
+                    "rolesets": [{
+                        "prefill": [
+                            "10.0.0.1:8000",
+                            {"address": "[fd00::1]:8000", "bootstrap_port": 65535},
+                            {"address": "10.0.0.3:8000", "kv_connector": "shfs"}
+                        ],
+                        "decode": ["10.9.9.9:8000"]
+                    }]
+                });
+                if let Some(c) = connector {
+                    model["kv_connector"] = c.into();
+                }
+                let json = serde_json::json!({ "models": [model] }).to_string();
+                let config = Config::parse(json.as_bytes()).expect("harness config");
+                out.push(Case {
+                    engine,
+                    connector,
+                    config,
+                });
+            }
+        }
+        out
+    })
+}
+
+thread_local! {
+    pub static REGISTRY: Registry = Registry::builtin();
+}
+
+/// FNV-1a: a stable hash of the input to derive values from.
+pub fn hash(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// `len` pseudo-random bytes seeded by `seed` (xorshift64*).
+pub fn bytes_from(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect()
+}
+
+/// Randomness derived from the input: edge values plus the input's hash.
+/// The disagg id stays far from `i64::MAX` (FixedEntropy increments it).
+pub fn entropy(data: &[u8]) -> FixedEntropy {
+    let h = hash(data);
+    FixedEntropy::new(vec![h, u64::MAX, 0, !h], (h >> 2) as i64)
+}
+
+/// Whether serde_json reads `bytes` as an object (as a `Value`: stricter than
+/// the router's raw parse, which e.g. accepts numbers out of f64's range).
+pub fn is_value_object(bytes: &[u8]) -> bool {
+    matches!(
+        serde_json::from_slice::<serde_json::Value>(bytes),
+        Ok(serde_json::Value::Object(_))
+    )
+}
+
+/// Asserts that a body the router produced is a JSON object: always as the
+/// router reads bodies, and as a `serde_json::Value` when `strict` (its
+/// inputs were readable that way).
+pub fn assert_object(what: &str, bytes: &[u8], strict: bool) {
+    if let Err(e) = TopLevel::parse(bytes) {
+        panic!(
+            "{what} is not a JSON object ({e:?}):\n{}",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    if strict {
+        match serde_json::from_slice::<serde_json::Value>(bytes) {
+            Ok(serde_json::Value::Object(_)) => {}
+            other => panic!(
+                "{what} does not parse as a serde_json object ({other:?}):\n{}",
+                String::from_utf8_lossy(bytes)
+            ),
+        }
+    }
+}
+
+/// The top-level members of a JSON object, in order, duplicates included,
+/// with each value's exact source text. Written apart from `TopLevel` so the
+/// two can be checked against each other.
+pub fn members(src: &[u8]) -> Result<Vec<(String, &RawValue)>, serde_json::Error> {
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Vec<(String, &'de RawValue)>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(k) = map.next_key::<String>()? {
+                out.push((k, map.next_value::<&'de RawValue>()?));
+            }
+            Ok(out)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(src);
+    let out = (&mut de).deserialize_map(V)?;
+    de.end()?;
+    Ok(out)
+}
+
+/// Asserts the SSE body of a short-circuited streaming answer: `data: X`
+/// events, each a JSON object, ending with `data: [DONE]`.
+pub fn assert_sse(body: &[u8]) {
+    let text = std::str::from_utf8(body).expect("SSE answer is UTF-8");
+    let events: Vec<&str> = text
+        .strip_suffix("\n\n")
+        .unwrap_or_else(|| panic!("SSE answer does not end with a blank line: {text:?}"))
+        .split("\n\n")
+        .collect();
+    let (last, chunks) = events.split_last().expect("at least one event");
+    assert_eq!(
+        *last, "data: [DONE]",
+        "SSE answer ends with [DONE]: {text:?}"
+    );
+    for chunk in chunks {
+        let json = chunk
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("SSE event without data: {chunk:?}"));
+        assert!(
+            is_value_object(json.as_bytes()),
+            "SSE event is not a JSON object: {chunk:?}"
+        );
+    }
+}
+
+/// Runs `f` on every split the router could make of `client`: each API the
+/// body is valid for, each engine × connector, each prefill pod, skipping
+/// what the flow rejects or does not split (router-owned keys in the client
+/// body, `should_split` false, `build_legs` errors).
+pub fn for_each_split(
+    client: &[u8],
+    top: &TopLevel,
+    mut f: impl FnMut(
+        &Case,
+        &dyn pd_router::engine::EngineHandler,
+        &mut pd_router::engine::PdContext,
+        &pd_router::config::Endpoint,
+        pd_router::engine::Legs,
+    ),
+) {
+    use pd_router::engine::{build_legs, PdContext};
+    let facts: Vec<_> = APIS
+        .iter()
+        .filter_map(|api| pd_router::api::read_facts(*api, client, top).ok())
+        .collect();
+    if facts.is_empty() {
+        return;
+    }
+    REGISTRY.with(|registry| {
+        for case in cases() {
+            let model = &case.config.models[0];
+            let handler = registry.resolve(case.engine);
+            if handler.owned_keys().iter().any(|k| top.contains(k)) {
+                continue;
+            }
+            for facts in &facts {
+                for pod in &model.rolesets[0].prefill {
+                    let mut entropy = entropy(client);
+                    let mut ctx = PdContext {
+                        facts,
+                        body: client,
+                        top,
+                        request_id: "fuzz-1",
+                        model_connector: model.kv_connector,
+                        entropy: &mut entropy,
+                    };
+                    if !handler.should_split(&ctx, pod) {
+                        continue;
+                    }
+                    if let Ok(legs) = build_legs(handler, &mut ctx, pod) {
+                        f(case, handler, &mut ctx, pod, legs);
+                    }
+                }
+            }
+        }
+    });
+}
