@@ -201,10 +201,6 @@ impl<H: Host> Entropy for HostEntropy<'_, H> {
     }
 }
 
-fn lossy(v: Option<Vec<u8>>) -> Option<String> {
-    v.map(|v| String::from_utf8_lossy(&v).into_owned())
-}
-
 /// The bytes that identify a prompt for prefix matching and its length:
 /// `messages` (then `tools`), `prompt`, or `input`, as sent. Only the first
 /// `cap` bytes are copied.
@@ -276,6 +272,13 @@ impl Flow {
             prefill_pod: None,
             decode_pod: None,
             held: Held::default(),
+        }
+    }
+
+    /// A debug line, formatted only when debug logging is on.
+    fn debug<H: Host>(&self, host: &H, msg: impl FnOnce() -> String) {
+        if host.log_enabled(Level::Debug) {
+            self.log(host, Level::Debug, &msg());
         }
     }
 
@@ -430,9 +433,16 @@ impl Flow {
         // Whatever happens next, the client never picks the upstream.
         host.set_request_header(&config.routing_header, None);
 
-        self.request_id = lossy(host.request_header("x-request-id")).unwrap_or_default();
-        self.path = lossy(host.request_header(":path")).unwrap_or_default();
-        let method = lossy(host.request_header(":method")).unwrap_or_default();
+        let headers = host.request_headers();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        self.request_id = header("x-request-id").unwrap_or_default();
+        self.path = header(":path").unwrap_or_default();
+        let method = header(":method").unwrap_or_default();
 
         let Some(api) = Api::from_path(&self.path) else {
             return self.forward_unsplit(host);
@@ -443,7 +453,7 @@ impl Flow {
         if end_of_stream {
             return self.fail(host, crate::body::BodyError::Empty.into());
         }
-        if let Some(len) = lossy(host.request_header("content-length")) {
+        if let Some(len) = header("content-length") {
             if len
                 .trim()
                 .parse::<u64>()
@@ -458,13 +468,15 @@ impl Flow {
                 );
             }
         }
-        self.authority = lossy(host.request_header(":authority")).unwrap_or_default();
+        self.authority = header(":authority").unwrap_or_default();
         self.forwarded = FORWARDED_HEADERS
             .iter()
             .filter_map(|name| {
-                host.request_header(name)
-                    .and_then(|v| String::from_utf8(v).ok())
-                    .map(|v| (*name, v))
+                headers
+                    .iter()
+                    .find(|(k, _)| k == name)
+                    .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                    .map(|v| (*name, v.to_owned()))
             })
             .collect();
         self.phase = Phase::Buffering(api);
@@ -644,7 +656,7 @@ impl Flow {
             }
             Decision::Combined { pod, reason } => {
                 host.increment(Counter::Combined);
-                self.log(host, Level::Debug, &format!("combined pod {} ({reason})", pod.address));
+                self.debug(host, || format!("combined pod {} ({reason})", pod.address));
                 return Ok(self.forward_whole(host, pod));
             }
             Decision::Split { prefill, decode, .. } => (prefill, decode),
@@ -681,18 +693,16 @@ impl Flow {
         host.increment(Counter::Split);
         self.prefill_pod = Some((prefill.name.clone(), prefill.ip.clone()));
         self.decode_pod = Some(decode.name.clone());
-        self.log(
-            host,
-            Level::Debug,
-            &format!(
+        self.debug(host, || {
+            format!(
                 "{} {}: prefill {} decode {} (attempt {})",
                 handler.name(),
                 self.path,
                 prefill.address,
                 decode.address,
                 req.attempt + 1
-            ),
-        );
+            )
+        });
 
         if handler.is_async() {
             // SGLang: the prefill waits for the decode to register its room, so
@@ -977,8 +987,18 @@ impl Flow {
             }
             Merged::Forward => {}
         }
-        let decode_body = p.req.top.render(&p.req.body, &decode);
-        self.send_decode(host, p.req.body.len(), &decode_body, &p.decode_pod.address)?;
+        if decode.is_empty() {
+            // The decode leg is the client's body as sent (default engine, or
+            // no hand-off): leave Envoy's buffer and content-length alone
+            // rather than copying the body out and back in.
+            host.set_request_header(
+                &self.router.config.routing_header,
+                Some(&p.decode_pod.address),
+            );
+        } else {
+            let decode_body = p.req.top.render(&p.req.body, &decode);
+            self.send_decode(host, p.req.body.len(), &decode_body, &p.decode_pod.address)?;
+        }
         self.phase = Phase::Forwarded {
             async_prefill: None,
             body_seen: false,

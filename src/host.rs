@@ -109,8 +109,9 @@ pub fn stat_segment(name: &str) -> String {
 
 /// The host operations one HTTP stream needs.
 pub trait Host: SharedStore {
-    /// A request header's raw value.
-    fn request_header(&self, name: &str) -> Option<Vec<u8>>;
+    /// Every request header (name, raw value), fetched in one host call
+    /// rather than one per header.
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
     /// Sets (or, with `None`, removes) a request header.
     fn set_request_header(&mut self, name: &str, value: Option<&str>);
     /// The buffered request body (`len` bytes).
@@ -134,6 +135,9 @@ pub trait Host: SharedStore {
     fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
     fn set_response_header(&mut self, name: &str, value: Option<&str>);
     fn log(&self, level: Level, message: &str);
+    /// Whether `level` would be logged: debug lines are not even formatted
+    /// otherwise.
+    fn log_enabled(&self, level: Level) -> bool;
     fn increment(&self, counter: Counter);
     fn count_pod(&self, pod: usize, event: PodEvent);
     /// Wall-clock Unix milliseconds.

@@ -84,11 +84,8 @@ impl SharedStore for FakeHost {
 }
 
 impl Host for FakeHost {
-    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-        self.request_headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+        self.request_headers.clone()
     }
     fn set_request_header(&mut self, name: &str, value: Option<&str>) {
         self.request_headers.retain(|(k, _)| k != name);
@@ -148,6 +145,9 @@ impl Host for FakeHost {
     }
     fn log(&self, _level: Level, message: &str) {
         self.logs.borrow_mut().push(message.to_string());
+    }
+    fn log_enabled(&self, _level: Level) -> bool {
+        true
     }
     fn increment(&self, counter: Counter) {
         self.counters.borrow_mut().push(counter);

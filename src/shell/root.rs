@@ -276,6 +276,7 @@ impl RootContext for Root {
         let now = now_ms();
         router.refresh_metrics(&Shared);
         self.stats.record_vm_memory();
+        self.stats.refresh_log_level();
         for (i, c) in router.counters(&Shared).iter().enumerate() {
             self.stats.record_pod(
                 i,

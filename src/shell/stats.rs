@@ -3,7 +3,8 @@
 use crate::config::Config;
 use crate::host::{stat_segment, Counter, PodEvent};
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::MetricType;
+use proxy_wasm::types::{LogLevel, MetricType};
+use std::cell::Cell;
 
 #[derive(Default)]
 pub(super) struct Stats {
@@ -14,6 +15,8 @@ pub(super) struct Stats {
     pod_gauges: Vec<[Option<u32>; 3]>,
     /// This VM's linear memory, to see leaks under load.
     vm_memory: Option<u32>,
+    /// Envoy's log level for this plugin, read at start and on each tick.
+    log_level: Cell<Option<LogLevel>>,
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -50,7 +53,16 @@ impl Stats {
                 MetricType::Gauge,
                 &format!("pd_router.vm.{worker_slot}.memory_bytes"),
             ),
+            log_level: Cell::new(hostcalls::get_log_level().ok()),
         }
+    }
+
+    pub(super) fn log_level(&self) -> LogLevel {
+        self.log_level.get().unwrap_or(LogLevel::Info)
+    }
+
+    pub(super) fn refresh_log_level(&self) {
+        self.log_level.set(hostcalls::get_log_level().ok());
     }
 
     /// Publishes the size of this VM's linear memory.

@@ -101,10 +101,8 @@ impl SharedStore for Io {
 }
 
 impl Host for Io {
-    fn request_header(&self, name: &str) -> Option<Vec<u8>> {
-        hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name)
-            .ok()
-            .flatten()
+    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
+        hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
     }
 
     fn set_request_header(&mut self, name: &str, value: Option<&str>) {
@@ -180,6 +178,16 @@ impl Host for Io {
             Level::Error => LogLevel::Error,
         };
         let _ = hostcalls::log(level, message);
+    }
+
+    fn log_enabled(&self, level: Level) -> bool {
+        let wanted = match level {
+            Level::Debug => LogLevel::Debug,
+            Level::Info => LogLevel::Info,
+            Level::Warn => LogLevel::Warn,
+            Level::Error => LogLevel::Error,
+        };
+        wanted as u32 >= self.stats.log_level() as u32
     }
 
     fn increment(&self, counter: Counter) {
