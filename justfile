@@ -27,6 +27,8 @@ build: setup
 test: lint build
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine.
     cargo test --workspace -- --test-threads 2
+    # Every fuzz target briefly (installs cargo-fuzz on first use).
+    {{just_executable()}} fuzz-smoke
 
 # Envoy + the filter + mock engines, and real requests through them.
 demo: build
@@ -39,11 +41,26 @@ lint: setup
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
 
-# Benchmarks: the per-request cost of pod selection with 4 and 64 pods.
-bench:
+# Benchmarks: pod selection and the filter's per-request work (native), then end to end.
+bench: && bench-e2e
     cargo bench --bench select
     cargo bench --bench request
+
+# End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone and vs sglang-router / vllm-router (bench/README.md).
+bench-e2e *ARGS: setup
+    cargo build --target wasm32-wasip1 --release
+    cargo build --release -p mock-engine
+    [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
+    bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+    bench/.venv/bin/python bench/run.py {{ARGS}}
 
 # The full soak: 100 000 mixed requests at concurrency 64 through Envoy.
 soak: build
     PD_SOAK_REQUESTS=100000 PD_SOAK_CONCURRENCY=64 cargo test --release --test e2e soak -- --nocapture
+
+# Fuzz every target in fuzz/ for `seconds` each, from the committed corpus (installs cargo-fuzz).
+fuzz seconds="60":
+    fuzz/run.sh {{seconds}}
+
+# Every fuzz target for 10 s each (for CI): fails if any crashes.
+fuzz-smoke: (fuzz "10")

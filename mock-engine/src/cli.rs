@@ -131,6 +131,14 @@ pub struct Config {
     pub metrics_format: MetricsFormat,
     /// Initial reported load (see [`Load`]).
     pub load: Load,
+    /// Prefill role: accept what a real engine accepts (any `max_tokens`,
+    /// streaming, `min_tokens` up to `max_tokens`) instead of the strict
+    /// prefill-leg rules; for routers that send the client's knobs as they
+    /// are (sglang-router, vllm-router). Off by default.
+    pub lenient_prefill: bool,
+    /// No access log on stderr and no `/debug/requests` record: for load
+    /// tests, where both cost CPU and the record grows without bound.
+    pub quiet: bool,
 }
 
 impl Config {
@@ -183,6 +191,7 @@ usage: mock-engine --engine vllm|sglang|trtllm|default --role prefill|decode
   [--bootstrap-timeout-ms N] [--stream-delay-ms N] [--allow-remote-peers]
   [--metrics-format vllm|sglang] [--report-running N] [--report-waiting N]
   [--report-kv-usage F] [--report-gen-throughput N] [--metrics-fail]
+  [--lenient-prefill] [--quiet]
 fault SPEC: status:N | delay:MS | garbage | no-kv-params | hang | reset | truncate
   | fail-after-transfer[:MS] | fail-after:N";
 
@@ -267,6 +276,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
     let mut allow_remote_peers = false;
     let mut metrics_format = MetricsFormat::Vllm;
     let mut load = Load::default();
+    let mut lenient_prefill = false;
+    let mut quiet = false;
 
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -277,7 +288,13 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         };
         let is_switch = matches!(
             flag.as_str(),
-            "--allow-recompute" | "--allow-remote-peers" | "--metrics-fail" | "--help" | "-h"
+            "--allow-recompute"
+                | "--allow-remote-peers"
+                | "--metrics-fail"
+                | "--lenient-prefill"
+                | "--quiet"
+                | "--help"
+                | "-h"
         );
         let value = if is_switch {
             if inline.is_some() {
@@ -349,6 +366,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
                 load.gen_throughput = parse_load("--report-gen-throughput", &value, false)?
             }
             "--metrics-fail" => load.metrics_fail = true,
+            "--lenient-prefill" => lenient_prefill = true,
+            "--quiet" => quiet = true,
             other => return Err(err(format!("unknown flag {other:?}\n{USAGE}"))),
         }
     }
@@ -386,6 +405,8 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
         allow_remote_peers,
         metrics_format,
         load,
+        lenient_prefill,
+        quiet,
     };
 
     // Flags that do not apply are ignored rather than fatal, so a test harness
@@ -402,6 +423,9 @@ pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError
     }
     if config.advertise_host.is_some() && !(config.vllm_pull_connector() && role == Role::Prefill) {
         ignored.push("--advertise-host (vllm nixl/shfs prefill only)");
+    }
+    if lenient_prefill && role != Role::Prefill {
+        ignored.push("--lenient-prefill (prefill only)");
     }
     if allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
         ignored.push("--allow-recompute (vllm decode only)");
@@ -519,10 +543,24 @@ mod tests {
     }
 
     #[test]
+    fn parses_bench_switches() {
+        let c = parse(args(
+            "--engine sglang --role prefill --lenient-prefill --quiet",
+        ))
+        .expect("valid");
+        assert!(c.lenient_prefill);
+        assert!(c.quiet);
+        assert!(parse(args("--engine sglang --role prefill --lenient-prefill=1")).is_err());
+        assert!(parse(args("--engine sglang --role prefill --quiet=yes")).is_err());
+    }
+
+    #[test]
     fn parses_load_reporting() {
         let c = parse(args("--engine vllm --role decode")).expect("valid");
         assert_eq!(c.metrics_format, MetricsFormat::Vllm);
         assert_eq!(c.load, Load::default());
+        assert!(!c.lenient_prefill);
+        assert!(!c.quiet);
         let c = parse(args(
             "--engine sglang --role decode --metrics-format sglang --report-running 2.5 \
              --report-waiting=7 --report-kv-usage 0.75 --report-gen-throughput 120 --metrics-fail",

@@ -185,12 +185,29 @@ fn with_kv(mut resp: Response, kv: Kv) -> Response {
     resp
 }
 
-/// The prefill's answer: one token "P" per choice, never streamed.
+/// The prefill's answer: one token "P" per choice. Streamed only when the
+/// request asked for it, which only `--lenient-prefill` lets through: then
+/// one SSE event per choice (the last one also carries the engine's
+/// top-level members), a usage event if asked, and `[DONE]`.
 pub fn prefill_response(state: &Shared, api: Api, params: &GenParams, out: PrefillOut) -> Response {
     let id = match out.id_prefix {
         Some(prefix) => format!("{prefix}{}", state.next_id()),
         None => default_id(state, api),
     };
+    if params.stream {
+        state
+            .generated_tokens
+            .fetch_add(params.n, Ordering::Relaxed);
+        let text = prefill_sse(&id, api, &state.config.model, now(), params, out);
+        let mut resp = Response::new(Body::from(text));
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        return with_kv(resp, Kv::None);
+    }
     let mut body = head(&id, api, false, &state.config.model, now());
     let choices: Vec<Value> = (0..params.n)
         .map(|i| {
@@ -206,6 +223,47 @@ pub fn prefill_response(state: &Shared, api: Api, params: &GenParams, out: Prefi
         .generated_tokens
         .fetch_add(params.n, Ordering::Relaxed);
     with_kv(axum::Json(Value::Object(body)).into_response(), Kv::None)
+}
+
+/// The whole SSE body of a streamed (lenient) prefill answer.
+fn prefill_sse(
+    id: &str,
+    api: Api,
+    model: &str,
+    created: u64,
+    params: &GenParams,
+    out: PrefillOut,
+) -> String {
+    let mut body = String::new();
+    for i in 0..params.n {
+        let mut c = Map::new();
+        c.insert("index".into(), json!(i));
+        match api {
+            Api::Completions => {
+                c.insert("text".into(), json!("P"));
+            }
+            Api::Chat => {
+                c.insert("delta".into(), json!({"role": "assistant", "content": "P"}));
+            }
+        }
+        c.insert("finish_reason".into(), json!(out.finish_reason));
+        c.insert("logprobs".into(), Value::Null);
+        c.extend(out.choice.clone());
+        let mut chunk = head(id, api, true, model, created);
+        chunk.insert("choices".into(), json!([c]));
+        if i + 1 == params.n {
+            chunk.extend(out.top.clone());
+        }
+        body.push_str(&data(&Value::Object(chunk)));
+    }
+    if params.include_usage {
+        let mut chunk = head(id, api, true, model, created);
+        chunk.insert("choices".into(), json!([]));
+        chunk.insert("usage".into(), usage(out.prompt_tokens, params.n));
+        body.push_str(&data(&Value::Object(chunk)));
+    }
+    body.push_str("data: [DONE]\n\n");
+    body
 }
 
 /// Text of token `k`, with the separating space, so that the streamed
@@ -414,6 +472,28 @@ mod tests {
         assert_eq!(ev.len(), 3);
         assert!(ev[0].contains(r#""delta":{"content":"tok0","role":"assistant"}"#));
         assert!(ev[1].contains(r#""delta":{"content":" tok1"}"#));
+    }
+
+    #[test]
+    fn streamed_prefill_is_one_token_per_choice() {
+        let params = GenParams {
+            max_tokens: 64,
+            n: 2,
+            stream: true,
+            include_usage: true,
+        };
+        let mut out = PrefillOut::new(7);
+        out.top.insert("kv_transfer_params".into(), json!({"k": 1}));
+        let body = prefill_sse("x", Api::Chat, "m", 0, &params, out);
+        let ev: Vec<&str> = body.split_inclusive("\n\n").collect();
+        assert_eq!(ev.len(), 4);
+        assert!(ev[0].contains(r#""delta":{"content":"P","role":"assistant"}"#));
+        assert!(ev[0].contains(r#""finish_reason":"length""#));
+        assert!(!ev[0].contains("kv_transfer_params"));
+        assert!(ev[1].contains(r#""index":1"#));
+        assert!(ev[1].contains(r#""kv_transfer_params":{"k":1}"#));
+        assert!(ev[2].contains(r#""total_tokens":9"#));
+        assert_eq!(ev[3], "data: [DONE]\n\n");
     }
 
     #[test]

@@ -74,6 +74,9 @@ async fn access_log(State(ctx): State<LogCtx>, req: HttpRequest, next: Next) -> 
     if let Ok(pod) = HeaderValue::from_str(&cfg.name) {
         resp.headers_mut().insert("x-mock-pod", pod);
     }
+    if cfg.quiet {
+        return resp;
+    }
     let kv = resp
         .headers()
         .get("x-mock-kv")
@@ -346,6 +349,9 @@ async fn debug_load(State(state): State<Shared>, body: Bytes) -> Response {
 }
 
 fn record(state: &Shared, path: &str, headers: &HeaderMap, body: &[u8]) {
+    if state.config.quiet {
+        return;
+    }
     let mut map: BTreeMap<String, String> = BTreeMap::new();
     for (name, value) in headers {
         let value = String::from_utf8_lossy(value.as_bytes()).into_owned();

@@ -9,8 +9,8 @@ fn prompt_tokens(req: &Request<'_>) -> u64 {
     req.prompt_key().map(|k| approx_tokens(&k)).unwrap_or(0)
 }
 
-pub fn prefill(req: &Request<'_>) -> Checked<PrefillOut> {
-    super::prefill_constraints(req, true)?;
+pub fn prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
+    super::prefill_constraints(req, true, lenient)?;
     Ok(PrefillOut::new(prompt_tokens(req)))
 }
 

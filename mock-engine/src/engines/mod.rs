@@ -32,7 +32,9 @@ pub async fn handle(
     match cfg.role {
         Role::Prefill => {
             let out = match (cfg.engine, cfg.connector) {
-                (Engine::Vllm, Connector::Neuron) => vllm::neuron_prefill(&req)?,
+                (Engine::Vllm, Connector::Neuron) => {
+                    vllm::neuron_prefill(&req, cfg.lenient_prefill)?
+                }
                 (Engine::Vllm, _) => {
                     vllm::prefill(state, &req, faults.contains(&Fault::NoKvParams))?
                 }
@@ -40,7 +42,7 @@ pub async fn handle(
                     sglang::prefill(state, &req, fail_after_transfer(faults)).await?
                 }
                 (Engine::Trtllm, _) => trtllm::prefill(state, &req)?,
-                (Engine::Default, _) => default::prefill(&req)?,
+                (Engine::Default, _) => default::prefill(&req, cfg.lenient_prefill)?,
             };
             let resp = generate::prefill_response(state, api, &params, out);
             guard.finish();
@@ -62,7 +64,16 @@ pub async fn handle(
 /// What every prefill leg must look like: exactly one token, not streamed,
 /// and nothing that would force more than one token. TRT-LLM refuses
 /// `max_completion_tokens` outright, the others accept it when it is 1.
-fn prefill_constraints(req: &Request<'_>, max_completion_tokens_ok: bool) -> Checked<()> {
+/// `lenient` (`--lenient-prefill`): only what a real engine refuses, see
+/// [`lenient_prefill_constraints`].
+fn prefill_constraints(
+    req: &Request<'_>,
+    max_completion_tokens_ok: bool,
+    lenient: bool,
+) -> Checked<()> {
+    if lenient {
+        return lenient_prefill_constraints(req);
+    }
     match req.u64_field("max_tokens")? {
         Some(1) => {}
         Some(m) => {
@@ -99,6 +110,31 @@ fn prefill_constraints(req: &Request<'_>, max_completion_tokens_ok: bool) -> Che
         return Err(Fail::contract(
             "prefill request must not carry `max_completion_tokens`",
         ));
+    }
+    Ok(())
+}
+
+/// `--lenient-prefill`: a real engine's prefill server takes the client's
+/// knobs as they are (sglang-router and vllm-router send them so): any
+/// `max_tokens` / `max_completion_tokens`, `stream` with `stream_options`;
+/// it refuses only `min_tokens` / `min_completion_tokens` above the token
+/// limit. The answer is still one token per choice.
+fn lenient_prefill_constraints(req: &Request<'_>) -> Checked<()> {
+    let limit = match req.u64_field("max_tokens")? {
+        Some(m) => Some(("max_tokens", m)),
+        None => req
+            .u64_field("max_completion_tokens")?
+            .map(|m| ("max_completion_tokens", m)),
+    };
+    req.bool_field("stream")?;
+    for field in ["min_tokens", "min_completion_tokens"] {
+        if let (Some(min), Some((max_field, max))) = (req.u64_field(field)?, limit) {
+            if min > max {
+                return Err(Fail::contract(format!(
+                    "prefill `{field}` {min} exceeds `{max_field}` {max}"
+                )));
+            }
+        }
     }
     Ok(())
 }
@@ -146,7 +182,41 @@ mod tests {
 
     fn check(body: &str, mct_ok: bool) -> Result<(), String> {
         let req = Request::parse(Api::Completions, body.as_bytes()).map_err(|f| f.message)?;
-        prefill_constraints(&req, mct_ok).map_err(|f| f.message)
+        prefill_constraints(&req, mct_ok, false).map_err(|f| f.message)
+    }
+
+    fn lenient(body: &str, mct_ok: bool) -> Result<(), String> {
+        let req = Request::parse(Api::Completions, body.as_bytes()).map_err(|f| f.message)?;
+        prefill_constraints(&req, mct_ok, true).map_err(|f| f.message)
+    }
+
+    #[test]
+    fn lenient_prefill_cases() {
+        // What sglang-router sends: the client's body as it is.
+        assert!(lenient(
+            r#"{"max_tokens":64,"stream":true,"stream_options":{"include_usage":true}}"#,
+            true
+        )
+        .is_ok());
+        // What vllm-router sends.
+        assert!(lenient(r#"{"max_tokens":1,"stream":false,"min_tokens":1}"#, true).is_ok());
+        assert!(lenient(
+            r#"{"max_completion_tokens":8,"min_completion_tokens":8}"#,
+            false
+        )
+        .is_ok());
+        assert!(lenient(r#"{}"#, true).is_ok());
+        assert!(lenient(r#"{"min_tokens":5}"#, true).is_ok());
+        let e = lenient(r#"{"max_tokens":1,"min_tokens":2}"#, true).unwrap_err();
+        assert!(e.contains("`min_tokens` 2 exceeds `max_tokens` 1"), "{e}");
+        assert!(lenient(
+            r#"{"max_completion_tokens":3,"min_completion_tokens":4}"#,
+            true
+        )
+        .is_err());
+        assert!(lenient(r#"{"max_tokens":1.0}"#, true).is_err());
+        assert!(lenient(r#"{"stream":"yes"}"#, true).is_err());
+        assert!(lenient(r#"{"max_tokens":4,"min_tokens":-1}"#, true).is_err());
     }
 
     #[test]

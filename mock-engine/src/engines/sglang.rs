@@ -195,7 +195,7 @@ pub async fn prefill(
         }
     }
     unique_rooms(&targets)?;
-    prefill_constraints(req, true)?;
+    prefill_constraints(req, true, state.config.lenient_prefill)?;
     let hashes = room_hashes(req, batch)?;
     let key = req.prompt_key()?;
 

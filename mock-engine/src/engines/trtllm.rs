@@ -34,7 +34,7 @@ fn expect_request_type(params: &Map<String, Value>, expected: &str) -> Checked<(
 }
 
 pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
-    prefill_constraints(req, false)?;
+    prefill_constraints(req, false, state.config.lenient_prefill)?;
     let params = disagg_params(req)?;
     expect_request_type(&params, "context_only")?;
     let id = u64_member(&params, P, "disagg_request_id")?;

@@ -30,7 +30,7 @@ fn future_field() -> Value {
 
 /// `no_kv_params`: the `no-kv-params` fault is in force for this request.
 pub fn prefill(state: &Shared, req: &Request<'_>, no_kv_params: bool) -> Checked<PrefillOut> {
-    prefill_constraints(req, true)?;
+    prefill_constraints(req, true, state.config.lenient_prefill)?;
     let params = object_field(req, "kv_transfer_params")?.ok_or_else(|| {
         Fail::contract(
             "prefill request has no `kv_transfer_params` (needs {\"do_remote_decode\": true})",
@@ -217,8 +217,8 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     })
 }
 
-pub fn neuron_prefill(req: &Request<'_>) -> Checked<PrefillOut> {
-    prefill_constraints(req, true)?;
+pub fn neuron_prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
+    prefill_constraints(req, true, lenient)?;
     if req.has("kv_transfer_params") {
         return Err(Fail::contract(
             "neuron prefill request must not carry `kv_transfer_params`",

@@ -1,0 +1,923 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark of pd-router against its floor and its peers.
+
+Measures, for chat request bodies of 1 KB, 64 KB and 512 KB at concurrency 1
+and 32, the router's CPU time per request and the requests/s of:
+
+  envoy-forward   Envoy forwarding to one upstream, no filter             (a)
+  envoy-mirror    Envoy forwarding twice, no filter: the route mirrors    (b)
+                  every request to a second cluster (the floor: two
+                  upstream requests per client request)
+  pd-vllm ...     pd-router in Envoy (the shipped envoy.yaml, plugin       (c)
+                  configuration replaced), one Envoy per engine: vllm
+                  (nixl), sglang, trtllm, default
+  sglang-router   the same PD job done by sglang-router (SGLang mocks)     (d)
+  vllm-router     ... and by vllm-router (vLLM NIXL mocks)
+
+Every router runs pinned to core 0 (Envoy with --concurrency 1, the peers
+with TOKIO_WORKER_THREADS=1); the mock engines and the load generator run
+pinned to core 1. All routers and mocks start once; each repetition then
+visits every cell (body size x concurrency x configuration) in turn, the
+configuration order rotated per repetition, and the results are medians over
+repetitions. The load generator reads the router's utime+stime from
+/proc/PID/stat at the edges of its measured window: CPU per request = that
+CPU time / requests completed in the window.
+
+Writes bench/results/latest.csv (medians), latest-raw.csv (every repetition),
+latest.txt (the printed report) and latest.png (the plot).
+
+Run with `./just bench-e2e` (which builds and installs what it needs), or
+directly once built: bench/.venv/bin/python bench/run.py [--reps 3] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import ctypes
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+MODEL = "bench-model"
+ROUTER_CORE = "0"
+LOAD_CORE = "1"
+
+SIZES = {"1K": 1024, "64K": 64 * 1024, "512K": 512 * 1024}
+
+# name, kind, description
+CONFIGS = [
+    ("envoy-forward", "floor", "(a) Envoy, one upstream, no filter"),
+    ("envoy-mirror", "floor", "(b) Envoy, two upstream requests (mirror), no filter"),
+    ("pd-vllm", "pd", "(c) pd-router, vllm (nixl)"),
+    ("pd-sglang", "pd", "(c) pd-router, sglang"),
+    ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
+    ("pd-default", "pd", "(c) pd-router, default"),
+    ("sglang-router", "peer", "(d) sglang-router 0.3.2, PD mode, SGLang mocks"),
+    ("vllm-router", "peer", "(d) vllm-router 0.1.17, PD mode, vLLM NIXL mocks"),
+]
+FLOOR = "envoy-mirror"
+PEERS = [c for c, k, _ in CONFIGS if k == "peer"]
+PD = [c for c, k, _ in CONFIGS if k == "pd"]
+# pd-router engine -> the peer doing the same PD job on the same mocks.
+HEAD_TO_HEAD = {"pd-sglang": "sglang-router", "pd-vllm": "vllm-router"}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- processes
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent() -> None:
+    # PR_SET_PDEATHSIG = 1: the kernel kills the child if this script dies
+    # (even by SIGKILL), so nothing is left running.
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
+class Procs:
+    """Every process this script starts, killed by PID on the way out."""
+
+    def __init__(self, scratch: Path):
+        self.scratch = scratch
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+
+    def start(self, name: str, argv: list[str], core: str, env: dict | None = None,
+              stdout=subprocess.DEVNULL) -> subprocess.Popen:
+        err = open(self.scratch / f"{name}.log", "wb")
+        full_env = dict(os.environ)
+        full_env.update({"NO_PROXY": "127.0.0.1,localhost", "no_proxy": "127.0.0.1,localhost"})
+        for k in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+            full_env.pop(k, None)
+        if env:
+            full_env.update(env)
+        # taskset execs the command: the PID is the process itself.
+        p = subprocess.Popen(["taskset", "-c", core, *argv], stdin=subprocess.DEVNULL,
+                             stdout=stdout, stderr=err, env=full_env,
+                             preexec_fn=_die_with_parent)
+        err.close()
+        self.procs.append((name, p))
+        return p
+
+    def log_tail(self, name: str, lines: int = 15) -> str:
+        try:
+            text = (self.scratch / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop_all(self) -> None:
+        for _, p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.terminate()
+                except ProcessLookupError:
+                    pass
+        deadline = time.time() + 5
+        for _, p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+
+
+def read_line(p: subprocess.Popen, timeout: float) -> str:
+    """The first stdout line of `p`, within `timeout` seconds."""
+    fd = p.stdout.fileno()
+    buf = b""
+    deadline = time.time() + timeout
+    while b"\n" not in buf:
+        left = deadline - time.time()
+        if left <= 0 or p.poll() is not None:
+            break
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.decode(errors="replace").split("\n")[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def http(method: str, url: str, body: bytes | None = None, timeout: float = 10):
+    """(status, headers, body); status 0 when the connection failed."""
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("content-type", "application/json")
+    try:
+        with _opener.open(req, timeout=timeout) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+    except (OSError, urllib.error.URLError):
+        return 0, {}, b""
+
+
+def wait_until(what: str, check, timeout: float, proc: subprocess.Popen | None = None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = check()
+        if v:
+            return v
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
+        time.sleep(0.1)
+    raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
+
+
+# -------------------------------------------------------------------- mocks
+
+@dataclass
+class Mock:
+    name: str
+    http: int
+    bootstrap: int | None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.http}"
+
+    def endpoint(self) -> dict:
+        e = {"address": self.address, "name": self.name}
+        if self.bootstrap is not None:
+            e["bootstrap_port"] = self.bootstrap
+        return e
+
+    def finished(self) -> float:
+        """POST /v1/* answered completely so far (its /metrics counter)."""
+        status, _, body = http("GET", f"http://{self.address}/metrics")
+        for line in body.decode(errors="replace").splitlines():
+            if line.startswith("vllm:request_success_total"):
+                return float(line.rsplit(" ", 1)[1])
+        return -1.0
+
+
+def start_mock(procs: Procs, mock_bin: Path, name: str, args: list[str]) -> Mock:
+    p = procs.start(name, [str(mock_bin), "--name", name, "--model", MODEL, "--quiet", *args],
+                    LOAD_CORE, stdout=subprocess.PIPE)
+    line = read_line(p, 20)
+    if not line.startswith("READY "):
+        raise RuntimeError(f"mock {name} did not start: {line!r}\n{procs.log_tail(name)}")
+    ready = json.loads(line[len("READY "):])
+    return Mock(name, ready["http"], ready.get("bootstrap"))
+
+
+# ------------------------------------------------------------------- envoys
+
+def base_envoy(wasm: Path) -> dict:
+    """The shipped envoy.yaml with kernel-chosen ports and the module's path."""
+    cfg = yaml.safe_load((REPO / "envoy.yaml").read_text())
+    cfg["admin"]["address"]["socket_address"]["port_value"] = 0
+    for listener in cfg["static_resources"]["listeners"]:
+        listener["address"]["socket_address"]["port_value"] = 0
+    wasm_filter = find_wasm_filter(cfg)
+    wasm_filter["typed_config"]["config"]["vm_config"]["code"]["local"]["filename"] = str(wasm)
+    return cfg
+
+
+def hcm(cfg: dict) -> dict:
+    for listener in cfg["static_resources"]["listeners"]:
+        for chain in listener["filter_chains"]:
+            for f in chain["filters"]:
+                if f["name"] == "envoy.filters.network.http_connection_manager":
+                    return f["typed_config"]
+    raise RuntimeError("envoy.yaml: no http_connection_manager")
+
+
+def find_wasm_filter(cfg: dict) -> dict:
+    for f in hcm(cfg)["http_filters"]:
+        if f["name"] == "envoy.filters.http.wasm":
+            return f
+    raise RuntimeError("envoy.yaml: no envoy.filters.http.wasm filter")
+
+
+def pd_envoy(wasm: Path, plugin_config: dict) -> dict:
+    """(c): the shipped configuration, plugin configuration replaced (what the
+    tests do between the BEGIN/END markers)."""
+    cfg = base_envoy(wasm)
+    find_wasm_filter(cfg)["typed_config"]["config"]["configuration"] = {
+        "@type": "type.googleapis.com/google.protobuf.StringValue",
+        "value": json.dumps(plugin_config),
+    }
+    return cfg
+
+
+def static_cluster(name: str, mock: Mock) -> dict:
+    return {
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "2s",
+        "load_assignment": {
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                "address": "127.0.0.1", "port_value": mock.http}}}}]}],
+        },
+    }
+
+
+def forward_envoy(wasm: Path, primary: Mock, mirror: Mock | None) -> dict:
+    """(a)/(b): the shipped configuration without the filter, its route sent to
+    a static cluster, and for (b) mirrored to a second one."""
+    cfg = base_envoy(wasm)
+    h = hcm(cfg)
+    h["http_filters"] = [f for f in h["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
+    clusters = [static_cluster("bench_primary", primary)]
+    for vh in h["route_config"]["virtual_hosts"]:
+        for r in vh["routes"]:
+            r["route"]["cluster"] = "bench_primary"
+            if mirror is not None:
+                r["route"]["request_mirror_policies"] = [{
+                    "cluster": "bench_mirror",
+                    "runtime_fraction": {"default_value": {"numerator": 100,
+                                                           "denominator": "HUNDRED"}},
+                }]
+    if mirror is not None:
+        clusters.append(static_cluster("bench_mirror", mirror))
+    cfg["static_resources"]["clusters"] = clusters
+    return cfg
+
+
+def start_envoy(procs: Procs, envoy_bin: Path, name: str, cfg: dict) -> tuple[subprocess.Popen, int]:
+    path = procs.scratch / f"{name}.json"
+    path.write_text(json.dumps(cfg, indent=1))
+    admin_path = procs.scratch / f"{name}.admin"
+    p = procs.start(name, [str(envoy_bin), "-c", str(path), "--disable-hot-restart",
+                           "--concurrency", "1", "-l", "warning",
+                           "--admin-address-path", str(admin_path)], ROUTER_CORE)
+
+    def admin():
+        try:
+            a = admin_path.read_text().strip()
+            return int(a.rsplit(":", 1)[1]) if a else None
+        except (OSError, ValueError, IndexError):
+            return None
+
+    admin_port = wait_until(f"{name} admin", admin, 30, p)
+
+    def listener():
+        s, _, body = http("GET", f"http://127.0.0.1:{admin_port}/listeners")
+        ready, _, _ = http("GET", f"http://127.0.0.1:{admin_port}/ready")
+        if s != 200 or ready != 200:
+            return None
+        for line in body.decode().splitlines():
+            if line.startswith("pd_listener::"):
+                port = int(line.rsplit(":", 1)[1])
+                return port or None
+        return None
+
+    try:
+        port = wait_until(f"{name} listener", listener, 30, p)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}\n{procs.log_tail(name)}") from None
+    return p, port
+
+
+# -------------------------------------------------------------------- peers
+
+def start_sglang_router(procs: Procs, venv: Path, prefill: Mock, decode: Mock):
+    port, prom = free_port(), free_port()
+    argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router",
+            "--pd-disaggregation",
+            "--prefill", f"http://{prefill.address}", str(prefill.bootstrap),
+            "--decode", f"http://{decode.address}",
+            "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+            "--log-level", "warn", "--disable-retries", "--disable-circuit-breaker",
+            "--disable-health-check", "--history-backend", "none"]
+    p = procs.start("sglang-router", argv, ROUTER_CORE, env={"TOKIO_WORKER_THREADS": "1"})
+    # It listens before its workers are registered: /readiness says when.
+    try:
+        wait_until("sglang-router readiness",
+                   lambda: http("GET", f"http://127.0.0.1:{port}/readiness", timeout=2)[0] == 200,
+                   60, p)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}\n{procs.log_tail('sglang-router')}") from None
+    return p, port
+
+
+def start_vllm_router(procs: Procs, venv: Path, prefill: Mock, decode: Mock):
+    port, prom = free_port(), free_port()
+    argv = [str(venv / "bin" / "vllm-router"), "--vllm-pd-disaggregation",
+            "--prefill", f"http://{prefill.address}", "--decode", f"http://{decode.address}",
+            "--host", "127.0.0.1", "--port", str(port), "--policy", "round_robin",
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
+            "--log-level", "warning", "--disable-retries", "--disable-circuit-breaker",
+            "--health-check-interval-secs", "3600", "--max-concurrent-requests", "1000000",
+            "--worker-startup-check-interval", "1"]
+    p = procs.start("vllm-router", argv, ROUTER_CORE, env={"TOKIO_WORKER_THREADS": "1"})
+    # It checks its workers' /health before it opens its port.
+    try:
+        wait_until("vllm-router health",
+                   lambda: http("GET", f"http://127.0.0.1:{port}/health", timeout=2)[0] == 200,
+                   60, p)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}\n{procs.log_tail('vllm-router')}") from None
+    return p, port
+
+
+# -------------------------------------------------------------------- bench
+
+@dataclass
+class Target:
+    name: str
+    proc: subprocess.Popen
+    port: int
+    # Mocks each request must reach (checked once before measuring).
+    reaches: list[Mock]
+    # x-mock-kv the answer must carry (the hand-off happened), if any.
+    kv: str | None = None
+    dead: str | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/chat/completions"
+
+
+def make_body(size: int) -> bytes:
+    head = '{"model":"%s","messages":[{"role":"user","content":"' % MODEL
+    tail = '"}],"max_tokens":4}'
+    room = size - len(head) - len(tail)
+    # Numbered sentences: no two 128-byte blocks alike, as in a real prompt.
+    words, i, total = [], 0, 0
+    while total < room:
+        w = f"The quick brown fox jumps over the lazy dog {i}. "
+        words.append(w)
+        total += len(w)
+        i += 1
+    text = "".join(words)[:room]
+    body = (head + text + tail).encode()
+    assert len(body) == size, (len(body), size)
+    json.loads(body)
+    return body
+
+
+def sanity_check(t: Target, body: bytes) -> None:
+    """One request: 200, the hand-off done, every expected mock reached."""
+    before = [m.finished() for m in t.reaches]
+    status, headers, resp = http("POST", t.url, body, timeout=30)
+    if status != 200:
+        raise RuntimeError(f"status {status}: {resp[:300]!r}")
+    headers = {k.lower(): v for k, v in headers.items()}
+    if t.kv is not None and headers.get("x-mock-kv") != t.kv:
+        raise RuntimeError(f"answer has x-mock-kv {headers.get('x-mock-kv')!r}, expected {t.kv!r}")
+    if t.name.startswith("pd-") and "prefill-target-pod" not in headers:
+        raise RuntimeError("answer has no prefill-target-pod header: the request was not split")
+    deadline = time.time() + 3
+    while True:
+        after = [m.finished() for m in t.reaches]
+        missed = [m.name for m, b, a in zip(t.reaches, before, after) if a < b + 1]
+        if not missed:
+            return
+        if time.time() > deadline:
+            raise RuntimeError(f"request never reached {', '.join(missed)}")
+        time.sleep(0.05)
+
+
+def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: float,
+             warmup: float) -> dict:
+    argv = ["taskset", "-c", LOAD_CORE, str(loadgen), "--url", t.url, "--body", str(body_file),
+            "--concurrency", str(conc), "--duration", str(duration), "--warmup", str(warmup),
+            "--cpu-pid", str(t.proc.pid), "--timeout", "30"]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=warmup + duration + 60,
+                       preexec_fn=_die_with_parent)
+    if r.returncode != 0:
+        raise RuntimeError(f"loadgen exited {r.returncode}: {r.stderr.strip()[-300:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, spec="{:.1f}"):
+    return "-" if x is None else spec.format(x)
+
+
+def ratio(a, b):
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def fmt_ratio(r):
+    return "-" if r is None else f"{r:.2f}x"
+
+
+def report(rows: dict, order_sizes, order_conc, configs, dead: dict) -> str:
+    """The table and the ratio summary. rows[(size, conc, config)] = aggregated dict."""
+    out = []
+    w = out.append
+    w("Medians over repetitions. cpu_us/req = router CPU (utime+stime, /proc/PID/stat) per "
+      "completed request;")
+    w("vs (b) = ratio to envoy-mirror (Envoy forwarding twice, no filter); vs peer = ratio to the "
+      "best peer in the cell")
+    w("(lowest cpu_us/req for the cpu ratio, highest req/s for the req/s ratio). ! = errors in "
+      "the cell.")
+    w("")
+    hdr = (f"{'body':<5} {'conc':>4}  {'config':<14} {'cpu_us/req':>10} {'req/s':>9} "
+           f"{'p50_ms':>7} {'p99_ms':>7}  {'cpu vs(b)':>9} {'rps vs(b)':>9}  "
+           f"{'cpu vs peer':>11} {'rps vs peer':>11}")
+    w(hdr)
+    w("-" * len(hdr))
+    for size in order_sizes:
+        for conc in order_conc:
+            floor = rows.get((size, conc, FLOOR), {})
+            peers = [rows.get((size, conc, p), {}) for p in PEERS]
+            peer_cpu = [p["cpu_us"] for p in peers if p.get("cpu_us") is not None]
+            peer_rps = [p["rps"] for p in peers if p.get("rps") is not None]
+            best_cpu = min(peer_cpu) if peer_cpu else None
+            best_rps = max(peer_rps) if peer_rps else None
+            for c in configs:
+                r = rows.get((size, conc, c))
+                if r is None:
+                    w(f"{size:<5} {conc:>4}  {c:<14} {'(not measured: ' + dead.get(c, 'skipped') + ')'}"[:150])
+                    continue
+                flag = "!" if r["errors"] else " "
+                w(f"{size:<5} {conc:>4}  {c:<14} {fmt(r['cpu_us']):>10}{flag}{fmt(r['rps'], '{:.0f}'):>8} "
+                  f"{fmt(r['p50'], '{:.2f}'):>7} {fmt(r['p99'], '{:.2f}'):>7}  "
+                  f"{fmt_ratio(ratio(r['cpu_us'], floor.get('cpu_us'))):>9} "
+                  f"{fmt_ratio(ratio(r['rps'], floor.get('rps'))):>9}  "
+                  f"{fmt_ratio(ratio(r['cpu_us'], best_cpu)):>11} "
+                  f"{fmt_ratio(ratio(r['rps'], best_rps)):>11}")
+            w("")
+
+    def get(size, conc, c, k):
+        return rows.get((size, conc, c), {}).get(k)
+
+    w("Summary")
+    w("-------")
+    sizes = [s for s in ("1K", "512K") if s in order_sizes]
+    w("pd-router CPU per request vs the floor (b) envoy-mirror:")
+    cols = [(s, c) for s in sizes for c in order_conc]
+    w(f"  {'engine':<12}" + "".join(f"{s + ' c=' + str(c):>12}" for s, c in cols))
+    for pd in PD:
+        w(f"  {pd:<12}" + "".join(
+            f"{fmt_ratio(ratio(get(s, c, pd, 'cpu_us'), get(s, c, FLOOR, 'cpu_us'))):>12}"
+            for s, c in cols))
+    conc_hi = max(order_conc)
+    w("")
+    w(f"pd-router requests/s at concurrency {conc_hi} vs the best peer (named):")
+    w(f"  {'engine':<12}" + "".join(f"{s:>26}" for s in sizes))
+    for pd in PD:
+        cells = []
+        for s in sizes:
+            best = None
+            for p in PEERS:
+                v = get(s, conc_hi, p, "rps")
+                if v is not None and (best is None or v > best[1]):
+                    best = (p, v)
+            if best is None:
+                cells.append("-")
+            else:
+                cells.append(f"{fmt_ratio(ratio(get(s, conc_hi, pd, 'rps'), best[1]))} ({best[0]})")
+        w(f"  {pd:<12}" + "".join(f"{c:>26}" for c in cells))
+    w("")
+    w("Head to head, same mocks (pd-router / peer; CPU: below 1 is less CPU, req/s: above 1 "
+      "is faster):")
+    w(f"  {'pair':<28}{'body':<6}" + "".join(f"{'cpu c=' + str(c):>11}" for c in order_conc)
+      + "".join(f"{'req/s c=' + str(c):>12}" for c in order_conc))
+    for pd, peer in HEAD_TO_HEAD.items():
+        for s in order_sizes:
+            w(f"  {pd + ' vs ' + peer:<28}{s:<6}"
+              + "".join(f"{fmt_ratio(ratio(get(s, c, pd, 'cpu_us'), get(s, c, peer, 'cpu_us'))):>11}"
+                        for c in order_conc)
+              + "".join(f"{fmt_ratio(ratio(get(s, c, pd, 'rps'), get(s, c, peer, 'rps'))):>12}"
+                        for c in order_conc))
+    w("")
+    w("Core 1 (mocks + load generator) busy fraction, median: high values mean req/s is bound "
+      "by the mocks, not the router.")
+    for size in order_sizes:
+        for conc in order_conc:
+            parts = [f"{c}={fmt(rows[(size, conc, c)]['core1'], '{:.2f}')}" for c in configs
+                     if (size, conc, c) in rows]
+            w(f"  {size:<5} c={conc:<3} " + " ".join(parts))
+    return "\n".join(out)
+
+
+def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(concs), figsize=(7 * len(concs), 9), squeeze=False)
+    width = 0.8 / len(configs)
+    # Floors grey, pd-router blues and greens, peers warm.
+    palette = {"envoy-forward": "#c8c8c8", "envoy-mirror": "#7f7f7f", "pd-vllm": "#1f4e9c",
+               "pd-sglang": "#3a86d4", "pd-trtllm": "#2e9e6a", "pd-default": "#8fd19e",
+               "sglang-router": "#e8731a", "vllm-router": "#c0282d"}
+    for col, conc in enumerate(concs):
+        for row, (key, label) in enumerate([("cpu_us", "router CPU µs / request"),
+                                            ("rps", "requests / s")]):
+            ax = axes[row][col]
+            for i, c in enumerate(configs):
+                xs, ys = [], []
+                for j, s in enumerate(sizes):
+                    v = rows.get((s, conc, c), {}).get(key)
+                    if v is not None:
+                        xs.append(j + (i - (len(configs) - 1) / 2) * width)
+                        ys.append(v)
+                ax.bar(xs, ys, width, label=c, color=palette.get(c, "black"))
+            ax.set_xticks(range(len(sizes)))
+            ax.set_xticklabels([f"{s} body" for s in sizes])
+            ax.set_yscale("log")
+            ax.set_ylabel(label)
+            ax.set_title(f"{label}, concurrency {conc}")
+            ax.grid(axis="y", which="both", alpha=0.3)
+    axes[0][0].legend(fontsize=8, ncol=2)
+    fig.suptitle("pd-router end to end: router on one core (median over repetitions; "
+                 "lower CPU and higher req/s are better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--duration", type=float, default=2.0,
+                    help="measured seconds per cell (default 2)")
+    ap.add_argument("--warmup", type=float, default=0.3,
+                    help="unmeasured seconds of load before each window (default 0.3)")
+    ap.add_argument("--sizes", default="1K,64K,512K")
+    ap.add_argument("--concurrency", default="1,32")
+    ap.add_argument("--configs", default=",".join(c for c, _, _ in CONFIGS))
+    ap.add_argument("--out", type=Path, default=BENCH / "results")
+    ap.add_argument("--envoy", type=Path,
+                    default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
+    ap.add_argument("--wasm", type=Path, default=Path(os.environ.get(
+        "PD_ROUTER_WASM", REPO / "target/wasm32-wasip1/release/pd_router.wasm")))
+    ap.add_argument("--mock", type=Path, default=REPO / "target/release/mock-engine")
+    ap.add_argument("--loadgen", type=Path, default=REPO / "target/release/loadgen")
+    ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    a = ap.parse_args()
+
+    sizes = [s for s in a.sizes.split(",") if s]
+    concs = [int(c) for c in a.concurrency.split(",") if c]
+    configs = [c for c in a.configs.split(",") if c]
+    for s in sizes:
+        if s not in SIZES:
+            ap.error(f"unknown size {s} (one of {', '.join(SIZES)})")
+    known = {c for c, _, _ in CONFIGS}
+    for c in configs:
+        if c not in known:
+            ap.error(f"unknown config {c} (one of {', '.join(sorted(known))})")
+    for what, p in [("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock),
+                    ("loadgen", a.loadgen)]:
+        if not p.exists():
+            ap.error(f"{what} not found at {p} (run `./just bench-e2e`, which builds everything)")
+    if (os.cpu_count() or 1) < 2:
+        ap.error("needs 2 cores: the router is pinned to core 0, the load to core 1")
+    a.wasm = a.wasm.resolve()
+
+    t_start = time.time()
+    cells = len(sizes) * len(concs) * len(configs)
+    log(f"bench: {len(configs)} configurations x {len(sizes)} sizes x {len(concs)} concurrencies"
+        f" = {cells} cells x {a.reps} repetitions, {a.warmup + a.duration:.1f} s each: about "
+        f"{cells * a.reps * (a.warmup + a.duration + 0.15) / 60:.1f} min of load")
+
+    scratch = Path(tempfile.mkdtemp(prefix="pd-bench-"))
+    procs = Procs(scratch)
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    raw: list[dict] = []
+    dead: dict[str, str] = {}
+    warnings: list[str] = []
+    notes: list[str] = []
+    ok = False
+    try:
+        body_files = {}
+        for s in sizes:
+            f = scratch / f"body-{s}.json"
+            f.write_bytes(make_body(SIZES[s]))
+            body_files[s] = f
+
+        log("starting mock engines (core 1)")
+        need = set(configs)
+        mocks: dict[str, Mock] = {}
+
+        def mock(name, *args):
+            if name not in mocks:
+                mocks[name] = start_mock(procs, a.mock, name, list(args))
+            return mocks[name]
+
+        targets: dict[str, Target] = {}
+
+        def add(name, start):
+            try:
+                targets[name] = start()
+            except Exception as e:  # noqa: BLE001 - a config that cannot start is reported
+                dead[name] = f"did not start: {str(e).splitlines()[0][:200]}"
+                log(f"  {name}: {dead[name]}")
+                for line in str(e).splitlines()[1:]:
+                    log(f"    {line}")
+
+        log("starting routers (core 0)")
+        if "envoy-forward" in need or "envoy-mirror" in need:
+            fa = mock("fwd-a", "--engine", "default", "--role", "decode")
+            fb = mock("fwd-b", "--engine", "default", "--role", "decode")
+            if "envoy-forward" in need:
+                add("envoy-forward", lambda: Target("envoy-forward", *start_envoy(
+                    procs, a.envoy, "envoy-forward", forward_envoy(a.wasm, fa, None)), [fa]))
+            if "envoy-mirror" in need:
+                add("envoy-mirror", lambda: Target("envoy-mirror", *start_envoy(
+                    procs, a.envoy, "envoy-mirror", forward_envoy(a.wasm, fa, fb)), [fa, fb]))
+
+        engines = {
+            "vllm": (["--engine", "vllm", "--role", "prefill", "--connector", "nixl",
+                      "--lenient-prefill"], ["--engine", "vllm", "--role", "decode"], "pulled"),
+            "sglang": (["--engine", "sglang", "--role", "prefill", "--lenient-prefill"],
+                       ["--engine", "sglang", "--role", "decode"], "pulled"),
+            "trtllm": (["--engine", "trtllm", "--role", "prefill"],
+                       ["--engine", "trtllm", "--role", "decode"], "pulled"),
+            "default": (["--engine", "default", "--role", "prefill"],
+                        ["--engine", "default", "--role", "decode"], "none"),
+        }
+        pair = {}
+
+        def engine_mocks(engine):
+            if engine not in pair:
+                p_args, d_args, _ = engines[engine]
+                pair[engine] = (mock(f"{engine}-prefill", *p_args), mock(f"{engine}-decode", *d_args))
+            return pair[engine]
+
+        for engine, (_, _, kv) in engines.items():
+            name = f"pd-{engine}"
+            if name not in need:
+                continue
+            pm, dm = engine_mocks(engine)
+            plugin = {"prefill_timeout_ms": 30000, "models": [{
+                "name": MODEL, "engine": engine,
+                "rolesets": [{"name": "rs0", "prefill": [pm.endpoint()],
+                              "decode": [dm.endpoint()]}]}]}
+            if engine == "vllm":
+                plugin["kv_connector"] = "nixl"
+            add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv: Target(
+                name, *start_envoy(procs, a.envoy, name, pd_envoy(a.wasm, plugin)), [pm, dm], kv))
+
+        if "sglang-router" in need:
+            pm, dm = engine_mocks("sglang")
+            add("sglang-router", lambda: Target(
+                "sglang-router", *start_sglang_router(procs, a.peer_venv, pm, dm), [pm, dm],
+                "pulled"))
+        if "vllm-router" in need:
+            pm, dm = engine_mocks("vllm")
+            add("vllm-router", lambda: Target(
+                "vllm-router", *start_vllm_router(procs, a.peer_venv, pm, dm), [pm, dm], "pulled"))
+
+        log("checking each configuration with one request")
+        for name in list(targets):
+            t = targets[name]
+            for s in sizes:
+                try:
+                    sanity_check(t, body_files[s].read_bytes())
+                except Exception as e:  # noqa: BLE001
+                    dead[name] = f"failed its check ({s}): {e}"[:300]
+                    log(f"  {name}: {dead[name]}\n{procs.log_tail(name, 5)}")
+                    del targets[name]
+                    break
+            else:
+                threads = len(os.listdir(f"/proc/{t.proc.pid}/task"))
+                log(f"  {name}: ok (pid {t.proc.pid}, {threads} threads, port {t.port})")
+
+        # What the routers cost while idle (scrapes, timers, health checks):
+        # they all share core 0 with the one being measured.
+        def ticks(pid):
+            try:
+                f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+                return int(f[11]) + int(f[12])
+            except (OSError, IndexError, ValueError):
+                return 0
+
+        def core_ticks():
+            out = {}
+            for line in open("/proc/stat"):
+                if line.startswith("cpu") and line[3].isdigit():
+                    v = [int(x) for x in line.split()[1:9]]
+                    out[line.split()[0][3:]] = (sum(v) - v[3] - v[4], sum(v))
+            return out
+
+        def idle_check(when):
+            t0 = {n: ticks(t.proc.pid) for n, t in targets.items()}
+            c0 = core_ticks()
+            time.sleep(2)
+            c1 = core_ticks()
+            idle = {n: (ticks(t.proc.pid) - t0[n]) * 10 / 2 for n, t in targets.items()}
+            busy = {k: (c1[k][0] - c0[k][0]) / max(1, c1[k][1] - c0[k][1])
+                    for k in c1 if k in c0}
+            notes.append(f"Idle check {when} (2 s, nothing sent): routers' own CPU ms/s: "
+                         + ", ".join(f"{n}={v:.0f}" for n, v in idle.items())
+                         + "; core busy: " + ", ".join(f"core {k}={v:.2f}"
+                                                        for k, v in busy.items()))
+            log(notes[-1])
+            if any(v > 0.15 for v in busy.values()):
+                warning = (f"WARNING ({when}): the cores were busy while every benchmark process "
+                           "was idle, so something else runs on this machine (" + ", ".join(
+                               f"core {k} {v:.0%}" for k, v in busy.items())
+                           + "): expect noisy numbers.")
+                warnings.append(warning)
+                log(warning)
+
+        idle_check("before the run")
+
+        order = [c for c in configs if c in targets]
+        done = 0
+        total = len(order) * len(sizes) * len(concs) * a.reps
+        for rep in range(a.reps):
+            rot = order[rep % len(order):] + order[:rep % len(order)] if order else []
+            for s in sizes:
+                for conc in concs:
+                    for name in rot:
+                        t = targets[name]
+                        if t.dead:
+                            continue
+                        if t.proc.poll() is not None:
+                            t.dead = f"exited with {t.proc.returncode} during the run"
+                            dead[name] = t.dead
+                            log(f"  {name}: {t.dead}\n{procs.log_tail(name, 5)}")
+                            continue
+                        try:
+                            r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup)
+                        except Exception as e:  # noqa: BLE001 - keep the rest going
+                            r = {"completed": 0, "errors": None, "first_error": str(e)[:300]}
+                        done += 1
+                        core = r.get("core_busy") or []
+                        raw.append({
+                            "rep": rep + 1, "body": s, "body_bytes": SIZES[s],
+                            "concurrency": conc, "config": name,
+                            "completed": r.get("completed"), "errors": r.get("errors"),
+                            "elapsed_s": r.get("elapsed_s"), "rps": r.get("rps"),
+                            "cpu_s": r.get("cpu_s"), "cpu_us_per_req": r.get("cpu_us_per_req"),
+                            "p50_ms": r.get("p50_ms"), "p99_ms": r.get("p99_ms"),
+                            "core0_busy": core[0] if len(core) > 0 else None,
+                            "core1_busy": core[1] if len(core) > 1 else None,
+                            "first_error": r.get("first_error") or "",
+                        })
+                        bad = "" if r.get("errors") == 0 else f"  ERRORS {r.get('errors')}: {r.get('first_error')}"
+                        log(f"  [{done:>3}/{total}] rep {rep + 1} {s:>4} c={conc:<2} {name:<14} "
+                            f"{fmt(r.get('cpu_us_per_req')):>8} us/req {fmt(r.get('rps'), '{:.0f}'):>6} req/s"
+                            f"{bad[:240]}")
+        if targets:
+            idle_check("after the run")
+        ok = True
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); writing what was measured")
+    finally:
+        procs.stop_all()
+        if a.keep or not ok:
+            log(f"logs kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    # Aggregate: medians over repetitions that completed requests.
+    rows: dict = {}
+    for s in sizes:
+        for conc in concs:
+            for c in configs:
+                rs = [r for r in raw if (r["body"], r["concurrency"], r["config"]) == (s, conc, c)
+                      and (r["completed"] or 0) > 0]
+                if not rs:
+                    continue
+                rows[(s, conc, c)] = {
+                    "cpu_us": median(r["cpu_us_per_req"] for r in rs),
+                    "rps": median(r["rps"] for r in rs),
+                    "p50": median(r["p50_ms"] for r in rs),
+                    "p99": median(r["p99_ms"] for r in rs),
+                    "core0": median(r["core0_busy"] for r in rs),
+                    "core1": median(r["core1_busy"] for r in rs),
+                    "errors": sum((r["errors"] or 0) for r in rs),
+                    "reps": len(rs),
+                }
+            for c in configs:
+                failed = [r for r in raw if (r["body"], r["concurrency"], r["config"]) == (s, conc, c)
+                          and not (r["completed"] or 0) > 0]
+                if failed and (s, conc, c) not in rows:
+                    dead.setdefault(c, f"no request completed: {failed[0]['first_error'][:120]}")
+
+    a.out.mkdir(parents=True, exist_ok=True)
+    with open(a.out / "latest-raw.csv", "w", newline="") as f:
+        fields = ["rep", "body", "body_bytes", "concurrency", "config", "completed", "errors",
+                  "elapsed_s", "rps", "cpu_s", "cpu_us_per_req", "p50_ms", "p99_ms",
+                  "core0_busy", "core1_busy", "first_error"]
+        wr = csv.DictWriter(f, fieldnames=fields)
+        wr.writeheader()
+        wr.writerows(raw)
+    with open(a.out / "latest.csv", "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["body", "body_bytes", "concurrency", "config", "cpu_us_per_req", "rps",
+                     "p50_ms", "p99_ms", "cpu_vs_floor_b", "rps_vs_floor_b",
+                     "cpu_vs_best_peer", "rps_vs_best_peer", "core1_busy", "errors", "reps"])
+        for s in sizes:
+            for conc in concs:
+                floor = rows.get((s, conc, FLOOR), {})
+                pc = [rows[(s, conc, p)]["cpu_us"] for p in PEERS if (s, conc, p) in rows]
+                pr = [rows[(s, conc, p)]["rps"] for p in PEERS if (s, conc, p) in rows]
+                for c in configs:
+                    r = rows.get((s, conc, c))
+                    if r is None:
+                        continue
+
+                    def num(x, spec="{:.4f}"):
+                        return "" if x is None else spec.format(x)
+
+                    wr.writerow([s, SIZES[s], conc, c, num(r["cpu_us"], "{:.2f}"),
+                                 num(r["rps"], "{:.1f}"), num(r["p50"], "{:.3f}"),
+                                 num(r["p99"], "{:.3f}"),
+                                 num(ratio(r["cpu_us"], floor.get("cpu_us"))),
+                                 num(ratio(r["rps"], floor.get("rps"))),
+                                 num(ratio(r["cpu_us"], min(pc) if pc else None)),
+                                 num(ratio(r["rps"], max(pr) if pr else None)),
+                                 num(r["core1"], "{:.3f}"), r["errors"], r["reps"]])
+    text = report(rows, sizes, concs, configs, dead)
+    if notes:
+        text += "\n\n" + "\n".join(notes)
+    if warnings:
+        text += "\n\n" + "\n".join(warnings)
+    if dead:
+        text += "\n\nNot measured / failed:\n" + "\n".join(f"  {c}: {why}" for c, why in dead.items())
+    elapsed = time.time() - t_start
+    text += f"\n\nWall time: {elapsed / 60:.1f} min ({a.reps} repetitions, {a.duration:g} s windows)"
+    (a.out / "latest.txt").write_text(text + "\n")
+    try:
+        plot(rows, sizes, concs, configs, a.out / "latest.png")
+    except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
+        log(f"plot failed: {e}")
+    print(text)
+    log(f"wrote {a.out / 'latest.csv'}, latest-raw.csv, latest.txt, latest.png")
+    return 0 if ok and not dead else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

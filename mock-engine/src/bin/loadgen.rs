@@ -1,0 +1,471 @@
+//! loadgen: a small closed-loop HTTP/1.1 load generator for the end-to-end
+//! benchmark (`bench/run.py`).
+//!
+//! `--concurrency` workers, each with its own keep-alive connection, POST
+//! one body file to one URL back to back. After `--warmup` seconds a
+//! measured window opens; it closes after `--duration` seconds or once
+//! `--requests` answers completed inside it. Only answers that complete
+//! inside the window count. With `--cpu-pid` the CPU time (utime + stime
+//! from /proc/PID/stat) that process used during the window is reported,
+//! read at the window's edges, so CPU per request is window CPU / window
+//! requests. One JSON line on stdout.
+//!
+//! Single-threaded on purpose (tokio current_thread): the benchmark pins it
+//! to one core, with the mock engines.
+
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::sync::Notify;
+
+const USAGE: &str = "\
+usage: loadgen --url http://HOST:PORT/PATH --body FILE
+  [--concurrency N]      workers, one keep-alive connection each (default 1)
+  [--duration SECS]      length of the measured window (default 5)
+  [--requests N]         or: close the window after N counted answers
+  [--warmup SECS]        unmeasured load before the window (default 0.5)
+  [--cpu-pid PID]        report this process's CPU time over the window
+  [--timeout SECS]       per request (default 30)
+  [--header 'K: V']...   extra request headers
+  [--allow-remote]       allow a non-loopback target (off: refused)
+Output: one JSON line {completed, errors, elapsed_s, rps, p50_ms, p99_ms, ...}";
+
+/// Linux's USER_HZ: /proc/PID/stat counts CPU time in 1/100 s on every
+/// architecture the ABI defines it for.
+const USER_HZ: f64 = 100.0;
+
+const WARMUP: u8 = 0;
+const MEASURE: u8 = 1;
+const STOP: u8 = 2;
+
+struct Args {
+    host: String,
+    addr: SocketAddr,
+    path: String,
+    body: Bytes,
+    concurrency: usize,
+    duration: Duration,
+    requests: Option<u64>,
+    warmup: Duration,
+    cpu_pid: Option<u32>,
+    timeout: Duration,
+    headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut url = None;
+    let mut body_path = None;
+    let mut concurrency = 1usize;
+    let mut duration = Duration::from_secs(5);
+    let mut requests = None;
+    let mut warmup = Duration::from_millis(500);
+    let mut cpu_pid = None;
+    let mut timeout = Duration::from_secs(30);
+    let mut headers = Vec::new();
+    let mut allow_remote = false;
+    let secs = |flag: &str, v: &str| -> Result<Duration, String> {
+        v.parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64)
+            .ok_or_else(|| format!("{flag}: invalid seconds {v:?}"))
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "--help" || flag == "-h" {
+            return Err(USAGE.to_string());
+        }
+        if flag == "--allow-remote" {
+            allow_remote = true;
+            continue;
+        }
+        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--url" => url = Some(v),
+            "--body" => body_path = Some(v),
+            "--concurrency" => {
+                concurrency = v
+                    .parse()
+                    .ok()
+                    .filter(|c| *c > 0)
+                    .ok_or_else(|| format!("--concurrency: invalid {v:?}"))?
+            }
+            "--duration" => duration = secs("--duration", &v)?,
+            "--requests" => {
+                requests = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| format!("--requests: invalid {v:?}"))?,
+                )
+            }
+            "--warmup" => warmup = secs("--warmup", &v)?,
+            "--cpu-pid" => {
+                cpu_pid = Some(v.parse().map_err(|_| format!("--cpu-pid: invalid {v:?}"))?)
+            }
+            "--timeout" => timeout = secs("--timeout", &v)?,
+            "--header" => {
+                let (k, val) = v
+                    .split_once(':')
+                    .ok_or_else(|| format!("--header: expected 'K: V', got {v:?}"))?;
+                let name = HeaderName::from_bytes(k.trim().as_bytes())
+                    .map_err(|e| format!("--header {k:?}: {e}"))?;
+                let value = HeaderValue::from_str(val.trim())
+                    .map_err(|e| format!("--header {val:?}: {e}"))?;
+                headers.push((name, value));
+            }
+            other => return Err(format!("unknown flag {other:?}\n{USAGE}")),
+        }
+    }
+    let url = url.ok_or_else(|| format!("--url is required\n{USAGE}"))?;
+    let body_path = body_path.ok_or_else(|| format!("--body is required\n{USAGE}"))?;
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("--url must start with http://, got {url:?}"))?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = host
+        .to_socket_addrs()
+        .map_err(|e| format!("--url: cannot resolve {host:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("--url: {host:?} has no address"))?;
+    if !allow_remote && !is_loopback(addr.ip()) {
+        return Err(format!(
+            "--url: {addr} is not a loopback address (pass --allow-remote to load it anyway)"
+        ));
+    }
+    let body = std::fs::read(&body_path).map_err(|e| format!("--body {body_path}: {e}"))?;
+    Ok(Args {
+        host: host.to_string(),
+        addr,
+        path: path.to_string(),
+        body: Bytes::from(body),
+        concurrency,
+        duration,
+        requests,
+        warmup,
+        cpu_pid,
+        timeout,
+        headers,
+    })
+}
+
+fn is_loopback(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4.is_loopback(),
+        IpAddr::V6(v6) => {
+            v6.is_loopback() || v6.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
+    }
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses: fields start
+    // after the last ')'. Then state is field 3, utime 14, stime 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Busy and total ticks of each CPU, from /proc/stat.
+fn core_ticks() -> Vec<(u64, u64)> {
+    let Ok(stat) = std::fs::read_to_string("/proc/stat") else {
+        return Vec::new();
+    };
+    stat.lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .map(|l| {
+            let v: Vec<u64> = l
+                .split_whitespace()
+                .skip(1)
+                .filter_map(|x| x.parse().ok())
+                .collect();
+            let total: u64 = v.iter().take(8).sum();
+            // idle + iowait
+            let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+            (total - idle, total)
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy)]
+struct Edge {
+    at: Instant,
+    cpu: Option<u64>,
+}
+
+struct Shared {
+    phase: AtomicU8,
+    completed: AtomicU64,
+    errors: AtomicU64,
+    target: Option<u64>,
+    cpu_pid: Option<u32>,
+    latencies_us: Mutex<Vec<u32>>,
+    first_error: Mutex<Option<String>>,
+    end: Mutex<Option<Edge>>,
+    closed: Notify,
+}
+
+impl Shared {
+    fn edge(&self) -> Edge {
+        Edge {
+            at: Instant::now(),
+            cpu: self.cpu_pid.and_then(cpu_ticks),
+        }
+    }
+
+    /// Ends the measured window once, recording its edge.
+    fn close(&self) {
+        if self
+            .phase
+            .compare_exchange(MEASURE, STOP, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            let edge = self.edge();
+            *self.end.lock().unwrap() = Some(edge);
+            self.closed.notify_one();
+        }
+    }
+
+    fn error(&self, what: String) {
+        if self.phase.load(Ordering::SeqCst) != MEASURE {
+            return;
+        }
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut first = self.first_error.lock().unwrap();
+        if first.is_none() {
+            *first = Some(what);
+        }
+    }
+
+    fn success(&self, latency: Duration) {
+        if self.phase.load(Ordering::SeqCst) != MEASURE {
+            return;
+        }
+        self.latencies_us
+            .lock()
+            .unwrap()
+            .push(latency.as_micros().min(u128::from(u32::MAX)) as u32);
+        let n = self.completed.fetch_add(1, Ordering::Relaxed) + 1;
+        if self.target.is_some_and(|t| n >= t) {
+            self.close();
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| format!("handshake {addr}: {e}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+fn snippet(body: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&body[..body.len().min(300)]);
+    s.replace('\n', " ")
+}
+
+async fn worker(args: Arc<Args>, shared: Arc<Shared>) {
+    let mut conn: Option<SendRequest<Full<Bytes>>> = None;
+    while shared.phase.load(Ordering::SeqCst) != STOP {
+        let sender = match conn.as_mut() {
+            Some(s) => s,
+            None => match connect(args.addr).await {
+                Ok(s) => conn.insert(s),
+                Err(e) => {
+                    shared.error(e);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+        };
+        if sender.ready().await.is_err() {
+            conn = None;
+            continue;
+        }
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(args.path.as_str())
+            .header(HOST, args.host.as_str())
+            .header(CONTENT_TYPE, "application/json");
+        for (k, v) in &args.headers {
+            req = req.header(k, v);
+        }
+        let req = match req.body(Full::new(args.body.clone())) {
+            Ok(r) => r,
+            Err(e) => {
+                shared.error(format!("request: {e}"));
+                return;
+            }
+        };
+        let start = Instant::now();
+        let exchange = async {
+            let resp = sender.send_request(req).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            Ok::<_, hyper::Error>((status, body))
+        };
+        match tokio::time::timeout(args.timeout, exchange).await {
+            Ok(Ok((StatusCode::OK, _))) => shared.success(start.elapsed()),
+            Ok(Ok((status, body))) => {
+                shared.error(format!("status {}: {}", status.as_u16(), snippet(&body)))
+            }
+            Ok(Err(e)) => {
+                conn = None;
+                shared.error(format!("http: {e}"));
+            }
+            Err(_) => {
+                conn = None;
+                shared.error(format!("timeout after {:?}", args.timeout));
+            }
+        }
+    }
+}
+
+fn percentile(sorted: &[u32], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    let i = rank.clamp(1, sorted.len()) - 1;
+    Some(f64::from(sorted[i]) / 1000.0)
+}
+
+fn json_num(v: Option<f64>) -> String {
+    match v {
+        Some(x) if x.is_finite() => format!("{x:.3}"),
+        _ => "null".to_string(),
+    }
+}
+
+async fn run(args: Args) -> String {
+    let args = Arc::new(args);
+    let shared = Arc::new(Shared {
+        phase: AtomicU8::new(WARMUP),
+        completed: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        target: args.requests,
+        cpu_pid: args.cpu_pid,
+        latencies_us: Mutex::new(Vec::with_capacity(1 << 16)),
+        first_error: Mutex::new(None),
+        end: Mutex::new(None),
+        closed: Notify::new(),
+    });
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..args.concurrency {
+        workers.spawn(worker(args.clone(), shared.clone()));
+    }
+    tokio::time::sleep(args.warmup).await;
+
+    let cores0 = core_ticks();
+    let start = shared.edge();
+    shared.phase.store(MEASURE, Ordering::SeqCst);
+    if args.requests.is_some() {
+        // The window closes at the Nth answer, or at --duration as a bound.
+        let _ = tokio::time::timeout(args.duration, shared.closed.notified()).await;
+    } else {
+        tokio::time::sleep(args.duration).await;
+    }
+    shared.close();
+    let end = shared.end.lock().unwrap().unwrap_or_else(|| shared.edge());
+    let cores1 = core_ticks();
+    workers.abort_all();
+
+    let elapsed = end.at.duration_since(start.at).as_secs_f64();
+    let completed = shared.completed.load(Ordering::Relaxed);
+    let errors = shared.errors.load(Ordering::Relaxed);
+    let mut lat = std::mem::take(&mut *shared.latencies_us.lock().unwrap());
+    lat.sort_unstable();
+    let cpu_s = match (start.cpu, end.cpu) {
+        (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / USER_HZ),
+        _ => None,
+    };
+    let cpu_us_per_req = cpu_s
+        .filter(|_| completed > 0)
+        .map(|c| c * 1e6 / completed as f64);
+    let core_busy: Vec<String> = cores0
+        .iter()
+        .zip(&cores1)
+        .map(|((b0, t0), (b1, t1))| {
+            let total = t1.saturating_sub(*t0);
+            if total == 0 {
+                "null".to_string()
+            } else {
+                format!("{:.3}", b1.saturating_sub(*b0) as f64 / total as f64)
+            }
+        })
+        .collect();
+    let first_error = shared
+        .first_error
+        .lock()
+        .unwrap()
+        .clone()
+        .map(|e| serde_json::Value::String(e).to_string())
+        .unwrap_or_else(|| "null".to_string());
+    format!(
+        "{{\"completed\":{completed},\"errors\":{errors},\"elapsed_s\":{},\"rps\":{},\
+         \"p50_ms\":{},\"p99_ms\":{},\"cpu_s\":{},\"cpu_us_per_req\":{},\
+         \"concurrency\":{},\"body_bytes\":{},\"core_busy\":[{}],\"first_error\":{first_error}}}",
+        json_num(Some(elapsed)),
+        json_num(Some(if elapsed > 0.0 {
+            completed as f64 / elapsed
+        } else {
+            0.0
+        })),
+        json_num(percentile(&lat, 50.0)),
+        json_num(percentile(&lat, 99.0)),
+        json_num(cpu_s),
+        json_num(cpu_us_per_req),
+        args.concurrency,
+        args.body.len(),
+        core_busy.join(","),
+    )
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("loadgen: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("loadgen: cannot start runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let line = runtime.block_on(run(args));
+    // Workers still waiting on answers are not waited for.
+    runtime.shutdown_background();
+    println!("{line}");
+    ExitCode::SUCCESS
+}
