@@ -11,7 +11,7 @@ use crate::scrape::{self, Previous};
 use crate::trt_id::WORKER_SLOTS;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, LogLevel, MapType};
+use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -159,14 +159,7 @@ impl Context for Root {
             return;
         };
         let now = now_ms();
-        let status = if num_headers == 0 {
-            None
-        } else {
-            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-                .ok()
-                .flatten()
-                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-        };
+        let status = super::shared::call_status(num_headers);
         if status != Some(200) {
             let why = status.map_or("no answer".to_owned(), |s| format!("status {s}"));
             self.scrape_failed(&router, pod, now, &why);

@@ -3,7 +3,7 @@
 
 use crate::sched::state::{SetError, SharedStore};
 use proxy_wasm::hostcalls;
-use proxy_wasm::types::Status;
+use proxy_wasm::types::{MapType, Status};
 
 /// Shared data of this VM's `vm_id`, as a [`SharedStore`].
 pub(super) struct Shared;
@@ -28,4 +28,16 @@ impl SharedStore for Shared {
     fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
         set(key, value, cas)
     }
+}
+
+/// The `:status` of the call answer being delivered; `None` when it came with
+/// no headers at all (a reset before any header).
+pub(super) fn call_status(num_headers: usize) -> Option<u16> {
+    if num_headers == 0 {
+        return None;
+    }
+    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+        .ok()
+        .flatten()
+        .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
 }

@@ -46,14 +46,7 @@ impl Context for Stream {
         _trailers: usize,
     ) {
         // A reset before any header arrives with no headers at all.
-        let status = if num_headers == 0 {
-            None
-        } else {
-            hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
-                .ok()
-                .flatten()
-                .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
-        };
+        let status = super::shared::call_status(num_headers);
         self.flow
             .on_prefill_response(&mut self.io, token, status, body_size);
     }

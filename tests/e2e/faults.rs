@@ -31,19 +31,6 @@ fn model(
     json!({"name": name, "engine": engine, "rolesets": [{"prefill": [prefill], "decode": [decode]}]})
 }
 
-/// Waits for every worker's tick to republish the counters, then checks them.
-fn assert_counters_zero(envoy: &Envoy) {
-    std::thread::sleep(Duration::from_millis(1300));
-    let busy: Vec<(String, u64)> = envoy
-        .stats("wasmcustom.pd_router.pod.")
-        .into_iter()
-        .filter(|(k, v)| {
-            (k.ends_with(".outstanding_prefills") || k.ends_with(".pending_decodes")) && *v != 0
-        })
-        .collect();
-    assert!(busy.is_empty(), "counters not back to zero: {busy:?}");
-}
-
 #[test]
 fn prefill_faults() {
     let decode = Mock::start("d", &["--engine", "default", "--role", "decode"]);
@@ -124,7 +111,7 @@ fn prefill_faults() {
         decode.requests().is_empty(),
         "no failed request reached a decode pod"
     );
-    assert_counters_zero(&envoy);
+    envoy.assert_counters_zero();
 }
 
 #[test]
@@ -191,7 +178,7 @@ fn decode_faults() {
         );
         assert_eq!(a.header("prefill-target-pod"), Some("p"), "{m}");
     }
-    assert_counters_zero(&envoy);
+    envoy.assert_counters_zero();
 }
 
 #[test]
@@ -240,7 +227,7 @@ fn client_disconnects_on_either_leg() {
     }
     // The orphaned prefills finish (600 ms), the aborted streams end.
     std::thread::sleep(Duration::from_millis(700));
-    assert_counters_zero(&envoy);
+    envoy.assert_counters_zero();
     // And the router still serves.
     let a = post(&url, r#"{"model":"fast","prompt":"p","max_tokens":2}"#, &[]);
     assert_eq!(a.status, 200);
@@ -277,5 +264,5 @@ fn async_prefill_failing_after_the_decode_started_keeps_the_stream() {
     );
     assert!(start.elapsed() < Duration::from_secs(3));
     assert_eq!(envoy.stat("wasmcustom.pd_router.prefill_failed"), 1);
-    assert_counters_zero(&envoy);
+    envoy.assert_counters_zero();
 }

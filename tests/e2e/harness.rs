@@ -392,6 +392,20 @@ impl Envoy {
     pub fn log(&self) -> String {
         tail(&self.log)
     }
+
+    /// Waits for every worker's tick to republish the shared counters, then
+    /// checks that no pod has an outstanding prefill or a pending decode.
+    pub fn assert_counters_zero(&self) {
+        std::thread::sleep(Duration::from_millis(1300));
+        let busy: Vec<(String, u64)> = self
+            .stats("wasmcustom.pd_router.pod.")
+            .into_iter()
+            .filter(|(k, v)| {
+                (k.ends_with(".outstanding_prefills") || k.ends_with(".pending_decodes")) && *v != 0
+            })
+            .collect();
+        assert!(busy.is_empty(), "counters not back to zero: {busy:?}");
+    }
 }
 
 pub fn tail(path: &Path) -> String {
@@ -472,16 +486,14 @@ impl Answer {
     }
 }
 
-pub fn post(url: &str, body: impl Into<Vec<u8>>, headers: &[(&str, &str)]) -> Answer {
+/// Sends `req` with `headers` and reads the whole answer.
+pub fn send(req: reqwest::blocking::RequestBuilder, headers: &[(&str, &str)]) -> Answer {
     let start = Instant::now();
-    let mut req = http()
-        .post(url)
-        .header("content-type", "application/json")
-        .body(body.into());
+    let mut req = req;
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
-    let resp = req.send().unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    let resp = req.send().unwrap_or_else(|e| panic!("request failed: {e}"));
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let body = resp.text().unwrap_or_default();
@@ -493,20 +505,14 @@ pub fn post(url: &str, body: impl Into<Vec<u8>>, headers: &[(&str, &str)]) -> An
     }
 }
 
+pub fn post(url: &str, body: impl Into<Vec<u8>>, headers: &[(&str, &str)]) -> Answer {
+    let req = http()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.into());
+    send(req, headers)
+}
+
 pub fn get(url: &str, headers: &[(&str, &str)]) -> Answer {
-    let start = Instant::now();
-    let mut req = http().get(url);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = req.send().unwrap_or_else(|e| panic!("GET {url}: {e}"));
-    let status = resp.status().as_u16();
-    let headers = resp.headers().clone();
-    let body = resp.text().unwrap_or_default();
-    Answer {
-        status,
-        headers,
-        body,
-        elapsed: start.elapsed(),
-    }
+    send(http().get(url), headers)
 }

@@ -153,13 +153,6 @@ fn soak() {
             "{name} grew from {warm} to {end} bytes"
         );
     }
-    let busy: Vec<(String, u64)> = envoy
-        .stats("wasmcustom.pd_router.pod.")
-        .into_iter()
-        .filter(|(k, v)| {
-            (k.ends_with(".outstanding_prefills") || k.ends_with(".pending_decodes")) && *v != 0
-        })
-        .collect();
-    assert!(busy.is_empty(), "counters not back to zero: {busy:?}");
+    envoy.assert_counters_zero();
     assert_eq!(envoy.stat("wasm.pd-router.vm_reload"), 0);
 }
