@@ -13,8 +13,10 @@ pub(super) struct Stats {
     pod_events: Vec<Vec<Option<u32>>>,
     /// Per pod: outstanding prefills, pending decodes, healthy (0/1).
     pod_gauges: Vec<[Option<u32>; 3]>,
-    /// This VM's linear memory, to see leaks under load.
-    vm_memory: Option<u32>,
+    /// This VM's linear memory, to see leaks under load; defined at the
+    /// first tick, so a VM that never ticks (Envoy's base VM) shows none.
+    vm_memory: Cell<Option<u32>>,
+    worker_slot: u8,
     /// Envoy's log level for this plugin, read at start and on each tick.
     log_level: Cell<Option<LogLevel>>,
 }
@@ -49,10 +51,8 @@ impl Stats {
             counters,
             pod_events,
             pod_gauges,
-            vm_memory: define(
-                MetricType::Gauge,
-                &format!("pd_router.vm.{worker_slot}.memory_bytes"),
-            ),
+            vm_memory: Cell::new(None),
+            worker_slot,
             log_level: Cell::new(hostcalls::get_log_level().ok()),
         }
     }
@@ -67,7 +67,11 @@ impl Stats {
 
     /// Publishes the size of this VM's linear memory.
     pub(super) fn record_vm_memory(&self) {
-        if let Some(id) = self.vm_memory {
+        if self.vm_memory.get().is_none() {
+            let name = format!("pd_router.vm.{}.memory_bytes", self.worker_slot);
+            self.vm_memory.set(define(MetricType::Gauge, &name));
+        }
+        if let Some(id) = self.vm_memory.get() {
             let bytes = core::arch::wasm32::memory_size(0) as u64 * 65_536;
             let _ = hostcalls::record_metric(id, bytes);
         }
