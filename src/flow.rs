@@ -565,9 +565,16 @@ impl Flow {
             .into());
         }
         let s = &config.scheduling;
-        let cap = s.prefix_block_bytes.saturating_mul(s.prefix_max_blocks);
+        let hashing = model.prefill_policy == PrefillPolicy::PrefixCache;
+        // Only the prefix policy reads the prompt's bytes; the others need its
+        // length alone, so nothing is copied for them.
+        let cap = if hashing {
+            s.prefix_block_bytes.saturating_mul(s.prefix_max_blocks)
+        } else {
+            0
+        };
         let (key, prompt_len) = prompt_key(api, &body, &top, cap);
-        let hashes = if model.prefill_policy == PrefillPolicy::PrefixCache {
+        let hashes = if hashing {
             prefix::block_hashes(
                 &key,
                 fnv1a(model.name.as_bytes()),
