@@ -1,15 +1,18 @@
-//! Command-line parsing. Hand-written rather than clap: the surface is small
-//! and the mock should build fast on a shared 2-core machine.
+//! Command-line flags (clap) and the [`Config`] they become.
 
-use std::fmt;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser, ValueEnum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
     Vllm,
     Sglang,
     Trtllm,
+    /// A plain OpenAI server: no KV hand-off
     Default,
 }
 
@@ -24,7 +27,7 @@ impl Engine {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Role {
     Prefill,
     Decode,
@@ -39,15 +42,18 @@ impl Role {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Connector {
+    /// The decode pulls the KV from the prefill's side channel
     Nixl,
+    /// As nixl, for this mock
     Shfs,
+    /// The decode gets the whole prefill answer as `disagg_prefill_resp`
     Neuron,
 }
 
 /// Which engine's metric names `/metrics` uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum MetricsFormat {
     Vllm,
     Sglang,
@@ -174,54 +180,159 @@ impl Config {
     }
 }
 
-#[derive(Debug)]
-pub struct CliError(pub String);
-
-impl fmt::Display for CliError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-pub const USAGE: &str = "\
-usage: mock-engine --engine vllm|sglang|trtllm|default --role prefill|decode
-  [--name NAME] [--model MODEL] [--listen ADDR]
-  [--connector nixl|shfs|neuron] [--bootstrap-listen ADDR] [--side-listen ADDR]
-  [--advertise-host HOST] [--fault SPEC]... [--allow-recompute]
-  [--bootstrap-timeout-ms N] [--stream-delay-ms N] [--allow-remote-peers]
-  [--metrics-format vllm|sglang] [--report-running N] [--report-waiting N]
-  [--report-kv-usage F] [--report-gen-throughput N] [--metrics-fail]
-  [--lenient-prefill] [--quiet]
-fault SPEC: status:N | delay:MS | garbage | no-kv-params | hang | reset | truncate
-  | fail-after-transfer[:MS] | fail-after:N";
-
 /// How long `fail-after-transfer` waits, once the decode has collected the
 /// KV, before answering 500: time for the decode's answer to get going.
 pub const DEFAULT_FAIL_AFTER_TRANSFER: Duration = Duration::from_millis(100);
 
-fn err(msg: impl Into<String>) -> CliError {
-    CliError(msg.into())
+const AFTER_HELP: &str = "\
+Fault SPEC (POST /v1/* only; --fault may be repeated):
+  status:N                  answer N (100..=599)
+  delay:MS                  sleep MS ms first (several add up)
+  garbage                   answer 200 with a body that is not JSON
+  no-kv-params              vllm nixl/shfs prefill: leave out kv_transfer_params
+  hang                      never answer
+  reset                     drop the connection (TCP RST), nothing sent
+  truncate                  send half the body of a 2xx answer, then close
+  fail-after-transfer[:MS]  sglang prefill: hand the KV over, wait until the
+                            decode collected it and MS ms more (default 100),
+                            then answer 500
+  fail-after:N              the other faults apply from request N+1 on (alone:
+                            status:500); at most one
+
+Flags that do not apply to the chosen engine and role are ignored with a
+warning, so one flag set can be passed to every pod.";
+
+/// Impersonates one vLLM / SGLang / TensorRT-LLM pod in the prefill or
+/// decode role and enforces that engine's prefill/decode contract.
+#[derive(Parser, Debug)]
+// A repeated flag takes its last value, so a harness can append an override
+// to a shared flag set.
+#[command(name = "mock-engine", args_override_self = true, after_help = AFTER_HELP)]
+struct Cli {
+    /// Engine whose contract to enforce
+    #[arg(long, value_enum)]
+    engine: Engine,
+
+    /// Role of this pod
+    #[arg(long, value_enum)]
+    role: Role,
+
+    /// Pod name, in ids, logs and x-mock-pod
+    #[arg(long, default_value = "mock")]
+    name: String,
+
+    /// Served model id
+    #[arg(long, default_value = "mock-model")]
+    model: String,
+
+    /// Main HTTP listen address
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+
+    // The next three are options without a clap default: whether they were
+    // given decides the "ignoring" warnings.
+    /// vllm only: KV connector [default: nixl]
+    #[arg(long, value_enum)]
+    connector: Option<Connector>,
+
+    /// sglang prefill: bootstrap server listen address [default: 127.0.0.1:0]
+    #[arg(long, value_name = "ADDR")]
+    bootstrap_listen: Option<SocketAddr>,
+
+    /// vllm nixl/shfs prefill, trtllm prefill: side-channel listen address
+    /// [default: 127.0.0.1:0]
+    #[arg(long, value_name = "ADDR")]
+    side_listen: Option<SocketAddr>,
+
+    /// vllm nixl/shfs prefill: remote_host written in kv_transfer_params
+    #[arg(long, value_name = "HOST")]
+    advertise_host: Option<String>,
+
+    /// Fault to inject (see Fault SPEC below)
+    #[arg(long = "fault", value_name = "SPEC", value_parser = parse_fault)]
+    faults: Vec<Fault>,
+
+    /// vllm decode: accept a request without a KV hand-off (x-mock-kv: recomputed)
+    #[arg(long)]
+    allow_recompute: bool,
+
+    /// How long sglang waits for its peer and a trtllm decode for the context pull, in ms
+    #[arg(
+        long = "bootstrap-timeout-ms",
+        value_name = "MS",
+        default_value = "10000",
+        value_parser = parse_ms
+    )]
+    bootstrap_timeout: Duration,
+
+    /// Delay between SSE events, in ms
+    #[arg(
+        long = "stream-delay-ms",
+        value_name = "MS",
+        default_value = "2",
+        value_parser = parse_ms
+    )]
+    stream_delay: Duration,
+
+    /// Let the mock dial non-loopback peers (off: such a peer fails like an unreachable one)
+    #[arg(long)]
+    allow_remote_peers: bool,
+
+    /// Metric names on /metrics, whatever --engine
+    #[arg(long, value_enum, value_name = "FORMAT", default_value_t = MetricsFormat::Vllm)]
+    metrics_format: MetricsFormat,
+
+    // allow_negative_numbers: "-1" is then refused by the range check, with
+    // its reason, instead of being taken for an unknown flag.
+    /// Added to the real in-flight count on /metrics
+    #[arg(long, value_name = "N", default_value = "0", value_parser = parse_amount, allow_negative_numbers = true)]
+    report_running: f64,
+
+    /// Reported queued requests
+    #[arg(long, value_name = "N", default_value = "0", value_parser = parse_amount, allow_negative_numbers = true)]
+    report_waiting: f64,
+
+    /// Reported KV-cache usage, a fraction in [0, 1]
+    #[arg(long, value_name = "F", default_value = "0", value_parser = parse_fraction, allow_negative_numbers = true)]
+    report_kv_usage: f64,
+
+    /// Reported tokens/s (sglang metrics format only)
+    #[arg(long, value_name = "N", default_value = "0", value_parser = parse_amount, allow_negative_numbers = true)]
+    report_gen_throughput: f64,
+
+    /// /metrics answers 500
+    #[arg(long)]
+    metrics_fail: bool,
+
+    /// Prefill: accept what a real engine accepts instead of the strict prefill-leg rules
+    #[arg(long)]
+    lenient_prefill: bool,
+
+    /// No access log on stderr and no /debug/requests record (for load tests)
+    #[arg(long)]
+    quiet: bool,
 }
 
-fn parse_addr(flag: &str, v: &str) -> Result<SocketAddr, CliError> {
-    v.parse()
-        .map_err(|e| err(format!("{flag}: invalid socket address {v:?}: {e}")))
-}
-
-fn parse_ms(flag: &str, v: &str) -> Result<Duration, CliError> {
+fn parse_ms(v: &str) -> Result<Duration, String> {
     v.parse::<u64>()
         .map(Duration::from_millis)
-        .map_err(|e| err(format!("{flag}: invalid milliseconds {v:?}: {e}")))
+        .map_err(|e| format!("not a number of milliseconds: {e}"))
 }
 
-fn parse_load(flag: &str, v: &str, fraction: bool) -> Result<f64, CliError> {
-    let n: f64 = v
-        .parse()
-        .map_err(|e| err(format!("{flag}: invalid number {v:?}: {e}")))?;
-    check_load_value(flag, n, fraction).map_err(err)
+fn parse_number(v: &str, fraction: bool) -> Result<f64, String> {
+    let n: f64 = v.parse().map_err(|e| format!("not a number: {e}"))?;
+    check_load_value("the value", n, fraction)
 }
 
-fn parse_fault(v: &str) -> Result<Fault, CliError> {
+fn parse_amount(v: &str) -> Result<f64, String> {
+    parse_number(v, false)
+}
+
+fn parse_fraction(v: &str) -> Result<f64, String> {
+    parse_number(v, true)
+}
+
+fn parse_fault(v: &str) -> Result<Fault, String> {
     match v {
         "garbage" => return Ok(Fault::Garbage),
         "no-kv-params" => return Ok(Fault::NoKvParams),
@@ -232,234 +343,152 @@ fn parse_fault(v: &str) -> Result<Fault, CliError> {
         _ => {}
     }
     if let Some(ms) = v.strip_prefix("fail-after-transfer:") {
-        return Ok(Fault::FailAfterTransfer(parse_ms(
-            "--fault fail-after-transfer",
-            ms,
-        )?));
+        return parse_ms(ms)
+            .map(Fault::FailAfterTransfer)
+            .map_err(|e| format!("fail-after-transfer:MS: {e}"));
     }
     if let Some(n) = v.strip_prefix("fail-after:") {
         return n
             .parse::<u64>()
             .map(Fault::FailAfter)
-            .map_err(|e| err(format!("--fault fail-after: invalid count {n:?}: {e}")));
+            .map_err(|e| format!("fail-after:N: not a count: {e}"));
     }
     if let Some(n) = v.strip_prefix("status:") {
         let code: u16 = n
             .parse()
-            .map_err(|e| err(format!("--fault {v}: invalid status: {e}")))?;
+            .map_err(|e| format!("status:N: not a status: {e}"))?;
         if !(100..=599).contains(&code) {
-            return Err(err(format!("--fault {v}: status must be in 100..=599")));
+            return Err("status:N: N must be in 100..=599".to_string());
         }
         return Ok(Fault::Status(code));
     }
     if let Some(ms) = v.strip_prefix("delay:") {
-        return Ok(Fault::Delay(parse_ms("--fault delay", ms)?));
+        return parse_ms(ms)
+            .map(Fault::Delay)
+            .map_err(|e| format!("delay:MS: {e}"));
     }
-    Err(err(format!("--fault: unknown spec {v:?}")))
+    Err("unknown fault (see Fault SPEC in --help)".to_string())
 }
 
-pub fn parse<I: IntoIterator<Item = String>>(args: I) -> Result<Config, CliError> {
-    let loopback_any: SocketAddr = SocketAddr::from(([127, 0, 0, 1], 0));
-    let mut engine = None;
-    let mut role = None;
-    let mut name = "mock".to_string();
-    let mut model = "mock-model".to_string();
-    let mut listen = loopback_any;
-    let mut connector = None;
-    let mut bootstrap_listen = None;
-    let mut side_listen = None;
-    let mut advertise_host = None;
-    let mut faults = Vec::new();
-    let mut allow_recompute = false;
-    let mut bootstrap_timeout = Duration::from_millis(10_000);
-    let mut stream_delay = Duration::from_millis(2);
-    let mut allow_remote_peers = false;
-    let mut metrics_format = MetricsFormat::Vllm;
-    let mut load = Load::default();
-    let mut lenient_prefill = false;
-    let mut quiet = false;
+/// Parses a full command line, program name first. On `--help` or a bad
+/// flag the error is clap's: `Error::exit` prints it and exits 0 or 2.
+pub fn parse<I, T>(args: I) -> Result<Config, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    Cli::try_parse_from(args)?.into_config()
+}
 
-    let mut it = args.into_iter();
-    while let Some(flag) = it.next() {
-        // Accept both `--flag value` and `--flag=value`.
-        let (flag, inline) = match flag.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (flag, None),
-        };
-        let is_switch = matches!(
-            flag.as_str(),
-            "--allow-recompute"
-                | "--allow-remote-peers"
-                | "--metrics-fail"
-                | "--lenient-prefill"
-                | "--quiet"
-                | "--help"
-                | "-h"
-        );
-        let value = if is_switch {
-            if inline.is_some() {
-                return Err(err(format!("{flag} takes no value")));
-            }
-            String::new()
-        } else {
-            match inline.or_else(|| it.next()) {
-                Some(v) => v,
-                None => return Err(err(format!("{flag} needs a value"))),
-            }
-        };
-        match flag.as_str() {
-            "--help" | "-h" => return Err(err(USAGE)),
-            "--engine" => {
-                engine = Some(match value.as_str() {
-                    "vllm" => Engine::Vllm,
-                    "sglang" => Engine::Sglang,
-                    "trtllm" => Engine::Trtllm,
-                    "default" => Engine::Default,
-                    other => return Err(err(format!("--engine: unknown engine {other:?}"))),
-                })
-            }
-            "--role" => {
-                role = Some(match value.as_str() {
-                    "prefill" => Role::Prefill,
-                    "decode" => Role::Decode,
-                    other => return Err(err(format!("--role: unknown role {other:?}"))),
-                })
-            }
-            "--name" => name = value,
-            "--model" => model = value,
-            "--listen" => listen = parse_addr("--listen", &value)?,
-            "--connector" => {
-                connector = Some(match value.as_str() {
-                    "nixl" => Connector::Nixl,
-                    "shfs" => Connector::Shfs,
-                    "neuron" => Connector::Neuron,
-                    other => return Err(err(format!("--connector: unknown connector {other:?}"))),
-                })
-            }
-            "--bootstrap-listen" => {
-                bootstrap_listen = Some(parse_addr("--bootstrap-listen", &value)?)
-            }
-            "--side-listen" => side_listen = Some(parse_addr("--side-listen", &value)?),
-            "--advertise-host" => advertise_host = Some(value),
-            "--fault" => faults.push(parse_fault(&value)?),
-            "--allow-recompute" => allow_recompute = true,
-            "--allow-remote-peers" => allow_remote_peers = true,
-            "--bootstrap-timeout-ms" => {
-                bootstrap_timeout = parse_ms("--bootstrap-timeout-ms", &value)?
-            }
-            "--stream-delay-ms" => stream_delay = parse_ms("--stream-delay-ms", &value)?,
-            "--metrics-format" => {
-                metrics_format = match value.as_str() {
-                    "vllm" => MetricsFormat::Vllm,
-                    "sglang" => MetricsFormat::Sglang,
-                    other => {
-                        return Err(err(format!(
-                            "--metrics-format: unknown format {other:?} (vllm|sglang)"
-                        )))
-                    }
+impl Cli {
+    fn into_config(self) -> Result<Config, clap::Error> {
+        let loopback_any = SocketAddr::from(([127, 0, 0, 1], 0));
+        let mut faults = self.faults;
+        let mut fail_after = None;
+        for f in &faults {
+            if let Fault::FailAfter(n) = f {
+                if fail_after.replace(*n).is_some() {
+                    return Err(Cli::command().error(
+                        ErrorKind::ArgumentConflict,
+                        "--fault fail-after:N given twice",
+                    ));
                 }
             }
-            "--report-running" => load.running = parse_load("--report-running", &value, false)?,
-            "--report-waiting" => load.waiting = parse_load("--report-waiting", &value, false)?,
-            "--report-kv-usage" => load.kv_usage = parse_load("--report-kv-usage", &value, true)?,
-            "--report-gen-throughput" => {
-                load.gen_throughput = parse_load("--report-gen-throughput", &value, false)?
-            }
-            "--metrics-fail" => load.metrics_fail = true,
-            "--lenient-prefill" => lenient_prefill = true,
-            "--quiet" => quiet = true,
-            other => return Err(err(format!("unknown flag {other:?}\n{USAGE}"))),
         }
-    }
-
-    let mut fail_after = None;
-    for f in &faults {
-        if let Fault::FailAfter(n) = f {
-            if fail_after.replace(*n).is_some() {
-                return Err(err("--fault fail-after:N given twice"));
-            }
+        faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
+        if fail_after.is_some() && faults.is_empty() {
+            faults.push(Fault::Status(500));
         }
-    }
-    faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
-    if fail_after.is_some() && faults.is_empty() {
-        faults.push(Fault::Status(500));
-    }
 
-    let engine = engine.ok_or_else(|| err(format!("--engine is required\n{USAGE}")))?;
-    let role = role.ok_or_else(|| err(format!("--role is required\n{USAGE}")))?;
-    let config = Config {
-        engine,
-        role,
-        name,
-        model,
-        listen,
-        connector: connector.unwrap_or(Connector::Nixl),
-        bootstrap_listen: bootstrap_listen.unwrap_or(loopback_any),
-        side_listen: side_listen.unwrap_or(loopback_any),
-        advertise_host,
-        faults,
-        fail_after,
-        allow_recompute,
-        bootstrap_timeout,
-        stream_delay,
-        allow_remote_peers,
-        metrics_format,
-        load,
-        lenient_prefill,
-        quiet,
-    };
+        let (engine, role) = (self.engine, self.role);
+        let config = Config {
+            engine,
+            role,
+            name: self.name,
+            model: self.model,
+            listen: self.listen,
+            connector: self.connector.unwrap_or(Connector::Nixl),
+            bootstrap_listen: self.bootstrap_listen.unwrap_or(loopback_any),
+            side_listen: self.side_listen.unwrap_or(loopback_any),
+            advertise_host: self.advertise_host,
+            faults,
+            fail_after,
+            allow_recompute: self.allow_recompute,
+            bootstrap_timeout: self.bootstrap_timeout,
+            stream_delay: self.stream_delay,
+            allow_remote_peers: self.allow_remote_peers,
+            metrics_format: self.metrics_format,
+            load: Load {
+                running: self.report_running,
+                waiting: self.report_waiting,
+                kv_usage: self.report_kv_usage,
+                gen_throughput: self.report_gen_throughput,
+                metrics_fail: self.metrics_fail,
+            },
+            lenient_prefill: self.lenient_prefill,
+            quiet: self.quiet,
+        };
 
-    // Flags that do not apply are ignored rather than fatal, so a test harness
-    // can pass one flag set to every pod; the warning still shows the mistake.
-    let mut ignored = Vec::new();
-    if connector.is_some() && engine != Engine::Vllm {
-        ignored.push("--connector (vllm only)");
+        // Flags that do not apply are ignored rather than fatal, so a test
+        // harness can pass one flag set to every pod; the warning still
+        // shows the mistake.
+        let mut ignored = Vec::new();
+        if self.connector.is_some() && engine != Engine::Vllm {
+            ignored.push("--connector (vllm only)");
+        }
+        if self.bootstrap_listen.is_some() && !config.needs_bootstrap() {
+            ignored.push("--bootstrap-listen (sglang prefill only)");
+        }
+        if self.side_listen.is_some() && !config.needs_side_channel() {
+            ignored.push("--side-listen (vllm nixl/shfs prefill and trtllm prefill only)");
+        }
+        if config.advertise_host.is_some()
+            && !(config.vllm_pull_connector() && role == Role::Prefill)
+        {
+            ignored.push("--advertise-host (vllm nixl/shfs prefill only)");
+        }
+        if config.lenient_prefill && role != Role::Prefill {
+            ignored.push("--lenient-prefill (prefill only)");
+        }
+        if config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
+            ignored.push("--allow-recompute (vllm decode only)");
+        }
+        if config.has_fault(&Fault::NoKvParams)
+            && !(config.vllm_pull_connector() && role == Role::Prefill)
+        {
+            ignored.push("--fault no-kv-params (vllm nixl/shfs prefill only)");
+        }
+        if config.fail_after_transfer().is_some()
+            && !(engine == Engine::Sglang && role == Role::Prefill)
+        {
+            ignored.push("--fault fail-after-transfer (sglang prefill only)");
+        }
+        for flag in ignored {
+            eprintln!("mock-engine: warning: ignoring {flag}");
+        }
+        Ok(config)
     }
-    if bootstrap_listen.is_some() && !config.needs_bootstrap() {
-        ignored.push("--bootstrap-listen (sglang prefill only)");
-    }
-    if side_listen.is_some() && !config.needs_side_channel() {
-        ignored.push("--side-listen (vllm nixl/shfs prefill and trtllm prefill only)");
-    }
-    if config.advertise_host.is_some() && !(config.vllm_pull_connector() && role == Role::Prefill) {
-        ignored.push("--advertise-host (vllm nixl/shfs prefill only)");
-    }
-    if lenient_prefill && role != Role::Prefill {
-        ignored.push("--lenient-prefill (prefill only)");
-    }
-    if allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
-        ignored.push("--allow-recompute (vllm decode only)");
-    }
-    if config.has_fault(&Fault::NoKvParams)
-        && !(config.vllm_pull_connector() && role == Role::Prefill)
-    {
-        ignored.push("--fault no-kv-params (vllm nixl/shfs prefill only)");
-    }
-    if config.fail_after_transfer().is_some()
-        && !(engine == Engine::Sglang && role == Role::Prefill)
-    {
-        ignored.push("--fault fail-after-transfer (sglang prefill only)");
-    }
-    for flag in ignored {
-        eprintln!("mock-engine: warning: ignoring {flag}");
-    }
-    Ok(config)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(str::to_string).collect()
+    fn line(s: &str) -> Result<Config, clap::Error> {
+        parse(std::iter::once("mock-engine").chain(s.split_whitespace()))
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
     }
 
     #[test]
     fn parses_full_command_line() {
-        let c = parse(args(
+        let c = line(
             "--engine vllm --role prefill --name p0 --connector=shfs --fault status:503 \
              --fault delay:20 --advertise-host 192.0.2.1 --bootstrap-timeout-ms 500",
-        ))
+        )
         .expect("valid");
         assert_eq!(c.engine, Engine::Vllm);
         assert_eq!(c.connector, Connector::Shfs);
@@ -473,19 +502,73 @@ mod tests {
     }
 
     #[test]
+    fn defaults() {
+        let c = line("--engine vllm --role decode").expect("valid");
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        assert_eq!(c.name, "mock");
+        assert_eq!(c.model, "mock-model");
+        assert_eq!(c.listen, any);
+        assert_eq!(c.connector, Connector::Nixl);
+        assert_eq!(c.bootstrap_listen, any);
+        assert_eq!(c.side_listen, any);
+        assert_eq!(c.advertise_host, None);
+        assert!(c.faults.is_empty());
+        assert_eq!(c.fail_after, None);
+        assert!(!c.allow_recompute);
+        assert_eq!(c.bootstrap_timeout, Duration::from_millis(10_000));
+        assert_eq!(c.stream_delay, Duration::from_millis(2));
+        assert!(!c.allow_remote_peers);
+    }
+
+    #[test]
     fn rejects_bad_input() {
-        assert!(parse(args("--engine vllm")).is_err());
-        assert!(parse(args("--engine foo --role decode")).is_err());
-        assert!(parse(args("--engine vllm --role decode --fault status:42")).is_err());
-        assert!(parse(args("--engine vllm --role decode --listen")).is_err());
+        let kind = |s: &str| line(s).expect_err(s).kind();
+        assert_eq!(kind("--engine vllm"), ErrorKind::MissingRequiredArgument);
+        assert_eq!(kind("--engine foo --role decode"), ErrorKind::InvalidValue);
+        assert_eq!(
+            kind("--engine vllm --role decode --fault status:42"),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            kind("--engine vllm --role decode --listen"),
+            ErrorKind::InvalidValue
+        );
+        assert_eq!(
+            kind("--engine vllm --role decode --listen localhost:1"),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            kind("--engine vllm --role decode --stream-delay-ms 1.5"),
+            ErrorKind::ValueValidation
+        );
+        assert_eq!(
+            kind("--engine vllm --role decode --nope"),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(
+            kind("--engine vllm --role decode stray"),
+            ErrorKind::UnknownArgument
+        );
+        assert_eq!(kind("--help"), ErrorKind::DisplayHelp);
+        assert_eq!(kind("-h"), ErrorKind::DisplayHelp);
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_the_last_value() {
+        let c =
+            line("--engine vllm --role decode --name a --name b --engine sglang --quiet --quiet")
+                .expect("valid");
+        assert_eq!(c.name, "b");
+        assert_eq!(c.engine, Engine::Sglang);
+        assert!(c.quiet);
     }
 
     #[test]
     fn parses_new_faults() {
-        let c = parse(args(
+        let c = line(
             "--engine sglang --role prefill --fault reset --fault=truncate \
              --fault fail-after-transfer",
-        ))
+        )
         .expect("valid");
         assert_eq!(
             c.faults,
@@ -496,16 +579,14 @@ mod tests {
             ]
         );
         assert_eq!(c.fail_after_transfer(), Some(DEFAULT_FAIL_AFTER_TRANSFER));
-        let c = parse(args(
-            "--engine sglang --role prefill --fault fail-after-transfer:0",
-        ))
-        .expect("valid");
+        let c =
+            line("--engine sglang --role prefill --fault fail-after-transfer:0").expect("valid");
         assert_eq!(c.fail_after_transfer(), Some(Duration::ZERO));
         assert_eq!(c.fail_after, None);
         assert_eq!(c.faults_for(0), c.faults.as_slice());
 
         // Alone, fail-after:N means status:500 after N requests.
-        let c = parse(args("--engine default --role decode --fault fail-after:2")).expect("valid");
+        let c = line("--engine default --role decode --fault fail-after:2").expect("valid");
         assert_eq!(c.fail_after, Some(2));
         assert_eq!(c.faults, vec![Fault::Status(500)]);
         assert!(c.faults_for(0).is_empty());
@@ -514,9 +595,9 @@ mod tests {
         assert_eq!(c.faults_for(100), [Fault::Status(500)]);
 
         // With other faults, it delays them, wherever it is on the line.
-        let c = parse(args(
+        let c = line(
             "--engine default --role decode --fault reset --fault fail-after:1 --fault delay:5",
-        ))
+        )
         .expect("valid");
         assert_eq!(
             c.faults,
@@ -525,7 +606,7 @@ mod tests {
         assert!(c.faults_for(0).is_empty());
         assert_eq!(c.faults_for(1), c.faults.as_slice());
 
-        let c = parse(args("--engine default --role decode --fault fail-after:0")).expect("valid");
+        let c = line("--engine default --role decode --fault fail-after:0").expect("valid");
         assert_eq!(c.faults_for(0), [Fault::Status(500)]);
 
         for bad in [
@@ -536,35 +617,36 @@ mod tests {
             "--fault fail-after-transfer:x",
             "--fault fail-after-transfer:",
             "--fault resets",
+            "--fault delay:-5",
+            "--fault status:600",
+            "--fault status:abc",
         ] {
-            let line = format!("--engine vllm --role decode {bad}");
-            assert!(parse(args(&line)).is_err(), "{bad}");
+            let line_ = format!("--engine vllm --role decode {bad}");
+            assert!(line(&line_).is_err(), "{bad}");
         }
     }
 
     #[test]
     fn parses_bench_switches() {
-        let c = parse(args(
-            "--engine sglang --role prefill --lenient-prefill --quiet",
-        ))
-        .expect("valid");
+        let c = line("--engine sglang --role prefill --lenient-prefill --quiet").expect("valid");
         assert!(c.lenient_prefill);
         assert!(c.quiet);
-        assert!(parse(args("--engine sglang --role prefill --lenient-prefill=1")).is_err());
-        assert!(parse(args("--engine sglang --role prefill --quiet=yes")).is_err());
+        assert!(line("--engine sglang --role prefill --lenient-prefill=1").is_err());
+        assert!(line("--engine sglang --role prefill --quiet=yes").is_err());
+        assert!(line("--engine sglang --role prefill --quiet=true").is_err());
     }
 
     #[test]
     fn parses_load_reporting() {
-        let c = parse(args("--engine vllm --role decode")).expect("valid");
+        let c = line("--engine vllm --role decode").expect("valid");
         assert_eq!(c.metrics_format, MetricsFormat::Vllm);
         assert_eq!(c.load, Load::default());
         assert!(!c.lenient_prefill);
         assert!(!c.quiet);
-        let c = parse(args(
+        let c = line(
             "--engine sglang --role decode --metrics-format sglang --report-running 2.5 \
              --report-waiting=7 --report-kv-usage 0.75 --report-gen-throughput 120 --metrics-fail",
-        ))
+        )
         .expect("valid");
         assert_eq!(c.metrics_format, MetricsFormat::Sglang);
         assert_eq!(
@@ -587,8 +669,107 @@ mod tests {
             "--report-running x",
             "--metrics-fail=yes",
         ] {
-            let line = format!("--engine vllm --role decode {bad}");
-            assert!(parse(args(&line)).is_err(), "{bad}");
+            let line_ = format!("--engine vllm --role decode {bad}");
+            let e = line(&line_).expect_err(bad);
+            assert_eq!(
+                e.kind() == ErrorKind::ValueValidation,
+                !bad.starts_with("--metrics-"),
+                "{bad}: {e}"
+            );
         }
+    }
+
+    /// Every mock-engine command line that tests/e2e/*.rs (after the
+    /// harness's `--name`), bench/run.py and scripts/demo.sh run, with the
+    /// values they pass: a flag dropped or renamed here breaks them.
+    #[test]
+    fn every_flag_in_use_parses() {
+        let e2e = "--name n";
+        let bench = "--name n --model bench-model --quiet";
+        let mut lines = Vec::new();
+        for engine in ["vllm", "sglang", "trtllm", "default"] {
+            for role in ["prefill", "decode"] {
+                lines.push(format!("{e2e} --engine {engine} --role {role}"));
+                lines.push(format!("{bench} --engine {engine} --role {role}"));
+            }
+        }
+        for connector in ["nixl", "shfs", "neuron"] {
+            for role in ["prefill", "decode"] {
+                lines.push(format!(
+                    "{e2e} --engine vllm --role {role} --connector {connector}"
+                ));
+            }
+        }
+        for fault in [
+            "status:400",
+            "status:429",
+            "status:500",
+            "status:503",
+            "garbage",
+            "truncate",
+            "reset",
+            "hang",
+            "delay:400",
+            "delay:600",
+            "delay:5000",
+        ] {
+            for role in ["prefill", "decode"] {
+                lines.push(format!(
+                    "{e2e} --engine default --role {role} --fault {fault}"
+                ));
+            }
+        }
+        lines.extend(
+            [
+                // tests/e2e
+                "--name n --engine vllm --role prefill --fault delay:600",
+                "--name n --engine vllm --role prefill --connector shfs --advertise-host 192.0.2.1",
+                "--name n --engine vllm --role prefill --connector nixl --advertise-host 192.0.2.1",
+                "--name n --engine vllm --role prefill --connector nixl --fault no-kv-params",
+                "--name n --engine vllm --role prefill --fault no-kv-params",
+                "--name n --engine vllm --role decode --connector nixl --allow-recompute",
+                "--name n --engine vllm --role decode --allow-recompute",
+                "--name n --engine sglang --role prefill --bootstrap-timeout-ms 3000",
+                "--name n --engine sglang --role prefill --fault status:500",
+                "--name n --engine sglang --role decode --bootstrap-timeout-ms 30000",
+                "--name n --engine sglang --role prefill --fault fail-after-transfer",
+                "--name n --engine sglang --role decode --stream-delay-ms 30",
+                "--name n --engine vllm --role decode --connector nixl --stream-delay-ms 150",
+                "--name n --engine vllm --role decode --stream-delay-ms 100",
+                "--name n --engine vllm --role decode --stream-delay-ms 20",
+                "--name n --engine default --role prefill --listen 127.0.0.1:45678",
+                // bench/run.py
+                "--name n --model bench-model --quiet --engine vllm --role prefill --connector nixl \
+                 --lenient-prefill",
+                "--name n --model bench-model --quiet --engine sglang --role prefill --lenient-prefill",
+                // scripts/demo.sh
+                "--name n --engine vllm --role prefill --listen 127.0.0.1:8100 --model demo/vllm",
+                "--name n --engine vllm --role decode --listen 127.0.0.1:8200 --model demo/vllm",
+                "--name n --engine sglang --role prefill --listen 127.0.0.1:8101 \
+                 --bootstrap-listen 127.0.0.1:18998 --model demo/sglang",
+                "--name n --engine sglang --role decode --listen 127.0.0.1:8201 --model demo/sglang",
+                "--name n --engine trtllm --role prefill --listen 127.0.0.1:8102 --model demo/trtllm",
+                "--name n --engine trtllm --role decode --listen 127.0.0.1:8202 --model demo/trtllm",
+            ]
+            .map(str::to_string),
+        );
+        for l in &lines {
+            if let Err(e) = line(l) {
+                panic!("{l}: {e}");
+            }
+        }
+        let c = line(
+            "--name s --engine sglang --role prefill --listen 127.0.0.1:8101 \
+             --bootstrap-listen 127.0.0.1:18998 --model demo/sglang --quiet --lenient-prefill",
+        )
+        .expect("valid");
+        assert_eq!(c.name, "s");
+        assert_eq!(c.model, "demo/sglang");
+        assert_eq!(c.listen, SocketAddr::from(([127, 0, 0, 1], 8101)));
+        assert_eq!(
+            c.bootstrap_listen,
+            SocketAddr::from(([127, 0, 0, 1], 18998))
+        );
+        assert!(c.quiet && c.lenient_prefill);
     }
 }

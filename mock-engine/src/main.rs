@@ -125,13 +125,7 @@ async fn run(config: cli::Config) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let config = match cli::parse(std::env::args().skip(1)) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("mock-engine: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let config = cli::parse(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

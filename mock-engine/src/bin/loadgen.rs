@@ -13,13 +13,18 @@
 //! Single-threaded on purpose (tokio current_thread): the benchmark pins it
 //! to one core, with the mock engines.
 
+use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use clap::builder::RangedU64ValueParser;
+use clap::error::ErrorKind;
+use clap::{CommandFactory, Parser};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, HOST};
@@ -28,18 +33,6 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
 
-const USAGE: &str = "\
-usage: loadgen --url http://HOST:PORT/PATH --body FILE
-  [--concurrency N]      workers, one keep-alive connection each (default 1)
-  [--duration SECS]      length of the measured window (default 5)
-  [--requests N]         or: close the window after N counted answers
-  [--warmup SECS]        unmeasured load before the window (default 0.5)
-  [--cpu-pid PID]        report this process's CPU time over the window
-  [--timeout SECS]       per request (default 30)
-  [--header 'K: V']...   extra request headers
-  [--allow-remote]       allow a non-loopback target (off: refused)
-Output: one JSON line {completed, errors, elapsed_s, rps, p50_ms, p99_ms, ...}";
-
 /// Linux's USER_HZ: /proc/PID/stat counts CPU time in 1/100 s on every
 /// architecture the ABI defines it for.
 const USER_HZ: f64 = 100.0;
@@ -47,6 +40,103 @@ const USER_HZ: f64 = 100.0;
 const WARMUP: u8 = 0;
 const MEASURE: u8 = 1;
 const STOP: u8 = 2;
+
+/// A closed-loop HTTP/1.1 load generator for the end-to-end benchmark
+/// (bench/run.py).
+#[derive(Parser, Debug)]
+// A repeated flag takes its last value, so a caller can append an override
+// to a shared flag set.
+#[command(
+    name = "loadgen",
+    args_override_self = true,
+    after_help = "Output: one JSON line {completed, errors, elapsed_s, rps, p50_ms, p99_ms, ...}"
+)]
+struct Cli {
+    /// Target to POST to, http://HOST:PORT/PATH
+    #[arg(long, value_name = "URL", value_parser = parse_url)]
+    url: Target,
+
+    /// File whose bytes every request sends
+    #[arg(long, value_name = "FILE")]
+    body: PathBuf,
+
+    /// Workers, one keep-alive connection each
+    #[arg(long, value_name = "N", default_value = "1",
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    concurrency: usize,
+
+    /// Length of the measured window, in seconds
+    #[arg(long, value_name = "SECS", default_value = "5", value_parser = parse_secs)]
+    duration: Duration,
+
+    /// Close the window after N counted answers (--duration still bounds it)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    requests: Option<u64>,
+
+    /// Unmeasured load before the window, in seconds
+    #[arg(long, value_name = "SECS", default_value = "0.5", value_parser = parse_secs)]
+    warmup: Duration,
+
+    /// Report this process's CPU time over the window
+    #[arg(long, value_name = "PID")]
+    cpu_pid: Option<u32>,
+
+    /// Timeout of each request, in seconds
+    #[arg(long, value_name = "SECS", default_value = "30", value_parser = parse_secs)]
+    timeout: Duration,
+
+    /// Extra request header (repeatable)
+    #[arg(long = "header", value_name = "K: V", value_parser = parse_header)]
+    headers: Vec<(HeaderName, HeaderValue)>,
+
+    /// Allow a non-loopback target (off: refused)
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+/// `--url`, split and resolved.
+#[derive(Clone, Debug)]
+struct Target {
+    host: String,
+    addr: SocketAddr,
+    path: String,
+}
+
+fn parse_url(url: &str) -> Result<Target, String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or("must start with http://")?;
+    let (host, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let addr = host
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host:?}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{host:?} has no address"))?;
+    Ok(Target {
+        host: host.to_string(),
+        addr,
+        path: path.to_string(),
+    })
+}
+
+fn parse_secs(v: &str) -> Result<Duration, String> {
+    let secs: f64 = v
+        .parse()
+        .map_err(|e| format!("not a number of seconds: {e}"))?;
+    Duration::try_from_secs_f64(secs).map_err(|e| format!("not a duration: {e}"))
+}
+
+fn parse_header(v: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let (k, val) = v.split_once(':').ok_or("expected 'K: V'")?;
+    let name = HeaderName::from_bytes(k.trim().as_bytes())
+        .map_err(|e| format!("header name {k:?}: {e}"))?;
+    let value =
+        HeaderValue::from_str(val.trim()).map_err(|e| format!("header value {val:?}: {e}"))?;
+    Ok((name, value))
+}
 
 struct Args {
     host: String,
@@ -62,103 +152,37 @@ struct Args {
     headers: Vec<(HeaderName, HeaderValue)>,
 }
 
-fn parse_args() -> Result<Args, String> {
-    let mut url = None;
-    let mut body_path = None;
-    let mut concurrency = 1usize;
-    let mut duration = Duration::from_secs(5);
-    let mut requests = None;
-    let mut warmup = Duration::from_millis(500);
-    let mut cpu_pid = None;
-    let mut timeout = Duration::from_secs(30);
-    let mut headers = Vec::new();
-    let mut allow_remote = false;
-    let secs = |flag: &str, v: &str| -> Result<Duration, String> {
-        v.parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64)
-            .ok_or_else(|| format!("{flag}: invalid seconds {v:?}"))
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        if flag == "--help" || flag == "-h" {
-            return Err(USAGE.to_string());
-        }
-        if flag == "--allow-remote" {
-            allow_remote = true;
-            continue;
-        }
-        let v = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
-            "--url" => url = Some(v),
-            "--body" => body_path = Some(v),
-            "--concurrency" => {
-                concurrency = v
-                    .parse()
-                    .ok()
-                    .filter(|c| *c > 0)
-                    .ok_or_else(|| format!("--concurrency: invalid {v:?}"))?
-            }
-            "--duration" => duration = secs("--duration", &v)?,
-            "--requests" => {
-                requests = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| format!("--requests: invalid {v:?}"))?,
-                )
-            }
-            "--warmup" => warmup = secs("--warmup", &v)?,
-            "--cpu-pid" => {
-                cpu_pid = Some(v.parse().map_err(|_| format!("--cpu-pid: invalid {v:?}"))?)
-            }
-            "--timeout" => timeout = secs("--timeout", &v)?,
-            "--header" => {
-                let (k, val) = v
-                    .split_once(':')
-                    .ok_or_else(|| format!("--header: expected 'K: V', got {v:?}"))?;
-                let name = HeaderName::from_bytes(k.trim().as_bytes())
-                    .map_err(|e| format!("--header {k:?}: {e}"))?;
-                let value = HeaderValue::from_str(val.trim())
-                    .map_err(|e| format!("--header {val:?}: {e}"))?;
-                headers.push((name, value));
-            }
-            other => return Err(format!("unknown flag {other:?}\n{USAGE}")),
-        }
-    }
-    let url = url.ok_or_else(|| format!("--url is required\n{USAGE}"))?;
-    let body_path = body_path.ok_or_else(|| format!("--body is required\n{USAGE}"))?;
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| format!("--url must start with http://, got {url:?}"))?;
-    let (host, path) = match rest.find('/') {
-        Some(i) => (&rest[..i], &rest[i..]),
-        None => (rest, "/"),
-    };
-    let addr = host
-        .to_socket_addrs()
-        .map_err(|e| format!("--url: cannot resolve {host:?}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("--url: {host:?} has no address"))?;
-    if !allow_remote && !is_loopback(addr.ip()) {
-        return Err(format!(
-            "--url: {addr} is not a loopback address (pass --allow-remote to load it anyway)"
+/// Parses a full command line, program name first, and reads the body.
+fn parse_args<I, T>(argv: I) -> Result<Args, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(argv)?;
+    let Target { host, addr, path } = cli.url;
+    if !cli.allow_remote && !is_loopback(addr.ip()) {
+        return Err(Cli::command().error(
+            ErrorKind::ValueValidation,
+            format!(
+                "--url: {addr} is not a loopback address (pass --allow-remote to load it anyway)"
+            ),
         ));
     }
-    let body = std::fs::read(&body_path).map_err(|e| format!("--body {body_path}: {e}"))?;
+    let body = std::fs::read(&cli.body).map_err(|e| {
+        Cli::command().error(ErrorKind::Io, format!("--body {}: {e}", cli.body.display()))
+    })?;
     Ok(Args {
-        host: host.to_string(),
+        host,
         addr,
-        path: path.to_string(),
+        path,
         body: Bytes::from(body),
-        concurrency,
-        duration,
-        requests,
-        warmup,
-        cpu_pid,
-        timeout,
-        headers,
+        concurrency: cli.concurrency,
+        duration: cli.duration,
+        requests: cli.requests,
+        warmup: cli.warmup,
+        cpu_pid: cli.cpu_pid,
+        timeout: cli.timeout,
+        headers: cli.headers,
     })
 }
 
@@ -446,13 +470,7 @@ async fn run(args: Args) -> String {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("loadgen: {e}");
-            return ExitCode::from(2);
-        }
-    };
+    let args = parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -468,4 +486,123 @@ fn main() -> ExitCode {
     runtime.shutdown_background();
     println!("{line}");
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A body file of its own per test: tests run in parallel.
+    fn body_file(test: &str) -> PathBuf {
+        let name = format!("loadgen-{test}-{}.json", std::process::id());
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, b"{}").expect("write body");
+        path
+    }
+
+    fn line(s: &str) -> Result<Args, clap::Error> {
+        parse_args(std::iter::once("loadgen").chain(s.split_whitespace()))
+    }
+
+    #[test]
+    fn command_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    /// The command line bench/run.py runs (`run_cell`), with the values it
+    /// passes: Python prints floats with a decimal point.
+    #[test]
+    fn bench_command_line_parses() {
+        let body = body_file("bench");
+        let a = line(&format!(
+            "--url http://127.0.0.1:8080/v1/chat/completions --body {} --concurrency 16 \
+             --duration 2.0 --warmup 0.3 --cpu-pid 4242 --timeout 30",
+            body.display()
+        ))
+        .expect("valid");
+        assert_eq!(a.host, "127.0.0.1:8080");
+        assert_eq!(a.addr, SocketAddr::from(([127, 0, 0, 1], 8080)));
+        assert_eq!(a.path, "/v1/chat/completions");
+        assert_eq!(&a.body[..], b"{}");
+        assert_eq!(a.concurrency, 16);
+        assert_eq!(a.duration, Duration::from_secs(2));
+        assert_eq!(a.warmup, Duration::from_millis(300));
+        assert_eq!(a.cpu_pid, Some(4242));
+        assert_eq!(a.timeout, Duration::from_secs(30));
+        assert_eq!(a.requests, None);
+        let _ = std::fs::remove_file(&body);
+    }
+
+    #[test]
+    fn defaults_and_other_flags() {
+        let body = body_file("defaults");
+        let b = body.display();
+        let a = line(&format!("--url http://[::1]:9 --body {b}")).expect("valid");
+        assert_eq!(a.path, "/");
+        assert_eq!(a.concurrency, 1);
+        assert_eq!(a.duration, Duration::from_secs(5));
+        assert_eq!(a.warmup, Duration::from_millis(500));
+        assert_eq!(a.timeout, Duration::from_secs(30));
+        assert_eq!(a.cpu_pid, None);
+        assert!(a.headers.is_empty());
+
+        let a = line(&format!(
+            "--url http://127.0.0.1:9/x --body {b} --requests 100 --header x-a:1 \
+             --header x-b:two --concurrency 2 --concurrency 3"
+        ))
+        .expect("valid");
+        assert_eq!(a.requests, Some(100));
+        assert_eq!(a.concurrency, 3);
+        let headers: Vec<_> = a
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.to_str().unwrap()))
+            .collect();
+        assert_eq!(headers, [("x-a", "1"), ("x-b", "two")]);
+
+        // Not loopback: refused without --allow-remote; nothing is sent either way.
+        let remote = format!("--url http://192.0.2.1:80/ --body {b}");
+        assert!(line(&remote).is_err());
+        assert!(line(&format!("{remote} --allow-remote")).is_ok());
+        let _ = std::fs::remove_file(&body);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        let body = body_file("bad");
+        let b = body.display();
+        let kind = |s: &str| line(s).err().map(|e| e.kind());
+        assert_eq!(
+            kind(&format!("--body {b}")),
+            Some(ErrorKind::MissingRequiredArgument)
+        );
+        assert_eq!(
+            kind("--url http://127.0.0.1:9/"),
+            Some(ErrorKind::MissingRequiredArgument)
+        );
+        assert_eq!(
+            kind("--url http://127.0.0.1:9/ --body /nonexistent/body.json"),
+            Some(ErrorKind::Io)
+        );
+        for bad in [
+            "--url https://127.0.0.1:9/",
+            "--url 127.0.0.1:9",
+            "--url http://127.0.0.1/",
+            "--concurrency 0",
+            "--concurrency x",
+            "--requests 0",
+            "--duration -1",
+            "--duration x",
+            "--warmup inf",
+            "--timeout 1e30",
+            "--cpu-pid -3",
+            "--header novalue",
+            "--header bad\u{0}name:1",
+        ] {
+            let l = format!("--url http://127.0.0.1:9/ --body {b} {bad}");
+            assert!(line(&l).is_err(), "{bad}");
+        }
+        assert_eq!(kind("--help"), Some(ErrorKind::DisplayHelp));
+        let _ = std::fs::remove_file(&body);
+    }
 }
