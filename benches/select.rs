@@ -7,10 +7,19 @@
 //!
 //! Run with `just bench` (or `cargo bench --bench select`).
 
-use pd_router::config::{fnv1a, Config};
-use pd_router::sched::prefix::{self, PrefixEntry};
-use pd_router::sched::state::{self, MemoryStore, SetError, SharedStore};
-use pd_router::sched::{estimate_tokens, schedule, Ask, Decision, PodState};
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use pd_router::api::Api;
+use pd_router::config::Config;
+use pd_router::pods::{MemoryStore, SetError, SharedStore};
+use pd_router::router::{HeldLoad, Router};
+use pd_router::sched::{schedule, PlacementRequest, PodState};
+use pd_router::split::{self, Placement};
 use std::cell::Cell;
 use std::hint::black_box;
 use std::time::Instant;
@@ -36,8 +45,9 @@ fn config(pods: usize, prefill_policy: &str, decode_policy: &str) -> Config {
     // pods/4 rolesets of 2 prefill + 2 decode.
     let rolesets: Vec<String> = (0..pods / 4)
         .map(|r| {
+            let (a, b) = (r / 256, r % 256);
             format!(
-                r#"{{"prefill":["10.0.{r}.1:8000","10.0.{r}.2:8000"],"decode":["10.0.{r}.3:8000","10.0.{r}.4:8000"]}}"#
+                r#"{{"prefill":["10.{a}.{b}.1:8000","10.{a}.{b}.2:8000"],"decode":["10.{a}.{b}.3:8000","10.{a}.{b}.4:8000"]}}"#
             )
         })
         .collect();
@@ -67,9 +77,8 @@ fn time(iters: u32, mut f: impl FnMut(u32)) -> f64 {
 }
 
 fn main() {
-    let prompt: Vec<u8> = "You are a helpful assistant. Answer briefly. "
-        .repeat(100)
-        .into_bytes(); // ~4.5 KB: 35 blocks of 128 bytes
+    let prompt = "You are a helpful assistant. Answer briefly. ".repeat(100); // ~4.5 KB: 35 blocks of 128 bytes
+    let body = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":16}}"#).into_bytes();
     println!("pod selection cost per request (native, release; median of 7 rounds)");
     println!(
         "{:<34} {:>5} {:>12} {:>12} {:>8} {:>14}",
@@ -82,11 +91,12 @@ fn main() {
         ("power_of_two", "power_of_two"),
     ] {
         let mut base = None;
-        for pods in [4usize, 64] {
-            let c = config(pods, pp, dp);
-            let model = &c.models[0];
-            let s = &c.scheduling;
-            let states: Vec<PodState> = (0..c.pods.len())
+        for pods in [4usize, 64, 1000] {
+            let router = Router::new(config(pods, pp, dp), 0).expect("router");
+            let fleet = router.fleet();
+            let model = &fleet.models()[0];
+            let s = &router.config.scheduling;
+            let states: Vec<PodState> = (0..model.pods.len())
                 .map(|i| PodState {
                     outstanding_prefills: (i % 3) as u32,
                     pending_decodes: (i % 5) as u32,
@@ -94,112 +104,63 @@ fn main() {
                 })
                 .collect();
             let mut rng = 0x9E37_79B9_7F4A_7C15u64;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
             let decide = time(20_000, |i| {
-                let mut random = || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
                 let no_prefix = |_: usize| 0.0;
-                let mut ask = Ask {
+                let mut query = PlacementRequest {
                     prompt_tokens: 1000,
                     prefix_match: &no_prefix,
                     turn: i as u64,
-                    random: &mut random,
+                    random: &mut next,
                     exclude: &[],
                 };
-                black_box(schedule(model, &states, &mut ask, s));
+                black_box(schedule(model, &states, &mut query, s));
             });
 
+            // The whole selection as the filter does it, through the
+            // router's own functions.
             let mut store = Counting {
                 inner: MemoryStore::default(),
                 gets: Cell::new(0),
                 sets: 0,
             };
-            let load_key = state::load_key(&c.fingerprint);
-            let n = c.pods.len();
-            let iters = 5_000;
-            let full = time(iters, |i| {
-                let counters = state::decode_load(store.shared_get(&load_key).0.as_deref(), n);
-                let pod_states: Vec<PodState> = counters
-                    .iter()
-                    .map(|k| PodState {
-                        outstanding_prefills: k.outstanding_prefills,
-                        pending_decodes: k.pending_decodes,
-                        unhealthy: false,
-                        metrics: None,
-                    })
-                    .collect();
-                let hashes = if pp == "prefix_cache" {
-                    prefix::block_hashes(
-                        &prompt,
-                        fnv1a(b"m"),
-                        s.prefix_block_bytes,
-                        s.prefix_max_blocks,
-                    )
-                } else {
-                    Vec::new()
-                };
-                let m = prefix::walk(
-                    &hashes,
-                    |h| {
-                        let key = prefix::slot_key(
-                            &c.fingerprint,
-                            prefix::slot_of(h, s.prefix_table_slots),
-                        );
-                        store
-                            .shared_get(&key)
-                            .0
-                            .as_deref()
-                            .and_then(PrefixEntry::decode)
-                    },
-                    1_000,
-                    s.prefix_ttl_ms,
-                );
-                let match_of = |pod: usize| m.percent(pod);
-                let mut random = || {
-                    rng ^= rng << 13;
-                    rng ^= rng >> 7;
-                    rng ^= rng << 17;
-                    rng
-                };
-                let mut ask = Ask {
-                    prompt_tokens: estimate_tokens(prompt.len()),
-                    prefix_match: &match_of,
-                    turn: i as u64,
-                    random: &mut random,
-                    exclude: &[],
-                };
-                let d = schedule(model, &pod_states, &mut ask, s);
-                let Decision::Split {
-                    prefill, decode, ..
-                } = d
+            let request = split::read(
+                &router.view(&fleet),
+                Api::Completions,
+                "bench",
+                body.clone(),
+            )
+            .expect("request");
+            let iters = if pods > 100 { 500 } else { 5_000 };
+            let full = time(iters, |_| {
+                let mut random = |_: &mut Counting| next();
+                let placed = router
+                    .place(&mut store, &request, &[], &mut random, 1_000)
+                    .expect("placed");
+                let Placement::Split {
+                    prefill,
+                    decode,
+                    prefix,
+                    ..
+                } = placed
                 else {
-                    panic!("no split: {d:?}");
+                    panic!("no split");
                 };
-                let (p, dd) = (prefill.pod, decode.pod);
-                state::update_load(&mut store, &load_key, n, |c| {
-                    c[p].outstanding_prefills += 1;
-                    c[dd].pending_decodes += 1;
-                })
-                .expect("hold");
-                let held = if m.percent(p) > 0.0 { m.depth } else { 0 };
-                for h in &prefix::to_record(&hashes, held) {
-                    let e = PrefixEntry {
-                        hash: *h,
-                        pod: p as u32,
-                        at_ms: 1_000,
-                    };
-                    let key =
-                        prefix::slot_key(&c.fingerprint, prefix::slot_of(*h, s.prefix_table_slots));
-                    let _ = store.shared_set(&key, &e.encode(), None);
-                }
-                state::update_load(&mut store, &load_key, n, |c| {
-                    c[p].outstanding_prefills -= 1;
-                    c[dd].pending_decodes -= 1;
-                })
-                .expect("release");
+                let held = HeldLoad {
+                    model: model.id,
+                    prefill: Some(prefill.id),
+                    decode: Some(decode.id),
+                };
+                router.hold(&mut store, held, 1_000).expect("hold");
+                router.remember_prefix(&mut store, &request, &prefix, prefill.id, 1_000);
+                router
+                    .release(&mut store, held, None, 1_000)
+                    .expect("release");
             });
             let calls = 7 * iters as u64;
             let ops = (store.gets.get() + store.sets) as f64 / calls as f64;
@@ -218,6 +179,6 @@ fn main() {
         }
     }
     println!("ratio: full cost against the same policies with 4 pods.");
-    println!("shared ops: gets + sets per request (counter reads, two CAS updates, prefix walk and inserts);");
+    println!("shared ops: gets + sets per request (the model's load table read, two CAS updates, prefix walk and inserts);");
     println!("inside Envoy each is a host call that copies the value, so add about 1 µs per op.");
 }

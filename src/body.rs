@@ -120,7 +120,7 @@ impl TopLevel {
             .iter()
             .position(|b| !is_ws(*b))
             .ok_or(BodyError::Empty)?;
-        if src[first] != b'{' {
+        if src.get(first) != Some(&b'{') {
             // Tell a valid non-object apart from garbage: both are 400, but the
             // message should say which.
             return Err(match serde_json::from_str::<de::IgnoredAny>(text) {
@@ -147,9 +147,9 @@ impl TopLevel {
             // The key is the first string after the previous value's end; the
             // text was validated above, so only whitespace and a comma precede it.
             let key_start = lead_start
-                + src[lead_start..start]
-                    .iter()
-                    .position(|b| *b == b'"')
+                + src
+                    .get(lead_start..start)
+                    .and_then(|gap| gap.iter().position(|b| *b == b'"'))
                     .unwrap_or(0);
             members.push(Member {
                 key: key.0.into_owned(),
@@ -202,12 +202,16 @@ impl TopLevel {
     /// Produces `src` with `edits` applied. Members not named in `edits` are
     /// copied byte for byte; the order of keys is kept; set keys that were absent
     /// are appended in the order they were first set.
-    pub fn render(&self, src: &[u8], edits: &Edits) -> Vec<u8> {
-        // Spans index the source they were parsed from; another source would
-        // be spliced at meaningless offsets (or out of bounds).
-        debug_assert_eq!(src.len(), self.src_len, "render with a different source");
-        if edits.is_empty() || src.len() != self.src_len {
-            return src.to_vec();
+    ///
+    /// `src` must be the bytes this was parsed from: spans laid on another
+    /// source would splice at meaningless offsets, so that is an error, never
+    /// a silently wrong body.
+    pub fn render(&self, src: &[u8], edits: &Edits) -> Result<Vec<u8>, SourceMismatch> {
+        if src.len() != self.src_len {
+            return Err(SourceMismatch);
+        }
+        if edits.is_empty() {
+            return Ok(src.to_vec());
         }
         let extra: usize = edits
             .ops
@@ -239,13 +243,17 @@ impl TopLevel {
         }
         // Removed members before the first kept one take the separator that
         // follows them instead of the one before them.
-        match first_kept {
-            Some(fk) if fk > 0 => {
-                splices.push((self.members[0].key_start..self.members[fk].key_start, b""))
+        let first = self.members.first();
+        match (first, first_kept) {
+            (Some(head), Some(fk)) if fk > 0 => {
+                if let Some(kept) = self.members.get(fk) {
+                    splices.push((head.key_start..kept.key_start, b""));
+                }
             }
-            None if !self.members.is_empty() => {
-                let last = &self.members[self.members.len() - 1];
-                splices.push((self.members[0].key_start..last.value.end, b""));
+            (Some(head), None) => {
+                if let Some(last) = self.members.last() {
+                    splices.push((head.key_start..last.value.end, b""));
+                }
             }
             _ => {}
         }
@@ -278,13 +286,27 @@ impl TopLevel {
         let mut out = Vec::with_capacity(src.len() + extra);
         let mut cursor = 0;
         for (range, text) in splices {
-            debug_assert!(range.start >= cursor, "overlapping splices");
-            out.extend_from_slice(&src[cursor..range.start.max(cursor)]);
+            // Splices never overlap (each member is named once), but a
+            // cursor past a start would only skip bytes, never repeat them.
+            let kept = src
+                .get(cursor..range.start.max(cursor))
+                .ok_or(SourceMismatch)?;
+            out.extend_from_slice(kept);
             out.extend_from_slice(text);
             cursor = range.end.max(cursor);
         }
-        out.extend_from_slice(&src[cursor..]);
-        out
+        out.extend_from_slice(src.get(cursor..).ok_or(SourceMismatch)?);
+        Ok(out)
+    }
+}
+
+/// [`TopLevel::render`] was given bytes other than those it parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceMismatch;
+
+impl fmt::Display for SourceMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object was rendered against bytes it was not parsed from")
     }
 }
 
@@ -377,7 +399,7 @@ mod tests {
         let top = TopLevel::parse(src.as_bytes()).expect("parse");
         let mut e = Edits::new();
         f(&mut e);
-        String::from_utf8(top.render(src.as_bytes(), &e)).expect("utf8")
+        String::from_utf8(top.render(src.as_bytes(), &e).expect("same source")).expect("utf8")
     }
 
     #[test]
@@ -431,6 +453,18 @@ mod tests {
                 e.set_u64("f", 5);
             }),
             r#"{"d":4,"f":5}"#
+        );
+    }
+
+    #[test]
+    fn rendering_against_other_bytes_is_an_error() {
+        let top = TopLevel::parse(br#"{"a":1}"#).expect("parse");
+        let mut e = Edits::new();
+        e.set_u64("b", 2);
+        assert_eq!(top.render(br#"{"a":12}"#, &e), Err(SourceMismatch));
+        assert_eq!(
+            top.render(br#"{"a":1}"#, &e).as_deref(),
+            Ok(&br#"{"a":1,"b":2}"#[..])
         );
     }
 

@@ -4,11 +4,12 @@
 //! silently falling back to a default is worse than a refused config), and
 //! every error names the field by its path so one log line says what to fix.
 
-use crate::sched::{DecodePolicy, PrefillPolicy};
-use crate::transfer::Connector;
+use crate::fleet::{
+    fnv1a, Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, PrefillPolicy,
+    RolesetPods, Scheduling, TokenRange, DEFAULT_BOOTSTRAP_PORT,
+};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
-use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 
@@ -41,9 +42,6 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
         message: message.into(),
     }
 }
-
-/// Default SGLang bootstrap port, as in SGLang's `--disaggregation-bootstrap-port`.
-pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -116,92 +114,6 @@ fn d_metrics_ttl_ms() -> u64 {
 }
 fn d_metrics_path() -> String {
     "/metrics".into()
-}
-
-/// Scheduling thresholds; the defaults are AIBrix's.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Scheduling {
-    /// Prompt bytes per prefix-cache block.
-    pub prefix_block_bytes: usize,
-    /// Blocks of a prompt's prefix that are hashed and looked up.
-    pub prefix_max_blocks: usize,
-    /// Slots of the shared prefix table; a colliding insert evicts the older entry.
-    pub prefix_table_slots: u32,
-    /// Prefix entries older than this are ignored.
-    pub prefix_ttl_ms: u64,
-    /// A prefill pod holding at least this share (percent) of the prompt's
-    /// blocks gets the request outright, decode aligned to its roleset
-    /// (SGLang's cache-aware rule; AIBrix's combined score alone lets decode
-    /// load split a shared prefix across rolesets). Above 100: off.
-    pub prefix_affinity_min_match: f64,
-    /// Outstanding-prefill spread (max − min) above which the least-loaded
-    /// prefill pod is taken outright.
-    pub prefill_imbalance_min_spread: u32,
-    /// Prefill pods with more outstanding prefills than mean + N·σ are skipped.
-    pub prefill_outlier_stddev_factor: f64,
-    /// ... if they are also this many above the least-loaded pod. AIBrix has
-    /// no such floor, and with N = 1 its filter drops any lone busy pod even
-    /// at one request in flight, which defeats prefix affinity on small pools.
-    pub prefill_outlier_min_spread: u32,
-    /// Running+pending spread at which the least-loaded decode pod is taken.
-    pub decode_imbalance_min_spread: f64,
-    /// Generation-throughput spread (tokens/s) above which the least busy
-    /// decode pod is taken.
-    pub decode_throughput_imbalance_min_spread: f64,
-    /// Ratio of (running / drain rate) between decode pods above which the
-    /// lowest is taken.
-    pub decode_score_ratio_threshold: f64,
-    /// Weight of running requests in the decode load score.
-    pub decode_weight_running: f64,
-    /// Weight of generation throughput in the decode load score.
-    pub decode_weight_throughput: f64,
-    /// A combined pod below this queue/drain ratio counts as idle.
-    pub combined_idle_ratio: f64,
-    /// A PD pod above this queue/drain ratio counts as overloaded.
-    pub pd_overload_ratio: f64,
-}
-
-impl Default for Scheduling {
-    fn default() -> Self {
-        Scheduling {
-            prefix_block_bytes: 128,
-            prefix_max_blocks: 128,
-            prefix_table_slots: 16_384,
-            prefix_ttl_ms: 20 * 60 * 1000,
-            prefix_affinity_min_match: 50.0,
-            prefill_imbalance_min_spread: 16,
-            prefill_outlier_stddev_factor: 1.0,
-            prefill_outlier_min_spread: 8,
-            decode_imbalance_min_spread: 16.0,
-            decode_throughput_imbalance_min_spread: 2048.0,
-            decode_score_ratio_threshold: 1.5,
-            decode_weight_running: 1.0,
-            decode_weight_throughput: 1.0,
-            combined_idle_ratio: 0.25,
-            pd_overload_ratio: 1.0,
-        }
-    }
-}
-
-/// An inclusive range of prompt lengths, in estimated tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TokenRange {
-    #[serde(default)]
-    pub min: u64,
-    #[serde(default = "d_max_tokens_range")]
-    pub max: u64,
-}
-
-fn d_max_tokens_range() -> u64 {
-    u64::MAX
-}
-
-impl TokenRange {
-    pub fn contains(&self, tokens: u64) -> bool {
-        self.min <= tokens && tokens <= self.max
-    }
 }
 
 #[derive(Deserialize)]
@@ -278,69 +190,6 @@ impl<'de> Deserialize<'de> for RawEndpoint {
     }
 }
 
-/// One engine pod.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoint {
-    /// `IP:port` as the routing header wants it (IPv6 in brackets).
-    pub address: String,
-    /// The IP alone: SGLang's `bootstrap_host`, AIBrix's `remote_host` rewrite.
-    pub ip: String,
-    pub name: String,
-    pub bootstrap_port: u16,
-    pub kv_connector: Option<Connector>,
-    /// Index of this address in [`Config::pods`]: load, health and metrics are
-    /// kept per address, whatever model or role the address serves.
-    pub pod: usize,
-    /// Prompt lengths a combined pod takes (`None`: any).
-    pub prompt_tokens: Option<TokenRange>,
-}
-
-/// One distinct pod address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Pod {
-    pub address: String,
-    pub name: String,
-}
-
-/// Prefill and decode pods that belong together (AIBrix's roleset: pods of one
-/// roleset share a KV-transfer fabric).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Roleset {
-    pub name: String,
-    pub prefill: Vec<Endpoint>,
-    pub decode: Vec<Endpoint>,
-    /// Prompt lengths this roleset takes (`None`: any).
-    pub prompt_tokens: Option<TokenRange>,
-}
-
-impl Roleset {
-    /// Only a roleset with both roles can serve a split request.
-    pub fn is_eligible(&self) -> bool {
-        !self.prefill.is_empty() && !self.decode.is_empty()
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Model {
-    pub name: String,
-    /// Free text: unknown engines get the default handler.
-    pub engine: String,
-    pub kv_connector: Option<Connector>,
-    pub prefill_policy: PrefillPolicy,
-    pub decode_policy: DecodePolicy,
-    pub rolesets: Vec<Roleset>,
-    /// Pods that serve both phases: no prefill call.
-    pub combined: Vec<Endpoint>,
-}
-
-impl Model {
-    /// Whether any roleset or combined pod declares a prompt-length bucket.
-    pub fn uses_buckets(&self) -> bool {
-        self.rolesets.iter().any(|r| r.prompt_tokens.is_some())
-            || self.combined.iter().any(|c| c.prompt_tokens.is_some())
-    }
-}
-
 /// The validated configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
@@ -362,13 +211,11 @@ pub struct Config {
     pub metrics_path: String,
     pub metrics_cluster: String,
     pub scheduling: Scheduling,
+    /// The models as configured, with their static pods.
     pub models: Vec<Model>,
-    /// Every distinct pod address, in order of first mention.
-    pub pods: Vec<Pod>,
     /// Identifies this configuration's shared-data keys, so a reloaded
     /// configuration never reads another one's state.
     pub fingerprint: String,
-    by_name: HashMap<String, usize>,
 }
 
 impl Config {
@@ -384,179 +231,42 @@ impl Config {
         Ok(config)
     }
 
-    /// The model named `name`, exactly as the client spelt it.
+    /// The configured model named `name`.
     pub fn model(&self, name: &str) -> Option<&Model> {
-        self.model_entry(name).map(|(_, m)| m)
+        self.models.iter().find(|m| m.name == name)
     }
 
-    /// The model named `name` and its index in `models`.
-    pub fn model_entry(&self, name: &str) -> Option<(usize, &Model)> {
-        self.by_name.get(name).map(|i| (*i, &self.models[*i]))
+    /// The configured models and their static pods, as a fleet.
+    pub fn fleet(&self) -> Fleet {
+        Fleet::new(self.models.clone())
     }
 
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
-        if raw.prefill_cluster.trim().is_empty() {
-            return Err(err("prefill_cluster", "must name an Envoy cluster"));
-        }
-        let header = raw.routing_header.trim();
-        if header.is_empty()
-            || !header
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-        {
-            return Err(err(
-                "routing_header",
-                format!(
-                    "{:?} is not a lowercase HTTP header name",
-                    raw.routing_header
-                ),
-            ));
-        }
-        if raw.prefill_timeout_ms == 0 || raw.prefill_timeout_ms > u32::MAX as u64 {
-            return Err(err(
-                "prefill_timeout_ms",
-                format!("must be between 1 and {}", u32::MAX),
-            ));
-        }
-        if raw.max_body_bytes == 0 {
-            return Err(err("max_body_bytes", "must be greater than 0"));
-        }
+        check_settings(&raw)?;
         let max_body_bytes = usize::try_from(raw.max_body_bytes)
             .map_err(|_| err("max_body_bytes", "is larger than this platform can address"))?;
         let trt_machine_id = crate::trt_id::validate_trt_machine_id(raw.trt_machine_id)
             .map_err(|e| err("trt_machine_id", e.to_string()))?;
         let kv_connector = parse_connector(&raw.kv_connector, "kv_connector")?;
-        let sch = &raw.scheduling;
-        if sch.prefix_block_bytes == 0 {
-            return Err(err(
-                "scheduling.prefix_block_bytes",
-                "must be greater than 0",
-            ));
-        }
-        if sch.prefix_table_slots == 0 {
-            return Err(err(
-                "scheduling.prefix_table_slots",
-                "must be greater than 0",
-            ));
-        }
-        for (name, v) in [
-            (
-                "prefill_outlier_stddev_factor",
-                sch.prefill_outlier_stddev_factor,
-            ),
-            (
-                "decode_imbalance_min_spread",
-                sch.decode_imbalance_min_spread,
-            ),
-            (
-                "decode_throughput_imbalance_min_spread",
-                sch.decode_throughput_imbalance_min_spread,
-            ),
-            (
-                "decode_score_ratio_threshold",
-                sch.decode_score_ratio_threshold,
-            ),
-            ("decode_weight_running", sch.decode_weight_running),
-            ("decode_weight_throughput", sch.decode_weight_throughput),
-            ("combined_idle_ratio", sch.combined_idle_ratio),
-            ("pd_overload_ratio", sch.pd_overload_ratio),
-        ] {
-            if !v.is_finite() || v < 0.0 {
-                return Err(err(
-                    format!("scheduling.{name}"),
-                    "must be a finite number >= 0",
-                ));
-            }
-        }
-        if raw.scrape_interval_ms > 0 && raw.scrape_timeout_ms == 0 {
-            return Err(err("scrape_timeout_ms", "must be greater than 0"));
-        }
-        if !raw.metrics_path.starts_with('/') {
-            return Err(err("metrics_path", "must start with /"));
-        }
         if raw.models.is_empty() {
             return Err(err("models", "at least one model is required"));
         }
-
-        let mut models = Vec::with_capacity(raw.models.len());
-        let mut by_name = HashMap::new();
-        let mut pods: Vec<Pod> = Vec::new();
+        let mut models: Vec<Model> = Vec::with_capacity(raw.models.len());
         for (mi, m) in raw.models.into_iter().enumerate() {
-            let mp = format!("models[{mi}]");
-            if m.name.is_empty() {
-                return Err(err(format!("{mp}.name"), "must not be empty"));
-            }
-            if by_name.insert(m.name.clone(), mi).is_some() {
+            if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
                 return Err(err(
-                    format!("{mp}.name"),
+                    format!("models[{mi}].name"),
                     format!("model {:?} is configured twice", m.name),
                 ));
             }
-            let model_connector = m
-                .kv_connector
-                .as_deref()
-                .map(|c| parse_connector(c, &format!("{mp}.kv_connector")))
-                .transpose()?;
-            let prefill_policy = match &m.prefill_policy {
-                None => PrefillPolicy::default(),
-                Some(p) => PrefillPolicy::from_name(p).ok_or_else(|| {
-                    err(
-                        format!("{mp}.prefill_policy"),
-                        format!(
-                            "unknown policy {p:?}; expected one of: {}",
-                            PrefillPolicy::NAMES.join(", ")
-                        ),
-                    )
-                })?,
-            };
-            let decode_policy = match &m.decode_policy {
-                None => DecodePolicy::default(),
-                Some(p) => DecodePolicy::from_name(p).ok_or_else(|| {
-                    err(
-                        format!("{mp}.decode_policy"),
-                        format!(
-                            "unknown policy {p:?}; expected one of: {}",
-                            DecodePolicy::NAMES.join(", ")
-                        ),
-                    )
-                })?,
-            };
-            let mut endpoints = |list: Vec<RawEndpoint>, path: &str| {
-                list.into_iter()
-                    .enumerate()
-                    .map(|(ei, e)| endpoint(e.0, &format!("{path}[{ei}]"), &mut pods))
-                    .collect::<Result<Vec<_>, _>>()
-            };
-            let mut rolesets = Vec::with_capacity(m.rolesets.len());
-            for (ri, rs) in m.rolesets.into_iter().enumerate() {
-                let rp = format!("{mp}.rolesets[{ri}]");
-                if let Some(r) = rs.prompt_tokens {
-                    check_range(r, &format!("{rp}.prompt_tokens"))?;
-                }
-                rolesets.push(Roleset {
-                    name: rs.name.unwrap_or_else(|| format!("rs{ri}")),
-                    prefill: endpoints(rs.prefill, &format!("{rp}.prefill"))?,
-                    decode: endpoints(rs.decode, &format!("{rp}.decode"))?,
-                    prompt_tokens: rs.prompt_tokens,
-                });
-            }
-            let combined = endpoints(m.combined, &format!("{mp}.combined"))?;
-            models.push(Model {
-                name: m.name,
-                engine: m.engine,
-                kv_connector: model_connector,
-                prefill_policy,
-                decode_policy,
-                rolesets,
-                combined,
-            });
+            models.push(model(m, &format!("models[{mi}]"))?);
         }
         let metrics_cluster = raw
             .metrics_cluster
             .unwrap_or_else(|| raw.prefill_cluster.clone());
         Ok(Config {
             prefill_cluster: raw.prefill_cluster,
-            routing_header: header.to_owned(),
+            routing_header: raw.routing_header.trim().to_owned(),
             prefill_timeout_ms: raw.prefill_timeout_ms,
             max_body_bytes,
             trt_machine_id,
@@ -571,10 +281,138 @@ impl Config {
             metrics_cluster,
             scheduling: raw.scheduling,
             models,
-            pods,
             fingerprint: String::new(),
-            by_name,
         })
+    }
+}
+
+/// The top-level values that have a valid range.
+fn check_settings(raw: &RawConfig) -> Result<(), ConfigError> {
+    if raw.prefill_cluster.trim().is_empty() {
+        return Err(err("prefill_cluster", "must name an Envoy cluster"));
+    }
+    let header = raw.routing_header.trim();
+    if header.is_empty()
+        || !header
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+    {
+        return Err(err(
+            "routing_header",
+            format!(
+                "{:?} is not a lowercase HTTP header name",
+                raw.routing_header
+            ),
+        ));
+    }
+    if raw.prefill_timeout_ms == 0 || raw.prefill_timeout_ms > u32::MAX as u64 {
+        return Err(err(
+            "prefill_timeout_ms",
+            format!("must be between 1 and {}", u32::MAX),
+        ));
+    }
+    if raw.max_body_bytes == 0 {
+        return Err(err("max_body_bytes", "must be greater than 0"));
+    }
+    let sch = &raw.scheduling;
+    if sch.prefix_block_bytes == 0 {
+        return Err(err(
+            "scheduling.prefix_block_bytes",
+            "must be greater than 0",
+        ));
+    }
+    if sch.prefix_table_slots == 0 {
+        return Err(err(
+            "scheduling.prefix_table_slots",
+            "must be greater than 0",
+        ));
+    }
+    if let Some((name, _)) = sch
+        .ratios()
+        .into_iter()
+        .find(|(_, v)| !v.is_finite() || *v < 0.0)
+    {
+        return Err(err(
+            format!("scheduling.{name}"),
+            "must be a finite number >= 0",
+        ));
+    }
+    if raw.scrape_interval_ms > 0 && raw.scrape_timeout_ms == 0 {
+        return Err(err("scrape_timeout_ms", "must be greater than 0"));
+    }
+    if !raw.metrics_path.starts_with('/') {
+        return Err(err("metrics_path", "must start with /"));
+    }
+    Ok(())
+}
+
+/// One `models[]` entry, validated, with its static pods.
+fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
+    if m.name.is_empty() {
+        return Err(err(format!("{mp}.name"), "must not be empty"));
+    }
+    let settings = ModelSettings {
+        kv_connector: m
+            .kv_connector
+            .as_deref()
+            .map(|c| parse_connector(c, &format!("{mp}.kv_connector")))
+            .transpose()?,
+        prefill_policy: policy(
+            m.prefill_policy.as_deref(),
+            &format!("{mp}.prefill_policy"),
+            PrefillPolicy::from_name,
+            &PrefillPolicy::NAMES,
+        )?,
+        decode_policy: policy(
+            m.decode_policy.as_deref(),
+            &format!("{mp}.decode_policy"),
+            DecodePolicy::from_name,
+            &DecodePolicy::NAMES,
+        )?,
+        name: m.name,
+        engine: m.engine,
+    };
+    let endpoints = |list: Vec<RawEndpoint>, path: &str| {
+        list.into_iter()
+            .enumerate()
+            .map(|(ei, e)| endpoint(e.0, &format!("{path}[{ei}]")))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let mut rolesets = Vec::with_capacity(m.rolesets.len());
+    for (ri, rs) in m.rolesets.into_iter().enumerate() {
+        let rp = format!("{mp}.rolesets[{ri}]");
+        if let Some(r) = rs.prompt_tokens {
+            check_range(r, &format!("{rp}.prompt_tokens"))?;
+        }
+        rolesets.push(RolesetPods {
+            name: rs.name.unwrap_or_else(|| format!("rs{ri}")),
+            prefill: endpoints(rs.prefill, &format!("{rp}.prefill"))?,
+            decode: endpoints(rs.decode, &format!("{rp}.decode"))?,
+            prompt_tokens: rs.prompt_tokens,
+        });
+    }
+    let combined = endpoints(m.combined, &format!("{mp}.combined"))?;
+    Ok(Model::new(settings, rolesets, combined))
+}
+
+/// A policy name, or the default when absent.
+fn policy<P: Default>(
+    name: Option<&str>,
+    path: &str,
+    from_name: fn(&str) -> Option<P>,
+    names: &[&str],
+) -> Result<P, ConfigError> {
+    match name {
+        None => Ok(P::default()),
+        Some(n) => from_name(n).ok_or_else(|| {
+            err(
+                path,
+                format!(
+                    "unknown policy {n:?}; expected one of: {}",
+                    names.join(", ")
+                ),
+            )
+        }),
     }
 }
 
@@ -583,16 +421,6 @@ fn check_range(r: TokenRange, path: &str) -> Result<(), ConfigError> {
         return Err(err(path, format!("min {} is above max {}", r.min, r.max)));
     }
     Ok(())
-}
-
-/// FNV-1a, 64 bits: stable across VMs and builds (std's hasher is seeded).
-pub fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
 }
 
 fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
@@ -607,7 +435,7 @@ fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
     })
 }
 
-fn endpoint(spec: EndpointSpec, path: &str, pods: &mut Vec<Pod>) -> Result<Endpoint, ConfigError> {
+fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
     // ORIGINAL_DST routes to the header's address without DNS, so only a
     // literal IP:port can work.
     let addr: SocketAddr = spec.address.parse().map_err(|_| {
@@ -625,35 +453,18 @@ fn endpoint(spec: EndpointSpec, path: &str, pods: &mut Vec<Pod>) -> Result<Endpo
     if spec.bootstrap_port == Some(0) {
         return Err(err(format!("{path}.bootstrap_port"), "must not be 0"));
     }
-    let kv_connector = spec
+    if let Some(r) = spec.prompt_tokens {
+        check_range(r, &format!("{path}.prompt_tokens"))?;
+    }
+    let mut e = Endpoint::new(addr, spec.name);
+    e.bootstrap_port = spec.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT);
+    e.kv_connector = spec
         .kv_connector
         .as_deref()
         .map(|c| parse_connector(c, &format!("{path}.kv_connector")))
         .transpose()?;
-    if let Some(r) = spec.prompt_tokens {
-        check_range(r, &format!("{path}.prompt_tokens"))?;
-    }
-    let address = addr.to_string();
-    let name = spec.name.unwrap_or_else(|| address.clone());
-    let pod = match pods.iter().position(|p| p.address == address) {
-        Some(i) => i,
-        None => {
-            pods.push(Pod {
-                address: address.clone(),
-                name: name.clone(),
-            });
-            pods.len() - 1
-        }
-    };
-    Ok(Endpoint {
-        ip: addr.ip().to_string(),
-        name,
-        address,
-        bootstrap_port: spec.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT),
-        kv_connector,
-        pod,
-        prompt_tokens: spec.prompt_tokens,
-    })
+    e.prompt_tokens = spec.prompt_tokens;
+    Ok(e)
 }
 
 #[cfg(test)]

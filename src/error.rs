@@ -46,6 +46,65 @@ pub enum PrefillFailure {
     Dispatch(String),
 }
 
+/// An engine handler's or KV agent's failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EngineError {
+    /// The engine cannot serve this request disaggregated (answered 400).
+    Unsupported(String),
+    /// The prefill answer breaks the engine's contract (answered 502).
+    BadPrefillAnswer(String),
+    /// The router could not provide what the handler needed (answered 500).
+    Internal(String),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::Unsupported(m)
+            | EngineError::BadPrefillAnswer(m)
+            | EngineError::Internal(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<EngineError> for PdError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Unsupported(m) => PdError::Client(ClientError::Unsupported(m)),
+            EngineError::BadPrefillAnswer(m) => PdError::Prefill(PrefillFailure::BadAnswer(m)),
+            EngineError::Internal(m) => PdError::Internal(m),
+        }
+    }
+}
+
+/// A host call that failed: what was attempted and Envoy's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostError {
+    pub call: &'static str,
+    pub status: String,
+}
+
+impl HostError {
+    pub fn new(call: &'static str, status: impl fmt::Debug) -> HostError {
+        HostError {
+            call,
+            status: format!("{status:?}"),
+        }
+    }
+}
+
+impl fmt::Display for HostError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} failed ({})", self.call, self.status)
+    }
+}
+
+impl From<HostError> for PdError {
+    fn from(e: HostError) -> Self {
+        PdError::Internal(e.to_string())
+    }
+}
+
 /// Everything that ends a request with a local reply.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PdError {

@@ -1,7 +1,8 @@
 //! What the flow needs from Envoy. The shell implements it with proxy-wasm
 //! host calls; flow tests implement it with a recorder.
 
-pub use crate::sched::state::SharedStore;
+use crate::error::HostError;
+pub use crate::pods::SharedStore;
 
 /// What a callback tells Envoy to do with the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,17 +108,32 @@ pub fn stat_segment(name: &str) -> String {
         .collect()
 }
 
-/// The host operations one HTTP stream needs.
-pub trait Host: SharedStore {
+/// Logs, stats and the clock: what both a stream and the root context (the
+/// scrape loop) report through.
+pub trait Telemetry {
+    fn log(&self, level: Level, message: &str);
+    /// Whether `level` would be logged: debug lines are not even formatted
+    /// otherwise.
+    fn log_enabled(&self, level: Level) -> bool;
+    fn increment(&self, counter: Counter);
+    /// Counts an event of the pod named `pod`.
+    fn count_pod(&self, pod: &str, event: PodEvent);
+    /// Wall-clock Unix milliseconds.
+    fn now_ms(&self) -> u64;
+}
+
+/// The host operations one HTTP stream needs. Writes return errors: the flow
+/// decides what a failed write means (routing fails closed).
+pub trait Host: SharedStore + Telemetry {
     /// Every request header (name, raw value), fetched in one host call
     /// rather than one per header.
     fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
     /// Sets (or, with `None`, removes) a request header.
-    fn set_request_header(&mut self, name: &str, value: Option<&str>);
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError>;
     /// The buffered request body (`len` bytes).
-    fn request_body(&self, len: usize) -> Option<Vec<u8>>;
+    fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError>;
     /// Replaces the whole buffered body (`old_len` bytes) with `body`.
-    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), String>;
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError>;
     /// Starts an HTTP call; the answer arrives via the flow's
     /// `on_prefill_response` with the returned token.
     fn dispatch(
@@ -126,21 +142,18 @@ pub trait Host: SharedStore {
         headers: &[(&str, &str)],
         body: &[u8],
         timeout_ms: u64,
-    ) -> Result<u32, String>;
+    ) -> Result<u32, HostError>;
     /// The body of the call answer being delivered.
-    fn call_response_body(&self, len: usize) -> Option<Vec<u8>>;
+    fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError>;
     /// Lets a paused request go on upstream.
-    fn resume_request(&mut self);
+    fn resume_request(&mut self) -> Result<(), HostError>;
     /// Ends the stream with a local reply.
-    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]);
-    fn set_response_header(&mut self, name: &str, value: Option<&str>);
-    fn log(&self, level: Level, message: &str);
-    /// Whether `level` would be logged: debug lines are not even formatted
-    /// otherwise.
-    fn log_enabled(&self, level: Level) -> bool;
-    fn increment(&self, counter: Counter);
-    fn count_pod(&self, pod: usize, event: PodEvent);
-    /// Wall-clock Unix milliseconds.
-    fn now_ms(&self) -> u64;
+    fn send_reply(
+        &mut self,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError>;
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError>;
     fn random_u64(&mut self) -> Result<u64, String>;
 }

@@ -1,22 +1,31 @@
 //! pd-router: prefill/decode disaggregation routing for LLM inference engines,
 //! as an Envoy proxy-wasm filter.
 //!
-//! Layers: pure modules ([`body`], [`api`], [`config`], [`engine`],
-//! [`transfer`], [`trt_id`], [`select`], [`error`]) compute; [`flow`] decides,
-//! per request, against the [`host::Host`] trait; the `shell` (wasm only) is
-//! the one place that talks to Envoy.
+//! Layers, leaves first: [`fleet`] (the shared vocabulary: pods, rolesets,
+//! models, connector and policy names), [`codec`] and [`body`] (bytes);
+//! pure modules that compute ([`api`], [`config`], [`engine`], [`transfer`],
+//! [`sched`], [`pods`], [`metrics`], [`scrape`], [`trt_id`], [`select`],
+//! [`error`]); [`split`], the one plan every test, fuzzer and bench runs;
+//! [`router`], the per-VM state; [`flow`], which decides per request against
+//! the [`host::Host`] trait; and the `shell` (wasm only), the one place that
+//! talks to Envoy.
 
 pub mod api;
 pub mod body;
+pub mod codec;
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod fleet;
 pub mod flow;
 pub mod host;
 pub mod metrics;
+pub mod pods;
+pub mod router;
 pub mod sched;
 pub mod scrape;
 pub mod select;
+pub mod split;
 pub mod transfer;
 pub mod trt_id;
 

@@ -127,10 +127,12 @@ pub fn parse_engine_metrics(text: &str, model: Option<&str>) -> EngineMetrics {
         }
         let line = line.strip_suffix('\r').unwrap_or(line);
         if let Some((signal, value)) = parse_line(line, model) {
-            acc[signal.index()].add(value);
+            if let Some(a) = acc.get_mut(signal.index()) {
+                a.add(value);
+            }
         }
     }
-    let get = |s: Signal| acc[s.index()];
+    let get = |s: Signal| acc.get(s.index()).copied().unwrap_or_default();
     EngineMetrics {
         running: get(Signal::Running).sum(),
         waiting: get(Signal::Waiting).sum(),
@@ -220,87 +222,107 @@ fn quoted(line: &str, start: usize) -> Option<(&str, usize)> {
 /// an unusable value, or anything malformed.
 fn parse_line(line: &str, model: Option<&str>) -> Option<(Signal, f64)> {
     let b = line.as_bytes();
-    let mut i = skip_space(b, 0);
+    let i = skip_space(b, 0);
     match b.get(i) {
         None | Some(b'#') => return None,
         _ => {}
     }
+    let (mut signal, i) = bare_name(line, i)?;
+    let i = skip_space(b, i);
+    let i = if b.get(i) == Some(&b'{') {
+        labels(line, i + 1, model, &mut signal)?
+    } else {
+        i
+    };
+    let value = sample_value(line.get(i..)?)?;
+    Some((signal?, value))
+}
 
-    // Bare metric name; unknown names are dropped before any label is read.
-    let start = i;
+/// The bare metric name starting at `i`, if any: its signal (`None` when
+/// the name is absent, as in the quoted-name form) and the index after it.
+/// Unknown names end the line before any label is read.
+fn bare_name(line: &str, start: usize) -> Option<(Option<Signal>, usize)> {
+    let b = line.as_bytes();
+    let mut i = start;
     while b.get(i).copied().is_some_and(is_name_char) {
         i += 1;
     }
-    let mut signal = None;
-    if i > start {
-        if !is_name_start(b[start]) {
-            return None;
-        }
-        signal = Some(lookup(line.get(start..i)?)?);
+    if i == start {
+        return Some((None, i));
     }
+    if !b.get(start).copied().is_some_and(is_name_start) {
+        return None;
+    }
+    Some((Some(lookup(line.get(start..i)?)?), i))
+}
 
-    i = skip_space(b, i);
-    if b.get(i) == Some(&b'{') {
-        i += 1;
-        loop {
-            i = skip_space(b, i);
-            if *b.get(i)? == b'}' {
-                i += 1;
-                break;
-            }
-            // Label name: bare, or quoted (Prometheus 3 UTF-8 names).
-            let (name, quoted_name, next) = if b[i] == b'"' {
-                let (raw, next) = quoted(line, i)?;
-                (raw, true, next)
-            } else {
-                let s = i;
-                while b.get(i).copied().is_some_and(is_name_char) {
-                    i += 1;
-                }
-                if i == s || b[s].is_ascii_digit() {
-                    return None;
-                }
-                (line.get(s..i)?, false, i)
-            };
-            i = skip_space(b, next);
-            if *b.get(i)? == b'=' {
-                i = skip_space(b, i + 1);
-                if *b.get(i)? != b'"' {
-                    return None;
-                }
-                let (value, next) = quoted(line, i)?;
-                i = next;
-                if let Some(want) = model {
-                    if MODEL_LABELS.iter().any(|l| unescaped_eq(name, l))
-                        && !unescaped_eq(value, want)
-                    {
-                        return None;
-                    }
-                }
-            } else if quoted_name && signal.is_none() {
-                // `{"metric:name", ...}`: the metric name inside the braces.
-                signal = Some(lookup(name)?);
-            } else {
+/// Reads the label set after its `{` (at `i`), rejecting another model's
+/// series; a quoted metric name inside the braces sets `signal`. Returns the
+/// index after the `}`.
+fn labels(
+    line: &str,
+    mut i: usize,
+    model: Option<&str>,
+    signal: &mut Option<Signal>,
+) -> Option<usize> {
+    let b = line.as_bytes();
+    loop {
+        i = skip_space(b, i);
+        if *b.get(i)? == b'}' {
+            return Some(i + 1);
+        }
+        let (name, quoted_name, next) = label_name(line, i)?;
+        i = skip_space(b, next);
+        if *b.get(i)? == b'=' {
+            i = skip_space(b, i + 1);
+            if *b.get(i)? != b'"' {
                 return None;
             }
-            i = skip_space(b, i);
-            match *b.get(i)? {
-                b',' => i += 1,
-                b'}' => {
-                    i += 1;
-                    break;
+            let (value, next) = quoted(line, i)?;
+            i = next;
+            if let Some(want) = model {
+                if MODEL_LABELS.iter().any(|l| unescaped_eq(name, l)) && !unescaped_eq(value, want)
+                {
+                    return None;
                 }
-                _ => return None,
             }
+        } else if quoted_name && signal.is_none() {
+            // `{"metric:name", ...}`: the metric name inside the braces.
+            *signal = Some(lookup(name)?);
+        } else {
+            return None;
+        }
+        i = skip_space(b, i);
+        match *b.get(i)? {
+            b',' => i += 1,
+            b'}' => return Some(i + 1),
+            _ => return None,
         }
     }
-    let signal = signal?;
+}
 
-    // Value, then an optional timestamp, then an optional exemplar.
-    let mut tokens = line
-        .get(i..)?
-        .split(is_space_char)
-        .filter(|t| !t.is_empty());
+/// A label name at `i`: bare, or quoted (Prometheus 3 UTF-8 names). Returns
+/// the raw name, whether it was quoted, and the index after it.
+fn label_name(line: &str, i: usize) -> Option<(&str, bool, usize)> {
+    let b = line.as_bytes();
+    if *b.get(i)? == b'"' {
+        let (raw, next) = quoted(line, i)?;
+        return Some((raw, true, next));
+    }
+    let mut end = i;
+    while b.get(end).copied().is_some_and(is_name_char) {
+        end += 1;
+    }
+    if end == i || b.get(i).is_some_and(u8::is_ascii_digit) {
+        return None;
+    }
+    Some((line.get(i..end)?, false, end))
+}
+
+/// The value after the labels, then an optional timestamp, then an
+/// optional exemplar.
+fn sample_value(rest: &str) -> Option<f64> {
+    let mut tokens = rest.split(is_space_char).filter(|t| !t.is_empty());
     let value: f64 = tokens.next()?.parse().ok()?;
     if !value.is_finite() || value < 0.0 {
         return None;
@@ -317,7 +339,7 @@ fn parse_line(line: &str, model: Option<&str>) -> Option<(Signal, f64)> {
             }
         }
     }
-    Some((signal, value))
+    Some(value)
 }
 
 fn is_space_char(c: char) -> bool {

@@ -1,23 +1,23 @@
 //! Scraping pods' `/metrics`: which VM scrapes (a lease in shared data, so
 //! N workers do not scrape N times), and turning counters into rates.
 
+use crate::codec::{RecordReader, RecordWriter};
 use crate::metrics::EngineMetrics;
-use crate::sched::PodMetrics;
+use crate::pods::PodMetrics;
 
 /// The lease record: holder id and expiry (Unix ms).
 pub fn encode_lease(holder: u64, expires_ms: u64) -> Vec<u8> {
-    let mut v = holder.to_le_bytes().to_vec();
-    v.extend_from_slice(&expires_ms.to_le_bytes());
-    v
+    let mut w = RecordWriter::with_capacity(16);
+    w.u64(holder).u64(expires_ms);
+    w.finish()
 }
 
 pub fn decode_lease(bytes: &[u8]) -> Option<(u64, u64)> {
-    let b: &[u8; 16] = bytes.try_into().ok()?;
-    let mut h = [0u8; 8];
-    let mut e = [0u8; 8];
-    h.copy_from_slice(&b[..8]);
-    e.copy_from_slice(&b[8..]);
-    Some((u64::from_le_bytes(h), u64::from_le_bytes(e)))
+    if bytes.len() != 16 {
+        return None;
+    }
+    let mut r = RecordReader::new(bytes);
+    Some((r.u64()?, r.u64()?))
 }
 
 /// Whether `me` may take or renew the lease given its current record.

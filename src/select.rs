@@ -1,53 +1,45 @@
 //! Where requests the router does not split go: round-robin over every
-//! healthy decode pod of the configuration (`/v1/models`, `/health`, ...).
-//! Split requests are placed by [`crate::sched`].
+//! healthy decode pod of the fleet (`/v1/models`, `/health`, ...). Split
+//! requests are placed by [`crate::sched`].
 
-use crate::config::{Config, Endpoint};
-use std::cell::Cell;
+use crate::fleet::{Endpoint, Fleet};
+use std::rc::Rc;
 
-/// Per-VM round-robin over distinct decode pods.
-#[derive(Debug, Default)]
-pub struct RoundRobin {
-    turn: Cell<u64>,
-    decodes: Vec<Endpoint>,
-}
-
-impl RoundRobin {
-    pub fn new(config: &Config) -> RoundRobin {
-        let mut decodes: Vec<Endpoint> = Vec::new();
-        for m in &config.models {
-            for d in m
-                .rolesets
-                .iter()
-                .flat_map(|rs| rs.decode.iter())
-                .chain(m.combined.iter())
-            {
-                if !decodes.iter().any(|x| x.address == d.address) {
-                    decodes.push(d.clone());
-                }
+/// The distinct decode (and combined) pods of every model, in order.
+pub fn decode_pods(fleet: &Fleet) -> Vec<Rc<Endpoint>> {
+    let mut out: Vec<Rc<Endpoint>> = Vec::new();
+    for m in fleet.models() {
+        for d in m
+            .rolesets
+            .iter()
+            .flat_map(|rs| rs.decode.iter())
+            .chain(m.combined.iter())
+        {
+            if !out.iter().any(|x| x.address == d.address) {
+                out.push(Rc::clone(d));
             }
         }
-        RoundRobin {
-            turn: Cell::new(0),
-            decodes,
-        }
     }
+    out
+}
 
-    /// The next decode pod for which `usable` holds: requests that are not
-    /// split still must not choose their own upstream.
-    pub fn any_decode(&self, usable: impl Fn(&Endpoint) -> bool) -> Option<&Endpoint> {
-        let n = self.decodes.len() as u64;
-        let t = self.turn.get();
-        self.turn.set(t.wrapping_add(1));
-        (0..n)
-            .map(|k| &self.decodes[((t + k) % n) as usize])
-            .find(|e| usable(e))
-    }
+/// The pod for `turn` among `pods`, skipping those `usable` refuses:
+/// requests that are not split still must not choose their own upstream.
+pub fn next_decode(
+    pods: &[Rc<Endpoint>],
+    turn: u64,
+    usable: impl Fn(&Endpoint) -> bool,
+) -> Option<&Rc<Endpoint>> {
+    let n = pods.len();
+    (0..n)
+        .filter_map(|k| pods.get(((turn as usize).wrapping_add(k)) % n.max(1)))
+        .find(|e| usable(e))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Config;
 
     #[test]
     fn rotates_over_distinct_usable_decodes() {
@@ -58,8 +50,12 @@ mod tests {
               {"name":"n","engine":"vllm","rolesets":[{"decode":["10.0.1.1:1"]}]}]}"#,
         )
         .expect("config");
-        let rr = RoundRobin::new(&c);
-        let next = |f: &dyn Fn(&Endpoint) -> bool| rr.any_decode(f).map(|e| e.address.clone());
+        let pods = decode_pods(&c.fleet());
+        let mut turn = 0;
+        let mut next = |f: &dyn Fn(&Endpoint) -> bool| {
+            turn += 1;
+            next_decode(&pods, turn - 1, f).map(|e| e.address.clone())
+        };
         let all = |_: &Endpoint| true;
         let got: Vec<_> = (0..4).map(|_| next(&all).unwrap()).collect();
         assert_eq!(

@@ -125,19 +125,18 @@ pub fn get_disagg_request_id(machine_id: u16) -> Result<i64, InvalidMachineId> {
         .unwrap_or(0);
     Ok(GENERATORS.with(|g| {
         let mut g = g.borrow_mut();
-        let slot = match g.iter().position(|x| x.machine_id == machine_id) {
-            Some(i) => i,
-            None => {
-                g.push(DisaggIdGenerator {
-                    machine_id,
-                    worker_slot: 0,
-                    last_ms: None,
-                    seq: 0,
-                });
-                g.len() - 1
-            }
+        if let Some(gen) = g.iter_mut().find(|x| x.machine_id == machine_id) {
+            return gen.next_id(now);
+        }
+        let mut gen = DisaggIdGenerator {
+            machine_id,
+            worker_slot: 0,
+            last_ms: None,
+            seq: 0,
         };
-        g[slot].next_id(now)
+        let id = gen.next_id(now);
+        g.push(gen);
+        id
     }))
 }
 

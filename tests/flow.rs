@@ -2,10 +2,19 @@
 //! checks that its path ends in exactly one outcome: a resume, a `Continue`
 //! from a paused stream, or one local reply.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use pd_router::config::Config;
-use pd_router::flow::{Flow, Router};
-use pd_router::host::{Action, Counter, Host, Level, PodEvent};
-use pd_router::sched::state::{MemoryStore, SetError, SharedStore};
+use pd_router::error::HostError;
+use pd_router::flow::Flow;
+use pd_router::host::{Action, Counter, Host, Level, PodEvent, Telemetry};
+use pd_router::pods::{MemoryStore, SetError, SharedStore};
+use pd_router::router::Router;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -30,10 +39,14 @@ struct FakeHost {
     replies: Vec<(u16, Headers, Vec<u8>)>,
     response_headers: Vec<(String, Option<String>)>,
     counters: RefCell<Vec<Counter>>,
-    pod_events: RefCell<Vec<(usize, PodEvent)>>,
+    pod_events: RefCell<Vec<(String, PodEvent)>>,
     logs: RefCell<Vec<String>>,
     randoms: Vec<u64>,
     shared: MemoryStore,
+    /// Every request header write fails (a host that lost the header map).
+    refuse_header_writes: bool,
+    /// The host cannot hand over the buffered body.
+    refuse_body: bool,
 }
 
 impl FakeHost {
@@ -83,21 +96,46 @@ impl SharedStore for FakeHost {
     }
 }
 
+impl Telemetry for FakeHost {
+    fn log(&self, _level: Level, message: &str) {
+        self.logs.borrow_mut().push(message.to_string());
+    }
+    fn log_enabled(&self, _level: Level) -> bool {
+        true
+    }
+    fn increment(&self, counter: Counter) {
+        self.counters.borrow_mut().push(counter);
+    }
+    fn count_pod(&self, pod: &str, event: PodEvent) {
+        self.pod_events.borrow_mut().push((pod.to_string(), event));
+    }
+    fn now_ms(&self) -> u64 {
+        1_764_000_000_000
+    }
+}
+
 impl Host for FakeHost {
     fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
         self.request_headers.clone()
     }
-    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        if self.refuse_header_writes {
+            return Err(HostError::new("setting a request header", "BadArgument"));
+        }
         self.request_headers.retain(|(k, _)| k != name);
         if let Some(v) = value {
             self.request_headers
                 .push((name.to_string(), v.as_bytes().to_vec()));
         }
+        Ok(())
     }
-    fn request_body(&self, len: usize) -> Option<Vec<u8>> {
-        Some(self.body[..len.min(self.body.len())].to_vec())
+    fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
+        if self.refuse_body {
+            return Err(HostError::new("reading the request body", "no buffer"));
+        }
+        Ok(self.body[..len.min(self.body.len())].to_vec())
     }
-    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), String> {
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
         assert_eq!(old_len, self.body.len(), "must replace the whole body");
         self.body = body.to_vec();
         Ok(())
@@ -108,9 +146,9 @@ impl Host for FakeHost {
         headers: &[(&str, &str)],
         body: &[u8],
         timeout_ms: u64,
-    ) -> Result<u32, String> {
+    ) -> Result<u32, HostError> {
         if let Some(e) = &self.dispatch_error {
-            return Err(e.clone());
+            return Err(HostError::new("dispatch_http_call", e));
         }
         self.dispatched.push(Dispatched {
             cluster: cluster.into(),
@@ -123,13 +161,19 @@ impl Host for FakeHost {
         });
         Ok(100 + self.dispatched.len() as u32)
     }
-    fn call_response_body(&self, len: usize) -> Option<Vec<u8>> {
-        Some(self.call_body[..len.min(self.call_body.len())].to_vec())
+    fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
+        Ok(self.call_body[..len.min(self.call_body.len())].to_vec())
     }
-    fn resume_request(&mut self) {
+    fn resume_request(&mut self) -> Result<(), HostError> {
         self.resumed += 1;
+        Ok(())
     }
-    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+    fn send_reply(
+        &mut self,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError> {
         self.replies.push((
             status,
             headers
@@ -138,25 +182,12 @@ impl Host for FakeHost {
                 .collect(),
             body.to_vec(),
         ));
+        Ok(())
     }
-    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
         self.response_headers
             .push((name.to_string(), value.map(str::to_string)));
-    }
-    fn log(&self, _level: Level, message: &str) {
-        self.logs.borrow_mut().push(message.to_string());
-    }
-    fn log_enabled(&self, _level: Level) -> bool {
-        true
-    }
-    fn increment(&self, counter: Counter) {
-        self.counters.borrow_mut().push(counter);
-    }
-    fn count_pod(&self, pod: usize, event: PodEvent) {
-        self.pod_events.borrow_mut().push((pod, event));
-    }
-    fn now_ms(&self) -> u64 {
-        1_764_000_000_000
+        Ok(())
     }
     fn random_u64(&mut self) -> Result<u64, String> {
         if self.randoms.is_empty() {
@@ -561,7 +592,8 @@ fn oversized_bodies_are_refused_early() {
     // By content-length, at the headers.
     let mut flow = Flow::new(router());
     let mut host = post("/v1/completions", "{}");
-    host.set_request_header("content-length", Some("5000"));
+    host.set_request_header("content-length", Some("5000"))
+        .unwrap();
     assert_eq!(flow.on_request_headers(&mut host, false), Action::Pause);
     expect_error(&host, 413, "4096");
     // By buffered size, before the end of the stream.
@@ -576,7 +608,7 @@ fn oversized_bodies_are_refused_early() {
 fn wrong_method_and_empty_body_are_refused_at_the_headers() {
     let mut flow = Flow::new(router());
     let mut host = post("/v1/completions", "");
-    host.set_request_header(":method", Some("GET"));
+    host.set_request_header(":method", Some("GET")).unwrap();
     assert_eq!(flow.on_request_headers(&mut host, true), Action::Pause);
     expect_error(&host, 405, "GET");
     let mut flow = Flow::new(router());
@@ -589,7 +621,7 @@ fn wrong_method_and_empty_body_are_refused_at_the_headers() {
 fn unsplit_paths_still_get_a_router_chosen_upstream() {
     let mut flow = Flow::new(router());
     let mut host = post("/v1/models", "");
-    host.set_request_header(":method", Some("GET"));
+    host.set_request_header(":method", Some("GET")).unwrap();
     assert_eq!(flow.on_request_headers(&mut host, true), Action::Continue);
     let chosen = host.header(ROUTING).expect("routing header");
     assert_ne!(chosen, "127.0.0.1:9901");
@@ -668,7 +700,7 @@ fn missing_entropy_is_an_internal_error_not_a_panic() {
 fn upstream_cannot_forge_prefill_headers_on_unsplit_requests() {
     let mut flow = Flow::new(router());
     let mut host = post("/health", "");
-    host.set_request_header(":method", Some("GET"));
+    host.set_request_header(":method", Some("GET")).unwrap();
     flow.on_request_headers(&mut host, true);
     flow.on_response_headers(&mut host);
     assert!(host
@@ -871,7 +903,7 @@ fn selections_are_counted_per_pod_and_named_in_the_response() {
         .response_headers
         .contains(&("decode-target-pod".into(), Some("d0".into()))));
     let events = host.pod_events.borrow();
-    assert!(events.contains(&(2, PodEvent::DecodeSelected)));
+    assert!(events.contains(&("d0".to_string(), PodEvent::DecodeSelected)));
     assert_eq!(
         events
             .iter()
@@ -921,4 +953,183 @@ fn engine_errors_eject_a_pod_only_after_several_in_a_row() {
     assert_eq!(total, 1, "ejected on the third failure in a row");
     assert!(r.counters(&host)[0].unhealthy_until_ms > 0);
     assert!(all_zero(&r, &host));
+}
+
+const SWAP: &str = r#"{
+  "prefill_max_retries": 0,
+  "models": [
+    {"name": "m", "engine": "vllm", "prefill_policy": "least_request", "decode_policy": "least_request",
+     "rolesets": [{"prefill": [{"address":"10.2.0.1:8000","name":"p0"}, {"address":"10.2.0.2:8000","name":"p1"}],
+                   "decode": [{"address":"10.2.0.3:8000","name":"d0"}, {"address":"10.2.0.4:8000","name":"d1"}]}]}
+  ]
+}"#;
+
+/// The same model after a rollout: p0 re-created at a new address, p1 and
+/// d0 gone, p2 new, d1 unchanged.
+const SWAPPED: &str = r#"{
+  "prefill_max_retries": 0,
+  "models": [
+    {"name": "m", "engine": "vllm", "prefill_policy": "least_request", "decode_policy": "least_request",
+     "rolesets": [{"prefill": [{"address":"10.2.0.9:8000","name":"p0"}, {"address":"10.2.0.5:8000","name":"p2"}],
+                   "decode": [{"address":"10.2.0.4:8000","name":"d1"}]}]}
+  ]
+}"#;
+
+#[test]
+fn swapping_the_pod_set_keeps_other_pods_exact_and_drains_the_departed() {
+    let r =
+        Rc::new(Router::new(Config::parse(SWAP.as_bytes()).expect("config"), 0).expect("router"));
+    let model = r.fleet().model("m").expect("model").id;
+    let old = r.fleet();
+    let id = |name: &str| {
+        old.pods()
+            .into_iter()
+            .find(|p| p.name == name)
+            .map(|p| p.id)
+            .expect("pod")
+    };
+    let body = r#"{"model":"m","prompt":"p"}"#;
+    let mut host = post("/v1/completions", body);
+
+    // A: prefill in flight on p0, decode held on d0.
+    let mut a = Flow::new(Rc::clone(&r));
+    send_request(&mut a, &mut host);
+    assert_eq!(dispatched_to(&host, 0), "10.2.0.1:8000");
+    // B: prefill on p1 (p0 is busy) answered; its decode runs on d1.
+    next_request(&mut host, body);
+    let mut b = Flow::new(Rc::clone(&r));
+    send_request(&mut b, &mut host);
+    assert_eq!(dispatched_to(&host, 0), "10.2.0.2:8000");
+    answer(&mut b, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.2.0.4:8000"));
+    // F: fails on p1, leaving it a failure streak.
+    next_request(&mut host, body);
+    let mut f = Flow::new(Rc::clone(&r));
+    send_request(&mut f, &mut host);
+    assert_eq!(dispatched_to(&host, 0), "10.2.0.2:8000");
+    answer(&mut f, &mut host, Some(500), "{}");
+    assert_eq!(host.reply().0, 502);
+    f.on_stream_end(&mut host);
+    let table = r.load(&host, model);
+    assert_eq!(table.get(id("p0")).outstanding_prefills, 1);
+    assert_eq!(table.get(id("p1")).failures, 1);
+    assert_eq!(table.get(id("d0")).pending_decodes, 1);
+    let d1_before = table.get(id("d1"));
+    assert_eq!(d1_before.pending_decodes, 1);
+
+    r.set_fleet(Config::parse(SWAPPED.as_bytes()).expect("config").fleet());
+    assert_eq!(
+        r.load(&host, model).get(id("d1")),
+        d1_before,
+        "d1 untouched"
+    );
+
+    // C is placed on the new pod set only, and finishes.
+    next_request(&mut host, body);
+    let mut c = Flow::new(Rc::clone(&r));
+    send_request(&mut c, &mut host);
+    assert_eq!(
+        dispatched_to(&host, 0),
+        "10.2.0.9:8000",
+        "p0 at its new address"
+    );
+    answer(&mut c, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.2.0.4:8000"));
+    c.on_stream_end(&mut host);
+    let table = r.load(&host, model);
+    assert_eq!(
+        table.get(id("d1")),
+        d1_before,
+        "C's load came and went; B's stays"
+    );
+    assert!(
+        table.rows().iter().all(|(pod, _)| *pod != id("p1")),
+        "the departed p1's failure streak is dropped"
+    );
+
+    // The requests placed before the swap give their load back to the pods
+    // they were placed on, and those rows go once drained.
+    a.on_stream_end(&mut host);
+    b.on_stream_end(&mut host);
+    assert!(
+        r.load(&host, model).rows().is_empty(),
+        "{:?}",
+        r.load(&host, model)
+    );
+    assert!(all_zero(&r, &host));
+}
+
+#[test]
+fn a_routing_header_that_cannot_be_written_fails_closed() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    host.refuse_header_writes = true;
+    assert_eq!(flow.on_request_headers(&mut host, false), Action::Pause);
+    // The client's header could not be stripped, so the request ends here
+    // rather than going where it points.
+    let (status, v) = host.reply();
+    assert_eq!(status, 500);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("setting a request header"));
+    assert!(host.dispatched.is_empty());
+    assert_eq!(host.resumed, 0);
+
+    // After the prefill: the decode is not sent where the client pointed.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    send_request(&mut flow, &mut host);
+    host.refuse_header_writes = true;
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    let (status, v) = host.reply();
+    assert_eq!(status, 500);
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("internal router error"));
+    assert_eq!(host.resumed, 0, "never resumed towards an unknown upstream");
+}
+
+#[test]
+fn a_body_the_host_cannot_hand_over_is_the_routers_error() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    host.refuse_body = true;
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 500, "reading the request body");
+}
+
+#[test]
+fn a_combined_request_counts_as_combined_only() {
+    let r = pool();
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"c","prompt":"a prompt longer than four tokens"}"#,
+    );
+    let mut flow = Flow::new(Rc::clone(&r));
+    send_request(&mut flow, &mut host);
+    assert_eq!(host.counted(Counter::Combined), 1);
+    assert_eq!(host.counted(Counter::Unsplit), 0);
+}
+
+#[test]
+fn the_global_connector_is_the_routers_and_can_be_changed() {
+    let config = r#"{"kv_connector":"shfs","models":[{"name":"m","engine":"vllm",
+        "rolesets":[{"prefill":["10.3.0.1:8000"],"decode":["10.3.0.2:8000"]}]}]}"#;
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    let decode_body = |r: &Rc<Router>| {
+        let mut flow = Flow::new(Rc::clone(r));
+        let mut host = post("/v1/completions", r#"{"model":"m","prompt":"p"}"#);
+        send_request(&mut flow, &mut host);
+        answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+        host.body_str()
+    };
+    // shfs: remote_host becomes the prefill pod's IP.
+    assert!(decode_body(&r).contains(r#""remote_host":"10.3.0.1""#));
+    r.set_connector_type(pd_router::fleet::Connector::Nixl);
+    assert!(
+        decode_body(&r).contains(r#""remote_host":"0.0.0.0""#),
+        "relayed verbatim"
+    );
 }

@@ -10,10 +10,17 @@
 //! `UPDATE_GOLDEN=1 cargo test --test golden` rewrites the outputs; review the
 //! diff before committing it.
 
-use pd_router::api::{read_facts, Api};
-use pd_router::body::TopLevel;
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use pd_router::api::Api;
 use pd_router::config::Config;
-use pd_router::engine::{build_legs, FixedEntropy, Merged, PdContext, PrefillAnswer, Registry};
+use pd_router::engine::{FixedEntropy, Registry};
+use pd_router::split::{self, AfterPrefill, DecodeLeg, FixedPlanner, Plan, RouterView};
 use serde::Deserialize;
 use std::fs;
 use std::path::Path;
@@ -63,8 +70,12 @@ fn check(dir: &Path, name: &str, actual: &[u8], failures: &mut Vec<String>) {
 fn run_case(dir: &Path, failures: &mut Vec<String>) {
     let case: Case = serde_json::from_slice(&read(dir, "case.json").expect("case.json"))
         .expect("case.json schema");
+    let client = read(dir, "client.json").expect("client.json");
+    // The test configuration serves the model the fixture names.
+    let client_json: serde_json::Value = serde_json::from_slice(&client).expect("client JSON");
+    let name = client_json["model"].as_str().expect("client model");
     let mut model = serde_json::json!({
-        "name": "golden", "engine": case.engine,
+        "name": name, "engine": case.engine,
         "rolesets": [{"prefill": [case.prefill], "decode": ["10.9.9.9:8000"]}]
     });
     if let Some(c) = &case.kv_connector {
@@ -76,65 +87,33 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
             .as_bytes(),
     )
     .expect("config");
-    let pod = &config.models[0].rolesets[0].prefill[0];
+    let fleet = config.fleet();
     let registry = Registry::builtin();
-    let handler = registry.resolve(&case.engine);
+    let view = RouterView::of_config(&config, &fleet, &registry);
+    let entropy = FixedEntropy::new(case.randoms.clone(), case.disagg_id);
+    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
 
-    let client = read(dir, "client.json").expect("client.json");
-    let top = TopLevel::parse(&client).expect("client body parses");
     let api = Api::from_path(&case.path).expect("split path");
-    let mut facts = read_facts(api, &client, &top).expect("client body is valid");
-    facts.model = "golden".into();
-    let mut entropy = FixedEntropy::new(case.randoms.clone(), case.disagg_id);
-    let mut ctx = PdContext {
-        facts: &facts,
-        body: &client,
-        top: &top,
-        request_id: "golden-1",
-        model_connector: config.models[0].kv_connector,
-        entropy: &mut entropy,
+    let plan = match split::plan(&view, &mut planner, api, "golden-1", client.clone()) {
+        Ok(Plan::Split(plan)) => plan,
+        Ok(Plan::Whole { .. }) => panic!("{}: not split", dir.display()),
+        Err(e) => panic!("{}: {e}", dir.display()),
     };
-    assert!(
-        handler.should_split(&ctx, pod),
-        "{}: not split",
-        dir.display()
-    );
-    let legs = build_legs(handler, &mut ctx, pod).expect("augment");
-    check(
-        dir,
-        "prefill.json",
-        &top.render(&client, &legs.prefill),
-        failures,
-    );
+    check(dir, "prefill.json", &plan.prefill_body, failures);
 
-    if handler.is_async() {
-        check(
-            dir,
-            "decode.json",
-            &top.render(&client, &legs.decode),
-            failures,
-        );
+    if let DecodeLeg::Ready(decode) = &plan.decode {
+        check(dir, "decode.json", decode, failures);
         return;
     }
     let answer = read(dir, "answer.json").expect("answer.json for a sync engine");
-    let answer_top = TopLevel::parse(&answer).expect("answer parses");
-    let mut decode = legs.decode.clone();
-    let merged = handler
-        .merge_prefill_response(
-            &mut ctx,
-            &PrefillAnswer {
-                body: &answer,
-                top: &answer_top,
-            },
-            pod,
-            &mut decode,
-        )
-        .expect("merge");
-    match merged {
-        Merged::Answer { body, .. } => check(dir, "reply.txt", &body, failures),
-        Merged::Forward | Merged::ForwardWithoutHandoff => {
-            check(dir, "decode.json", &top.render(&client, &decode), failures)
-        }
+    match split::merge(&view, &mut planner.entropy, &plan, &answer).expect("merge") {
+        AfterPrefill::Reply { body, .. } => check(dir, "reply.txt", &body, failures),
+        AfterPrefill::Decode { body, .. } => check(
+            dir,
+            "decode.json",
+            body.as_deref().unwrap_or(&client),
+            failures,
+        ),
     }
 }
 

@@ -1,13 +1,14 @@
 //! `Config::parse` on arbitrary bytes.
 //!
 //! Checks: nothing panics; an accepted configuration is consistent (models
-//! found by name at their index, every endpoint's pod index pointing at its
-//! own address) and builds a `Router`.
+//! found by name, every endpoint's slot pointing at its own identity) and
+//! builds a `Router`.
 #![no_main]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 use libfuzzer_sys::fuzz_target;
 use pd_router::config::Config;
-use pd_router::flow::Router;
+use pd_router::router::Router;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(config) = Config::parse(data) else {
@@ -17,20 +18,23 @@ fuzz_target!(|data: &[u8]| {
         !config.models.is_empty(),
         "accepted a config without models"
     );
-    for (i, m) in config.models.iter().enumerate() {
-        let (j, found) = config.model_entry(&m.name).expect("model found by name");
-        assert_eq!((j, &found.name), (i, &m.name), "model_entry({:?})", m.name);
+    let fleet = config.fleet();
+    assert_eq!(fleet.models().len(), config.models.len(), "models lost in the fleet");
+    for m in fleet.models() {
+        let found = fleet.model(&m.name).expect("model found by name");
+        assert_eq!(found.name, m.name);
         let endpoints = m
             .rolesets
             .iter()
             .flat_map(|r| r.prefill.iter().chain(&r.decode))
             .chain(&m.combined);
         for e in endpoints {
-            let pod = config
+            // Every endpoint's slot points at its own identity.
+            let id = m
                 .pods
-                .get(e.pod)
-                .unwrap_or_else(|| panic!("{}: pod index {} out of range", e.address, e.pod));
-            assert_eq!(pod.address, e.address, "pod index of {}", e.address);
+                .get(e.slot)
+                .unwrap_or_else(|| panic!("{}: slot {} out of range", e.address, e.slot));
+            assert_eq!(*id, e.id, "slot of {}", e.address);
         }
     }
     Router::new(config, 0).expect("an accepted config builds a Router");

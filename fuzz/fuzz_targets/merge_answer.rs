@@ -1,5 +1,5 @@
-//! A client body and a prefill answer through `build_legs` and
-//! `merge_prefill_response` for every API, engine, connector and pod.
+//! A client body and a prefill answer through the shipped `split::plan` and
+//! `split::merge` for every API, engine, connector and pod.
 //!
 //! Input: `client 0xFF answer` (0xFF never occurs in UTF-8, so in no valid
 //! body). Without 0xFF the input is the answer, and two built-in client
@@ -10,12 +10,13 @@
 //! non-streaming clients, and well-formed SSE with JSON events for
 //! streaming ones; nothing panics.
 #![no_main]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 mod common;
 
 use libfuzzer_sys::fuzz_target;
 use pd_router::body::TopLevel;
-use pd_router::engine::{Merged, PrefillAnswer};
+use pd_router::split::{self, AfterPrefill};
 
 const CLIENTS: [&[u8]; 2] = [
     br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"prompt":"hi","input":"hi","stream":true,"stream_options":{"include_usage":true},"max_tokens":16}"#,
@@ -23,32 +24,28 @@ const CLIENTS: [&[u8]; 2] = [
 ];
 
 fn run(client: &[u8], answer: &[u8]) {
-    let Ok(top) = TopLevel::parse(client) else {
+    // The flow reads only object bodies; a prefill answer that is not one is
+    // refused by `split::merge` itself (the target checks it does not panic).
+    if TopLevel::parse(client).is_err() {
         return;
-    };
-    // The flow refuses an answer that is not a JSON object before merging.
-    let Ok(answer_top) = TopLevel::parse(answer) else {
-        return;
-    };
+    }
     let strict_answer = common::is_value_object(answer);
     let strict = strict_answer && common::is_value_object(client);
-    common::for_each_split(client, &top, |case, handler, ctx, pod, legs| {
+    common::for_each_split(client, |case, view, planner, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
-            case.engine, case.connector, ctx.facts.api, pod.address
+            case.engine, case.connector, plan.request.facts.api, plan.prefill_pod.address
         );
-        let mut decode = legs.decode.clone();
-        let prefill_answer = PrefillAnswer {
-            body: answer,
-            top: &answer_top,
-        };
-        match handler.merge_prefill_response(ctx, &prefill_answer, pod, &mut decode) {
-            Ok(Merged::Forward | Merged::ForwardWithoutHandoff) => {
-                let body = top.render(client, &decode);
+        if plan.concurrent {
+            return;
+        }
+        match split::merge(view, &mut planner.entropy, plan, answer) {
+            Ok(AfterPrefill::Decode { body, .. }) => {
+                let body = body.unwrap_or_else(|| client.to_vec());
                 common::assert_object(&format!("decode body ({what})"), &body, strict);
             }
-            Ok(Merged::Answer { body, content_type }) => {
-                if ctx.facts.stream {
+            Ok(AfterPrefill::Reply { body, content_type }) => {
+                if plan.request.facts.stream {
                     assert_eq!(content_type, "text/event-stream", "{what}");
                     common::assert_sse(&body);
                 } else {

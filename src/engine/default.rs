@@ -1,6 +1,6 @@
 use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
 use crate::body::Edits;
-use crate::config::Endpoint;
+use crate::fleet::Endpoint;
 
 /// Engines pd-router has no hand-off for: a synchronous prefill with the
 /// common constraints (warming the prefill pod's prefix cache, as AIBrix's

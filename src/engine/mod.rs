@@ -8,16 +8,14 @@ mod vllm;
 
 use crate::api::{Api, Facts};
 use crate::body::{Edits, TopLevel};
-use crate::config::Endpoint;
-use crate::error::{ClientError, PdError, PrefillFailure};
-use crate::transfer::Connector;
+use crate::fleet::{Connector, Endpoint};
 use std::collections::BTreeMap;
-use std::fmt;
 
+pub use crate::error::EngineError;
 pub use default::DefaultHandler;
 pub use sglang::SglangHandler;
 pub use trtllm::TrtllmHandler;
-pub use vllm::{connector_type, set_connector_type, VllmHandler};
+pub use vllm::VllmHandler;
 
 /// Randomness and ids that handlers draw on; the filter backs it with the
 /// host, tests with fixed values.
@@ -37,6 +35,8 @@ pub struct PdContext<'a> {
     pub request_id: &'a str,
     /// The model's `kv_connector`, if it names one.
     pub model_connector: Option<Connector>,
+    /// The router's global connector, for pods and models that name none.
+    pub default_connector: Connector,
     pub entropy: &'a mut dyn Entropy,
 }
 
@@ -68,37 +68,6 @@ pub enum Merged {
         body: Vec<u8>,
         content_type: &'static str,
     },
-}
-
-/// A handler's failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EngineError {
-    /// The engine cannot serve this request disaggregated (answered 400).
-    Unsupported(String),
-    /// The prefill answer breaks the engine's contract (answered 502).
-    BadPrefillAnswer(String),
-    /// The host could not provide what the handler needed (answered 500).
-    Internal(String),
-}
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EngineError::Unsupported(m)
-            | EngineError::BadPrefillAnswer(m)
-            | EngineError::Internal(m) => f.write_str(m),
-        }
-    }
-}
-
-impl From<EngineError> for PdError {
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Unsupported(m) => PdError::Client(ClientError::Unsupported(m)),
-            EngineError::BadPrefillAnswer(m) => PdError::Prefill(PrefillFailure::BadAnswer(m)),
-            EngineError::Internal(m) => PdError::Internal(m),
-        }
-    }
 }
 
 /// One inference engine's prefill/decode contract.
@@ -238,9 +207,9 @@ impl Entropy for FixedEntropy {
         if self.randoms.is_empty() {
             return Err("no randomness configured".into());
         }
-        let v = self.randoms[self.drawn % self.randoms.len()];
+        let v = self.randoms.get(self.drawn % self.randoms.len()).copied();
         self.drawn += 1;
-        Ok(v)
+        v.ok_or_else(|| "no randomness configured".into())
     }
 
     fn disagg_request_id(&mut self) -> i64 {

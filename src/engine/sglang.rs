@@ -1,6 +1,6 @@
 use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
 use crate::body::{push_json_str, Edits};
-use crate::config::Endpoint;
+use crate::fleet::Endpoint;
 
 /// SGLang's bootstrap hand-off. Both legs name the prefill's bootstrap server
 /// and a random room; the prefill blocks until the decode has registered that

@@ -1,7 +1,7 @@
 use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
 use crate::api::Api;
 use crate::body::{Edits, TopLevel};
-use crate::config::Endpoint;
+use crate::fleet::Endpoint;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -91,7 +91,7 @@ impl EngineHandler for TrtllmHandler {
             TopLevel::parse(params).map_err(|_| bad("disaggregated_params is not an object"))?;
         let mut gen = Edits::new();
         gen.set_str("request_type", "generation_only");
-        let params = params_top.render(params, &gen);
+        let params = params_top.render(params, &gen).map_err(internal)?;
 
         let tokens = answer
             .top
@@ -107,6 +107,10 @@ impl EngineHandler for TrtllmHandler {
         }
         Ok(Merged::Forward)
     }
+}
+
+fn internal(e: crate::body::SourceMismatch) -> EngineError {
+    EngineError::Internal(e.to_string())
 }
 
 fn first_choice<'a>(answer: &PrefillAnswer<'a>) -> Result<Option<&'a RawValue>, EngineError> {
@@ -128,7 +132,7 @@ fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, Engi
         let mut strip = Edits::new();
         strip.remove("prompt_token_ids");
         return Ok(Merged::Answer {
-            body: answer.top.render(answer.body, &strip),
+            body: answer.top.render(answer.body, &strip).map_err(internal)?,
             content_type: "application/json",
         });
     }
@@ -143,17 +147,23 @@ fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, Engi
         .map(|cs| {
             cs.iter()
                 .map(|c| {
-                    let mut out = json!({
-                        "index": c.get("index").cloned().unwrap_or(json!(0)),
-                        "finish_reason": c.get("finish_reason").cloned().unwrap_or(Value::Null),
-                        "logprobs": c.get("logprobs").cloned().unwrap_or(Value::Null),
-                    });
-                    if chat {
-                        out["delta"] = c.get("message").cloned().unwrap_or(json!({}));
+                    let (key, content) = if chat {
+                        ("delta", c.get("message").cloned().unwrap_or(json!({})))
                     } else {
-                        out["text"] = c.get("text").cloned().unwrap_or(json!(""));
-                    }
-                    out
+                        ("text", c.get("text").cloned().unwrap_or(json!("")))
+                    };
+                    let mut out = serde_json::Map::new();
+                    out.insert(key.into(), content);
+                    out.insert("index".into(), c.get("index").cloned().unwrap_or(json!(0)));
+                    out.insert(
+                        "finish_reason".into(),
+                        c.get("finish_reason").cloned().unwrap_or(Value::Null),
+                    );
+                    out.insert(
+                        "logprobs".into(),
+                        c.get("logprobs").cloned().unwrap_or(Value::Null),
+                    );
+                    Value::Object(out)
                 })
                 .collect()
         })

@@ -12,33 +12,35 @@
 //! lookup bisects over them (a repeated prompt costs one lookup; a partial
 //! match a handful). A 32 KB prompt stores 20 entries instead of 256.
 
-use crate::config::fnv1a;
+use crate::codec::{RecordReader, RecordWriter};
+use crate::fleet::{fnv1a_extend, PodId};
 
 /// One slot's content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PrefixEntry {
     pub hash: u64,
-    pub pod: u32,
+    pub pod: PodId,
     pub at_ms: u64,
 }
 
 impl PrefixEntry {
-    pub const SIZE: usize = 20;
+    pub const SIZE: usize = 24;
 
-    pub fn encode(&self) -> [u8; Self::SIZE] {
-        let mut b = [0u8; Self::SIZE];
-        b[..8].copy_from_slice(&self.hash.to_le_bytes());
-        b[8..12].copy_from_slice(&self.pod.to_le_bytes());
-        b[12..].copy_from_slice(&self.at_ms.to_le_bytes());
-        b
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = RecordWriter::with_capacity(Self::SIZE);
+        w.u64(self.hash).u64(self.pod.0).u64(self.at_ms);
+        w.finish()
     }
 
     pub fn decode(b: &[u8]) -> Option<PrefixEntry> {
-        let b: &[u8; Self::SIZE] = b.try_into().ok()?;
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        let mut r = RecordReader::new(b);
         Some(PrefixEntry {
-            hash: u64::from_le_bytes(b[..8].try_into().ok()?),
-            pod: u32::from_le_bytes(b[8..12].try_into().ok()?),
-            at_ms: u64::from_le_bytes(b[12..].try_into().ok()?),
+            hash: r.u64()?,
+            pod: PodId(r.u64()?),
+            at_ms: r.u64()?,
         })
     }
 }
@@ -50,10 +52,8 @@ pub fn block_hashes(prompt: &[u8], seed: u64, block_bytes: usize, max_blocks: us
     let mut out = Vec::with_capacity((prompt.len() / block_bytes).min(max_blocks));
     let mut h = seed;
     for block in prompt.chunks_exact(block_bytes).take(max_blocks) {
-        let mut buf = Vec::with_capacity(8 + block.len());
-        buf.extend_from_slice(&h.to_le_bytes());
-        buf.extend_from_slice(block);
-        h = fnv1a(&buf);
+        // fnv1a(h as little-endian bytes ++ block), without the copy.
+        h = fnv1a_extend(fnv1a_extend(0xcbf2_9ce4_8422_2325, &h.to_le_bytes()), block);
         out.push(h);
     }
     out
@@ -64,23 +64,18 @@ pub fn slot_of(hash: u64, slots: u32) -> u32 {
     (hash % slots.max(1) as u64) as u32
 }
 
-/// The shared-data key of a slot.
-pub fn slot_key(fingerprint: &str, slot: u32) -> String {
-    format!("pd_router.{fingerprint}.pfx.{slot}")
-}
-
 /// The result of walking a prompt's blocks through the table.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PrefixMatch {
     /// Per pod, the match percentage of its deepest owned block.
-    pub by_pod: Vec<(usize, f64)>,
+    pub by_pod: Vec<(PodId, f64)>,
     /// Blocks matched along the chain (any owner).
     pub depth: usize,
     pub blocks: usize,
 }
 
 impl PrefixMatch {
-    pub fn percent(&self, pod: usize) -> f64 {
+    pub fn percent(&self, pod: PodId) -> f64 {
         self.by_pod
             .iter()
             .find(|(p, _)| *p == pod)
@@ -113,7 +108,7 @@ pub fn walk(
     };
     let cps = checkpoints(hashes.len());
     let mut probe = |k: usize| {
-        let h = hashes[cps[k]];
+        let h = *cps.get(k).and_then(|i| hashes.get(*i))?;
         lookup(h).filter(|e| e.hash == h && now_ms.saturating_sub(e.at_ms) <= ttl_ms)
     };
     let Some(last) = cps.len().checked_sub(1) else {
@@ -138,9 +133,9 @@ pub fn walk(
         }
     };
     if let Some((k, e)) = found {
-        m.depth = cps[k] + 1;
+        m.depth = cps.get(k).map_or(0, |i| i + 1);
         m.by_pod
-            .push((e.pod as usize, m.depth as f64 * 100.0 / hashes.len() as f64));
+            .push((e.pod, m.depth as f64 * 100.0 / hashes.len() as f64));
     }
     m
 }
@@ -151,7 +146,7 @@ pub fn to_record(hashes: &[u64], held_depth: usize) -> Vec<u64> {
     checkpoints(hashes.len())
         .into_iter()
         .filter(|i| *i >= held_depth)
-        .map(|i| hashes[i])
+        .filter_map(|i| hashes.get(i).copied())
         .collect()
 }
 
@@ -176,7 +171,7 @@ mod tests {
         assert_eq!(block_hashes(&[0u8; 100], 1, 4, 5).len(), 5);
     }
 
-    fn table(hashes: &[u64], upto: usize, pod: u32, at: u64) -> HashMap<u64, PrefixEntry> {
+    fn table(hashes: &[u64], upto: usize, pod: PodId, at: u64) -> HashMap<u64, PrefixEntry> {
         to_record(&hashes[..upto], 0)
             .into_iter()
             .map(|h| {
@@ -206,7 +201,7 @@ mod tests {
         let prompt = [7u8; 400]; // 100 blocks of 4
         let hashes = block_hashes(&prompt, 3, 4, 1000);
         // Pod 2 served this whole prompt.
-        let t = table(&hashes, 100, 2, 100);
+        let t = table(&hashes, 100, PodId(2), 100);
         let mut lookups = 0;
         let m = walk(
             &hashes,
@@ -217,7 +212,7 @@ mod tests {
             200,
             1000,
         );
-        assert_eq!((m.depth, m.percent(2), lookups), (100, 100.0, 1));
+        assert_eq!((m.depth, m.percent(PodId(2)), lookups), (100, 100.0, 1));
 
         // A prompt sharing the first 70 blocks: the deepest shared checkpoint
         // is block 63 (index 63 = every 16th).
@@ -235,8 +230,8 @@ mod tests {
             1000,
         );
         assert_eq!(m.depth, 64);
-        assert_eq!(m.percent(2), 64.0);
-        assert_eq!(m.percent(1), 0.0);
+        assert_eq!(m.percent(PodId(2)), 64.0);
+        assert_eq!(m.percent(PodId(1)), 0.0);
         assert!(lookups <= 5, "{lookups} lookups");
 
         // Stale entries and hash collisions are misses.
@@ -246,7 +241,7 @@ mod tests {
                 &hashes,
                 |h| Some(PrefixEntry {
                     hash: h ^ 1,
-                    pod: 1,
+                    pod: PodId(1),
                     at_ms: 0
                 }),
                 0,
@@ -270,7 +265,7 @@ mod tests {
     fn entries_round_trip() {
         let e = PrefixEntry {
             hash: u64::MAX - 3,
-            pod: 9,
+            pod: PodId(9),
             at_ms: 1_764_000_000_000,
         };
         assert_eq!(PrefixEntry::decode(&e.encode()), Some(e));

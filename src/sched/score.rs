@@ -1,7 +1,11 @@
-//! Per-pod scores; lower wins, `INFINITY` means "not a candidate".
+//! The last stage of a placement: the model's policies score the pods
+//! (lower wins, `INFINITY` means "not a candidate"), and the scores pick a
+//! pair.
 
-use super::{Ask, DecodePolicy, PodState, PrefillPolicy};
-use crate::config::{Endpoint, Scheduling};
+use super::candidates::{Candidate, Pool};
+use super::{state, Decision, NoPod, PlacementRequest, PodState};
+use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy, Scheduling};
+use std::rc::Rc;
 
 /// Rotation: the pod at `turn % n` scores 0, the next 1, and so on.
 fn round_robin(n: usize, turn: u64) -> Vec<f64> {
@@ -9,14 +13,14 @@ fn round_robin(n: usize, turn: u64) -> Vec<f64> {
     (0..n).map(|i| ((i + n - start) % n) as f64).collect()
 }
 
-fn random(n: usize, ask: &mut Ask) -> Vec<f64> {
+fn random(n: usize, ask: &mut PlacementRequest) -> Vec<f64> {
     (0..n)
         .map(|_| ((ask.random)() >> 11) as f64 / (1u64 << 53) as f64)
         .collect()
 }
 
 /// Two distinct random candidates keep their load score; the rest are out.
-fn power_of_two(load: Vec<f64>, ask: &mut Ask) -> Vec<f64> {
+fn power_of_two(load: Vec<f64>, ask: &mut PlacementRequest) -> Vec<f64> {
     let n = load.len();
     if n <= 2 {
         return load;
@@ -34,11 +38,11 @@ pub fn prefill_scores(
     policy: PrefillPolicy,
     c: &[&Endpoint],
     pods: &[PodState],
-    ask: &mut Ask,
+    ask: &mut PlacementRequest,
 ) -> Vec<f64> {
     let outstanding: Vec<f64> = c
         .iter()
-        .map(|e| pods[e.pod].outstanding_prefills as f64)
+        .map(|e| state(pods, e).outstanding_prefills as f64)
         .collect();
     match policy {
         PrefillPolicy::RoundRobin => round_robin(c.len(), ask.turn),
@@ -50,7 +54,9 @@ pub fn prefill_scores(
             let max = outstanding.iter().copied().fold(1.0, f64::max);
             c.iter()
                 .zip(&outstanding)
-                .map(|(e, o)| (100.0 - (ask.prefix_match)(e.pod).clamp(0.0, 100.0)) * 0.1 + o / max)
+                .map(|(e, o)| {
+                    (100.0 - (ask.prefix_match)(e.slot).clamp(0.0, 100.0)) * 0.1 + o / max
+                })
                 .collect()
         }
     }
@@ -61,10 +67,10 @@ pub fn decode_scores(
     policy: DecodePolicy,
     c: &[&Endpoint],
     pods: &[PodState],
-    ask: &mut Ask,
+    ask: &mut PlacementRequest,
     s: &Scheduling,
 ) -> Vec<f64> {
-    let run: Vec<f64> = c.iter().map(|e| pods[e.pod].decode_load()).collect();
+    let run: Vec<f64> = c.iter().map(|e| state(pods, e).decode_load()).collect();
     match policy {
         DecodePolicy::RoundRobin => round_robin(c.len(), ask.turn),
         DecodePolicy::Random => random(c.len(), ask),
@@ -76,7 +82,7 @@ pub fn decode_scores(
             let thr: Vec<f64> = c
                 .iter()
                 .map(|e| {
-                    pods[e.pod]
+                    state(pods, e)
                         .metrics
                         .and_then(|m| m.gen_throughput)
                         .unwrap_or(0.0)
@@ -85,7 +91,10 @@ pub fn decode_scores(
             let free: Vec<f64> = c
                 .iter()
                 .map(|e| {
-                    let used = pods[e.pod].metrics.and_then(|m| m.kv_usage).unwrap_or(0.0);
+                    let used = state(pods, e)
+                        .metrics
+                        .and_then(|m| m.kv_usage)
+                        .unwrap_or(0.0);
                     let f = (100.0 - used * 100.0).round();
                     if f <= 0.0 {
                         0.1
@@ -97,11 +106,13 @@ pub fn decode_scores(
             let max_run = run.iter().copied().fold(1.0, f64::max);
             let max_thr = thr.iter().copied().fold(1.0, f64::max);
             let max_free = free.iter().copied().fold(1.0, f64::max);
-            (0..c.len())
-                .map(|i| {
-                    let load = s.decode_weight_running * run[i] / max_run
-                        + s.decode_weight_throughput * (1.0 - thr[i] / max_thr);
-                    let score = load / (free[i] / max_free);
+            run.iter()
+                .zip(&thr)
+                .zip(&free)
+                .map(|((run, thr), free)| {
+                    let load = s.decode_weight_running * run / max_run
+                        + s.decode_weight_throughput * (1.0 - thr / max_thr);
+                    let score = load / (free / max_free);
                     if score.is_nan() {
                         f64::INFINITY
                     } else {
@@ -111,4 +122,130 @@ pub fn decode_scores(
                 .collect()
         }
     }
+}
+
+fn eps<'m>(c: &[Candidate<'m>]) -> Vec<&'m Endpoint> {
+    c.iter().map(|c| c.ep.as_ref()).collect()
+}
+
+/// The index of the lowest finite score; the first of equals.
+fn argmin(scores: &[f64]) -> Option<usize> {
+    scores
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| s.is_finite())
+        .fold(None, |best: Option<(usize, f64)>, (i, s)| match best {
+            Some((_, b)) if b <= *s => best,
+            _ => Some((i, *s)),
+        })
+        .map(|(i, _)| i)
+}
+
+/// The best of `roleset`'s candidates by `scores` (aligned with `cands`).
+fn best_in(cands: &[Candidate], scores: &[f64], roleset: usize) -> Option<usize> {
+    cands
+        .iter()
+        .zip(scores)
+        .enumerate()
+        .filter(|(_, (c, s))| c.roleset == roleset && s.is_finite())
+        .fold(None, |best: Option<(usize, f64)>, (i, (_, s))| match best {
+            Some((_, b)) if b <= *s => best,
+            _ => Some((i, *s)),
+        })
+        .map(|(i, _)| i)
+}
+
+pub(super) fn pick_one_prefill<'m>(
+    model: &Model,
+    c: &[Candidate<'m>],
+    pods: &[PodState],
+    req: &mut PlacementRequest,
+) -> Option<&'m Rc<Endpoint>> {
+    let scores = prefill_scores(model.prefill_policy, &eps(c), pods, req);
+    argmin(&scores).and_then(|i| c.get(i)).map(|c| c.ep)
+}
+
+pub(super) fn pick_one_decode<'m>(
+    model: &Model,
+    c: &[Candidate<'m>],
+    pods: &[PodState],
+    req: &mut PlacementRequest,
+    s: &Scheduling,
+) -> Option<&'m Rc<Endpoint>> {
+    let scores = decode_scores(model.decode_policy, &eps(c), pods, req, s);
+    argmin(&scores).and_then(|i| c.get(i)).map(|c| c.ep)
+}
+
+/// The pair the model's policies choose.
+pub(super) fn by_policy<'m>(
+    model: &'m Model,
+    pool: &Pool<'m>,
+    pods: &[PodState],
+    req: &mut PlacementRequest,
+    s: &Scheduling,
+) -> Decision<'m> {
+    if model.prefill_policy.scores_all() && model.decode_policy.scores_all() {
+        if let Some(d) = best_roleset(model, pool, pods, req, s) {
+            return d;
+        }
+    }
+    // Direct policies: the prefill pod first, then a decode pod of its roleset.
+    let Some(pre) = pick_one_prefill(model, &pool.prefill, pods, req) else {
+        return Decision::NoPod(NoPod::AllUnhealthy);
+    };
+    let ri = pool
+        .prefill
+        .iter()
+        .find(|c| Rc::ptr_eq(c.ep, pre))
+        .map(|c| c.roleset)
+        .unwrap_or(0);
+    match pick_one_decode(model, &pool.decode_of(ri), pods, req, s) {
+        Some(dec) => Decision::Split {
+            prefill: pre,
+            decode: dec,
+            reason: "policy",
+        },
+        None => Decision::NoPod(NoPod::AllUnhealthy),
+    }
+}
+
+/// AIBrix: each roleset offers its best prefill and best decode pod; the pair
+/// with the lowest normalised sum wins.
+fn best_roleset<'m>(
+    model: &'m Model,
+    pool: &Pool<'m>,
+    pods: &[PodState],
+    req: &mut PlacementRequest,
+    s: &Scheduling,
+) -> Option<Decision<'m>> {
+    let ps = prefill_scores(model.prefill_policy, &eps(&pool.prefill), pods, req);
+    let ds = decode_scores(model.decode_policy, &eps(&pool.decode), pods, req, s);
+    let max_p = ps
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(1.0, f64::max);
+    let max_d = ds
+        .iter()
+        .copied()
+        .filter(|x| x.is_finite())
+        .fold(0.01, f64::max);
+    let mut best: Option<(f64, usize, usize)> = None;
+    for &ri in &pool.fits {
+        let pair = best_in(&pool.prefill, &ps, ri).zip(best_in(&pool.decode, &ds, ri));
+        let Some((p, d)) = pair else { continue };
+        let (Some(sp), Some(sd)) = (ps.get(p), ds.get(d)) else {
+            continue;
+        };
+        let total = sp / max_p + sd / max_d;
+        if best.is_none_or(|b| total < b.0) {
+            best = Some((total, p, d));
+        }
+    }
+    let (_, p, d) = best?;
+    Some(Decision::Split {
+        prefill: pool.prefill.get(p)?.ep,
+        decode: pool.decode.get(d)?.ep,
+        reason: "score",
+    })
 }

@@ -3,6 +3,8 @@
 
 use super::*;
 use crate::config::Config;
+use crate::fleet::{DecodePolicy, Endpoint, PrefillPolicy};
+use crate::pods::PodMetrics;
 
 /// 2 rolesets × 2 prefill × 2 decode; pods 0..8 in the order
 /// rs0.p0 rs0.p1 rs0.d0 rs0.d1 rs1.p0 rs1.p1 rs1.d0 rs1.d1.
@@ -34,7 +36,7 @@ fn run(
 ) -> (String, String, &'static str) {
     let mut rng = Rng(42);
     let mut random = || rng.next();
-    let mut ask = Ask {
+    let mut ask = PlacementRequest {
         prompt_tokens: tokens,
         prefix_match: prefix,
         turn: 0,
@@ -64,7 +66,12 @@ fn eps(c: &Config, pods: &[usize]) -> Vec<Endpoint> {
     let all: Vec<Endpoint> = c.models[0]
         .rolesets
         .iter()
-        .flat_map(|r| r.prefill.iter().chain(r.decode.iter()).cloned())
+        .flat_map(|r| {
+            r.prefill
+                .iter()
+                .chain(r.decode.iter())
+                .map(|e| (**e).clone())
+        })
         .collect();
     pods.iter().map(|i| all[*i].clone()).collect()
 }
@@ -78,7 +85,7 @@ fn prefix_cache_score_matches_aibrix_formula() {
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
     let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
-    let mut ask = Ask {
+    let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &prefix,
         turn: 0,
@@ -115,7 +122,7 @@ fn load_balancing_score_matches_aibrix_formula() {
     let cands = eps(&c, &[2, 3]);
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
-    let mut ask = Ask {
+    let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &no_prefix,
         turn: 0,
@@ -287,7 +294,7 @@ fn unhealthy_and_excluded_pods_are_skipped() {
     let pods = idle(8);
     let mut random = || 1u64;
     let exclude = [0usize, 4];
-    let mut ask = Ask {
+    let mut ask = PlacementRequest {
         prompt_tokens: 1,
         prefix_match: &no_prefix,
         turn: 0,
@@ -295,7 +302,7 @@ fn unhealthy_and_excluded_pods_are_skipped() {
         exclude: &exclude,
     };
     match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
-        Decision::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.pod)),
+        Decision::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.slot)),
         other => panic!("{other:?}"),
     }
 }
@@ -307,7 +314,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
     let mut seen = Vec::new();
     for turn in 0..4 {
         let mut random = || 0u64;
-        let mut ask = Ask {
+        let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             turn,
@@ -317,7 +324,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         if let Decision::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
         {
-            seen.push(prefill.pod);
+            seen.push(prefill.slot);
         }
     }
     assert_eq!(seen, vec![0, 1, 4, 5]);
@@ -332,7 +339,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
     for seed in 1..20u64 {
         let mut rng = Rng(seed);
         let mut random = || rng.next();
-        let mut ask = Ask {
+        let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             turn: 0,
@@ -343,9 +350,9 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             Decision::Split {
                 prefill, decode, ..
             } => {
-                assert_ne!(prefill.pod, 5, "the most loaded pod never wins a pair");
-                let rs = if prefill.pod < 4 { 0 } else { 1 };
-                assert_eq!(decode.pod / 4, rs, "decode from the prefill's roleset");
+                assert_ne!(prefill.slot, 5, "the most loaded pod never wins a pair");
+                let rs = if prefill.slot < 4 { 0 } else { 1 };
+                assert_eq!(decode.slot / 4, rs, "decode from the prefill's roleset");
             }
             other => panic!("{other:?}"),
         }
@@ -357,7 +364,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
     let mut rng = Rng(7);
     for _ in 0..400 {
         let mut random = || rng.next();
-        let mut ask = Ask {
+        let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             turn: 0,
@@ -367,7 +374,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         if let Decision::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
         {
-            counts[prefill.pod] += 1;
+            counts[prefill.slot] += 1;
         }
     }
     for p in [0, 1, 4, 5] {

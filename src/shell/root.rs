@@ -1,12 +1,13 @@
-use super::shared::Shared;
+use super::shared::{self, now_ms, Shared};
 use super::stats::Stats;
 use super::stream::Stream;
+use crate::codec::{RecordReader, RecordWriter};
 use crate::config::Config;
-use crate::engine::set_connector_type;
-use crate::flow::Router;
+use crate::fleet::{Endpoint, PodId};
 use crate::host::{Counter, PodEvent};
 use crate::metrics::parse_engine_metrics;
-use crate::sched::state::{self, StoredMetrics};
+use crate::pods::{update_scraped, StoredMetrics, Verdict, WORKER_SLOTS_KEY};
+use crate::router::{Ejection, Router};
 use crate::scrape::{self, Previous};
 use crate::trt_id::WORKER_SLOTS;
 use proxy_wasm::hostcalls;
@@ -14,10 +15,19 @@ use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{BufferType, ContextType, LogLevel};
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// The largest `/metrics` answer read; a pod's metrics are a few KiB.
 const MAX_METRICS_BYTES: usize = 1 << 20;
+
+/// The build, as logged at VM start.
+const VERSION: &str = concat!(
+    "pd-router ",
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PD_ROUTER_GIT_COMMIT"),
+    ")"
+);
 
 #[derive(Default)]
 pub(super) struct Root {
@@ -26,62 +36,56 @@ pub(super) struct Root {
     /// Identifies this VM in the scrape lease.
     vm_id: u64,
     last_scrape_ms: u64,
-    /// Scrapes in flight: call token → pod index.
-    scrapes: HashMap<u32, usize>,
-    previous: Vec<Previous>,
+    /// Scrapes in flight: call token → pod.
+    scrapes: HashMap<u32, Rc<Endpoint>>,
+    previous: HashMap<PodId, Previous>,
 }
 
 fn log(level: LogLevel, msg: &str) {
     let _ = hostcalls::log(level, msg);
 }
 
-fn now_ms() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
-
 /// Hands this VM a distinct slot (mod [`WORKER_SLOTS`]) through shared data,
 /// so TensorRT-LLM ids of different worker threads never collide. Shared data
 /// is per `vm_id` and CAS-guarded; a lost race retries.
 fn claim_worker_slot() -> u8 {
-    const KEY: &str = "pd_router.worker_slots";
-    for _ in 0..64 {
-        let (value, cas) = super::shared::get(KEY);
-        let current = value
-            .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
-            .map(u32::from_le_bytes)
-            .unwrap_or(0);
-        let next = current.wrapping_add(1);
-        if super::shared::set(KEY, &next.to_le_bytes(), cas).is_ok() {
-            return (current % WORKER_SLOTS as u32) as u8;
-        }
+    let decode = |b: Option<&[u8]>| b.and_then(|b| RecordReader::new(b).u32()).unwrap_or(0);
+    let encode = |v: &u32| {
+        let mut w = RecordWriter::with_capacity(4);
+        w.u32(*v);
+        w.finish()
+    };
+    let mut claimed = 0;
+    let taken = crate::pods::cas_update(&mut Shared, WORKER_SLOTS_KEY, decode, encode, |v| {
+        claimed = *v;
+        *v = v.wrapping_add(1);
+    });
+    if taken.is_err() {
+        log(
+            LogLevel::Warn,
+            "pd-router: could not claim a worker slot; using 0",
+        );
+        return 0;
     }
-    log(
-        LogLevel::Warn,
-        "pd-router: could not claim a worker slot; using 0",
-    );
-    0
+    (claimed % WORKER_SLOTS as u32) as u8
 }
 
 impl Root {
     /// Takes or renews the scrape lease; only its holder scrapes.
     fn hold_lease(&self, router: &Router, now: u64) -> bool {
-        let key = state::lease_key(&router.config.fingerprint);
+        let key = router.keys().scrape_lease();
         let ttl = router.config.scrape_interval_ms.saturating_mul(3).max(1000);
-        let (current, cas) = super::shared::get(&key);
+        let (current, cas) = shared::get(&key);
         if !scrape::may_hold(current.as_deref(), self.vm_id, now) {
             return false;
         }
-        super::shared::set(&key, &scrape::encode_lease(self.vm_id, now + ttl), cas).is_ok()
+        shared::set(&key, &scrape::encode_lease(self.vm_id, now + ttl), cas).is_ok()
     }
 
     fn scrape(&mut self, router: &Router, now: u64) {
         let config = &router.config;
         self.last_scrape_ms = now;
-        for (i, pod) in config.pods.iter().enumerate() {
+        for pod in router.fleet().pods() {
             let headers = vec![
                 (":method", "GET"),
                 (":path", config.metrics_path.as_str()),
@@ -96,7 +100,7 @@ impl Root {
                 Duration::from_millis(config.scrape_timeout_ms),
             ) {
                 Ok(token) => {
-                    self.scrapes.insert(token, i);
+                    self.scrapes.insert(token, pod);
                 }
                 Err(e) => log(
                     LogLevel::Warn,
@@ -109,38 +113,55 @@ impl Root {
         }
     }
 
-    /// Marks a pod unhealthy after a failed scrape; counts an ejection only
-    /// when it was healthy.
-    fn scrape_failed(&self, router: &Router, pod: usize, now: u64, why: &str) {
-        let until = now.saturating_add(router.config.unhealthy_cooldown_ms);
-        let mut was_healthy = false;
-        let n = router.config.pods.len();
-        let _ = state::update_load(&mut Shared, &router.load_key, n, |pods| {
-            if let Some(c) = pods.get_mut(pod) {
-                was_healthy = c.unhealthy_until_ms <= now;
-                c.unhealthy_until_ms = c.unhealthy_until_ms.max(until);
-                c.failures = 0;
-            }
-        });
-        let _ = state::update_metrics(&mut Shared, &router.metrics_key, n, |m| {
-            if let Some(m) = m.get_mut(pod) {
-                *m = StoredMetrics::default();
-            }
-        });
-        if was_healthy {
+    fn report(&self, ejection: Option<Ejection>) {
+        if let Some(e) = ejection {
             self.stats.increment(Counter::Ejection);
-            self.stats.count_pod(pod, PodEvent::Ejected);
-            let name = router
-                .config
-                .pods
-                .get(pod)
-                .map(|p| p.name.as_str())
-                .unwrap_or("?");
-            log(
-                LogLevel::Warn,
-                &format!("pd-router: pod {name} marked unhealthy: scrape failed ({why})"),
-            );
+            self.stats.count_pod(&e.pod, PodEvent::Ejected);
+            log(LogLevel::Warn, &format!("pd-router: {}", e.message));
         }
+    }
+
+    /// A failed scrape says the pod is down: eject it and forget its metrics.
+    fn scrape_failed(&self, router: &Router, pod: &Endpoint, now: u64, why: &str) {
+        let cause = format!("scrape failed ({why})");
+        match router.judge_everywhere(&mut Shared, pod, Verdict::Down, &cause, now) {
+            Ok(ejection) => self.report(ejection),
+            Err(e) => log(
+                LogLevel::Error,
+                &format!("pd-router: could not update pod load: {e}"),
+            ),
+        }
+        let _ = update_scraped(&mut Shared, &router.keys().scraped(), |t| {
+            t.remove(&pod.id);
+        });
+    }
+
+    fn scraped(&mut self, router: &Router, pod: &Endpoint, now: u64, body_size: usize) {
+        let body = hostcalls::get_buffer(
+            BufferType::HttpCallResponseBody,
+            0,
+            body_size.min(MAX_METRICS_BYTES),
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+        let parsed = parse_engine_metrics(&String::from_utf8_lossy(&body), None);
+        let prev = self.previous.get(&pod.id).copied().unwrap_or_default();
+        let (metrics, next) = scrape::observe(&prev, now, &parsed);
+        self.previous.insert(pod.id, next);
+        let fleet = router.fleet();
+        let _ = update_scraped(&mut Shared, &router.keys().scraped(), |t| {
+            t.insert(
+                pod.id,
+                StoredMetrics {
+                    at_ms: now,
+                    metrics,
+                },
+            );
+            // Pods that left the fleet are scraped no more.
+            let live: Vec<PodId> = fleet.pods().iter().map(|p| p.id).collect();
+            t.retain(|id, _| live.contains(id));
+        });
     }
 }
 
@@ -159,44 +180,19 @@ impl Context for Root {
             return;
         };
         let now = now_ms();
-        let status = super::shared::call_status(num_headers);
-        if status != Some(200) {
-            let why = status.map_or("no answer".to_owned(), |s| format!("status {s}"));
-            self.scrape_failed(&router, pod, now, &why);
-            return;
-        }
-        let body = hostcalls::get_buffer(
-            BufferType::HttpCallResponseBody,
-            0,
-            body_size.min(MAX_METRICS_BYTES),
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_default();
-        let parsed = parse_engine_metrics(&String::from_utf8_lossy(&body), None);
-        let prev = self.previous.get(pod).copied().unwrap_or_default();
-        let (metrics, next) = scrape::observe(&prev, now, &parsed);
-        if let Some(p) = self.previous.get_mut(pod) {
-            *p = next;
-        }
-        let n = router.config.pods.len();
-        let _ = state::update_metrics(&mut Shared, &router.metrics_key, n, |m| {
-            if let Some(m) = m.get_mut(pod) {
-                *m = StoredMetrics {
-                    at_ms: now,
-                    metrics,
-                };
+        match shared::call_status(num_headers) {
+            Some(200) => self.scraped(&router, &pod, now, body_size),
+            status => {
+                let why = status.map_or("no answer".to_owned(), |s| format!("status {s}"));
+                self.scrape_failed(&router, &pod, now, &why);
             }
-        });
+        }
     }
 }
 
 impl RootContext for Root {
     fn on_vm_start(&mut self, _size: usize) -> bool {
-        log(
-            LogLevel::Info,
-            concat!("pd-router ", env!("CARGO_PKG_VERSION"), " starting"),
-        );
+        log(LogLevel::Info, &format!("{VERSION} starting"));
         true
     }
 
@@ -220,7 +216,6 @@ impl RootContext for Root {
                 return false;
             }
         };
-        set_connector_type(config.kv_connector);
         let slot = claim_worker_slot();
         let router = match Router::new(config, slot) {
             Ok(r) => r,
@@ -246,8 +241,9 @@ impl RootContext for Root {
             }
         }
         self.vm_id = getrandom::u64().unwrap_or_else(|_| now_ms());
-        self.stats = Rc::new(Stats::define(&router.config, slot));
-        self.previous = vec![Previous::default(); router.config.pods.len()];
+        let stats = Stats::define(slot);
+        stats.know_pods(router.fleet().pods().iter().map(|p| p.name.as_str()));
+        self.stats = Rc::new(stats);
         let tick = match router.config.scrape_interval_ms {
             0 => 1000,
             i => i.min(1000),
@@ -270,12 +266,12 @@ impl RootContext for Root {
         router.refresh_metrics(&Shared);
         self.stats.record_vm_memory();
         self.stats.refresh_log_level();
-        for (i, c) in router.counters(&Shared).iter().enumerate() {
+        for (pod, c) in router.pod_counters(&Shared) {
             self.stats.record_pod(
-                i,
+                &pod.name,
                 c.outstanding_prefills,
                 c.pending_decodes,
-                c.unhealthy_until_ms <= now,
+                c.is_healthy(now),
             );
         }
         let interval = router.config.scrape_interval_ms;

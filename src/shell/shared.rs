@@ -1,9 +1,10 @@
 //! Shared data through the `hostcalls` that return `Result` (the SDK's trait
 //! methods panic on unexpected statuses).
 
-use crate::sched::state::{SetError, SharedStore};
+use crate::pods::{SetError, SharedStore};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, Status};
+use std::time::UNIX_EPOCH;
 
 /// Shared data of this VM's `vm_id`, as a [`SharedStore`].
 pub(super) struct Shared;
@@ -40,4 +41,13 @@ pub(super) fn call_status(num_headers: usize) -> Option<u16> {
         .ok()
         .flatten()
         .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
+}
+
+/// Envoy's wall clock, Unix milliseconds (0 if the host has none).
+pub(super) fn now_ms() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
 }

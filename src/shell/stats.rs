@@ -1,18 +1,25 @@
-//! Envoy stats (`wasmcustom.pd_router.*`), defined once per VM.
+//! Envoy stats (`wasmcustom.pd_router.*`), defined once per VM; per-pod
+//! stats are defined the first time a pod is seen, so discovered pods get
+//! theirs too.
 
-use crate::config::Config;
 use crate::host::{stat_segment, Counter, PodEvent};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, MetricType};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+
+/// One pod's stat ids.
+struct PodStats {
+    /// In [`PodEvent::ALL`] order.
+    events: Vec<Option<u32>>,
+    /// Outstanding prefills, pending decodes, healthy (0/1).
+    gauges: [Option<u32>; 3],
+}
 
 #[derive(Default)]
 pub(super) struct Stats {
     counters: Vec<(Counter, u32)>,
-    /// Per pod, in [`PodEvent::ALL`] order.
-    pod_events: Vec<Vec<Option<u32>>>,
-    /// Per pod: outstanding prefills, pending decodes, healthy (0/1).
-    pod_gauges: Vec<[Option<u32>; 3]>,
+    pods: RefCell<HashMap<String, PodStats>>,
     /// This VM's linear memory, to see leaks under load; defined at the
     /// first tick, so a VM that never ticks (Envoy's base VM) shows none.
     vm_memory: Cell<Option<u32>>,
@@ -26,31 +33,14 @@ fn define(kind: MetricType, name: &str) -> Option<u32> {
 }
 
 impl Stats {
-    pub(super) fn define(config: &Config, worker_slot: u8) -> Stats {
+    pub(super) fn define(worker_slot: u8) -> Stats {
         let counters = Counter::ALL
             .iter()
             .filter_map(|c| define(MetricType::Counter, c.name()).map(|id| (*c, id)))
             .collect();
-        let mut pod_events = Vec::with_capacity(config.pods.len());
-        let mut pod_gauges = Vec::with_capacity(config.pods.len());
-        for pod in &config.pods {
-            let base = format!("pd_router.pod.{}", stat_segment(&pod.name));
-            pod_events.push(
-                PodEvent::ALL
-                    .iter()
-                    .map(|e| define(MetricType::Counter, &format!("{base}.{}", e.suffix())))
-                    .collect(),
-            );
-            pod_gauges.push([
-                define(MetricType::Gauge, &format!("{base}.outstanding_prefills")),
-                define(MetricType::Gauge, &format!("{base}.pending_decodes")),
-                define(MetricType::Gauge, &format!("{base}.healthy")),
-            ]);
-        }
         Stats {
             counters,
-            pod_events,
-            pod_gauges,
+            pods: RefCell::new(HashMap::new()),
             vm_memory: Cell::new(None),
             worker_slot,
             log_level: Cell::new(hostcalls::get_log_level().ok()),
@@ -83,23 +73,51 @@ impl Stats {
         }
     }
 
-    pub(super) fn count_pod(&self, pod: usize, event: PodEvent) {
+    fn with_pod<T>(&self, pod: &str, f: impl FnOnce(&PodStats) -> T) -> T {
+        let mut pods = self.pods.borrow_mut();
+        let stats = pods.entry(pod.to_owned()).or_insert_with(|| {
+            let base = format!("pd_router.pod.{}", stat_segment(pod));
+            PodStats {
+                events: PodEvent::ALL
+                    .iter()
+                    .map(|e| define(MetricType::Counter, &format!("{base}.{}", e.suffix())))
+                    .collect(),
+                gauges: [
+                    define(MetricType::Gauge, &format!("{base}.outstanding_prefills")),
+                    define(MetricType::Gauge, &format!("{base}.pending_decodes")),
+                    define(MetricType::Gauge, &format!("{base}.healthy")),
+                ],
+            }
+        });
+        f(stats)
+    }
+
+    /// Defines the stats of pods known now (the rest are defined when seen).
+    pub(super) fn know_pods<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            self.with_pod(name, |_| ());
+        }
+    }
+
+    pub(super) fn count_pod(&self, pod: &str, event: PodEvent) {
         let idx = PodEvent::ALL.iter().position(|e| *e == event);
-        if let Some(Some(id)) = idx.and_then(|i| self.pod_events.get(pod)?.get(i).copied()) {
+        let id = self.with_pod(pod, |s| {
+            idx.and_then(|i| s.events.get(i).copied().flatten())
+        });
+        if let Some(id) = id {
             let _ = hostcalls::increment_metric(id, 1);
         }
     }
 
     /// Publishes a pod's shared counters as gauges.
-    pub(super) fn record_pod(&self, pod: usize, outstanding: u32, pending: u32, healthy: bool) {
-        if let Some(ids) = self.pod_gauges.get(pod) {
-            for (id, v) in ids
-                .iter()
-                .zip([outstanding as u64, pending as u64, healthy as u64])
-            {
-                if let Some(id) = id {
-                    let _ = hostcalls::record_metric(*id, v);
-                }
+    pub(super) fn record_pod(&self, pod: &str, outstanding: u32, pending: u32, healthy: bool) {
+        let ids = self.with_pod(pod, |s| s.gauges);
+        for (id, v) in ids
+            .iter()
+            .zip([outstanding as u64, pending as u64, healthy as u64])
+        {
+            if let Some(id) = id {
+                let _ = hostcalls::record_metric(*id, v);
             }
         }
     }

@@ -1,23 +1,26 @@
 use super::shared;
 use super::stats::Stats;
-use crate::flow::{Flow, Router};
-use crate::host::{Action, Counter, Host, Level, PodEvent};
-use crate::sched::state::{SetError, SharedStore};
+use crate::error::HostError;
+use crate::flow::Flow;
+use crate::host::{Action, Counter, Host, Level, PodEvent, Telemetry};
+use crate::pods::{SetError, SharedStore};
+use crate::router::Router;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action as WasmAction, BufferType, LogLevel, MapType};
 use std::rc::Rc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 /// One HTTP stream: forwards callbacks to the flow, implements [`Host`] with
 /// the `hostcalls` that return `Result` (the SDK's trait getters panic on
 /// unexpected statuses and on non-UTF-8 header values).
 pub(super) struct Stream {
     flow: Flow,
-    io: Io,
+    io: HostIo,
 }
 
-pub(super) struct Io {
+/// The host calls of one stream.
+pub(super) struct HostIo {
     stats: Rc<Stats>,
 }
 
@@ -25,7 +28,7 @@ impl Stream {
     pub(super) fn new(router: Rc<Router>, stats: Rc<Stats>) -> Stream {
         Stream {
             flow: Flow::new(router),
-            io: Io { stats },
+            io: HostIo { stats },
         }
     }
 }
@@ -46,7 +49,7 @@ impl Context for Stream {
         _trailers: usize,
     ) {
         // A reset before any header arrives with no headers at all.
-        let status = super::shared::call_status(num_headers);
+        let status = shared::call_status(num_headers);
         self.flow
             .on_prefill_response(&mut self.io, token, status, body_size);
     }
@@ -83,7 +86,7 @@ impl HttpContext for Stream {
     }
 }
 
-impl SharedStore for Io {
+impl SharedStore for HostIo {
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         shared::get(key)
     }
@@ -93,29 +96,65 @@ impl SharedStore for Io {
     }
 }
 
-impl Host for Io {
+fn log_level(level: Level) -> LogLevel {
+    match level {
+        Level::Debug => LogLevel::Debug,
+        Level::Info => LogLevel::Info,
+        Level::Warn => LogLevel::Warn,
+        Level::Error => LogLevel::Error,
+    }
+}
+
+/// The first `len` bytes of a host buffer.
+fn buffer(kind: BufferType, len: usize, call: &'static str) -> Result<Vec<u8>, HostError> {
+    match hostcalls::get_buffer(kind, 0, len) {
+        Ok(Some(body)) => Ok(body),
+        // Envoy hands over no buffer for an empty body.
+        Ok(None) if len == 0 => Ok(Vec::new()),
+        Ok(None) => Err(HostError::new(call, "no buffer")),
+        Err(e) => Err(HostError::new(call, e)),
+    }
+}
+
+impl Telemetry for HostIo {
+    fn log(&self, level: Level, message: &str) {
+        let _ = hostcalls::log(log_level(level), message);
+    }
+
+    fn log_enabled(&self, level: Level) -> bool {
+        log_level(level) as u32 >= self.stats.log_level() as u32
+    }
+
+    fn increment(&self, counter: Counter) {
+        self.stats.increment(counter);
+    }
+
+    fn count_pod(&self, pod: &str, event: PodEvent) {
+        self.stats.count_pod(pod, event);
+    }
+
+    fn now_ms(&self) -> u64 {
+        shared::now_ms()
+    }
+}
+
+impl Host for HostIo {
     fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
         hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
     }
 
-    fn set_request_header(&mut self, name: &str, value: Option<&str>) {
-        if let Err(e) = hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value) {
-            self.log(
-                Level::Warn,
-                &format!("could not set request header {name}: {e:?}"),
-            );
-        }
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value)
+            .map_err(|e| HostError::new("setting a request header", e))
     }
 
-    fn request_body(&self, len: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(BufferType::HttpRequestBody, 0, len)
-            .ok()
-            .flatten()
+    fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
+        buffer(BufferType::HttpRequestBody, len, "reading the request body")
     }
 
-    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), String> {
+    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
         hostcalls::set_buffer(BufferType::HttpRequestBody, 0, old_len, body)
-            .map_err(|e| format!("{e:?}"))
+            .map_err(|e| HostError::new("replacing the request body", e))
     }
 
     fn dispatch(
@@ -124,7 +163,7 @@ impl Host for Io {
         headers: &[(&str, &str)],
         body: &[u8],
         timeout_ms: u64,
-    ) -> Result<u32, String> {
+    ) -> Result<u32, HostError> {
         hostcalls::dispatch_http_call(
             cluster,
             headers.to_vec(),
@@ -132,71 +171,34 @@ impl Host for Io {
             Vec::new(),
             Duration::from_millis(timeout_ms),
         )
-        .map_err(|e| format!("{e:?}"))
+        .map_err(|e| HostError::new("dispatch_http_call", e))
     }
 
-    fn call_response_body(&self, len: usize) -> Option<Vec<u8>> {
-        hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, len)
-            .ok()
-            .flatten()
+    fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
+        buffer(
+            BufferType::HttpCallResponseBody,
+            len,
+            "reading the prefill answer",
+        )
     }
 
-    fn resume_request(&mut self) {
-        if let Err(e) = hostcalls::resume_http_request() {
-            self.log(
-                Level::Error,
-                &format!("could not resume the request: {e:?}"),
-            );
-        }
+    fn resume_request(&mut self) -> Result<(), HostError> {
+        hostcalls::resume_http_request().map_err(|e| HostError::new("resuming the request", e))
     }
 
-    fn send_reply(&mut self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
-        if let Err(e) = hostcalls::send_http_response(status as u32, headers.to_vec(), Some(body)) {
-            self.log(
-                Level::Error,
-                &format!("could not send a local reply: {e:?}"),
-            );
-        }
+    fn send_reply(
+        &mut self,
+        status: u16,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> Result<(), HostError> {
+        hostcalls::send_http_response(status as u32, headers.to_vec(), Some(body))
+            .map_err(|e| HostError::new("sending a local reply", e))
     }
 
-    fn set_response_header(&mut self, name: &str, value: Option<&str>) {
-        let _ = hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value);
-    }
-
-    fn log(&self, level: Level, message: &str) {
-        let level = match level {
-            Level::Debug => LogLevel::Debug,
-            Level::Info => LogLevel::Info,
-            Level::Warn => LogLevel::Warn,
-            Level::Error => LogLevel::Error,
-        };
-        let _ = hostcalls::log(level, message);
-    }
-
-    fn log_enabled(&self, level: Level) -> bool {
-        let wanted = match level {
-            Level::Debug => LogLevel::Debug,
-            Level::Info => LogLevel::Info,
-            Level::Warn => LogLevel::Warn,
-            Level::Error => LogLevel::Error,
-        };
-        wanted as u32 >= self.stats.log_level() as u32
-    }
-
-    fn increment(&self, counter: Counter) {
-        self.stats.increment(counter);
-    }
-
-    fn count_pod(&self, pod: usize, event: PodEvent) {
-        self.stats.count_pod(pod, event);
-    }
-
-    fn now_ms(&self) -> u64 {
-        hostcalls::get_current_time()
-            .ok()
-            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0)
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value)
+            .map_err(|e| HostError::new("setting a response header", e))
     }
 
     fn random_u64(&mut self) -> Result<u64, String> {

@@ -8,47 +8,19 @@ mod nixl;
 mod shfs;
 
 use crate::body::{Edits, TopLevel};
-use crate::config::Endpoint;
-use crate::engine::EngineError;
+use crate::error::EngineError;
+use crate::fleet::{Connector, Endpoint};
 
 pub use neuron::Neuron;
 pub use nixl::Nixl;
 pub use shfs::Shfs;
 
-/// The KV connectors pd-router knows how to relay for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Connector {
-    /// vLLM's `NixlConnector` in pull mode: relay `kv_transfer_params` verbatim.
-    Nixl,
-    /// AIBrix's variant: like `nixl`, with `remote_host` set to the prefill pod IP.
-    Shfs,
-    /// AIBrix's Neuron variant: the whole prefill answer goes to the decode.
-    Neuron,
-}
-
-impl Connector {
-    /// Every accepted name, in the order the docs list them.
-    pub const NAMES: [&'static str; 3] = ["nixl", "shfs", "neuron"];
-
-    pub fn from_name(name: &str) -> Option<Connector> {
-        match name {
-            "nixl" => Some(Connector::Nixl),
-            "shfs" => Some(Connector::Shfs),
-            "neuron" => Some(Connector::Neuron),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        self.agent().name()
-    }
-
-    pub fn agent(self) -> &'static dyn KvTransferAgent {
-        match self {
-            Connector::Nixl => &Nixl,
-            Connector::Shfs => &Shfs,
-            Connector::Neuron => &Neuron,
-        }
+/// The agent that speaks `connector`.
+pub fn agent(connector: Connector) -> &'static dyn KvTransferAgent {
+    match connector {
+        Connector::Nixl => &Nixl,
+        Connector::Shfs => &Shfs,
+        Connector::Neuron => &Neuron,
     }
 }
 

@@ -1,7 +1,7 @@
 use super::{Handoff, KvTransferAgent};
 use crate::body::{Edits, TopLevel};
-use crate::config::Endpoint;
-use crate::engine::EngineError;
+use crate::error::EngineError;
+use crate::fleet::Endpoint;
 
 /// AIBrix's Neuron variant: the prefill leg carries nothing extra, and the
 /// decode receives the whole prefill answer under `disagg_prefill_resp`.

@@ -1,7 +1,7 @@
 use super::{kv_transfer_params, Handoff, KvTransferAgent};
 use crate::body::{Edits, TopLevel};
-use crate::config::Endpoint;
-use crate::engine::EngineError;
+use crate::error::EngineError;
+use crate::fleet::Endpoint;
 
 /// vLLM's `NixlConnector`, pull mode: the decode pulls the prefill's blocks.
 ///

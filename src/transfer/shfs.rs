@@ -1,7 +1,7 @@
 use super::{kv_transfer_params, Handoff, KvTransferAgent};
 use crate::body::{Edits, TopLevel};
-use crate::config::Endpoint;
-use crate::engine::EngineError;
+use crate::error::EngineError;
+use crate::fleet::Endpoint;
 
 /// AIBrix's `shfs`: NIXL pull mode, but the router overwrites `remote_host`
 /// with the prefill pod's IP, for engines that advertise an address the
@@ -31,7 +31,9 @@ impl KvTransferAgent for Shfs {
             .map_err(|e| EngineError::BadPrefillAnswer(format!("kv_transfer_params: {e}")))?;
         let mut edit = Edits::new();
         edit.set_str("remote_host", &prefill_pod.ip);
-        let rewritten = params.render(raw, &edit);
+        let rewritten = params
+            .render(raw, &edit)
+            .map_err(|e| EngineError::Internal(e.to_string()))?;
         decode.set_raw("kv_transfer_params", String::from_utf8_lossy(&rewritten));
         Ok(Handoff::Relayed)
     }

@@ -2,15 +2,17 @@
 //! object's top-level members, JSON validity checks, and the engine /
 //! connector / prefill-pod matrix the request targets run through.
 #![allow(dead_code)] // each target uses a subset
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
 
 use pd_router::api::Api;
 use pd_router::body::TopLevel;
 use pd_router::config::Config;
 use pd_router::engine::{FixedEntropy, Registry};
+use pd_router::split::{self, FixedPlanner, Plan, RouterView, SplitPlan};
+use std::rc::Rc;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;
-use std::sync::OnceLock;
 
 pub const ENGINES: [&str; 4] = ["vllm", "sglang", "trtllm", "default"];
 /// `None`: the model names no connector (the global default applies).
@@ -22,43 +24,50 @@ pub struct Case {
     pub engine: &'static str,
     pub connector: Option<&'static str>,
     pub config: Config,
+    pub fleet: pd_router::fleet::Fleet,
 }
 
 /// Every engine × connector, each with three prefill pods: IPv4 with the
 /// default bootstrap port, IPv6 with the highest port, and one whose own
 /// `kv_connector` overrides the model's.
-pub fn cases() -> &'static [Case] {
-    static CASES: OnceLock<Vec<Case>> = OnceLock::new();
-    CASES.get_or_init(|| {
-        let mut out = Vec::new();
-        for engine in ENGINES {
-            for connector in CONNECTORS {
-                let mut model = serde_json::json!({
-                    "name": "m",
-                    "engine": engine,
-                    "rolesets": [{
-                        "prefill": [
-                            "10.0.0.1:8000",
-                            {"address": "[fd00::1]:8000", "bootstrap_port": 65535},
-                            {"address": "10.0.0.3:8000", "kv_connector": "shfs"}
-                        ],
-                        "decode": ["10.9.9.9:8000"]
-                    }]
-                });
-                if let Some(c) = connector {
-                    model["kv_connector"] = c.into();
-                }
-                let json = serde_json::json!({ "models": [model] }).to_string();
-                let config = Config::parse(json.as_bytes()).expect("harness config");
-                out.push(Case {
-                    engine,
-                    connector,
-                    config,
-                });
+fn build_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for engine in ENGINES {
+        for connector in CONNECTORS {
+            let mut model = serde_json::json!({
+                "name": "m",
+                "engine": engine,
+                "rolesets": [{
+                    "prefill": [
+                        "10.0.0.1:8000",
+                        {"address": "[fd00::1]:8000", "bootstrap_port": 65535},
+                        {"address": "10.0.0.3:8000", "kv_connector": "shfs"}
+                    ],
+                    "decode": ["10.9.9.9:8000"]
+                }]
+            });
+            if let Some(c) = connector {
+                model["kv_connector"] = c.into();
             }
+            let json = serde_json::json!({ "models": [model] }).to_string();
+            let config = Config::parse(json.as_bytes()).expect("harness config");
+            out.push(Case {
+                engine,
+                connector,
+                fleet: config.fleet(),
+                config,
+            });
         }
-        out
-    })
+    }
+    out
+}
+
+/// The matrix, built once per fuzzing thread (its `Rc`s stay on it).
+pub fn cases() -> &'static [Case] {
+    thread_local! {
+        static CASES: &'static [Case] = Box::leak(build_cases().into_boxed_slice());
+    }
+    CASES.with(|c| *c)
 }
 
 thread_local! {
@@ -174,52 +183,29 @@ pub fn assert_sse(body: &[u8]) {
     }
 }
 
-/// Runs `f` on every split the router could make of `client`: each API the
-/// body is valid for, each engine × connector, each prefill pod, skipping
-/// what the flow rejects or does not split (router-owned keys in the client
-/// body, `should_split` false, `build_legs` errors).
+/// Runs `f` on every split the router could make of `client`, through the
+/// shipped [`split::plan`]: each API, each engine × connector, each prefill
+/// pod. What the plan rejects or does not split is skipped (that it rejects
+/// without panicking is the check).
 pub fn for_each_split(
     client: &[u8],
-    top: &TopLevel,
-    mut f: impl FnMut(
-        &Case,
-        &dyn pd_router::engine::EngineHandler,
-        &mut pd_router::engine::PdContext,
-        &pd_router::config::Endpoint,
-        pd_router::engine::Legs,
-    ),
+    mut f: impl FnMut(&Case, &RouterView, &mut FixedPlanner, &SplitPlan),
 ) {
-    use pd_router::engine::{build_legs, PdContext};
-    let facts: Vec<_> = APIS
-        .iter()
-        .filter_map(|api| pd_router::api::read_facts(*api, client, top).ok())
-        .collect();
-    if facts.is_empty() {
-        return;
-    }
     REGISTRY.with(|registry| {
         for case in cases() {
-            let model = &case.config.models[0];
-            let handler = registry.resolve(case.engine);
-            if handler.owned_keys().iter().any(|k| top.contains(k)) {
-                continue;
-            }
-            for facts in &facts {
-                for pod in &model.rolesets[0].prefill {
-                    let mut entropy = entropy(client);
-                    let mut ctx = PdContext {
-                        facts,
-                        body: client,
-                        top,
-                        request_id: "fuzz-1",
-                        model_connector: model.kv_connector,
-                        entropy: &mut entropy,
+            let fleet = &case.fleet;
+            let view = RouterView::of_config(&case.config, fleet, registry);
+            let roleset = &fleet.models()[0].rolesets[0];
+            for api in APIS {
+                for pod in &roleset.prefill {
+                    let mut planner = FixedPlanner {
+                        prefill: Rc::clone(pod),
+                        decode: Rc::clone(&roleset.decode[0]),
+                        entropy: entropy(client),
                     };
-                    if !handler.should_split(&ctx, pod) {
-                        continue;
-                    }
-                    if let Ok(legs) = build_legs(handler, &mut ctx, pod) {
-                        f(case, handler, &mut ctx, pod, legs);
+                    let plan = split::plan(&view, &mut planner, api, "fuzz-1", client.to_vec());
+                    if let Ok(Plan::Split(plan)) = plan {
+                        f(case, &view, &mut planner, &plan);
                     }
                 }
             }

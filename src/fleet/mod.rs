@@ -1,0 +1,311 @@
+//! The shared vocabulary of routing: pods and their identities, endpoints,
+//! rolesets, models, KV connector names, policy names and scheduling knobs.
+//!
+//! A leaf module: it imports nothing else of pd-router's, so configuration,
+//! discovery, scheduling, engines and the flow all speak it without cycles.
+//! A [`Fleet`] is one version of "the models and their pods"; the router
+//! swaps in a new one when its pod set changes, while requests in flight keep
+//! the version (and the `Rc`s) they were placed with.
+
+mod connector;
+mod id;
+mod policy;
+
+pub use connector::Connector;
+pub use id::{fnv1a, fnv1a_extend, ModelId, PodId};
+pub use policy::{DecodePolicy, PrefillPolicy, Scheduling, TokenRange};
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+/// Default SGLang bootstrap port, as in SGLang's `--disaggregation-bootstrap-port`.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+
+/// One engine pod as a model's roleset (or combined list) names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub id: PodId,
+    /// This pod's index in its model's [`Model::pods`]: where its state sits
+    /// in the per-request arrays the scheduler works on. Meaningful only
+    /// within one fleet; never stored.
+    pub slot: usize,
+    /// `IP:port` as the routing header wants it (IPv6 in brackets).
+    pub address: String,
+    /// The IP alone: SGLang's `bootstrap_host`, AIBrix's `remote_host` rewrite.
+    pub ip: String,
+    pub name: String,
+    pub bootstrap_port: u16,
+    pub kv_connector: Option<Connector>,
+    /// Prompt lengths a combined pod takes (`None`: any).
+    pub prompt_tokens: Option<TokenRange>,
+}
+
+impl Endpoint {
+    /// A pod at `addr`, named `name` (default: its address).
+    pub fn new(addr: SocketAddr, name: Option<String>) -> Endpoint {
+        let address = addr.to_string();
+        let name = name.unwrap_or_else(|| address.clone());
+        Endpoint {
+            id: PodId::of(&name, &address),
+            slot: 0,
+            ip: addr.ip().to_string(),
+            address,
+            name,
+            bootstrap_port: DEFAULT_BOOTSTRAP_PORT,
+            kv_connector: None,
+            prompt_tokens: None,
+        }
+    }
+}
+
+/// Prefill and decode pods that belong together (AIBrix's roleset: pods of one
+/// roleset share a KV-transfer fabric).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roleset {
+    pub name: String,
+    pub prefill: Vec<Rc<Endpoint>>,
+    pub decode: Vec<Rc<Endpoint>>,
+    /// Prompt lengths this roleset takes (`None`: any).
+    pub prompt_tokens: Option<TokenRange>,
+}
+
+impl Roleset {
+    /// Only a roleset with both roles can serve a split request.
+    pub fn is_eligible(&self) -> bool {
+        !self.prefill.is_empty() && !self.decode.is_empty()
+    }
+}
+
+/// A roleset's pods before they join a model.
+#[derive(Debug, Clone, Default)]
+pub struct RolesetPods {
+    pub name: String,
+    pub prefill: Vec<Endpoint>,
+    pub decode: Vec<Endpoint>,
+    pub prompt_tokens: Option<TokenRange>,
+}
+
+/// How a model is served, whatever its pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSettings {
+    pub name: String,
+    /// Free text: unknown engines get the default handler.
+    pub engine: String,
+    pub kv_connector: Option<Connector>,
+    pub prefill_policy: PrefillPolicy,
+    pub decode_policy: DecodePolicy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Model {
+    pub id: ModelId,
+    pub name: String,
+    pub engine: String,
+    pub kv_connector: Option<Connector>,
+    pub prefill_policy: PrefillPolicy,
+    pub decode_policy: DecodePolicy,
+    pub rolesets: Vec<Roleset>,
+    /// Pods that serve both phases: no prefill call.
+    pub combined: Vec<Rc<Endpoint>>,
+    /// The model's distinct pods, in order of first mention; an endpoint's
+    /// `slot` indexes this.
+    pub pods: Vec<PodId>,
+}
+
+impl Model {
+    /// Assembles a model, giving each endpoint its slot.
+    pub fn new(
+        settings: ModelSettings,
+        rolesets: Vec<RolesetPods>,
+        combined: Vec<Endpoint>,
+    ) -> Model {
+        let mut pods: Vec<PodId> = Vec::new();
+        let mut place = |mut e: Endpoint| {
+            e.slot = match pods.iter().position(|p| *p == e.id) {
+                Some(i) => i,
+                None => {
+                    pods.push(e.id);
+                    pods.len() - 1
+                }
+            };
+            Rc::new(e)
+        };
+        let rolesets = rolesets
+            .into_iter()
+            .map(|r| Roleset {
+                name: r.name,
+                prefill: r.prefill.into_iter().map(&mut place).collect(),
+                decode: r.decode.into_iter().map(&mut place).collect(),
+                prompt_tokens: r.prompt_tokens,
+            })
+            .collect();
+        let combined = combined.into_iter().map(&mut place).collect();
+        Model {
+            id: ModelId::of(&settings.name),
+            name: settings.name,
+            engine: settings.engine,
+            kv_connector: settings.kv_connector,
+            prefill_policy: settings.prefill_policy,
+            decode_policy: settings.decode_policy,
+            rolesets,
+            combined,
+            pods,
+        }
+    }
+
+    /// Whether any roleset or combined pod declares a prompt-length bucket.
+    pub fn uses_buckets(&self) -> bool {
+        self.rolesets.iter().any(|r| r.prompt_tokens.is_some())
+            || self.combined.iter().any(|c| c.prompt_tokens.is_some())
+    }
+
+    /// Every endpoint of the model, each pod once.
+    pub fn endpoints(&self) -> Vec<&Rc<Endpoint>> {
+        let mut seen = vec![false; self.pods.len()];
+        self.rolesets
+            .iter()
+            .flat_map(|r| r.prefill.iter().chain(r.decode.iter()))
+            .chain(self.combined.iter())
+            .filter(|e| match seen.get_mut(e.slot) {
+                Some(s) if !*s => {
+                    *s = true;
+                    true
+                }
+                _ => false,
+            })
+            .collect()
+    }
+
+    /// The model's settings, e.g. to serve discovered pods the same way.
+    pub fn settings(&self) -> ModelSettings {
+        ModelSettings {
+            name: self.name.clone(),
+            engine: self.engine.clone(),
+            kv_connector: self.kv_connector,
+            prefill_policy: self.prefill_policy,
+            decode_policy: self.decode_policy,
+        }
+    }
+}
+
+/// The models and their pods, as known now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Fleet {
+    models: Vec<Rc<Model>>,
+    by_name: HashMap<String, usize>,
+}
+
+impl Fleet {
+    /// A fleet of `models`; of two models with one name the first is kept
+    /// (configuration and discovery refuse or merge duplicates before).
+    pub fn new(models: Vec<Model>) -> Fleet {
+        let mut fleet = Fleet::default();
+        for m in models {
+            if !fleet.by_name.contains_key(&m.name) {
+                fleet.by_name.insert(m.name.clone(), fleet.models.len());
+                fleet.models.push(Rc::new(m));
+            }
+        }
+        fleet
+    }
+
+    /// The model named `name`, exactly as the client spelt it.
+    pub fn model(&self, name: &str) -> Option<&Rc<Model>> {
+        self.by_name.get(name).and_then(|i| self.models.get(*i))
+    }
+
+    pub fn models(&self) -> &[Rc<Model>] {
+        &self.models
+    }
+
+    /// Every distinct pod, in order of first mention: the pods to scrape and
+    /// to publish gauges for.
+    pub fn pods(&self) -> Vec<Rc<Endpoint>> {
+        let mut seen = std::collections::HashSet::new();
+        self.models
+            .iter()
+            .flat_map(|m| m.endpoints())
+            .filter(|e| seen.insert(e.id))
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(addr: &str) -> Endpoint {
+        Endpoint::new(addr.parse().expect("addr"), None)
+    }
+
+    fn settings(name: &str) -> ModelSettings {
+        ModelSettings {
+            name: name.into(),
+            engine: "vllm".into(),
+            kv_connector: None,
+            prefill_policy: PrefillPolicy::default(),
+            decode_policy: DecodePolicy::default(),
+        }
+    }
+
+    #[test]
+    fn slots_index_distinct_pods_in_order_of_first_mention() {
+        let m = Model::new(
+            settings("m"),
+            vec![
+                RolesetPods {
+                    name: "a".into(),
+                    prefill: vec![ep("10.0.0.1:1")],
+                    decode: vec![ep("10.0.0.2:1")],
+                    prompt_tokens: None,
+                },
+                RolesetPods {
+                    name: "b".into(),
+                    prefill: vec![ep("10.0.0.2:1")],
+                    decode: vec![ep("10.0.0.3:1")],
+                    prompt_tokens: None,
+                },
+            ],
+            vec![ep("10.0.0.1:1")],
+        );
+        assert_eq!(m.pods.len(), 3);
+        let slots: Vec<usize> = m
+            .rolesets
+            .iter()
+            .flat_map(|r| r.prefill.iter().chain(&r.decode))
+            .map(|e| e.slot)
+            .collect();
+        assert_eq!(slots, vec![0, 1, 1, 2]);
+        assert_eq!(m.combined[0].slot, 0);
+        assert_eq!(m.endpoints().len(), 3);
+    }
+
+    #[test]
+    fn fleet_lists_each_pod_once_across_models() {
+        let one = |name: &str, addr: &str| {
+            Model::new(
+                settings(name),
+                vec![RolesetPods {
+                    name: "rs0".into(),
+                    decode: vec![ep(addr)],
+                    ..Default::default()
+                }],
+                Vec::new(),
+            )
+        };
+        let f = Fleet::new(vec![
+            one("a", "10.0.0.1:1"),
+            one("b", "10.0.0.1:1"),
+            one("a", "10.0.0.9:1"),
+        ]);
+        assert_eq!(
+            f.models().len(),
+            2,
+            "the first of two models named a is kept"
+        );
+        assert_eq!(f.pods().len(), 1);
+        assert!(f.model("b").is_some() && f.model("c").is_none());
+    }
+}

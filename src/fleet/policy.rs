@@ -1,0 +1,196 @@
+//! Policy names and scheduling knobs, as configured.
+
+use serde::Deserialize;
+
+/// How prefill pods are scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PrefillPolicy {
+    RoundRobin,
+    Random,
+    /// Fewest outstanding prefills.
+    LeastRequest,
+    /// AIBrix: prefix-cache match, then outstanding prefills.
+    #[default]
+    PrefixCache,
+    /// Two random pods, the less loaded of them.
+    PowerOfTwo,
+}
+
+impl PrefillPolicy {
+    pub const NAMES: [&'static str; 5] = [
+        "round_robin",
+        "random",
+        "least_request",
+        "prefix_cache",
+        "power_of_two",
+    ];
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "round_robin" => Self::RoundRobin,
+            "random" => Self::Random,
+            "least_request" => Self::LeastRequest,
+            "prefix_cache" => Self::PrefixCache,
+            "power_of_two" => Self::PowerOfTwo,
+            _ => return None,
+        })
+    }
+
+    /// Whether the policy yields comparable scores for every pod (so rolesets
+    /// can be ranked by combined score) rather than picking directly.
+    pub fn scores_all(self) -> bool {
+        matches!(self, Self::LeastRequest | Self::PrefixCache)
+    }
+}
+
+/// How decode pods are scored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodePolicy {
+    RoundRobin,
+    Random,
+    /// Fewest running + pending decodes.
+    LeastRequest,
+    /// AIBrix: running requests, generation throughput and free KV cache.
+    #[default]
+    LoadBalancing,
+    PowerOfTwo,
+}
+
+impl DecodePolicy {
+    pub const NAMES: [&'static str; 5] = [
+        "round_robin",
+        "random",
+        "least_request",
+        "load_balancing",
+        "power_of_two",
+    ];
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Some(match name {
+            "round_robin" => Self::RoundRobin,
+            "random" => Self::Random,
+            "least_request" => Self::LeastRequest,
+            "load_balancing" => Self::LoadBalancing,
+            "power_of_two" => Self::PowerOfTwo,
+            _ => return None,
+        })
+    }
+
+    pub fn scores_all(self) -> bool {
+        matches!(self, Self::LeastRequest | Self::LoadBalancing)
+    }
+}
+
+/// Scheduling thresholds; the defaults are AIBrix's.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Scheduling {
+    /// Prompt bytes per prefix-cache block.
+    pub prefix_block_bytes: usize,
+    /// Blocks of a prompt's prefix that are hashed and looked up.
+    pub prefix_max_blocks: usize,
+    /// Slots of the shared prefix table; a colliding insert evicts the older entry.
+    pub prefix_table_slots: u32,
+    /// Prefix entries older than this are ignored.
+    pub prefix_ttl_ms: u64,
+    /// A prefill pod holding at least this share (percent) of the prompt's
+    /// blocks gets the request outright, decode aligned to its roleset
+    /// (SGLang's cache-aware rule; AIBrix's combined score alone lets decode
+    /// load split a shared prefix across rolesets). Above 100: off.
+    pub prefix_affinity_min_match: f64,
+    /// Outstanding-prefill spread (max − min) above which the least-loaded
+    /// prefill pod is taken outright.
+    pub prefill_imbalance_min_spread: u32,
+    /// Prefill pods with more outstanding prefills than mean + N·σ are skipped.
+    pub prefill_outlier_stddev_factor: f64,
+    /// ... if they are also this many above the least-loaded pod. AIBrix has
+    /// no such floor, and with N = 1 its filter drops any lone busy pod even
+    /// at one request in flight, which defeats prefix affinity on small pools.
+    pub prefill_outlier_min_spread: u32,
+    /// Running+pending spread at which the least-loaded decode pod is taken.
+    pub decode_imbalance_min_spread: f64,
+    /// Generation-throughput spread (tokens/s) above which the least busy
+    /// decode pod is taken.
+    pub decode_throughput_imbalance_min_spread: f64,
+    /// Ratio of (running / drain rate) between decode pods above which the
+    /// lowest is taken.
+    pub decode_score_ratio_threshold: f64,
+    /// Weight of running requests in the decode load score.
+    pub decode_weight_running: f64,
+    /// Weight of generation throughput in the decode load score.
+    pub decode_weight_throughput: f64,
+    /// A combined pod below this queue/drain ratio counts as idle.
+    pub combined_idle_ratio: f64,
+    /// A PD pod above this queue/drain ratio counts as overloaded.
+    pub pd_overload_ratio: f64,
+}
+
+impl Default for Scheduling {
+    fn default() -> Self {
+        Scheduling {
+            prefix_block_bytes: 128,
+            prefix_max_blocks: 128,
+            prefix_table_slots: 16_384,
+            prefix_ttl_ms: 20 * 60 * 1000,
+            prefix_affinity_min_match: 50.0,
+            prefill_imbalance_min_spread: 16,
+            prefill_outlier_stddev_factor: 1.0,
+            prefill_outlier_min_spread: 8,
+            decode_imbalance_min_spread: 16.0,
+            decode_throughput_imbalance_min_spread: 2048.0,
+            decode_score_ratio_threshold: 1.5,
+            decode_weight_running: 1.0,
+            decode_weight_throughput: 1.0,
+            combined_idle_ratio: 0.25,
+            pd_overload_ratio: 1.0,
+        }
+    }
+}
+
+impl Scheduling {
+    /// The knobs that must be finite and non-negative, by name.
+    pub fn ratios(&self) -> [(&'static str, f64); 8] {
+        [
+            (
+                "prefill_outlier_stddev_factor",
+                self.prefill_outlier_stddev_factor,
+            ),
+            (
+                "decode_imbalance_min_spread",
+                self.decode_imbalance_min_spread,
+            ),
+            (
+                "decode_throughput_imbalance_min_spread",
+                self.decode_throughput_imbalance_min_spread,
+            ),
+            (
+                "decode_score_ratio_threshold",
+                self.decode_score_ratio_threshold,
+            ),
+            ("decode_weight_running", self.decode_weight_running),
+            ("decode_weight_throughput", self.decode_weight_throughput),
+            ("combined_idle_ratio", self.combined_idle_ratio),
+            ("pd_overload_ratio", self.pd_overload_ratio),
+        ]
+    }
+}
+
+/// An inclusive range of prompt lengths, in estimated tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRange {
+    #[serde(default)]
+    pub min: u64,
+    #[serde(default = "unbounded")]
+    pub max: u64,
+}
+
+fn unbounded() -> u64 {
+    u64::MAX
+}
+
+impl TokenRange {
+    pub fn contains(&self, tokens: u64) -> bool {
+        self.min <= tokens && tokens <= self.max
+    }
+}

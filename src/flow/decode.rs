@@ -1,0 +1,63 @@
+//! Pointing the paused request at its decode pod.
+
+use super::{Flow, Phase, Sent};
+use crate::error::PdError;
+use crate::fleet::{Endpoint, ModelId};
+use crate::host::Host;
+use crate::split::{DecodeLeg, SplitPlan};
+use std::rc::Rc;
+
+impl Flow {
+    pub(super) fn send_concurrent_decode<H: Host>(
+        &self,
+        host: &mut H,
+        plan: &SplitPlan,
+    ) -> Result<(), PdError> {
+        let DecodeLeg::Ready(body) = &plan.decode else {
+            return Err(PdError::Internal(
+                "a concurrent split without a decode body".into(),
+            ));
+        };
+        self.send_decode(
+            host,
+            plan.request.body.len(),
+            body,
+            &plan.decode_pod.address,
+        )
+    }
+
+    /// Sends the client's request unchanged to one pod (a combined pod, or
+    /// the decode pod of a request that is not split).
+    pub(super) fn forward_whole<H: Host>(
+        &mut self,
+        host: &mut H,
+        model: ModelId,
+        pod: &Rc<Endpoint>,
+    ) -> Result<Sent, PdError> {
+        host.set_request_header(&self.router.config.routing_header, Some(&pod.address))?;
+        self.hold(host, model, None, Some(pod));
+        self.decode_pod = Some(pod.name.clone());
+        self.phase = Phase::Forwarded {
+            watched: None,
+            body_seen: false,
+        };
+        Ok(Sent::Upstream)
+    }
+
+    /// Points the paused request at the decode pod with its new body.
+    pub(super) fn send_decode<H: Host>(
+        &self,
+        host: &mut H,
+        old_len: usize,
+        body: &[u8],
+        decode_address: &str,
+    ) -> Result<(), PdError> {
+        host.replace_request_body(old_len, body)?;
+        // Envoy does not fix content-length after a body change; a stale one
+        // corrupts the upstream connection.
+        host.set_request_header("content-length", Some(&body.len().to_string()))?;
+        host.set_request_header("transfer-encoding", None)?;
+        host.set_request_header(&self.router.config.routing_header, Some(decode_address))?;
+        Ok(())
+    }
+}

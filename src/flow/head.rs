@@ -1,0 +1,43 @@
+//! What the flow keeps of the client's request headers.
+
+/// Client headers that travel to the prefill leg too: credentials, and trace
+/// context so both legs land in one trace.
+const FORWARDED_HEADERS: [&str; 14] = [
+    "authorization",
+    "traceparent",
+    "tracestate",
+    "baggage",
+    "b3",
+    "x-b3-traceid",
+    "x-b3-spanid",
+    "x-b3-parentspanid",
+    "x-b3-sampled",
+    "x-b3-flags",
+    "x-ot-span-context",
+    "x-cloud-trace-context",
+    "x-datadog-trace-id",
+    "x-datadog-parent-id",
+];
+
+/// What the flow keeps of the client's request headers.
+#[derive(Debug, Default)]
+pub(super) struct RequestHead {
+    pub id: String,
+    pub path: String,
+    pub authority: String,
+    pub forwarded: Vec<(&'static str, String)>,
+}
+
+/// The client headers that go to the prefill leg too, as sent.
+pub(super) fn forwarded(headers: &[(String, Vec<u8>)]) -> Vec<(&'static str, String)> {
+    FORWARDED_HEADERS
+        .iter()
+        .filter_map(|name| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .and_then(|(_, v)| std::str::from_utf8(v).ok())
+                .map(|v| (*name, v.to_owned()))
+        })
+        .collect()
+}

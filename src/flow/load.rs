@@ -1,0 +1,111 @@
+//! Load a stream holds on its pods: taken when they are chosen, given back
+//! when their part ends or when the stream does, exactly once.
+
+use super::Flow;
+use crate::fleet::{Endpoint, ModelId};
+use crate::host::{Counter, Host, Level, PodEvent};
+use crate::pods::Verdict;
+use crate::router::HeldLoad;
+use std::rc::Rc;
+
+/// Which held load to give back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Release {
+    /// The prefill answered (or failed); the decode goes on.
+    Prefill,
+    /// The decode will not be sent where it was held (a prefill retry).
+    Decode,
+    /// The stream is done with both.
+    All,
+}
+
+/// What a prefill answer said about its pod.
+pub(super) struct Judgement<'a> {
+    pub pod: &'a Endpoint,
+    pub verdict: Verdict,
+    pub cause: String,
+}
+
+impl Flow {
+    /// Takes load on the chosen pods and counts the selections.
+    pub(super) fn hold<H: Host>(
+        &mut self,
+        host: &mut H,
+        model: ModelId,
+        prefill: Option<&Rc<Endpoint>>,
+        decode: Option<&Rc<Endpoint>>,
+    ) {
+        let router = Rc::clone(&self.router);
+        let taken = HeldLoad {
+            model,
+            prefill: prefill.map(|p| p.id),
+            decode: decode.map(|d| d.id),
+        };
+        let now = host.now_ms();
+        match router.hold(host, taken, now) {
+            Ok(()) => {
+                self.held = HeldLoad {
+                    model,
+                    prefill: taken.prefill.or(self.held.prefill),
+                    decode: taken.decode.or(self.held.decode),
+                };
+            }
+            // Routing goes on without load accounting rather than failing.
+            Err(e) => self.log(
+                host,
+                Level::Error,
+                &format!("could not update pod load: {e}"),
+            ),
+        }
+        if let Some(p) = prefill {
+            host.count_pod(&p.name, PodEvent::PrefillSelected);
+        }
+        if let Some(d) = decode {
+            host.count_pod(&d.name, PodEvent::DecodeSelected);
+        }
+    }
+
+    /// Gives back held load, and applies what a prefill answer said about its
+    /// pod, in one shared-data update.
+    pub(super) fn release<H: Host>(
+        &mut self,
+        host: &mut H,
+        which: Release,
+        judged: Option<Judgement>,
+    ) {
+        let prefill = match which {
+            Release::Prefill | Release::All => self.held.prefill.take(),
+            Release::Decode => None,
+        };
+        let decode = match which {
+            Release::Decode | Release::All => self.held.decode.take(),
+            Release::Prefill => None,
+        };
+        if prefill.is_none() && decode.is_none() && judged.is_none() {
+            return;
+        }
+        let released = HeldLoad {
+            model: self.held.model,
+            prefill,
+            decode,
+        };
+        let router = Rc::clone(&self.router);
+        let judged = judged
+            .as_ref()
+            .map(|j| (j.pod, j.verdict, j.cause.as_str()));
+        let now = host.now_ms();
+        match router.release(host, released, judged, now) {
+            Ok(Some(ejection)) => {
+                host.increment(Counter::Ejection);
+                host.count_pod(&ejection.pod, PodEvent::Ejected);
+                self.log(host, Level::Warn, &ejection.message);
+            }
+            Ok(None) => {}
+            Err(e) => self.log(
+                host,
+                Level::Error,
+                &format!("could not update pod load: {e}"),
+            ),
+        }
+    }
+}

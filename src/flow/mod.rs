@@ -1,0 +1,369 @@
+//! The per-request state machine. Each host callback is one `match` on the
+//! phase, and every path ends in exactly one resume or one local reply.
+//! Router-side load (outstanding prefills, pending decodes) is taken when a
+//! pod is chosen and given back when its part ends, or at the end of the
+//! stream whatever happened, so the shared counters return to zero.
+//!
+//! This file holds the callbacks. Beside it: [`prefill`] dispatches the
+//! prefill leg and handles its answer, [`decode`] points the request at its
+//! decode pod, [`load`] holds and gives back load, [`planner`] is the
+//! router's scheduler as the split plan sees it, [`head`] what is kept of the
+//! client's headers.
+
+mod decode;
+mod head;
+mod load;
+mod planner;
+mod prefill;
+
+use crate::api::Api;
+use crate::body::BodyError;
+use crate::error::{ClientError, PdError};
+use crate::fleet::{Endpoint, ModelId, PodId};
+use crate::host::{Action, Counter, Host, Level};
+use crate::router::{HeldLoad, Router};
+use crate::select;
+use crate::split::{self, Plan, WholeReason};
+use head::RequestHead;
+use load::Release;
+use planner::FlowPlanner;
+use prefill::PendingPrefill;
+use std::rc::Rc;
+
+/// Response headers naming the pods of a request.
+pub const PREFILL_POD_HEADER: &str = "prefill-target-pod";
+pub const PREFILL_POD_IP_HEADER: &str = "prefill-target-pod-ip";
+pub const DECODE_POD_HEADER: &str = "decode-target-pod";
+
+/// A concurrent (SGLang) prefill still in flight after the decode left.
+#[derive(Debug)]
+struct WatchedPrefill {
+    token: u32,
+    pod: Rc<Endpoint>,
+}
+
+enum Phase {
+    /// Before request headers.
+    Start,
+    /// A split path: collecting the body.
+    Buffering(Api),
+    /// Paused until the prefill answers.
+    AwaitingPrefill(Box<PendingPrefill>),
+    /// The request went upstream. For concurrent engines the prefill may
+    /// still be in flight; `body_seen` tells whether decode output already
+    /// reached the client.
+    Forwarded {
+        watched: Option<WatchedPrefill>,
+        body_seen: bool,
+    },
+    /// A local reply ended the stream.
+    Replied,
+}
+
+/// Where a placed request stands.
+enum Sent {
+    /// Upstream: a body callback returns Continue, a call callback resumes.
+    Upstream,
+    /// Waiting for the prefill's answer.
+    Waiting,
+}
+
+/// The pods a request may not be placed on again, and how often it was.
+#[derive(Debug, Clone, Default)]
+struct Attempt {
+    number: u32,
+    failed_on: Vec<PodId>,
+}
+
+/// One HTTP stream's flow.
+pub struct Flow {
+    router: Rc<Router>,
+    phase: Phase,
+    head: RequestHead,
+    /// The prefill pod of a split request (name, IP), for the response.
+    prefill_pod: Option<(String, String)>,
+    /// The pod the request went to.
+    decode_pod: Option<String>,
+    held: HeldLoad,
+}
+
+impl Flow {
+    pub fn new(router: Rc<Router>) -> Flow {
+        Flow {
+            router,
+            phase: Phase::Start,
+            head: RequestHead::default(),
+            prefill_pod: None,
+            decode_pod: None,
+            held: HeldLoad {
+                model: ModelId(0),
+                prefill: None,
+                decode: None,
+            },
+        }
+    }
+
+    /// A debug line, formatted only when debug logging is on.
+    fn debug<H: Host>(&self, host: &H, msg: impl FnOnce() -> String) {
+        if host.log_enabled(Level::Debug) {
+            self.log(host, Level::Debug, &msg());
+        }
+    }
+
+    fn log<H: Host>(&self, host: &H, level: Level, msg: &str) {
+        let id = if self.head.id.is_empty() {
+            "-"
+        } else {
+            &self.head.id
+        };
+        host.log(level, &format!("[{id}] {msg}"));
+    }
+
+    /// Ends the stream with the error's reply.
+    fn fail<H: Host>(&mut self, host: &mut H, err: PdError) -> Action {
+        let reply = err.reply();
+        let level = if reply.status >= 500 {
+            Level::Warn
+        } else {
+            Level::Info
+        };
+        self.log(
+            host,
+            level,
+            &format!("{} {}: {err}", reply.status, self.head.path),
+        );
+        host.increment(Counter::LocalReply);
+        self.release(host, Release::All, None);
+        let sent = host.send_reply(
+            reply.status,
+            &[("content-type", "application/json")],
+            &reply.body,
+        );
+        if let Err(e) = sent {
+            self.log(
+                host,
+                Level::Error,
+                &format!("could not send a local reply: {e}"),
+            );
+        }
+        self.phase = Phase::Replied;
+        Action::Pause
+    }
+
+    pub fn on_request_headers<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Action {
+        let router = Rc::clone(&self.router);
+        let config = &router.config;
+        // Whatever happens next, the client never picks the upstream; a
+        // header that cannot be stripped ends the request.
+        if let Err(e) = host.set_request_header(&config.routing_header, None) {
+            return self.fail(host, e.into());
+        }
+        let headers = host.request_headers();
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+        };
+        self.head.id = header("x-request-id").unwrap_or_default();
+        self.head.path = header(":path").unwrap_or_default();
+        let method = header(":method").unwrap_or_default();
+
+        let Some(api) = Api::from_path(&self.head.path) else {
+            return self.forward_unsplit(host);
+        };
+        if method != "POST" {
+            return self.fail(host, ClientError::MethodNotAllowed(method).into());
+        }
+        if end_of_stream {
+            return self.fail(host, BodyError::Empty.into());
+        }
+        let declared = header("content-length").and_then(|l| l.trim().parse::<u64>().ok());
+        if declared.is_some_and(|n| n > config.max_body_bytes as u64) {
+            let limit = config.max_body_bytes;
+            return self.fail(host, ClientError::TooLarge { limit }.into());
+        }
+        self.head.authority = header(":authority").unwrap_or_default();
+        self.head.forwarded = head::forwarded(&headers);
+        self.phase = Phase::Buffering(api);
+        // Pausing keeps the header map writable until the decode routing header
+        // is known (needs allow_on_headers_stop_iteration in the filter config).
+        Action::Pause
+    }
+
+    /// Paths the router does not split go to a healthy decode pod it chose.
+    fn forward_unsplit<H: Host>(&mut self, host: &mut H) -> Action {
+        let router = Rc::clone(&self.router);
+        let now = host.now_ms();
+        let pods = select::decode_pods(&router.fleet());
+        let turn = router.next_unsplit_turn();
+        let Some(pod) = select::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
+        else {
+            let model = "(any)".into();
+            return self.fail(host, PdError::NoEndpoint { model });
+        };
+        if let Err(e) = host.set_request_header(&router.config.routing_header, Some(&pod.address)) {
+            return self.fail(host, e.into());
+        }
+        host.increment(Counter::Unsplit);
+        self.decode_pod = Some(pod.name.clone());
+        self.phase = Phase::Forwarded {
+            watched: None,
+            body_seen: false,
+        };
+        Action::Continue
+    }
+
+    pub fn on_request_body<H: Host>(
+        &mut self,
+        host: &mut H,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        match self.phase {
+            Phase::Buffering(api) => {
+                let limit = self.router.config.max_body_bytes;
+                if body_size > limit {
+                    return self.fail(host, ClientError::TooLarge { limit }.into());
+                }
+                if !end_of_stream {
+                    // body_size is the total buffered so far; read once at the end.
+                    return Action::Pause;
+                }
+                match self.split(host, api, body_size) {
+                    Ok(Sent::Upstream) => Action::Continue,
+                    Ok(Sent::Waiting) => Action::Pause,
+                    Err(e) => self.fail(host, e),
+                }
+            }
+            Phase::Replied | Phase::AwaitingPrefill(_) => Action::Pause,
+            Phase::Start | Phase::Forwarded { .. } => Action::Continue,
+        }
+    }
+
+    /// Plans the buffered request and sends it on.
+    fn split<H: Host>(
+        &mut self,
+        host: &mut H,
+        api: Api,
+        body_size: usize,
+    ) -> Result<Sent, PdError> {
+        // A body the host cannot hand over is the router's failure, not the
+        // client's.
+        let body = host.request_body(body_size)?;
+        let router = Rc::clone(&self.router);
+        let fleet = router.fleet();
+        let mut planner = FlowPlanner {
+            router: &router,
+            host: &mut *host,
+            failed_on: &[],
+        };
+        let plan = split::plan(&router.view(&fleet), &mut planner, api, &self.head.id, body)?;
+        self.send(host, plan, Attempt::default())
+    }
+
+    /// Sends a planned request on: the prefill dispatched (and, for
+    /// concurrent engines, the decode too), or the whole request to one pod.
+    fn send<H: Host>(
+        &mut self,
+        host: &mut H,
+        plan: Plan,
+        attempt: Attempt,
+    ) -> Result<Sent, PdError> {
+        let plan = match plan {
+            Plan::Whole { request, pod, why } => {
+                match why {
+                    WholeReason::Combined(reason) => {
+                        host.increment(Counter::Combined);
+                        self.debug(host, || format!("combined pod {} ({reason})", pod.address));
+                    }
+                    WholeReason::NotSplittable => host.increment(Counter::Unsplit),
+                }
+                return self.forward_whole(host, request.model.id, &pod);
+            }
+            Plan::Split(plan) => plan,
+        };
+        let now = host.now_ms();
+        self.hold(
+            host,
+            plan.request.model.id,
+            Some(&plan.prefill_pod),
+            Some(&plan.decode_pod),
+        );
+        let router = Rc::clone(&self.router);
+        router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);
+        let token = match self.dispatch_prefill(host, &plan) {
+            Ok(t) => t,
+            Err(e) => {
+                self.release(host, Release::All, None);
+                return Err(e);
+            }
+        };
+        host.increment(Counter::Split);
+        self.prefill_pod = Some((plan.prefill_pod.name.clone(), plan.prefill_pod.ip.clone()));
+        self.decode_pod = Some(plan.decode_pod.name.clone());
+        self.debug(host, || {
+            let (p, d) = (&plan.prefill_pod.address, &plan.decode_pod.address);
+            let n = attempt.number + 1;
+            format!(
+                "{} {}: prefill {p} decode {d} ({}, attempt {n})",
+                plan.request.model.engine, self.head.path, plan.reason
+            )
+        });
+        if !plan.concurrent {
+            self.phase = Phase::AwaitingPrefill(Box::new(PendingPrefill {
+                token,
+                plan,
+                attempt,
+            }));
+            return Ok(Sent::Waiting);
+        }
+        // SGLang: the prefill waits for the decode to register its room, so
+        // the decode goes out now and the prefill answer is only watched.
+        if let Err(e) = self.send_concurrent_decode(host, &plan) {
+            self.release(host, Release::All, None);
+            return Err(e);
+        }
+        self.phase = Phase::Forwarded {
+            watched: Some(WatchedPrefill {
+                token,
+                pod: Rc::clone(&plan.prefill_pod),
+            }),
+            body_seen: false,
+        };
+        Ok(Sent::Upstream)
+    }
+
+    pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {
+        // Upstreams must not be able to forge which pods were used.
+        let (name, ip) = match &self.prefill_pod {
+            Some((n, ip)) => (Some(n.as_str()), Some(ip.as_str())),
+            None => (None, None),
+        };
+        let decode = self.decode_pod.as_deref();
+        for (header, value) in [
+            (PREFILL_POD_HEADER, name),
+            (PREFILL_POD_IP_HEADER, ip),
+            (DECODE_POD_HEADER, decode),
+        ] {
+            if let Err(e) = host.set_response_header(header, value) {
+                self.log(host, Level::Warn, &format!("could not set {header}: {e}"));
+            }
+        }
+        Action::Continue
+    }
+
+    pub fn on_response_body<H: Host>(&mut self, _host: &mut H, body_size: usize) -> Action {
+        if let Phase::Forwarded { body_seen, .. } = &mut self.phase {
+            *body_seen |= body_size > 0;
+        }
+        Action::Continue
+    }
+
+    /// The stream is over (completed, failed, or the client went away): give
+    /// back whatever load it still holds. A prefill still in flight answers
+    /// into the void.
+    pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
+        self.release(host, Release::All, None);
+    }
+}

@@ -1,0 +1,294 @@
+//! The prefill leg: dispatching it, classifying its answer, and what follows
+//! (the decode, a retry on another pod, or the client's error).
+
+use super::load::{Judgement, Release};
+use super::{Attempt, Flow, FlowPlanner, Phase, Sent};
+use crate::error::{upstream_message, HostError, PdError, PrefillFailure};
+use crate::host::{Counter, Host, Level};
+use crate::pods::Verdict;
+use crate::split::{self, AfterPrefill, SplitPlan};
+use std::rc::Rc;
+
+/// A sequential prefill in flight.
+pub(super) struct PendingPrefill {
+    pub token: u32,
+    pub plan: SplitPlan,
+    pub attempt: Attempt,
+}
+
+/// What a prefill answer says about its pod.
+fn verdict(outcome: &Result<(), PrefillFailure>) -> Verdict {
+    match outcome {
+        Ok(()) => Verdict::Worked,
+        Err(PrefillFailure::Unreachable(_) | PrefillFailure::Reset) => Verdict::Down,
+        Err(PrefillFailure::Timeout | PrefillFailure::ServerError { .. }) => Verdict::Failed,
+        Err(_) => Verdict::Neutral,
+    }
+}
+
+/// Failures another prefill pod may not have (SMG's list: 408, 429, 5xx).
+fn retryable(f: &PrefillFailure) -> bool {
+    matches!(
+        f,
+        PrefillFailure::Unreachable(_)
+            | PrefillFailure::Reset
+            | PrefillFailure::Timeout
+            | PrefillFailure::ServerError { .. }
+            | PrefillFailure::Rejected {
+                status: 408 | 429,
+                ..
+            }
+    )
+}
+
+/// Classifies a prefill answer by status before anything parses its body:
+/// Envoy reports refused connections as 503 and its own timeout as 504.
+fn classify(
+    status: Option<u16>,
+    body: impl FnOnce() -> Result<Vec<u8>, HostError>,
+) -> Result<(), PrefillFailure> {
+    let message = || upstream_message(&body().unwrap_or_default());
+    match status {
+        None => Err(PrefillFailure::Reset),
+        Some(s) if (200..300).contains(&s) => Ok(()),
+        Some(504) => Err(PrefillFailure::Timeout),
+        Some(503) => {
+            let message = message();
+            // Envoy's own reply when it could not reach the pod at all.
+            if message.starts_with("upstream connect error")
+                || message.starts_with("no healthy upstream")
+            {
+                Err(PrefillFailure::Unreachable(message))
+            } else {
+                Err(PrefillFailure::ServerError {
+                    status: 503,
+                    message,
+                })
+            }
+        }
+        Some(s) if (400..500).contains(&s) => Err(PrefillFailure::Rejected {
+            status: s,
+            message: message(),
+        }),
+        Some(s) => Err(PrefillFailure::ServerError {
+            status: s,
+            message: message(),
+        }),
+    }
+}
+
+impl Flow {
+    pub(super) fn dispatch_prefill<H: Host>(
+        &self,
+        host: &mut H,
+        plan: &SplitPlan,
+    ) -> Result<u32, PdError> {
+        let config = &self.router.config;
+        let pod = &plan.prefill_pod;
+        let authority = if self.head.authority.is_empty() {
+            pod.address.as_str()
+        } else {
+            self.head.authority.as_str()
+        };
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(8 + self.head.forwarded.len());
+        headers.push((":method", "POST"));
+        headers.push((":path", &self.head.path));
+        headers.push((":authority", authority));
+        headers.push(("content-type", "application/json"));
+        headers.push((&config.routing_header, &pod.address));
+        if !self.head.id.is_empty() {
+            headers.push(("x-request-id", &self.head.id));
+        }
+        for (k, v) in &self.head.forwarded {
+            headers.push((k, v));
+        }
+        host.dispatch(
+            &config.prefill_cluster,
+            &headers,
+            &plan.prefill_body,
+            config.prefill_timeout_ms,
+        )
+        .map_err(|e| {
+            PdError::Prefill(PrefillFailure::Dispatch(format!(
+                "cluster {:?}: {e}",
+                config.prefill_cluster
+            )))
+        })
+    }
+
+    /// The prefill call answered: `status` is `None` when the connection was
+    /// reset before any header.
+    pub fn on_prefill_response<H: Host>(
+        &mut self,
+        host: &mut H,
+        token: u32,
+        status: Option<u16>,
+        body_size: usize,
+    ) {
+        match std::mem::replace(&mut self.phase, Phase::Replied) {
+            Phase::AwaitingPrefill(pending) if pending.token == token => {
+                let pending = *pending;
+                let outcome = classify(status, || host.call_response_body(body_size));
+                let judged = Judgement {
+                    pod: &pending.plan.prefill_pod,
+                    verdict: verdict(&outcome),
+                    cause: cause(&outcome),
+                };
+                self.release(host, Release::Prefill, Some(judged));
+                let result = match outcome {
+                    Ok(()) => self.finish(host, pending, body_size),
+                    Err(f) => self.retry_or_fail(host, pending, f),
+                };
+                if let Err(e) = result {
+                    if matches!(e, PdError::Prefill(_)) {
+                        host.increment(Counter::PrefillFailed);
+                    }
+                    self.fail(host, e);
+                }
+            }
+            Phase::Forwarded {
+                watched: Some(w),
+                body_seen,
+            } if w.token == token => {
+                self.phase = Phase::Forwarded {
+                    watched: None,
+                    body_seen,
+                };
+                let outcome = classify(status, || host.call_response_body(body_size));
+                let judged = Judgement {
+                    pod: &w.pod,
+                    verdict: verdict(&outcome),
+                    cause: cause(&outcome),
+                };
+                self.release(host, Release::Prefill, Some(judged));
+                let Err(failure) = outcome else { return };
+                host.increment(Counter::PrefillFailed);
+                if body_seen {
+                    // Decode output already reached the client, so the
+                    // hand-off worked; the prefill's late error is noise.
+                    let msg = format!("prefill failed after the decode produced output: {failure}");
+                    self.log(host, Level::Warn, &msg);
+                } else {
+                    // Without its prefill the decode would wait out its
+                    // bootstrap timeout: fail now. After the response headers
+                    // this cuts the stream short. No retry: the decode already
+                    // went out with this prefill's room.
+                    self.fail(host, PdError::AsyncPrefill(failure));
+                }
+            }
+            other => {
+                // A stale token (the stream already replied or moved on).
+                self.phase = other;
+            }
+        }
+    }
+
+    /// A failed sequential prefill: place the request again on another pod
+    /// while retries remain, else fail with the prefill's error.
+    fn retry_or_fail<H: Host>(
+        &mut self,
+        host: &mut H,
+        p: PendingPrefill,
+        failure: PrefillFailure,
+    ) -> Result<(), PdError> {
+        let max = self.router.config.prefill_max_retries;
+        if !retryable(&failure) || p.attempt.number >= max {
+            return Err(PdError::Prefill(failure));
+        }
+        let msg = format!(
+            "prefill {} failed ({failure}); retrying on another pod",
+            p.plan.prefill_pod.address
+        );
+        self.log(host, Level::Info, &msg);
+        host.increment(Counter::PrefillRetry);
+        self.release(host, Release::Decode, None);
+        let mut attempt = p.attempt;
+        attempt.failed_on.push(p.plan.prefill_pod.id);
+        attempt.number += 1;
+        let router = Rc::clone(&self.router);
+        let fleet = router.fleet();
+        let mut planner = FlowPlanner {
+            router: &router,
+            host: &mut *host,
+            failed_on: &attempt.failed_on,
+        };
+        let placed = split::plan_request(&router.view(&fleet), &mut planner, p.plan.request)
+            .and_then(|plan| self.send(host, plan, attempt));
+        match placed {
+            Ok(Sent::Waiting) => Ok(()),
+            Ok(Sent::Upstream) => Ok(host.resume_request()?),
+            // Nowhere left to go: the prefill's own failure says more.
+            Err(PdError::Unavailable(_)) | Err(PdError::NoEndpoint { .. }) => {
+                Err(PdError::Prefill(failure))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A sequential prefill succeeded: merge its answer and send the decode,
+    /// or answer the client with it.
+    fn finish<H: Host>(
+        &mut self,
+        host: &mut H,
+        p: PendingPrefill,
+        body_size: usize,
+    ) -> Result<(), PdError> {
+        let answer = host.call_response_body(body_size)?;
+        let router = Rc::clone(&self.router);
+        let fleet = router.fleet();
+        let mut entropy = FlowPlanner {
+            router: &router,
+            host: &mut *host,
+            failed_on: &[],
+        };
+        match split::merge(&router.view(&fleet), &mut entropy, &p.plan, &answer)? {
+            AfterPrefill::Reply { body, content_type } => {
+                host.increment(Counter::ContextAnswered);
+                self.release(host, Release::All, None);
+                if let Err(e) = host.send_reply(200, &[("content-type", content_type)], &body) {
+                    self.log(
+                        host,
+                        Level::Error,
+                        &format!("could not send a local reply: {e}"),
+                    );
+                }
+                self.phase = Phase::Replied;
+                return Ok(());
+            }
+            AfterPrefill::Decode {
+                body,
+                handoff_missing,
+            } => {
+                if handoff_missing {
+                    host.increment(Counter::HandoffMissing);
+                    let msg = format!(
+                        "prefill {} answered without hand-off data; decode {} will recompute the prompt",
+                        p.plan.prefill_pod.address, p.plan.decode_pod.address
+                    );
+                    self.log(host, Level::Warn, &msg);
+                }
+                let decode = &p.plan.decode_pod.address;
+                match body {
+                    // Envoy's buffer and content-length stay as the client sent them.
+                    None => host.set_request_header(&router.config.routing_header, Some(decode))?,
+                    Some(body) => {
+                        self.send_decode(host, p.plan.request.body.len(), &body, decode)?
+                    }
+                }
+            }
+        }
+        self.phase = Phase::Forwarded {
+            watched: None,
+            body_seen: false,
+        };
+        Ok(host.resume_request()?)
+    }
+}
+
+/// Why a pod might be ejected, for the log line.
+fn cause(outcome: &Result<(), PrefillFailure>) -> String {
+    match outcome {
+        Ok(()) => String::new(),
+        Err(f) => format!("prefill: {f}"),
+    }
+}

@@ -1,0 +1,42 @@
+//! Names of the shared-data keys. Every key carries the configuration's
+//! fingerprint, so a reloaded configuration never reads another one's state.
+
+use crate::fleet::ModelId;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedKeys {
+    prefix: String,
+}
+
+impl SharedKeys {
+    pub fn new(fingerprint: &str) -> SharedKeys {
+        SharedKeys {
+            prefix: format!("pd_router.{fingerprint}"),
+        }
+    }
+
+    /// One model's pod load and health.
+    pub fn load(&self, model: ModelId) -> String {
+        format!("{}.load.{model}", self.prefix)
+    }
+
+    /// Every pod's scraped metrics.
+    pub fn scraped(&self) -> String {
+        format!("{}.metrics", self.prefix)
+    }
+
+    /// Which VM scrapes.
+    pub fn scrape_lease(&self) -> String {
+        format!("{}.scrape_lease", self.prefix)
+    }
+
+    /// One slot of the prefix table.
+    pub fn prefix_slot(&self, slot: u32) -> String {
+        format!("{}.pfx.{slot}", self.prefix)
+    }
+}
+
+/// The counter that hands each worker VM its TensorRT-LLM id slot. Not per
+/// configuration: a reload must not hand a new VM the slot of one still
+/// running.
+pub const WORKER_SLOTS_KEY: &str = "pd_router.worker_slots";

@@ -1,0 +1,18 @@
+//! Per-pod state that outlives a request and is shared by every worker VM:
+//! load and health (one table per model), the one ejection rule, scraped
+//! metrics, and the shared-data keys. Rows are keyed by pod identity, so a
+//! pod set that changes while Envoy runs keeps every other pod's state exact.
+
+mod health;
+mod keys;
+mod load;
+mod scraped;
+mod store;
+
+pub use health::{HealthRule, Verdict};
+pub use keys::{SharedKeys, WORKER_SLOTS_KEY};
+pub use load::{update_load, LoadTable, PodCounters};
+pub use scraped::{
+    decode_scraped, encode_scraped, update_scraped, PodMetrics, ScrapedTable, StoredMetrics,
+};
+pub use store::{cas_update, MemoryStore, SetError, SharedStore};

@@ -1,0 +1,488 @@
+//! The split plan: everything that turns a client body into a prefill leg
+//! and a decode leg, and a prefill answer into the decode body, in one place.
+//!
+//! The flow, the golden runner, the fuzz targets of the request path and the
+//! request bench all call [`plan`] and [`merge`] and nothing else, so a check
+//! added here is golden-tested and fuzzed without anyone remembering to.
+//! Pure: the pods come from a [`Planner`] (the router's scheduler inside
+//! Envoy, a fixed pair in tests), and so does the randomness.
+
+use crate::api::{read_facts, Api, Facts};
+use crate::body::{Edits, SourceMismatch, TopLevel};
+use crate::engine::{build_legs, Entropy, Merged, PdContext, PrefillAnswer, Registry};
+use crate::error::{ClientError, PdError, PrefillFailure};
+use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
+use crate::sched::estimate_tokens;
+use crate::sched::prefix::{block_hashes, PrefixMatch};
+use std::rc::Rc;
+
+/// What a split needs to know of the router.
+#[derive(Clone, Copy)]
+pub struct RouterView<'a> {
+    pub fleet: &'a Fleet,
+    pub registry: &'a Registry,
+    /// The global KV connector, for pods and models that name none.
+    pub default_connector: Connector,
+    pub scheduling: &'a Scheduling,
+}
+
+impl<'a> RouterView<'a> {
+    /// The view of a configuration as it stands, without a router: for
+    /// golden fixtures, fuzz targets and benches.
+    pub fn of_config(
+        config: &'a crate::config::Config,
+        fleet: &'a Fleet,
+        registry: &'a Registry,
+    ) -> RouterView<'a> {
+        RouterView {
+            fleet,
+            registry,
+            default_connector: config.kv_connector,
+            scheduling: &config.scheduling,
+        }
+    }
+}
+
+/// What a split needs from outside the body: pods and randomness.
+pub trait Planner {
+    /// Chooses the pods for `request`.
+    fn place(&mut self, request: &SplitRequest) -> Result<Placement, PdError>;
+    fn entropy(&mut self) -> &mut dyn Entropy;
+}
+
+/// The pods a planner chose.
+#[derive(Debug, Clone)]
+pub enum Placement {
+    Split {
+        prefill: Rc<Endpoint>,
+        decode: Rc<Endpoint>,
+        /// The fast path or policy that decided.
+        reason: &'static str,
+        /// What the prefix table knew of the prompt when it was placed.
+        prefix: PrefixMatch,
+    },
+    /// A pod that serves both phases: no prefill call.
+    Combined {
+        pod: Rc<Endpoint>,
+        reason: &'static str,
+    },
+}
+
+/// The bytes that identify a prompt for prefix matching, digested.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PromptKey {
+    /// Estimated prompt length (bytes / 4).
+    pub tokens: u64,
+    /// Chained block hashes (prefix-cache policy only; empty otherwise).
+    pub hashes: Vec<u64>,
+}
+
+/// A client request, read and checked, ready to be placed.
+#[derive(Debug, Clone)]
+pub struct SplitRequest {
+    pub request_id: String,
+    pub body: Vec<u8>,
+    pub top: TopLevel,
+    pub facts: Facts,
+    /// The model as the fleet had it when the request arrived.
+    pub model: Rc<Model>,
+    pub prompt: PromptKey,
+}
+
+/// Why a request goes whole to one pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WholeReason {
+    /// A combined pod serves it (the scheduler's reason).
+    Combined(&'static str),
+    /// The engine does not split this request (vLLM NIXL with `n > 1`).
+    NotSplittable,
+}
+
+/// What to do with a request.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// Send the client's body unchanged to `pod`.
+    Whole {
+        request: SplitRequest,
+        pod: Rc<Endpoint>,
+        why: WholeReason,
+    },
+    Split(SplitPlan),
+}
+
+/// A request split into its two legs.
+#[derive(Debug, Clone)]
+pub struct SplitPlan {
+    pub request: SplitRequest,
+    pub prefill_pod: Rc<Endpoint>,
+    pub decode_pod: Rc<Endpoint>,
+    pub reason: &'static str,
+    pub prefix: PrefixMatch,
+    pub prefill_body: Vec<u8>,
+    pub decode: DecodeLeg,
+    /// Prefill and decode run concurrently (the engine's `is_async`).
+    pub concurrent: bool,
+}
+
+/// The decode leg of a split.
+#[derive(Debug, Clone)]
+pub enum DecodeLeg {
+    /// Concurrent engines: the decode body, sent with the prefill.
+    Ready(Vec<u8>),
+    /// Sequential engines: edits the prefill's answer completes.
+    AfterPrefill(Edits),
+}
+
+/// What a prefill answer leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterPrefill {
+    /// Send the decode leg; `body` is `None` when it is the client's body as
+    /// sent (nothing to copy into Envoy's buffer).
+    Decode {
+        body: Option<Vec<u8>>,
+        /// The answer carried no hand-off: the decode recomputes the prompt.
+        handoff_missing: bool,
+    },
+    /// The prefill's answer already is the client's (TensorRT-LLM finished
+    /// in the context phase).
+    Reply {
+        body: Vec<u8>,
+        content_type: &'static str,
+    },
+}
+
+fn internal(e: SourceMismatch) -> PdError {
+    PdError::Internal(e.to_string())
+}
+
+/// Reads and checks a client body: JSON object, the fields the router reads,
+/// a model the fleet serves, no hand-off fields the engine's handler owns;
+/// and digests the prompt for placement.
+pub fn read(
+    view: &RouterView,
+    api: Api,
+    request_id: &str,
+    body: Vec<u8>,
+) -> Result<SplitRequest, PdError> {
+    let top = TopLevel::parse(&body)?;
+    let facts = read_facts(api, &body, &top)?;
+    let model = view
+        .fleet
+        .model(&facts.model)
+        .cloned()
+        .ok_or_else(|| ClientError::UnknownModel(facts.model.clone()))?;
+    let handler = view.registry.resolve(&model.engine);
+    if let Some(key) = handler.owned_keys().iter().find(|k| top.contains(k)) {
+        return Err(ClientError::RouterOwnedKey {
+            key: (*key).to_owned(),
+            engine: handler.name().to_owned(),
+        }
+        .into());
+    }
+    let prompt = prompt_key(view.scheduling, &model, api, &body, &top);
+    Ok(SplitRequest {
+        request_id: request_id.to_owned(),
+        body,
+        top,
+        facts,
+        model,
+        prompt,
+    })
+}
+
+/// The prompt's length estimate and, for the prefix policy, its block
+/// hashes: `messages` (then `tools`), `prompt`, or `input`, as sent. Only
+/// the prefix policy reads the bytes; the others need the length alone.
+fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &TopLevel) -> PromptKey {
+    let parts: Vec<&[u8]> = match api {
+        Api::ChatCompletions => ["messages", "tools"]
+            .iter()
+            .filter_map(|k| top.raw(body, k))
+            .collect(),
+        Api::Completions => top.raw(body, "prompt").into_iter().collect(),
+        Api::Responses => top.raw(body, "input").into_iter().collect(),
+    };
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let hashes = if model.prefill_policy == PrefillPolicy::PrefixCache {
+        let cap = s.prefix_block_bytes.saturating_mul(s.prefix_max_blocks);
+        let mut key = Vec::with_capacity(len.min(cap));
+        for p in parts {
+            let room = cap.saturating_sub(key.len());
+            key.extend_from_slice(p.get(..p.len().min(room)).unwrap_or_default());
+        }
+        block_hashes(&key, model.id.0, s.prefix_block_bytes, s.prefix_max_blocks)
+    } else {
+        Vec::new()
+    };
+    PromptKey {
+        tokens: estimate_tokens(len),
+        hashes,
+    }
+}
+
+/// Reads a client body and plans its legs.
+pub fn plan(
+    view: &RouterView,
+    planner: &mut dyn Planner,
+    api: Api,
+    request_id: &str,
+    body: Vec<u8>,
+) -> Result<Plan, PdError> {
+    let request = read(view, api, request_id, body)?;
+    plan_request(view, planner, request)
+}
+
+/// Places a request read by [`read`] and builds its legs (also how a
+/// request is placed again after its prefill failed).
+pub fn plan_request(
+    view: &RouterView,
+    planner: &mut dyn Planner,
+    request: SplitRequest,
+) -> Result<Plan, PdError> {
+    let (prefill, decode, reason, prefix) = match planner.place(&request)? {
+        Placement::Combined { pod, reason } => {
+            return Ok(Plan::Whole {
+                request,
+                pod,
+                why: WholeReason::Combined(reason),
+            })
+        }
+        Placement::Split {
+            prefill,
+            decode,
+            reason,
+            prefix,
+        } => (prefill, decode, reason, prefix),
+    };
+    let handler = view.registry.resolve(&request.model.engine);
+    let mut ctx = PdContext {
+        facts: &request.facts,
+        body: &request.body,
+        top: &request.top,
+        request_id: &request.request_id,
+        model_connector: request.model.kv_connector,
+        default_connector: view.default_connector,
+        entropy: planner.entropy(),
+    };
+    if !handler.should_split(&ctx, &prefill) {
+        return Ok(Plan::Whole {
+            request,
+            pod: decode,
+            why: WholeReason::NotSplittable,
+        });
+    }
+    let legs = build_legs(handler, &mut ctx, &prefill)?;
+    let render = |edits: &Edits| request.top.render(&request.body, edits).map_err(internal);
+    let prefill_body = render(&legs.prefill)?;
+    let concurrent = handler.is_async();
+    let decode_leg = if concurrent {
+        DecodeLeg::Ready(render(&legs.decode)?)
+    } else {
+        DecodeLeg::AfterPrefill(legs.decode)
+    };
+    Ok(Plan::Split(SplitPlan {
+        request,
+        prefill_pod: prefill,
+        decode_pod: decode,
+        reason,
+        prefix,
+        prefill_body,
+        decode: decode_leg,
+        concurrent,
+    }))
+}
+
+/// Merges a successful prefill answer into the decode leg of a sequential
+/// split.
+pub fn merge(
+    view: &RouterView,
+    entropy: &mut dyn Entropy,
+    plan: &SplitPlan,
+    answer: &[u8],
+) -> Result<AfterPrefill, PdError> {
+    let DecodeLeg::AfterPrefill(edits) = &plan.decode else {
+        return Err(PdError::Internal(
+            "a concurrent split has no prefill answer to merge".into(),
+        ));
+    };
+    let answer_top = TopLevel::parse(answer)
+        .map_err(|e| PdError::Prefill(PrefillFailure::BadAnswer(e.describe("the answer"))))?;
+    let request = &plan.request;
+    let handler = view.registry.resolve(&request.model.engine);
+    let mut ctx = PdContext {
+        facts: &request.facts,
+        body: &request.body,
+        top: &request.top,
+        request_id: &request.request_id,
+        model_connector: request.model.kv_connector,
+        default_connector: view.default_connector,
+        entropy,
+    };
+    let mut decode = edits.clone();
+    let merged = handler.merge_prefill_response(
+        &mut ctx,
+        &PrefillAnswer {
+            body: answer,
+            top: &answer_top,
+        },
+        &plan.prefill_pod,
+        &mut decode,
+    )?;
+    let handoff_missing = match merged {
+        Merged::Answer { body, content_type } => {
+            return Ok(AfterPrefill::Reply { body, content_type })
+        }
+        Merged::ForwardWithoutHandoff => true,
+        Merged::Forward => false,
+    };
+    // The decode leg is the client's body as sent (default engine, or no
+    // hand-off): no copy.
+    let body = if decode.is_empty() {
+        None
+    } else {
+        Some(
+            request
+                .top
+                .render(&request.body, &decode)
+                .map_err(internal)?,
+        )
+    };
+    Ok(AfterPrefill::Decode {
+        body,
+        handoff_missing,
+    })
+}
+
+/// A planner that always chooses the same pods, with fixed randomness: for
+/// golden fixtures, fuzz targets and benches, which exercise the shipped
+/// plan without a scheduler.
+pub struct FixedPlanner {
+    pub prefill: Rc<Endpoint>,
+    pub decode: Rc<Endpoint>,
+    pub entropy: crate::engine::FixedEntropy,
+}
+
+impl FixedPlanner {
+    /// The first prefill and decode pods of the fleet's first roleset.
+    pub fn first_pods(fleet: &Fleet, entropy: crate::engine::FixedEntropy) -> Option<FixedPlanner> {
+        let roleset = fleet.models().first()?.rolesets.first()?;
+        Some(FixedPlanner {
+            prefill: Rc::clone(roleset.prefill.first()?),
+            decode: Rc::clone(roleset.decode.first()?),
+            entropy,
+        })
+    }
+}
+
+impl Planner for FixedPlanner {
+    fn place(&mut self, _request: &SplitRequest) -> Result<Placement, PdError> {
+        Ok(Placement::Split {
+            prefill: Rc::clone(&self.prefill),
+            decode: Rc::clone(&self.decode),
+            reason: "fixed",
+            prefix: PrefixMatch::default(),
+        })
+    }
+
+    fn entropy(&mut self) -> &mut dyn Entropy {
+        &mut self.entropy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+    use crate::engine::FixedEntropy;
+
+    fn setup(engine: &str) -> (Fleet, Registry, Scheduling) {
+        let c = Config::parse(
+            format!(
+                r#"{{"models":[{{"name":"m","engine":"{engine}","rolesets":[{{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}}]}}]}}"#
+            )
+            .as_bytes(),
+        )
+        .expect("config");
+        (c.fleet(), Registry::builtin(), c.scheduling.clone())
+    }
+
+    fn planner(fleet: &Fleet) -> FixedPlanner {
+        FixedPlanner::first_pods(fleet, FixedEntropy::new(vec![7], 1 << 50)).expect("pods")
+    }
+
+    #[test]
+    fn a_vllm_request_is_split_and_merged() {
+        let (fleet, registry, s) = setup("vllm");
+        let view = RouterView {
+            fleet: &fleet,
+            registry: &registry,
+            default_connector: Connector::Nixl,
+            scheduling: &s,
+        };
+        let mut p = planner(&fleet);
+        let body = br#"{"model":"m","prompt":"hi","stream":true}"#.to_vec();
+        let Plan::Split(plan) = plan(&view, &mut p, Api::Completions, "r", body).expect("plan")
+        else {
+            panic!("not split")
+        };
+        assert!(!plan.concurrent);
+        let prefill = String::from_utf8(plan.prefill_body.clone()).expect("utf8");
+        assert!(prefill.contains(r#""stream":false"#) && prefill.contains("do_remote_decode"));
+        let answer = br#"{"kv_transfer_params":{"remote_engine_id":"e"}}"#;
+        let after = merge(&view, &mut p.entropy, &plan, answer).expect("merge");
+        assert_eq!(
+            after,
+            AfterPrefill::Decode {
+                body: Some(
+                    br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec()
+                ),
+                handoff_missing: false
+            }
+        );
+        let bad = merge(&view, &mut p.entropy, &plan, b"[]").expect_err("not an object");
+        assert_eq!(bad.reply().status, 502);
+    }
+
+    #[test]
+    fn checks_come_before_placement() {
+        let (fleet, registry, s) = setup("sglang");
+        let view = RouterView {
+            fleet: &fleet,
+            registry: &registry,
+            default_connector: Connector::Nixl,
+            scheduling: &s,
+        };
+        let mut p = planner(&fleet);
+        let mut status = |body: &[u8]| {
+            plan(&view, &mut p, Api::Completions, "r", body.to_vec())
+                .map(|_| 200)
+                .unwrap_or_else(|e| e.reply().status)
+        };
+        assert_eq!(status(br#"{"model":"x","prompt":"p"}"#), 404);
+        assert_eq!(
+            status(br#"{"model":"m","prompt":"p","bootstrap_room":1}"#),
+            400
+        );
+        assert_eq!(status(b"not json"), 400);
+        assert_eq!(status(br#"{"model":"m","prompt":"p"}"#), 200);
+    }
+
+    #[test]
+    fn prompts_are_hashed_only_for_the_prefix_policy() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","rolesets":[]},
+                {"name":"n","engine":"vllm","prefill_policy":"random","rolesets":[]}]}"#,
+        )
+        .expect("config");
+        let fleet = c.fleet();
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(1000));
+        let top = TopLevel::parse(body.as_bytes()).expect("parse");
+        let key = |name: &str| {
+            let m = fleet.model(name).expect("model");
+            prompt_key(&c.scheduling, m, Api::Completions, body.as_bytes(), &top)
+        };
+        assert_eq!(key("m").hashes.len(), 1002 / 128);
+        assert!(key("n").hashes.is_empty());
+        assert_eq!(key("n").tokens, 1002u64.div_ceil(4));
+    }
+}
