@@ -30,8 +30,12 @@ pub enum Counter {
     LocalReply,
     /// Prefills that failed (any status but 2xx, reset, timeout).
     PrefillFailed,
-    /// vLLM prefill answers without `kv_transfer_params` (decode recomputes).
+    /// Prefill answers without hand-off data (vLLM `kv_transfer_params`,
+    /// TensorRT-LLM `disaggregated_params`): the decode computes the prompt.
     HandoffMissing,
+    /// TensorRT-LLM context answers without `prompt_token_ids`: the
+    /// generation server tokenises the prompt itself.
+    TokenIdsMissing,
     /// TensorRT-LLM context answers returned without a decode.
     ContextAnswered,
     /// Prefills sent again to another pod after a failure.
@@ -43,12 +47,13 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 9] = [
+    pub const ALL: [Counter; 10] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
         Counter::PrefillFailed,
         Counter::HandoffMissing,
+        Counter::TokenIdsMissing,
         Counter::ContextAnswered,
         Counter::PrefillRetry,
         Counter::Ejection,
@@ -62,6 +67,7 @@ impl Counter {
             Counter::LocalReply => "pd_router.local_reply",
             Counter::PrefillFailed => "pd_router.prefill_failed",
             Counter::HandoffMissing => "pd_router.handoff_missing",
+            Counter::TokenIdsMissing => "pd_router.prompt_token_ids_missing",
             Counter::ContextAnswered => "pd_router.context_answered",
             Counter::PrefillRetry => "pd_router.prefill_retries",
             Counter::Ejection => "pd_router.ejections",

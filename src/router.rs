@@ -12,7 +12,7 @@ use crate::pods::{
     SharedStore, Verdict,
 };
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
-use crate::sched::{schedule, Decision, NoPod, PlacementRequest, PodState};
+use crate::sched::{schedule, Decision, NoPod, PlacementRequest, PodState, SplitMix64};
 use crate::split::{Placement, RouterView, SplitRequest};
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
 use std::cell::{Cell, RefCell};
@@ -29,11 +29,16 @@ pub struct Router {
     /// The global KV connector (AIBrix's `SetConnectorTypeFunc`): the
     /// configuration's `kv_connector` until set otherwise.
     kv_connector: Cell<Connector>,
+    /// Round-robin turns: over each model's prefill pods, and over each
+    /// roleset's decode pods (by model and roleset name).
     turns: RefCell<HashMap<ModelId, u64>>,
+    decode_turns: RefCell<HashMap<(ModelId, String), u64>>,
     unsplit_turn: Cell<u64>,
     trt_ids: RefCell<DisaggIdGenerator>,
     /// This VM's copy of the scraped metrics, refreshed on each tick.
     scraped: RefCell<ScrapedTable>,
+    /// (pod, what) pairs already logged, for "once per pod" log lines.
+    logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
 }
 
 /// Load a stream holds, to give back exactly once.
@@ -66,9 +71,11 @@ impl Router {
             fleet: RefCell::new(Rc::new(config.fleet())),
             kv_connector: Cell::new(config.kv_connector),
             turns: RefCell::new(HashMap::new()),
+            decode_turns: RefCell::new(HashMap::new()),
             unsplit_turn: Cell::new(0),
             trt_ids: RefCell::new(trt_ids),
             scraped: RefCell::new(ScrapedTable::new()),
+            logged: RefCell::new(std::collections::HashSet::new()),
             config,
         })
     }
@@ -191,6 +198,21 @@ impl Router {
         v
     }
 
+    fn next_decode_turn(&self, model: &Model, roleset: usize) -> u64 {
+        let name = model.rolesets.get(roleset).map_or("", |r| r.name.as_str());
+        let mut turns = self.decode_turns.borrow_mut();
+        let t = turns.entry((model.id, name.to_owned())).or_insert(0);
+        let v = *t;
+        *t = v.wrapping_add(1);
+        v
+    }
+
+    /// Whether this VM sees `what` about `pod` for the first time (the set
+    /// is bounded by pods × a handful of log lines).
+    pub fn first_time(&self, pod: PodId, what: &'static str) -> bool {
+        self.logged.borrow_mut().insert((pod, what))
+    }
+
     /// The turn of the next request that is not split.
     pub fn next_unsplit_turn(&self) -> u64 {
         let t = self.unsplit_turn.get();
@@ -236,11 +258,19 @@ impl Router {
             .map(|(slot, _)| slot)
             .collect();
         let match_of = |slot: usize| model.pods.get(slot).map_or(0.0, |id| found.percent(*id));
-        let mut draw = || random(&mut *store);
+        // Seeded from the host at the first draw: a placement with one
+        // candidate pair needs no randomness and costs no host call.
+        let mut rng: Option<SplitMix64> = None;
+        let mut draw = || {
+            rng.get_or_insert_with(|| SplitMix64(random(&mut *store)))
+                .next_u64()
+        };
+        let mut decode_turn = |roleset: usize| self.next_decode_turn(model, roleset);
         let mut query = PlacementRequest {
             prompt_tokens: request.prompt.tokens,
             prefix_match: &match_of,
-            turn: self.next_turn(model.id),
+            prefill_turn: self.next_turn(model.id),
+            decode_turn: &mut decode_turn,
             random: &mut draw,
             exclude: &excluded,
         };
@@ -405,6 +435,16 @@ impl Router {
             pod: pod.name.clone(),
             message: rule.message(&pod.name, cause),
         }))
+    }
+
+    /// The decodes this Envoy has in flight on `pod`, over every model.
+    pub fn own_decodes<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> u32 {
+        self.fleet()
+            .models()
+            .iter()
+            .filter(|m| m.pods.contains(&pod.id))
+            .map(|m| self.load(store, m.id).get(pod.id).pending_decodes)
+            .sum()
     }
 
     /// Whether `pod` is healthy in every model that serves it.

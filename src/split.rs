@@ -133,6 +133,16 @@ pub enum DecodeLeg {
     AfterPrefill(Edits),
 }
 
+/// A hand-off that went ahead without something it usually carries: worth
+/// a log line and a counter, not a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Degraded {
+    /// No hand-off at all: the decode computes the prompt itself.
+    HandoffMissing,
+    /// TensorRT-LLM: no prompt token ids; the generation server tokenises.
+    TokenIdsMissing,
+}
+
 /// What a prefill answer leads to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AfterPrefill {
@@ -140,8 +150,8 @@ pub enum AfterPrefill {
     /// sent (nothing to copy into Envoy's buffer).
     Decode {
         body: Option<Vec<u8>>,
-        /// The answer carried no hand-off: the decode recomputes the prompt.
-        handoff_missing: bool,
+        /// Something the engine usually hands over was missing.
+        degraded: Option<Degraded>,
     },
     /// The prefill's answer already is the client's (TensorRT-LLM finished
     /// in the context phase).
@@ -328,12 +338,13 @@ pub fn merge(
         &plan.prefill_pod,
         &mut decode,
     )?;
-    let handoff_missing = match merged {
+    let degraded = match merged {
         Merged::Answer { body, content_type } => {
             return Ok(AfterPrefill::Reply { body, content_type })
         }
-        Merged::ForwardWithoutHandoff => true,
-        Merged::Forward => false,
+        Merged::ForwardWithoutHandoff => Some(Degraded::HandoffMissing),
+        Merged::ForwardWithoutTokenIds => Some(Degraded::TokenIdsMissing),
+        Merged::Forward => None,
     };
     // The decode leg is the client's body as sent (default engine, or no
     // hand-off): no copy.
@@ -347,10 +358,7 @@ pub fn merge(
                 .map_err(internal)?,
         )
     };
-    Ok(AfterPrefill::Decode {
-        body,
-        handoff_missing,
-    })
+    Ok(AfterPrefill::Decode { body, degraded })
 }
 
 /// A planner that always chooses the same pods, with fixed randomness: for
@@ -436,7 +444,7 @@ mod tests {
                 body: Some(
                     br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec()
                 ),
-                handoff_missing: false
+                degraded: None
             }
         );
         let bad = merge(&view, &mut p.entropy, &plan, b"[]").expect_err("not an object");

@@ -743,11 +743,19 @@ fn all_zero(r: &Router, host: &FakeHost) -> bool {
     load(r, host).iter().all(|(p, d)| *p == 0 && *d == 0)
 }
 
-/// A fresh request on `host`'s shared data (the same "Envoy").
+/// A fresh request on `host`'s shared data (the same "Envoy"), with fresh
+/// host randomness (Envoy's never runs dry or repeats).
 fn next_request(host: &mut FakeHost, body: &str) {
+    static DRAWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let shared = std::mem::take(&mut host.shared);
     *host = post("/v1/completions", body);
     host.shared = shared;
+    host.randoms = (0..16)
+        .map(|_| {
+            let n = DRAWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            pd_router::sched::SplitMix64(n).next_u64()
+        })
+        .collect();
 }
 
 fn dispatched_to(host: &FakeHost, i: usize) -> String {
@@ -918,38 +926,36 @@ fn engine_errors_eject_a_pod_only_after_several_in_a_row() {
     let r = pool();
     let body = r#"{"model":"m","prompt":"p"}"#;
     let mut host = post("/v1/completions", body);
-    let fail = |host: &mut FakeHost, status: u16| {
-        next_request(host, body);
-        let mut flow = Flow::new(Rc::clone(&r));
-        send_request(&mut flow, host);
-        let target = dispatched_to(host, 0);
-        answer(
-            &mut flow,
-            host,
-            Some(status),
-            r#"{"error":{"message":"engine error"}}"#,
-        );
-        // The retry, on the other pod, succeeds.
-        answer(&mut flow, host, Some(200), VLLM_ANSWER);
-        flow.on_stream_end(host);
-        target
+    // Equal idle pods split requests at random, so each step sends requests
+    // until one reaches p0; those that reach p1 succeed (p1's streak is its
+    // own). Returns the ejections counted on the way.
+    let on_p0 = |host: &mut FakeHost, status: u16| {
+        let mut ejections = 0;
+        for _ in 0..64 {
+            next_request(host, body);
+            let mut flow = Flow::new(Rc::clone(&r));
+            send_request(&mut flow, host);
+            let reached_p0 = dispatched_to(host, 0) == "10.1.0.1:8000";
+            if reached_p0 && status != 200 {
+                let error = r#"{"error":{"message":"engine error"}}"#;
+                answer(&mut flow, host, Some(status), error);
+            }
+            // The answer (or the retry, on the other pod) succeeds.
+            answer(&mut flow, host, Some(200), VLLM_ANSWER);
+            flow.on_stream_end(host);
+            ejections += host.counted(Counter::Ejection);
+            if reached_p0 {
+                return ejections;
+            }
+        }
+        panic!("64 requests and none reached p0");
     };
-    let ejections = |host: &FakeHost| host.counted(Counter::Ejection);
-    // Two 500s from p0 (least_request keeps choosing the first idle pod), a
-    // success resets the streak, then three in a row eject it.
-    assert_eq!(fail(&mut host, 500), "10.1.0.1:8000");
-    assert_eq!(ejections(&host), 0);
-    assert_eq!(fail(&mut host, 500), "10.1.0.1:8000");
-    next_request(&mut host, body);
-    let mut flow = Flow::new(Rc::clone(&r));
-    send_request(&mut flow, &mut host);
-    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
-    flow.on_stream_end(&mut host);
-    let mut total = 0;
-    for _ in 0..3 {
-        fail(&mut host, 503);
-        total += ejections(&host);
-    }
+    // Two 500s from p0, a success resets the streak, then three in a row
+    // eject it.
+    assert_eq!(on_p0(&mut host, 500), 0);
+    assert_eq!(on_p0(&mut host, 500), 0);
+    assert_eq!(on_p0(&mut host, 200), 0);
+    let total: usize = (0..3).map(|_| on_p0(&mut host, 503)).sum();
     assert_eq!(total, 1, "ejected on the third failure in a row");
     assert!(r.counters(&host)[0].unhealthy_until_ms > 0);
     assert!(all_zero(&r, &host));
@@ -964,87 +970,87 @@ const SWAP: &str = r#"{
   ]
 }"#;
 
-/// The same model after a rollout: p0 re-created at a new address, p1 and
-/// d0 gone, p2 new, d1 unchanged.
-const SWAPPED: &str = r#"{
-  "prefill_max_retries": 0,
-  "models": [
-    {"name": "m", "engine": "vllm", "prefill_policy": "least_request", "decode_policy": "least_request",
-     "rolesets": [{"prefill": [{"address":"10.2.0.9:8000","name":"p0"}, {"address":"10.2.0.5:8000","name":"p2"}],
-                   "decode": [{"address":"10.2.0.4:8000","name":"d1"}]}]}
-  ]
-}"#;
-
 #[test]
 fn swapping_the_pod_set_keeps_other_pods_exact_and_drains_the_departed() {
     let r =
         Rc::new(Router::new(Config::parse(SWAP.as_bytes()).expect("config"), 0).expect("router"));
     let model = r.fleet().model("m").expect("model").id;
     let old = r.fleet();
-    let id = |name: &str| {
+    let pod = |address: &str| {
         old.pods()
             .into_iter()
-            .find(|p| p.name == name)
-            .map(|p| p.id)
+            .find(|p| p.address == address)
             .expect("pod")
     };
     let body = r#"{"model":"m","prompt":"p"}"#;
     let mut host = post("/v1/completions", body);
 
-    // A: prefill in flight on p0, decode held on d0.
+    // A: prefill in flight on one pod (pa), its decode held on another (da).
+    next_request(&mut host, body);
     let mut a = Flow::new(Rc::clone(&r));
     send_request(&mut a, &mut host);
-    assert_eq!(dispatched_to(&host, 0), "10.2.0.1:8000");
-    // B: prefill on p1 (p0 is busy) answered; its decode runs on d1.
+    let pa = pod(&dispatched_to(&host, 0));
+    // B: prefill on the other prefill pod (pb), answered; its decode runs on db.
     next_request(&mut host, body);
     let mut b = Flow::new(Rc::clone(&r));
     send_request(&mut b, &mut host);
-    assert_eq!(dispatched_to(&host, 0), "10.2.0.2:8000");
+    let pb = pod(&dispatched_to(&host, 0));
+    assert_ne!(pa.id, pb.id, "least_request avoids the busy prefill pod");
     answer(&mut b, &mut host, Some(200), VLLM_ANSWER);
-    assert_eq!(host.header(ROUTING).as_deref(), Some("10.2.0.4:8000"));
-    // F: fails on p1, leaving it a failure streak.
+    let db = pod(&host.header(ROUTING).expect("decode"));
+    let da = old
+        .pods()
+        .into_iter()
+        .find(|p| p.name.starts_with('d') && p.id != db.id)
+        .expect("the other decode pod");
+    // F: fails on pb (pa is busy), leaving pb a failure streak.
     next_request(&mut host, body);
     let mut f = Flow::new(Rc::clone(&r));
     send_request(&mut f, &mut host);
-    assert_eq!(dispatched_to(&host, 0), "10.2.0.2:8000");
+    assert_eq!(dispatched_to(&host, 0), pb.address);
     answer(&mut f, &mut host, Some(500), "{}");
     assert_eq!(host.reply().0, 502);
     f.on_stream_end(&mut host);
     let table = r.load(&host, model);
-    assert_eq!(table.get(id("p0")).outstanding_prefills, 1);
-    assert_eq!(table.get(id("p1")).failures, 1);
-    assert_eq!(table.get(id("d0")).pending_decodes, 1);
-    let d1_before = table.get(id("d1"));
-    assert_eq!(d1_before.pending_decodes, 1);
+    assert_eq!(table.get(pa.id).outstanding_prefills, 1);
+    assert_eq!(table.get(pb.id).failures, 1);
+    assert_eq!(table.get(da.id).pending_decodes, 1);
+    let db_before = table.get(db.id);
+    assert_eq!(db_before.pending_decodes, 1);
 
-    r.set_fleet(Config::parse(SWAPPED.as_bytes()).expect("config").fleet());
-    assert_eq!(
-        r.load(&host, model).get(id("d1")),
-        d1_before,
-        "d1 untouched"
+    // A rollout: pa re-created at a new address, pb and da gone, a new p2,
+    // db unchanged.
+    let swapped = format!(
+        r#"{{"prefill_max_retries": 0, "models": [{{"name": "m", "engine": "vllm",
+            "prefill_policy": "least_request", "decode_policy": "least_request",
+            "rolesets": [{{"prefill": [{{"address":"10.2.0.9:8000","name":"{}"}}, {{"address":"10.2.0.5:8000","name":"p2"}}],
+                          "decode": [{{"address":"{}","name":"{}"}}]}}]}}]}}"#,
+        pa.name, db.address, db.name
     );
+    r.set_fleet(Config::parse(swapped.as_bytes()).expect("config").fleet());
+    assert_eq!(r.load(&host, model).get(db.id), db_before, "db untouched");
 
     // C is placed on the new pod set only, and finishes.
     next_request(&mut host, body);
     let mut c = Flow::new(Rc::clone(&r));
     send_request(&mut c, &mut host);
-    assert_eq!(
-        dispatched_to(&host, 0),
-        "10.2.0.9:8000",
-        "p0 at its new address"
+    let to = dispatched_to(&host, 0);
+    assert!(
+        ["10.2.0.9:8000", "10.2.0.5:8000"].contains(&to.as_str()),
+        "{to}"
     );
     answer(&mut c, &mut host, Some(200), VLLM_ANSWER);
-    assert_eq!(host.header(ROUTING).as_deref(), Some("10.2.0.4:8000"));
+    assert_eq!(host.header(ROUTING), Some(db.address.clone()));
     c.on_stream_end(&mut host);
     let table = r.load(&host, model);
     assert_eq!(
-        table.get(id("d1")),
-        d1_before,
+        table.get(db.id),
+        db_before,
         "C's load came and went; B's stays"
     );
     assert!(
-        table.rows().iter().all(|(pod, _)| *pod != id("p1")),
-        "the departed p1's failure streak is dropped"
+        table.rows().iter().all(|(id, _)| *id != pb.id),
+        "the departed pb's failure streak is dropped"
     );
 
     // The requests placed before the swap give their load back to the pods

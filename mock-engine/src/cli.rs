@@ -92,6 +92,11 @@ pub enum Fault {
     Delay(Duration),
     Garbage,
     NoKvParams,
+    /// TRT-LLM context: leave out the top-level `prompt_token_ids` (older
+    /// releases' chat endpoint does not echo them).
+    NoTokenIds,
+    /// TRT-LLM context: leave out `disaggregated_params`.
+    NoDisaggParams,
     Hang,
     /// Read the request, then drop the connection (TCP RST), nothing sent.
     Reset,
@@ -190,6 +195,8 @@ Fault SPEC (POST /v1/* only; --fault may be repeated):
   delay:MS                  sleep MS ms first (several add up)
   garbage                   answer 200 with a body that is not JSON
   no-kv-params              vllm nixl/shfs prefill: leave out kv_transfer_params
+  no-token-ids              trtllm context: leave out prompt_token_ids
+  no-disagg-params          trtllm context: leave out disaggregated_params
   hang                      never answer
   reset                     drop the connection (TCP RST), nothing sent
   truncate                  send half the body of a 2xx answer, then close
@@ -336,6 +343,8 @@ fn parse_fault(v: &str) -> Result<Fault, String> {
     match v {
         "garbage" => return Ok(Fault::Garbage),
         "no-kv-params" => return Ok(Fault::NoKvParams),
+        "no-token-ids" => return Ok(Fault::NoTokenIds),
+        "no-disagg-params" => return Ok(Fault::NoDisaggParams),
         "hang" => return Ok(Fault::Hang),
         "reset" => return Ok(Fault::Reset),
         "truncate" => return Ok(Fault::Truncate),
@@ -457,6 +466,20 @@ impl Cli {
             && !(config.vllm_pull_connector() && role == Role::Prefill)
         {
             ignored.push("--fault no-kv-params (vllm nixl/shfs prefill only)");
+        }
+        for (fault, name) in [
+            (
+                Fault::NoTokenIds,
+                "--fault no-token-ids (trtllm prefill only)",
+            ),
+            (
+                Fault::NoDisaggParams,
+                "--fault no-disagg-params (trtllm prefill only)",
+            ),
+        ] {
+            if config.has_fault(&fault) && !(engine == Engine::Trtllm && role == Role::Prefill) {
+                ignored.push(name);
+            }
         }
         if config.fail_after_transfer().is_some()
             && !(engine == Engine::Sglang && role == Role::Prefill)

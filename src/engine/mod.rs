@@ -62,6 +62,9 @@ pub enum Merged {
     /// Send the decode request; the answer carried no hand-off, so the decode
     /// recomputes the prompt (worth a log line and a counter, not a failure).
     ForwardWithoutHandoff,
+    /// Send the decode request with the hand-off but without the prompt's
+    /// token ids (TensorRT-LLM: the generation server tokenises itself).
+    ForwardWithoutTokenIds,
     /// The prefill answer already is the client's answer (TensorRT-LLM, when
     /// the context phase finished the generation).
     Answer {

@@ -80,27 +80,40 @@ impl EngineHandler for TrtllmHandler {
         }
 
         // AIBrix looks at the top level first; TensorRT-LLM puts them in choices[0].
-        let params = match answer.top.raw_non_null(answer.body, "disaggregated_params") {
-            Some(p) => p,
-            None => choice_top
-                .as_ref()
-                .and_then(|(c, t)| t.raw_non_null(c.get().as_bytes(), "disaggregated_params"))
-                .ok_or_else(|| bad("the context response has no disaggregated_params"))?,
+        let params = answer
+            .top
+            .raw_non_null(answer.body, "disaggregated_params")
+            .or_else(|| {
+                choice_top
+                    .as_ref()
+                    .and_then(|(c, t)| t.raw_non_null(c.get().as_bytes(), "disaggregated_params"))
+            });
+        let Some(params) = params else {
+            // No hand-off: the generation server serves the client's request
+            // whole (TensorRT-LLM runs a request without disaggregated_params
+            // as an ordinary one), as vLLM's decode recomputes without
+            // kv_transfer_params.
+            return Ok(Merged::ForwardWithoutHandoff);
         };
         let params_top =
             TopLevel::parse(params).map_err(|_| bad("disaggregated_params is not an object"))?;
         let mut gen = Edits::new();
         gen.set_str("request_type", "generation_only");
         let params = params_top.render(params, &gen).map_err(internal)?;
-
-        let tokens = answer
-            .top
-            .raw_non_null(answer.body, "prompt_token_ids")
-            .filter(|t| t.first() == Some(&b'['))
-            .ok_or_else(|| bad("the context response has no prompt_token_ids array"))?;
-        let tokens = String::from_utf8_lossy(tokens).into_owned();
-
         decode.set_raw("disaggregated_params", String::from_utf8_lossy(&params));
+
+        // Older chat endpoints do not echo the prompt's token ids; the
+        // generation server then tokenises the prompt itself (TensorRT-LLM's
+        // own orchestrator forwards without them too).
+        let Some(tokens) = answer.top.raw_non_null(answer.body, "prompt_token_ids") else {
+            return Ok(Merged::ForwardWithoutTokenIds);
+        };
+        if tokens.first() != Some(&b'[') {
+            return Err(bad(
+                "prompt_token_ids in the context response is not an array",
+            ));
+        }
+        let tokens = String::from_utf8_lossy(tokens).into_owned();
         match ctx.facts.api {
             Api::Completions => decode.set_raw("prompt", tokens),
             _ => decode.set_raw("prompt_token_ids", tokens),

@@ -299,6 +299,9 @@ impl Flow {
                 return Err(e);
             }
         };
+        // The prefill leg is Envoy's now; a retry builds its own.
+        let mut plan = plan;
+        plan.prefill_body = Vec::new();
         host.increment(Counter::Split);
         self.prefill_pod = Some((plan.prefill_pod.name.clone(), plan.prefill_pod.ip.clone()));
         self.decode_pod = Some(plan.decode_pod.name.clone());

@@ -6,7 +6,7 @@ use super::{Attempt, Flow, FlowPlanner, Phase, Sent};
 use crate::error::{upstream_message, HostError, PdError, PrefillFailure};
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
-use crate::split::{self, AfterPrefill, SplitPlan};
+use crate::split::{self, AfterPrefill, Degraded, SplitPlan};
 use std::rc::Rc;
 
 /// A sequential prefill in flight.
@@ -255,17 +255,9 @@ impl Flow {
                 self.phase = Phase::Replied;
                 return Ok(());
             }
-            AfterPrefill::Decode {
-                body,
-                handoff_missing,
-            } => {
-                if handoff_missing {
-                    host.increment(Counter::HandoffMissing);
-                    let msg = format!(
-                        "prefill {} answered without hand-off data; decode {} will recompute the prompt",
-                        p.plan.prefill_pod.address, p.plan.decode_pod.address
-                    );
-                    self.log(host, Level::Warn, &msg);
+            AfterPrefill::Decode { body, degraded } => {
+                if let Some(degraded) = degraded {
+                    self.report_degraded(host, &p.plan, degraded);
                 }
                 let decode = &p.plan.decode_pod.address;
                 match body {
@@ -282,6 +274,36 @@ impl Flow {
             body_seen: false,
         };
         Ok(host.resume_request()?)
+    }
+}
+
+impl Flow {
+    /// Counts a hand-off that went ahead without part of it, and says so:
+    /// every time for a missing hand-off (each costs a recomputed prompt),
+    /// once per prefill pod for missing token ids (an engine version trait,
+    /// not an event).
+    fn report_degraded<H: Host>(&self, host: &H, plan: &SplitPlan, degraded: Degraded) {
+        let (prefill, decode) = (&plan.prefill_pod, &plan.decode_pod);
+        match degraded {
+            Degraded::HandoffMissing => {
+                host.increment(Counter::HandoffMissing);
+                let msg = format!(
+                    "prefill {} answered without hand-off data; decode {} will compute the prompt itself",
+                    prefill.address, decode.address
+                );
+                self.log(host, Level::Warn, &msg);
+            }
+            Degraded::TokenIdsMissing => {
+                host.increment(Counter::TokenIdsMissing);
+                if self.router.first_time(prefill.id, "token ids missing") {
+                    let msg = format!(
+                        "context server {} answers without prompt_token_ids (an older TensorRT-LLM chat endpoint); generation servers tokenise the prompt themselves (logged once per pod)",
+                        prefill.name
+                    );
+                    self.log(host, Level::Warn, &msg);
+                }
+            }
+        }
     }
 }
 

@@ -11,6 +11,10 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct PodMetrics {
     pub running: f64,
+    /// Of `running`, how many this Envoy had in flight on the pod when the
+    /// scrape answered: those it counts exactly itself, and a scrape that
+    /// caught one of them must not make the pod look busy until the next.
+    pub own_running: f64,
     pub waiting: f64,
     /// KV-cache usage, a fraction.
     pub kv_usage: Option<f64>,
@@ -37,8 +41,9 @@ impl StoredMetrics {
     }
 }
 
-/// `PodId`, scraped at, running, waiting, KV usage, throughput, drain rate.
-const RECORD: usize = 8 + 8 + 5 * 4;
+/// `PodId`, scraped at, running, own running, waiting, KV usage,
+/// throughput, drain rate.
+const RECORD: usize = 8 + 8 + 6 * 4;
 
 /// Every pod's last scrape, keyed by identity.
 pub type ScrapedTable = HashMap<PodId, StoredMetrics>;
@@ -50,6 +55,7 @@ pub fn decode_scraped(bytes: Option<&[u8]>) -> ScrapedTable {
             let at_ms = r.u64()?;
             let metrics = PodMetrics {
                 running: r.f32()?.unwrap_or(0.0),
+                own_running: r.f32()?.unwrap_or(0.0),
                 waiting: r.f32()?.unwrap_or(0.0),
                 kv_usage: r.f32()?,
                 gen_throughput: r.f32()?,
@@ -70,6 +76,7 @@ pub fn encode_scraped(table: &ScrapedTable) -> Vec<u8> {
         w.u64(id.0)
             .u64(s.at_ms)
             .f32(Some(m.running))
+            .f32(Some(m.own_running))
             .f32(Some(m.waiting))
             .f32(m.kv_usage)
             .f32(m.gen_throughput)
@@ -97,6 +104,7 @@ mod tests {
             at_ms: 77,
             metrics: PodMetrics {
                 running: 5.0,
+                own_running: 2.0,
                 waiting: 1.0,
                 kv_usage: Some(0.5),
                 gen_throughput: None,

@@ -1,8 +1,8 @@
 //! The first stage of a placement: which rolesets fit the prompt's length,
 //! which of their pods are usable, and the combined pods to fall back on.
 
-use super::{state, Decision, NoPod, PlacementRequest, PodState};
-use crate::fleet::{Endpoint, Model};
+use super::{shuffle, state, Decision, NoPod, PlacementRequest, PodState};
+use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy};
 use std::rc::Rc;
 
 /// A pod that may take the request, with the roleset it pairs within.
@@ -56,16 +56,19 @@ pub(super) fn least<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
 
 /// The pool to choose from, or the decision when there is nothing to choose
 /// (only combined pods, or no pod at all).
+/// Candidates come out shuffled (all but a round-robin phase's, whose
+/// rotation needs a stable order): every later "first of equals" is then a
+/// random one, so equal idle pods and rolesets share the work.
 pub(super) fn gather<'m>(
     model: &'m Model,
     pods: &[PodState],
-    req: &PlacementRequest,
+    req: &mut PlacementRequest,
 ) -> Result<Pool<'m>, Decision<'m>> {
     let configured = model.rolesets.iter().any(|r| r.is_eligible());
     if !configured && model.combined.is_empty() {
         return Err(Decision::NoPod(NoPod::NotConfigured));
     }
-    let combined: Vec<&Rc<Endpoint>> = model
+    let mut combined: Vec<&Rc<Endpoint>> = model
         .combined
         .iter()
         .filter(|c| {
@@ -76,7 +79,7 @@ pub(super) fn gather<'m>(
         .collect();
 
     // Prompt-length buckets: a roleset without a range takes any length.
-    let fits: Vec<usize> = model
+    let mut fits: Vec<usize> = model
         .rolesets
         .iter()
         .enumerate()
@@ -108,6 +111,14 @@ pub(super) fn gather<'m>(
         }
     }
 
+    shuffle(&mut combined, req.random);
+    shuffle(&mut fits, req.random);
+    if model.prefill_policy != PrefillPolicy::RoundRobin {
+        shuffle(&mut prefill, req.random);
+    }
+    if model.decode_policy != DecodePolicy::RoundRobin {
+        shuffle(&mut decode, req.random);
+    }
     if prefill.is_empty() {
         return Err(match least(&combined, |c| state(pods, c).decode_load()) {
             Some(pod) => Decision::Combined {

@@ -34,9 +34,15 @@ pub struct PodState {
 }
 
 impl PodState {
-    /// Running plus pending decodes, AIBrix's `run`.
+    /// Running plus pending decodes, AIBrix's `run`: what the engine ran
+    /// for others at the last scrape, plus this Envoy's own decodes now
+    /// (its own, counted exactly, are not counted twice).
     pub fn decode_load(&self) -> f64 {
-        self.metrics.map(|m| m.running).unwrap_or(0.0) + self.pending_decodes as f64
+        let others = self
+            .metrics
+            .map(|m| (m.running - m.own_running).max(0.0))
+            .unwrap_or(0.0);
+        others + self.pending_decodes as f64
     }
 
     /// Queue per drained request per second (AIBrix's overload ratio), when
@@ -60,12 +66,41 @@ pub struct PlacementRequest<'a> {
     pub prompt_tokens: u64,
     /// Prefix-cache match percentage per pod slot (0 when absent).
     pub prefix_match: &'a dyn Fn(usize) -> f64,
-    /// This VM's turn counter for round-robin.
-    pub turn: u64,
-    /// Uniform random numbers.
+    /// This VM's round-robin turn over the model's prefill pods.
+    pub prefill_turn: u64,
+    /// The next round-robin turn over a roleset's decode pods (by roleset
+    /// index): each phase rotates on its own, or decode pods whose index
+    /// never lines up with their roleset's prefill turn would never be chosen.
+    pub decode_turn: &'a mut dyn FnMut(usize) -> u64,
+    /// Uniform random numbers: ties between equal pods and rolesets are
+    /// broken with them, so idle capacity shares the work.
     pub random: &'a mut dyn FnMut() -> u64,
     /// Slots of the pods this request already failed on.
     pub exclude: &'a [usize],
+}
+
+/// SplitMix64: the scheduler's random numbers, seeded once per request
+/// from the host (a host call per number would cost more than the choice).
+#[derive(Debug, Clone)]
+pub struct SplitMix64(pub u64);
+
+impl SplitMix64 {
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Shuffles `items` (Fisher-Yates) so that "the first of equals" anywhere
+/// later is a uniformly random one (AIBrix shuffles its candidates too).
+fn shuffle<T>(items: &mut [T], random: &mut dyn FnMut() -> u64) {
+    for i in (1..items.len()).rev() {
+        let j = (random() % (i as u64 + 1)) as usize;
+        items.swap(i, j);
+    }
 }
 
 /// The scheduler's answer.

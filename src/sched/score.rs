@@ -45,7 +45,7 @@ pub fn prefill_scores(
         .map(|e| state(pods, e).outstanding_prefills as f64)
         .collect();
     match policy {
-        PrefillPolicy::RoundRobin => round_robin(c.len(), ask.turn),
+        PrefillPolicy::RoundRobin => round_robin(c.len(), ask.prefill_turn),
         PrefillPolicy::Random => random(c.len(), ask),
         PrefillPolicy::LeastRequest => outstanding,
         PrefillPolicy::PowerOfTwo => power_of_two(outstanding, ask),
@@ -62,30 +62,40 @@ pub fn prefill_scores(
     }
 }
 
-/// Scores decode candidates under `policy`.
+/// Scores decode candidates under `policy`; `turn` is the round-robin turn
+/// of the roleset they belong to.
 pub fn decode_scores(
     policy: DecodePolicy,
     c: &[&Endpoint],
     pods: &[PodState],
     ask: &mut PlacementRequest,
     s: &Scheduling,
+    turn: u64,
 ) -> Vec<f64> {
     let run: Vec<f64> = c.iter().map(|e| state(pods, e).decode_load()).collect();
     match policy {
-        DecodePolicy::RoundRobin => round_robin(c.len(), ask.turn),
+        DecodePolicy::RoundRobin => round_robin(c.len(), turn),
         DecodePolicy::Random => random(c.len(), ask),
         DecodePolicy::LeastRequest => run,
         DecodePolicy::PowerOfTwo => power_of_two(run, ask),
         DecodePolicy::LoadBalancing => {
             // AIBrix: (w_run·run/max_run + w_thr·(1 − thr/max_thr)) / (free/max_free),
             // free = 100 − KV usage %, floored at 0.1; maxima floored at 1.
+            // One deviation: an idle pod (nothing running or pending) counts
+            // as generating nothing, which is what it does now. The scraped
+            // rate lags by a scrape interval, and rewarding it sent every
+            // request of sequential traffic to whichever idle pod had served
+            // the last one.
             let thr: Vec<f64> = c
                 .iter()
-                .map(|e| {
-                    state(pods, e)
-                        .metrics
-                        .and_then(|m| m.gen_throughput)
-                        .unwrap_or(0.0)
+                .zip(&run)
+                .map(|(e, run)| {
+                    let thr = state(pods, e).metrics.and_then(|m| m.gen_throughput);
+                    if *run > 0.0 {
+                        thr.unwrap_or(0.0)
+                    } else {
+                        0.0
+                    }
                 })
                 .collect();
             let free: Vec<f64> = c
@@ -172,7 +182,12 @@ pub(super) fn pick_one_decode<'m>(
     req: &mut PlacementRequest,
     s: &Scheduling,
 ) -> Option<&'m Rc<Endpoint>> {
-    let scores = decode_scores(model.decode_policy, &eps(c), pods, req, s);
+    // Only the round-robin policy advances the roleset's decode rotation.
+    let turn = match (model.decode_policy, c.first()) {
+        (DecodePolicy::RoundRobin, Some(first)) => (req.decode_turn)(first.roleset),
+        _ => 0,
+    };
+    let scores = decode_scores(model.decode_policy, &eps(c), pods, req, s, turn);
     argmin(&scores).and_then(|i| c.get(i)).map(|c| c.ep)
 }
 
@@ -219,7 +234,8 @@ fn best_roleset<'m>(
     s: &Scheduling,
 ) -> Option<Decision<'m>> {
     let ps = prefill_scores(model.prefill_policy, &eps(&pool.prefill), pods, req);
-    let ds = decode_scores(model.decode_policy, &eps(&pool.decode), pods, req, s);
+    // Score policies only: no rotation to advance.
+    let ds = decode_scores(model.decode_policy, &eps(&pool.decode), pods, req, s, 0);
     let max_p = ps
         .iter()
         .copied()

@@ -5,6 +5,7 @@ use super::*;
 use crate::config::Config;
 use crate::fleet::{DecodePolicy, Endpoint, PrefillPolicy};
 use crate::pods::PodMetrics;
+use std::collections::HashMap;
 
 /// 2 rolesets × 2 prefill × 2 decode; pods 0..8 in the order
 /// rs0.p0 rs0.p1 rs0.d0 rs0.d1 rs1.p0 rs1.p1 rs1.d0 rs1.d1.
@@ -34,12 +35,23 @@ fn run(
     tokens: u64,
     prefix: &dyn Fn(usize) -> f64,
 ) -> (String, String, &'static str) {
-    let mut rng = Rng(42);
+    run_seeded(config, pods, tokens, prefix, 42)
+}
+
+fn run_seeded(
+    config: &Config,
+    pods: &[PodState],
+    tokens: u64,
+    prefix: &dyn Fn(usize) -> f64,
+    seed: u64,
+) -> (String, String, &'static str) {
+    let mut rng = Rng(seed);
     let mut random = || rng.next();
     let mut ask = PlacementRequest {
         prompt_tokens: tokens,
         prefix_match: prefix,
-        turn: 0,
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
     };
@@ -88,7 +100,8 @@ fn prefix_cache_score_matches_aibrix_formula() {
     let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &prefix,
-        turn: 0,
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
     };
@@ -125,7 +138,8 @@ fn load_balancing_score_matches_aibrix_formula() {
     let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &no_prefix,
-        turn: 0,
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
     };
@@ -133,11 +147,11 @@ fn load_balancing_score_matches_aibrix_formula() {
     // d1: run 0, thr 0, free 100 → (0 + (1 − 0)) / (100/100) = 1.0
     let s = &c.scheduling;
     assert_eq!(
-        decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s),
+        decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s, 0),
         vec![2.0, 1.0]
     );
     assert_eq!(
-        decode_scores(DecodePolicy::LeastRequest, &refs, &pods, &mut ask, s),
+        decode_scores(DecodePolicy::LeastRequest, &refs, &pods, &mut ask, s, 0),
         vec![4.0, 0.0]
     );
     // Full KV cache: free floors at 0.1, so the score explodes rather than dividing by 0.
@@ -145,8 +159,39 @@ fn load_balancing_score_matches_aibrix_formula() {
         kv_usage: Some(1.0),
         ..Default::default()
     });
-    let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s);
+    let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s, 0);
     assert!(scores[1] > 100.0, "{scores:?}");
+}
+
+#[test]
+fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
+    let c = config("");
+    let mut pods = idle(8);
+    // Both decode pods idle; d0 served the last requests, so its scraped
+    // rate is high. Counting it would send it every next request.
+    pods[2].metrics = Some(PodMetrics {
+        gen_throughput: Some(500.0),
+        ..Default::default()
+    });
+    let cands = eps(&c, &[2, 3]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let mut ask = PlacementRequest {
+        prompt_tokens: 0,
+        prefix_match: &no_prefix,
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
+        random: &mut random,
+        exclude: &[],
+    };
+    let s = &c.scheduling;
+    let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s, 0);
+    assert_eq!(scores[0], scores[1], "{scores:?}");
+    // Busy, the rate counts again (AIBrix's formula).
+    pods[2].pending_decodes = 1;
+    pods[3].pending_decodes = 1;
+    let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s, 0);
+    assert!(scores[0] < scores[1], "{scores:?}");
 }
 
 #[test]
@@ -166,11 +211,28 @@ fn rolesets_are_ranked_by_the_normalised_sum_of_their_best_pods() {
     let prefix = |pod: usize| if pod == 1 { 50.0 } else { 0.0 };
     // prefill: rs0 best = 5.0, rs1 best = 10.0, max = 10 → 0.5 vs 1.0
     // decode (least weight on thr since all 0): rs0 = (8/8 + 1)/1 = 2, rs1 = (0 + 1)/1 = 1, max = 2 → 1.0 vs 0.5
-    // totals: rs0 1.5, rs1 1.5 → tie, first roleset wins
-    let (p, d, why) = run(&c, &pods, 10, &prefix);
+    // totals: rs0 1.5, rs1 1.5 → a tie, broken at random: over many
+    // placements both rolesets win, each with its own best pods.
+    let mut winners = HashMap::new();
+    for seed in 1..=40 {
+        let (p, d, why) = run_seeded(&c, &pods, 10, &prefix, seed);
+        assert_eq!(why, "score");
+        let rs = if p == "10.0.0.2:1" {
+            assert!(d.starts_with("10.0.0."), "rs0's pair: {p} {d}");
+            0
+        } else {
+            assert!(
+                p.starts_with("10.0.1.") && d.starts_with("10.0.1."),
+                "rs1's pair: {p} {d}"
+            );
+            1
+        };
+        *winners.entry(rs).or_insert(0) += 1;
+    }
     assert_eq!(
-        (p.as_str(), d.as_str(), why),
-        ("10.0.0.2:1", "10.0.0.3:1", "score")
+        winners.len(),
+        2,
+        "both tied rolesets win sometimes: {winners:?}"
     );
     // A stronger match tips it: rs0 prefill 2.0/10 = 0.2 → total 1.2 < 1.5
     let prefix = |pod: usize| if pod == 1 { 80.0 } else { 0.0 };
@@ -188,9 +250,10 @@ fn rolesets_are_ranked_by_the_normalised_sum_of_their_best_pods() {
     }
     let prefix = |pod: usize| if pod == 1 { 50.0 } else { 0.0 };
     let (p, d, why) = run(&c, &pods, 10, &prefix);
-    assert_eq!(
-        (p.as_str(), d.as_str(), why),
-        ("10.0.1.1:1", "10.0.1.3:1", "score")
+    // rs1's two prefill pods (and its two decode pods) are equal: either.
+    assert!(
+        p.starts_with("10.0.1.") && d.starts_with("10.0.1.") && why == "score",
+        "{p} {d} {why}"
     );
 }
 
@@ -297,7 +360,8 @@ fn unhealthy_and_excluded_pods_are_skipped() {
     let mut ask = PlacementRequest {
         prompt_tokens: 1,
         prefix_match: &no_prefix,
-        turn: 0,
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &exclude,
     };
@@ -317,7 +381,8 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
-            turn,
+            prefill_turn: turn,
+            decode_turn: &mut |_| 0,
             random: &mut random,
             exclude: &[],
         };
@@ -342,7 +407,8 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
-            turn: 0,
+            prefill_turn: 0,
+            decode_turn: &mut |_| 0,
             random: &mut random,
             exclude: &[],
         };
@@ -367,7 +433,8 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
-            turn: 0,
+            prefill_turn: 0,
+            decode_turn: &mut |_| 0,
             random: &mut random,
             exclude: &[],
         };
@@ -483,4 +550,112 @@ fn a_pod_holding_most_of_the_prompt_takes_it_whatever_the_decode_load() {
     let (p, _, why) = run(&c, &pods, 10, &prefix);
     assert_ne!(p, "10.0.0.2:1");
     assert_ne!(why, "prefix_affinity");
+}
+
+/// 3 rolesets × (1 prefill + 2 decode), slots in the order p, d, d per roleset.
+fn three_rolesets(extra_model: &str) -> Config {
+    let rs: Vec<String> = (0..3)
+        .map(|r| {
+            format!(
+                r#"{{"name":"rs{r}","prefill":["10.0.{r}.1:1"],"decode":["10.0.{r}.2:1","10.0.{r}.3:1"]}}"#
+            )
+        })
+        .collect();
+    let json = format!(
+        r#"{{"models":[{{"name":"m","engine":"vllm"{extra_model},"rolesets":[{}]}}]}}"#,
+        rs.join(",")
+    );
+    Config::parse(json.as_bytes()).expect("config")
+}
+
+#[test]
+fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
+    for policies in [
+        "",
+        r#","prefill_policy":"least_request","decode_policy":"least_request""#,
+        r#","prefill_policy":"power_of_two","decode_policy":"power_of_two""#,
+        r#","prefill_policy":"random","decode_policy":"random""#,
+        r#","prefill_policy":"least_request","decode_policy":"load_balancing""#,
+    ] {
+        let c = three_rolesets(policies);
+        let pods = idle(9);
+        let mut prefill = HashMap::new();
+        let mut decode = HashMap::new();
+        for seed in 1..=300u64 {
+            let mut rng = Rng(seed);
+            let mut random = || rng.next();
+            let mut req = PlacementRequest {
+                prompt_tokens: 10,
+                prefix_match: &no_prefix,
+                prefill_turn: seed,
+                decode_turn: &mut |_| 0,
+                random: &mut random,
+                exclude: &[],
+            };
+            let Decision::Split {
+                prefill: p,
+                decode: d,
+                ..
+            } = schedule(&c.models[0], &pods, &mut req, &c.scheduling)
+            else {
+                panic!("{policies}: no split");
+            };
+            *prefill.entry(p.address.clone()).or_insert(0) += 1;
+            *decode.entry(d.address.clone()).or_insert(0) += 1;
+        }
+        for r in 0..3 {
+            let n = prefill.get(&format!("10.0.{r}.1:1")).copied().unwrap_or(0);
+            assert!(
+                (50..=150).contains(&n),
+                "{policies}: roleset {r} got {n}/300: {prefill:?}"
+            );
+            for k in [2, 3] {
+                let d = decode.get(&format!("10.0.{r}.{k}:1")).copied().unwrap_or(0);
+                assert!(
+                    (n / 4..=n * 3 / 4).contains(&d),
+                    "{policies}: decode {r}.{k} got {d} of its roleset's {n}: {decode:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn round_robin_rotates_each_phase_on_its_own() {
+    // Two rolesets of one prefill and two decode pods: one shared turn would
+    // send each roleset's requests to the same decode pod every time.
+    let rs = r#"[{"name":"a","prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1","10.0.0.3:1"]},
+                 {"name":"b","prefill":["10.0.1.1:1"],"decode":["10.0.1.2:1","10.0.1.3:1"]}]"#;
+    let c = Config::parse(
+        format!(r#"{{"models":[{{"name":"m","engine":"vllm","prefill_policy":"round_robin","decode_policy":"round_robin","rolesets":{rs}}}]}}"#)
+            .as_bytes(),
+    )
+    .expect("config");
+    let pods = idle(6);
+    let mut turns = [0u64; 2];
+    let mut decode = HashMap::new();
+    for turn in 0..40u64 {
+        let mut random = || 7u64;
+        let mut decode_turn = |roleset: usize| {
+            let t = turns[roleset];
+            turns[roleset] += 1;
+            t
+        };
+        let mut req = PlacementRequest {
+            prompt_tokens: 1,
+            prefix_match: &no_prefix,
+            prefill_turn: turn,
+            decode_turn: &mut decode_turn,
+            random: &mut random,
+            exclude: &[],
+        };
+        if let Decision::Split { decode: d, .. } =
+            schedule(&c.models[0], &pods, &mut req, &c.scheduling)
+        {
+            *decode.entry(d.address.clone()).or_insert(0) += 1;
+        }
+    }
+    for d in ["10.0.0.2:1", "10.0.0.3:1", "10.0.1.2:1", "10.0.1.3:1"] {
+        assert_eq!(decode.get(d), Some(&10), "{decode:?}");
+    }
 }

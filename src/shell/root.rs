@@ -36,8 +36,9 @@ pub(super) struct Root {
     /// Identifies this VM in the scrape lease.
     vm_id: u64,
     last_scrape_ms: u64,
-    /// Scrapes in flight: call token → pod.
-    scrapes: HashMap<u32, Rc<Endpoint>>,
+    /// Scrapes in flight: call token → pod, and this Envoy's decodes on it
+    /// when the scrape left.
+    scrapes: HashMap<u32, (Rc<Endpoint>, u32)>,
     previous: HashMap<PodId, Previous>,
 }
 
@@ -100,7 +101,8 @@ impl Root {
                 Duration::from_millis(config.scrape_timeout_ms),
             ) {
                 Ok(token) => {
-                    self.scrapes.insert(token, pod);
+                    let own = router.own_decodes(&Shared, &pod);
+                    self.scrapes.insert(token, (pod, own));
                 }
                 Err(e) => log(
                     LogLevel::Warn,
@@ -136,7 +138,15 @@ impl Root {
         });
     }
 
-    fn scraped(&mut self, router: &Router, pod: &Endpoint, now: u64, body_size: usize) {
+    /// `own_at_send`: this Envoy's decodes on the pod when the scrape left.
+    fn scraped(
+        &mut self,
+        router: &Router,
+        pod: &Endpoint,
+        own_at_send: u32,
+        now: u64,
+        body_size: usize,
+    ) {
         let body = hostcalls::get_buffer(
             BufferType::HttpCallResponseBody,
             0,
@@ -147,8 +157,11 @@ impl Root {
         .unwrap_or_default();
         let parsed = parse_engine_metrics(&String::from_utf8_lossy(&body), None);
         let prev = self.previous.get(&pod.id).copied().unwrap_or_default();
-        let (metrics, next) = scrape::observe(&prev, now, &parsed);
+        let (mut metrics, next) = scrape::observe(&prev, now, &parsed);
         self.previous.insert(pod.id, next);
+        // The engine counted its running requests somewhere between the
+        // scrape leaving and its answer: ours then were at most the larger.
+        metrics.own_running = router.own_decodes(&Shared, pod).max(own_at_send) as f64;
         let fleet = router.fleet();
         let _ = update_scraped(&mut Shared, &router.keys().scraped(), |t| {
             t.insert(
@@ -173,7 +186,7 @@ impl Context for Root {
         body_size: usize,
         _trailers: usize,
     ) {
-        let Some(pod) = self.scrapes.remove(&token) else {
+        let Some((pod, own_at_send)) = self.scrapes.remove(&token) else {
             return;
         };
         let Some(router) = self.router.clone() else {
@@ -181,7 +194,7 @@ impl Context for Root {
         };
         let now = now_ms();
         match shared::call_status(num_headers) {
-            Some(200) => self.scraped(&router, &pod, now, body_size),
+            Some(200) => self.scraped(&router, &pod, own_at_send, now, body_size),
             status => {
                 let why = status.map_or("no answer".to_owned(), |s| format!("status {s}"));
                 self.scrape_failed(&router, &pod, now, &why);

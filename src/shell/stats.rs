@@ -75,6 +75,9 @@ impl Stats {
 
     fn with_pod<T>(&self, pod: &str, f: impl FnOnce(&PodStats) -> T) -> T {
         let mut pods = self.pods.borrow_mut();
+        if let Some(stats) = pods.get(pod) {
+            return f(stats);
+        }
         let stats = pods.entry(pod.to_owned()).or_insert_with(|| {
             let base = format!("pd_router.pod.{}", stat_segment(pod));
             PodStats {

@@ -354,6 +354,51 @@ fn trtllm() {
 }
 
 #[test]
+fn trtllm_context_answers_without_token_ids_still_hand_off() {
+    // Older TensorRT-LLM chat endpoints do not echo prompt_token_ids; the
+    // generation server then tokenises the prompt itself, and the mock checks
+    // its tokens are still the context's.
+    let s = Setup::start("trtllm", None, &["--fault", "no-token-ids"], &[]);
+    check_engine(&s, "pulled");
+    for d in s.decode.requests() {
+        assert!(d.raw("disaggregated_params").is_some(), "{}", d.body);
+        assert_eq!(d.raw("prompt_token_ids"), None, "{}", d.body);
+        if d.path == "/v1/completions" {
+            assert_eq!(
+                d.raw("prompt").as_deref(),
+                Some(PROMPT),
+                "the client's prompt"
+            );
+        }
+    }
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.pd_router.prompt_token_ids_missing"),
+        4
+    );
+    assert_eq!(s.envoy.stat("wasmcustom.pd_router.handoff_missing"), 0);
+    assert_eq!(
+        s.envoy.log_lines_with("answers without prompt_token_ids"),
+        1,
+        "logged once per pod"
+    );
+}
+
+#[test]
+fn trtllm_context_answers_without_handoff_are_served_whole() {
+    // TensorRT-LLM's generation server runs a request without
+    // disaggregated_params as an ordinary one, as vLLM's decode recomputes
+    // without kv_transfer_params: the rule for a missing hand-off is the same.
+    let s = Setup::start("trtllm", None, &["--fault", "no-disagg-params"], &[]);
+    check_engine(&s, "recomputed");
+    for d in s.decode.requests() {
+        assert_eq!(d.raw("disaggregated_params"), None, "{}", d.body);
+        assert_eq!(d.raw("prompt_token_ids"), None, "{}", d.body);
+    }
+    assert_eq!(s.envoy.stat("wasmcustom.pd_router.handoff_missing"), 4);
+}
+
+#[test]
 fn trtllm_finished_context_is_the_answer() {
     let s = Setup::start("trtllm", None, &[], &[]);
     let body = |stream: bool| {

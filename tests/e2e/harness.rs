@@ -293,6 +293,8 @@ impl Envoy {
                 &concurrency.to_string(),
             ])
             .args(["-l", "info", "--component-log-level", "wasm:debug"])
+            // The log is read by tests: write it out promptly.
+            .args(["--file-flush-interval-msec", "100"])
             .arg("--admin-address-path")
             .arg(&admin_path)
             .arg("--log-path")
@@ -391,6 +393,25 @@ impl Envoy {
 
     pub fn log(&self) -> String {
         tail(&self.log)
+    }
+
+    /// How many lines of Envoy's whole log contain `needle`. Envoy writes
+    /// its log file in the background, so this waits (up to 5 s) for a first
+    /// such line, then a moment more for any that follow.
+    pub fn log_lines_with(&self, needle: &str) -> usize {
+        let count = || {
+            std::fs::read_to_string(&self.log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(needle))
+                .count()
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while count() == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        count()
     }
 
     /// Waits for every worker's tick to republish the shared counters, then

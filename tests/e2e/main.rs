@@ -14,6 +14,7 @@
 mod bad_input;
 mod engines;
 mod errors;
+mod fairness;
 mod faults;
 mod harness;
 mod scheduling;

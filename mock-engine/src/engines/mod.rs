@@ -16,8 +16,9 @@ use crate::generate::{self, GenParams};
 use crate::request::{short, Api, Request};
 use crate::state::{InFlight, Shared};
 
-/// `faults`: those in force for this request (only `no-kv-params` and
-/// `fail-after-transfer` matter here; the dispatcher applies the others).
+/// `faults`: those in force for this request (only `no-kv-params`,
+/// `no-token-ids`, `no-disagg-params` and `fail-after-transfer` matter here;
+/// the dispatcher applies the others).
 pub async fn handle(
     state: &Shared,
     api: Api,
@@ -41,7 +42,7 @@ pub async fn handle(
                 (Engine::Sglang, _) => {
                     sglang::prefill(state, &req, fail_after_transfer(faults)).await?
                 }
-                (Engine::Trtllm, _) => trtllm::prefill(state, &req)?,
+                (Engine::Trtllm, _) => trtllm::prefill(state, &req, faults)?,
                 (Engine::Default, _) => default::prefill(&req, cfg.lenient_prefill)?,
             };
             let resp = generate::prefill_response(state, api, &params, out);

@@ -1,13 +1,18 @@
 //! TensorRT-LLM disaggregated serving: a "context_only" request on the
 //! context (prefill) server, then a "generation_only" request on the
 //! generation (decode) server built from the context response: its
-//! `disaggregated_params` and its `prompt_token_ids`.
+//! `disaggregated_params` and, when the context echoed them, its
+//! `prompt_token_ids`. As in TensorRT-LLM, a generation request without
+//! token ids is tokenised by the generation server itself (the tokens must
+//! still be the context's), and a request without `disaggregated_params` is
+//! served as an ordinary full request.
 
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{object_field, prefill_constraints, str_member, u64_member};
+use crate::cli::Fault;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::pct;
@@ -33,7 +38,7 @@ fn expect_request_type(params: &Map<String, Value>, expected: &str) -> Checked<(
     Ok(())
 }
 
-pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
+pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<PrefillOut> {
     prefill_constraints(req, false, state.config.lenient_prefill)?;
     let params = disagg_params(req)?;
     expect_request_type(&params, "context_only")?;
@@ -72,9 +77,10 @@ pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
     if key.windows(10).any(|w| w == b"[[finish]]") {
         out.finish_reason = "stop";
     }
-    out.choice.insert(
-        P.into(),
-        json!({
+    if !faults.contains(&Fault::NoDisaggParams) {
+        out.choice.insert(
+            P.into(),
+            json!({
             "request_type": "context_only",
             "first_gen_tokens": [42],
             "ctx_request_id": id,
@@ -82,9 +88,12 @@ pub fn prefill(state: &Shared, req: &Request<'_>) -> Checked<PrefillOut> {
             "draft_tokens": null,
             "disagg_request_id": id,
             "ctx_info_endpoint": side.to_string(),
-        }),
-    );
-    out.top.insert("prompt_token_ids".into(), json!(tokens));
+            }),
+        );
+    }
+    if !faults.contains(&Fault::NoTokenIds) {
+        out.top.insert("prompt_token_ids".into(), json!(tokens));
+    }
     Ok(out)
 }
 
@@ -93,21 +102,29 @@ struct Ctx {
     token_ids: Vec<u64>,
 }
 
-fn int_array(req: &Request<'_>, name: &str) -> Checked<Vec<u64>> {
+/// The token ids a generation request carries in `name`, if any.
+fn int_array(req: &Request<'_>, name: &str) -> Checked<Option<Vec<u64>>> {
     match req.value(name)? {
-        Some(v) => u64_array(&v).ok_or_else(|| {
+        Some(v) => u64_array(&v).map(Some).ok_or_else(|| {
             Fail::contract(format!(
                 "generation request `{name}` must be an array of token ids, got {}",
                 short(&v)
             ))
         }),
-        None => Err(Fail::contract(format!(
-            "generation request has no `{name}` (the context's token ids)"
-        ))),
+        None => Ok(None),
     }
 }
 
 pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
+    if !req.has(P) {
+        // No hand-off at all: TensorRT-LLM runs it as a full request, the
+        // context phase included.
+        let key = req.prompt_key()?;
+        return Ok(DecodeOut {
+            kv: Kv::Recomputed,
+            prompt_tokens: token_ids(&key).len() as u64,
+        });
+    }
     let params = disagg_params(req)?;
     expect_request_type(&params, "generation_only")?;
     let ctx_id = u64_member(&params, P, "ctx_request_id")?;
@@ -128,14 +145,23 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             "`{P}.ctx_info_endpoint` {endpoint:?} is not HOST:PORT"
         )));
     }
-    let received = match req.api {
-        Api::Completions => int_array(req, "prompt")?,
+    let sent = match req.api {
+        // Completions carry the ids as the prompt, or the prompt text.
+        Api::Completions => match req.value("prompt")? {
+            Some(Value::String(_)) => None,
+            _ => int_array(req, "prompt")?,
+        },
         Api::Chat => {
             if !req.has("messages") {
                 return Err(Fail::contract("generation chat request has no `messages`"));
             }
             int_array(req, "prompt_token_ids")?
         }
+    };
+    // Without ids the generation server tokenises the prompt itself.
+    let received = match sent {
+        Some(ids) => ids,
+        None => token_ids(&req.prompt_key()?),
     };
 
     let pull_err =
