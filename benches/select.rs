@@ -18,7 +18,7 @@ use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::pods::{MemoryStore, SetError, SharedStore};
 use pd_router::router::{HeldLoad, Router};
-use pd_router::sched::{schedule, PlacementRequest, PodState};
+use pd_router::sched::{schedule, LoadBound, PlacementRequest, PodState};
 use pd_router::split::{self, Placement};
 use std::cell::Cell;
 use std::hint::black_box;
@@ -129,6 +129,11 @@ fn main() {
                 let mut query = PlacementRequest {
                     prompt_tokens: 1000,
                     prefix_match: &no_prefix,
+                    prefix_key: None,
+                    load_bound: LoadBound {
+                        factor: 1.25,
+                        min_spread: 8.0,
+                    },
                     prefill_turn: i as u64,
                     decode_turn: &mut |_| 0,
                     random: &mut next,

@@ -4,6 +4,7 @@
 //! silently falling back to a default is worse than a refused config), and
 //! every error names the field by its path so one log line says what to fix.
 
+use crate::discovery::KubeDiscovery;
 use crate::fleet::{
     fnv1a, Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, PrefillPolicy,
     RolesetPods, Scheduling, TokenRange, DEFAULT_BOOTSTRAP_PORT,
@@ -48,14 +49,19 @@ fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
 struct RawConfig {
     #[serde(default = "d_prefill_cluster")]
     prefill_cluster: String,
-    #[serde(default = "d_routing_header")]
-    routing_header: String,
+    #[serde(default)]
+    routing: Option<String>,
+    /// Default: the routing mode's header.
+    #[serde(default)]
+    routing_header: Option<String>,
     #[serde(default = "d_prefill_timeout_ms")]
     prefill_timeout_ms: u64,
     #[serde(default = "d_max_body_bytes")]
     max_body_bytes: u64,
     #[serde(default)]
     trt_machine_id: u64,
+    #[serde(default = "d_trt_machine_id_env")]
+    trt_machine_id_env: String,
     #[serde(default = "d_kv_connector")]
     kv_connector: String,
     #[serde(default = "d_prefill_max_retries")]
@@ -76,14 +82,58 @@ struct RawConfig {
     metrics_cluster: Option<String>,
     #[serde(default)]
     scheduling: Scheduling,
-    models: Vec<RawModel>,
+    /// Required unless pods are discovered.
+    #[serde(default)]
+    models: Option<Vec<RawModel>>,
+    #[serde(default)]
+    discovery: Option<RawDiscovery>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDiscovery {
+    kubernetes: KubeDiscovery,
+}
+
+/// How the filter tells Envoy where a request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// ORIGINAL_DST clusters with `use_http_header`: the filter's choice is
+    /// the destination, whatever the pod's address.
+    #[default]
+    OriginalDst,
+    /// Clusters a mesh builds (EDS) with Envoy's override_host load
+    /// balancing policy: the header names the endpoint; only the cluster's
+    /// members are reachable, and a choice that is not one falls back to the
+    /// cluster's own policy (the filter counts it, `decode_rerouted`).
+    OverrideHost,
+}
+
+impl Routing {
+    pub const NAMES: [&'static str; 2] = ["original_dst", "override_host"];
+
+    fn from_name(name: &str) -> Option<Routing> {
+        match name {
+            "original_dst" => Some(Routing::OriginalDst),
+            "override_host" => Some(Routing::OverrideHost),
+            _ => None,
+        }
+    }
+
+    /// The header each mode routes by, unless `routing_header` says otherwise.
+    pub fn default_header(self) -> &'static str {
+        match self {
+            Routing::OriginalDst => "x-envoy-original-dst-host",
+            Routing::OverrideHost => "x-gateway-destination-endpoint",
+        }
+    }
 }
 
 fn d_prefill_cluster() -> String {
     "pd_prefill".into()
 }
-fn d_routing_header() -> String {
-    "x-envoy-original-dst-host".into()
+fn d_trt_machine_id_env() -> String {
+    "PD_ROUTER_TRT_MACHINE_ID".into()
 }
 fn d_prefill_timeout_ms() -> u64 {
     30_000
@@ -194,10 +244,14 @@ impl<'de> Deserialize<'de> for RawEndpoint {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     pub prefill_cluster: String,
+    pub routing: Routing,
     pub routing_header: String,
     pub prefill_timeout_ms: u64,
     pub max_body_bytes: usize,
     pub trt_machine_id: u16,
+    /// The VM environment variable whose value, when set, is this replica's
+    /// TensorRT-LLM machine id (see [`crate::trt_id::machine_id_from`]).
+    pub trt_machine_id_env: String,
     pub kv_connector: Connector,
     pub prefill_max_retries: u32,
     pub unhealthy_cooldown_ms: u64,
@@ -213,6 +267,8 @@ pub struct Config {
     pub scheduling: Scheduling,
     /// The models as configured, with their static pods.
     pub models: Vec<Model>,
+    /// Pods discovered from the Kubernetes API, if configured.
+    pub discovery: Option<KubeDiscovery>,
     /// Identifies this configuration's shared-data keys, so a reloaded
     /// configuration never reads another one's state.
     pub fingerprint: String,
@@ -248,11 +304,37 @@ impl Config {
         let trt_machine_id = crate::trt_id::validate_trt_machine_id(raw.trt_machine_id)
             .map_err(|e| err("trt_machine_id", e.to_string()))?;
         let kv_connector = parse_connector(&raw.kv_connector, "kv_connector")?;
-        if raw.models.is_empty() {
-            return Err(err("models", "at least one model is required"));
+        let discovery = raw.discovery.map(|d| d.kubernetes);
+        if let Some(d) = &discovery {
+            check_discovery(d)?;
         }
-        let mut models: Vec<Model> = Vec::with_capacity(raw.models.len());
-        for (mi, m) in raw.models.into_iter().enumerate() {
+        let raw_models = raw.models.unwrap_or_default();
+        if raw_models.is_empty() && discovery.is_none() {
+            return Err(err(
+                "models",
+                "at least one model is required (or pods discovered: discovery.kubernetes)",
+            ));
+        }
+        let routing = match raw.routing.as_deref() {
+            None => Routing::default(),
+            Some(r) => Routing::from_name(r).ok_or_else(|| {
+                err(
+                    "routing",
+                    format!(
+                        "unknown routing {r:?}; expected one of: {}",
+                        Routing::NAMES.join(", ")
+                    ),
+                )
+            })?,
+        };
+        let routing_header = raw
+            .routing_header
+            .as_deref()
+            .map(str::trim)
+            .unwrap_or(routing.default_header())
+            .to_owned();
+        let mut models: Vec<Model> = Vec::with_capacity(raw_models.len());
+        for (mi, m) in raw_models.into_iter().enumerate() {
             if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
                 return Err(err(
                     format!("models[{mi}].name"),
@@ -266,10 +348,12 @@ impl Config {
             .unwrap_or_else(|| raw.prefill_cluster.clone());
         Ok(Config {
             prefill_cluster: raw.prefill_cluster,
-            routing_header: raw.routing_header.trim().to_owned(),
+            routing,
+            routing_header,
             prefill_timeout_ms: raw.prefill_timeout_ms,
             max_body_bytes,
             trt_machine_id,
+            trt_machine_id_env: raw.trt_machine_id_env,
             kv_connector,
             prefill_max_retries: raw.prefill_max_retries,
             unhealthy_cooldown_ms: raw.unhealthy_cooldown_ms,
@@ -281,6 +365,7 @@ impl Config {
             metrics_cluster,
             scheduling: raw.scheduling,
             models,
+            discovery,
             fingerprint: String::new(),
         })
     }
@@ -291,19 +376,18 @@ fn check_settings(raw: &RawConfig) -> Result<(), ConfigError> {
     if raw.prefill_cluster.trim().is_empty() {
         return Err(err("prefill_cluster", "must name an Envoy cluster"));
     }
-    let header = raw.routing_header.trim();
-    if header.is_empty()
-        || !header
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
-    {
-        return Err(err(
-            "routing_header",
-            format!(
-                "{:?} is not a lowercase HTTP header name",
-                raw.routing_header
-            ),
-        ));
+    if let Some(header) = &raw.routing_header {
+        let h = header.trim();
+        if h.is_empty()
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        {
+            return Err(err(
+                "routing_header",
+                format!("{header:?} is not a lowercase HTTP header name"),
+            ));
+        }
     }
     if raw.prefill_timeout_ms == 0 || raw.prefill_timeout_ms > u32::MAX as u64 {
         return Err(err(
@@ -342,6 +426,33 @@ fn check_settings(raw: &RawConfig) -> Result<(), ConfigError> {
     }
     if !raw.metrics_path.starts_with('/') {
         return Err(err("metrics_path", "must start with /"));
+    }
+    Ok(())
+}
+
+/// `discovery.kubernetes`: values with a valid range.
+fn check_discovery(d: &KubeDiscovery) -> Result<(), ConfigError> {
+    let p = "discovery.kubernetes";
+    if d.cluster.trim().is_empty() {
+        return Err(err(
+            format!("{p}.cluster"),
+            "must name the Envoy cluster that reaches the API server",
+        ));
+    }
+    if d.authority.trim().is_empty() {
+        return Err(err(format!("{p}.authority"), "must not be empty"));
+    }
+    if d.interval_ms < 100 {
+        return Err(err(format!("{p}.interval_ms"), "must be at least 100"));
+    }
+    if d.timeout_ms == 0 || d.timeout_ms > u32::MAX as u64 {
+        return Err(err(
+            format!("{p}.timeout_ms"),
+            format!("must be between 1 and {}", u32::MAX),
+        ));
+    }
+    if d.page_size == 0 {
+        return Err(err(format!("{p}.page_size"), "must be greater than 0"));
     }
     Ok(())
 }
@@ -562,7 +673,7 @@ mod tests {
         )
         .starts_with("pd-router configuration: trt_machine_id: "));
         assert!(parse_err(r#"{"models":[]}"#).contains("models: at least one model"));
-        assert!(parse_err(r#"{}"#).contains("missing field `models`"));
+        assert!(parse_err(r#"{}"#).contains("models: at least one model is required"));
         assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"decode":[{"adress":"1.2.3.4:5"}]}]}]}"#)
             .contains("models[0].rolesets[0].decode[0]"));
         assert!(

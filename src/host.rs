@@ -44,10 +44,18 @@ pub enum Counter {
     Ejection,
     /// Requests sent whole to a combined pod.
     Combined,
+    /// Requests Envoy sent elsewhere than the chosen decode pod
+    /// (override_host routing fell back: the pod is not in the cluster).
+    DecodeRerouted,
+    /// Pod lists from the Kubernetes API that completed.
+    DiscoveryList,
+    /// Pod lists that failed (no answer, 401/403, garbage, ...): the last
+    /// good pod set stays.
+    DiscoveryFailure,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 10] = [
+    pub const ALL: [Counter; 13] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -58,6 +66,9 @@ impl Counter {
         Counter::PrefillRetry,
         Counter::Ejection,
         Counter::Combined,
+        Counter::DecodeRerouted,
+        Counter::DiscoveryList,
+        Counter::DiscoveryFailure,
     ];
 
     pub fn name(self) -> &'static str {
@@ -72,6 +83,9 @@ impl Counter {
             Counter::PrefillRetry => "pd_router.prefill_retries",
             Counter::Ejection => "pd_router.ejections",
             Counter::Combined => "pd_router.combined",
+            Counter::DecodeRerouted => "pd_router.decode_rerouted",
+            Counter::DiscoveryList => "pd_router.discovery.lists",
+            Counter::DiscoveryFailure => "pd_router.discovery.failures",
         }
     }
 }
@@ -161,5 +175,8 @@ pub trait Host: SharedStore + Telemetry {
         body: &[u8],
     ) -> Result<(), HostError>;
     fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError>;
+    /// The `IP:port` of the upstream host that answered (Envoy's
+    /// `upstream.address` property), once response headers arrived.
+    fn upstream_address(&self) -> Option<String>;
     fn random_u64(&mut self) -> Result<u64, String>;
 }

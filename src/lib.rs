@@ -14,6 +14,7 @@ pub mod api;
 pub mod body;
 pub mod codec;
 pub mod config;
+pub mod discovery;
 pub mod engine;
 pub mod error;
 pub mod fleet;

@@ -12,7 +12,7 @@ use crate::pods::{
     SharedStore, Verdict,
 };
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
-use crate::sched::{schedule, Decision, NoPod, PlacementRequest, PodState, SplitMix64};
+use crate::sched::{schedule, Decision, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64};
 use crate::split::{Placement, RouterView, SplitRequest};
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
 use std::cell::{Cell, RefCell};
@@ -266,9 +266,15 @@ impl Router {
                 .next_u64()
         };
         let mut decode_turn = |roleset: usize| self.next_decode_turn(model, roleset);
+        let key_block = s.consistent_hash_blocks.min(request.prompt.hashes.len());
         let mut query = PlacementRequest {
             prompt_tokens: request.prompt.tokens,
             prefix_match: &match_of,
+            prefix_key: key_block
+                .checked_sub(1)
+                .and_then(|i| request.prompt.hashes.get(i))
+                .copied(),
+            load_bound: LoadBound::of(s),
             prefill_turn: self.next_turn(model.id),
             decode_turn: &mut decode_turn,
             random: &mut draw,

@@ -1,32 +1,8 @@
-//! Scraping pods' `/metrics`: which VM scrapes (a lease in shared data, so
-//! N workers do not scrape N times), and turning counters into rates.
+//! Scraping pods' `/metrics`: turning counters into rates (one VM scrapes,
+//! holding a [`crate::pods::lease`]).
 
-use crate::codec::{RecordReader, RecordWriter};
 use crate::metrics::EngineMetrics;
 use crate::pods::PodMetrics;
-
-/// The lease record: holder id and expiry (Unix ms).
-pub fn encode_lease(holder: u64, expires_ms: u64) -> Vec<u8> {
-    let mut w = RecordWriter::with_capacity(16);
-    w.u64(holder).u64(expires_ms);
-    w.finish()
-}
-
-pub fn decode_lease(bytes: &[u8]) -> Option<(u64, u64)> {
-    if bytes.len() != 16 {
-        return None;
-    }
-    let mut r = RecordReader::new(bytes);
-    Some((r.u64()?, r.u64()?))
-}
-
-/// Whether `me` may take or renew the lease given its current record.
-pub fn may_hold(current: Option<&[u8]>, me: u64, now_ms: u64) -> bool {
-    match current.and_then(decode_lease) {
-        None => true,
-        Some((holder, expires)) => holder == me || expires <= now_ms,
-    }
-}
 
 /// The last counter readings of one pod, to turn counters into rates.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -76,17 +52,6 @@ pub fn observe(prev: &Previous, now_ms: u64, m: &EngineMetrics) -> (PodMetrics, 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn lease_is_taken_when_free_or_expired_and_kept_by_its_holder() {
-        assert!(may_hold(None, 1, 100));
-        let l = encode_lease(7, 1000);
-        assert_eq!(decode_lease(&l), Some((7, 1000)));
-        assert!(may_hold(Some(&l), 7, 500));
-        assert!(!may_hold(Some(&l), 8, 500));
-        assert!(may_hold(Some(&l), 8, 1000));
-        assert!(may_hold(Some(&[1, 2]), 8, 0), "garbage is no lease");
-    }
 
     #[test]
     fn counters_become_rates() {

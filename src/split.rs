@@ -213,14 +213,18 @@ fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &TopLev
         Api::Responses => top.raw(body, "input").into_iter().collect(),
     };
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let hashes = if model.prefill_policy == PrefillPolicy::PrefixCache {
-        let cap = s.prefix_block_bytes.saturating_mul(s.prefix_max_blocks);
+    let hashes = if model.prefill_policy.hashes_prompt() {
+        let blocks = match model.prefill_policy {
+            PrefillPolicy::ConsistentHash => s.consistent_hash_blocks.min(s.prefix_max_blocks),
+            _ => s.prefix_max_blocks,
+        };
+        let cap = s.prefix_block_bytes.saturating_mul(blocks);
         let mut key = Vec::with_capacity(len.min(cap));
         for p in parts {
             let room = cap.saturating_sub(key.len());
             key.extend_from_slice(p.get(..p.len().min(room)).unwrap_or_default());
         }
-        block_hashes(&key, model.id.0, s.prefix_block_bytes, s.prefix_max_blocks)
+        block_hashes(&key, model.id.0, s.prefix_block_bytes, blocks)
     } else {
         Vec::new()
     };

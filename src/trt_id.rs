@@ -54,6 +54,42 @@ pub fn validate_trt_machine_id(id: u64) -> Result<u16, InvalidMachineId> {
     }
 }
 
+/// A gateway replica's machine id, from the value of its environment
+/// variable (`trt_machine_id_env`): ids of two replicas can only collide if
+/// their machine ids are equal, so each replica needs its own.
+///
+/// - a number in `[0, 1024)`: that id;
+/// - a StatefulSet pod name (`metadata.name`, `<set>-<ordinal>`): the
+///   ordinal. Unique among the set's replicas while there are fewer than
+///   1024 — the derivation to use;
+/// - a pod IP (`status.podIP`): its low 10 bits. Replicas collide when
+///   their addresses are equal modulo 1024, which happens across nodes
+///   (10.1.3.7 and 10.1.7.7 both give 775): use it only where pods of one
+///   Deployment share one /22 or smaller block, else give each replica its
+///   number.
+pub fn machine_id_from(value: &str) -> Result<u16, String> {
+    let v = value.trim();
+    if let Ok(n) = v.parse::<u64>() {
+        return validate_trt_machine_id(n).map_err(|e| e.to_string());
+    }
+    if let Ok(ip) = v.parse::<std::net::IpAddr>() {
+        let low = match ip {
+            std::net::IpAddr::V4(a) => u32::from(a) as u64,
+            std::net::IpAddr::V6(a) => u128::from(a) as u64,
+        };
+        return Ok((low & ((1 << TRT_MACHINE_ID_BITS) - 1)) as u16);
+    }
+    let ordinal = v
+        .rsplit_once('-')
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+        .ok_or_else(|| {
+            format!(
+                "{v:?} is neither a machine id (0 to 1023), a pod IP, nor a StatefulSet pod name ending in -<ordinal>"
+            )
+        })?;
+    validate_trt_machine_id(ordinal).map_err(|e| format!("{v:?}: {e}"))
+}
+
 /// Generates disagg request ids for one VM.
 #[derive(Debug, Clone)]
 pub struct DisaggIdGenerator {
@@ -198,6 +234,26 @@ mod tests {
         let ids_a: Vec<i64> = (0..300).map(|_| a.next_id(NOW)).collect();
         let ids_b: std::collections::HashSet<i64> = (0..300).map(|_| b.next_id(NOW)).collect();
         assert!(ids_a.iter().all(|id| !ids_b.contains(id)));
+    }
+
+    #[test]
+    fn replica_machine_ids_come_from_a_number_an_ordinal_or_an_ip() {
+        assert_eq!(machine_id_from("7"), Ok(7));
+        assert_eq!(machine_id_from(" pd-gateway-12 "), Ok(12));
+        assert_eq!(machine_id_from("10.1.3.7"), Ok(3 * 256 + 7));
+        assert_eq!(
+            machine_id_from("10.1.7.7"),
+            Ok(3 * 256 + 7),
+            "a collision, as documented"
+        );
+        assert_eq!(machine_id_from("fd00::3ff"), Ok(1023));
+        assert!(machine_id_from("1024").is_err());
+        assert!(machine_id_from("gw-4096")
+            .unwrap_err()
+            .contains("out of range"));
+        assert!(machine_id_from("gateway")
+            .unwrap_err()
+            .contains("StatefulSet"));
     }
 
     #[test]

@@ -47,6 +47,8 @@ struct FakeHost {
     refuse_header_writes: bool,
     /// The host cannot hand over the buffered body.
     refuse_body: bool,
+    /// Envoy's `upstream.address` once the response started.
+    upstream: Option<String>,
 }
 
 impl FakeHost {
@@ -188,6 +190,9 @@ impl Host for FakeHost {
         self.response_headers
             .push((name.to_string(), value.map(str::to_string)));
         Ok(())
+    }
+    fn upstream_address(&self) -> Option<String> {
+        self.upstream.clone()
     }
     fn random_u64(&mut self) -> Result<u64, String> {
         if self.randoms.is_empty() {
@@ -1138,4 +1143,37 @@ fn the_global_connector_is_the_routers_and_can_be_changed() {
         decode_body(&r).contains(r#""remote_host":"0.0.0.0""#),
         "relayed verbatim"
     );
+}
+
+#[test]
+fn override_host_routing_counts_answers_from_another_pod() {
+    let config = r#"{"routing":"override_host","models":[{"name":"m","engine":"vllm",
+        "rolesets":[{"prefill":["10.4.0.1:8000"],"decode":["10.4.0.2:8000"]}]}]}"#;
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    assert_eq!(r.config.routing_header, "x-gateway-destination-endpoint");
+    let run = |upstream: &str| {
+        let mut flow = Flow::new(Rc::clone(&r));
+        let mut host = post("/v1/completions", r#"{"model":"m","prompt":"p"}"#);
+        send_request(&mut flow, &mut host);
+        assert_eq!(
+            host.dispatched[0]
+                .headers
+                .iter()
+                .find(|(k, _)| k == "x-gateway-destination-endpoint")
+                .map(|(_, v)| v.as_str()),
+            Some("10.4.0.1:8000"),
+            "the prefill names its endpoint in the mode's header"
+        );
+        answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+        host.upstream = Some(upstream.to_owned());
+        flow.on_response_headers(&mut host);
+        let logs = host.logs.borrow().len();
+        (host.counted(Counter::DecodeRerouted), logs)
+    };
+    assert_eq!(run("10.4.0.2:8000").0, 0, "the chosen pod answered");
+    let (rerouted, logs) = run("10.4.0.9:8000");
+    assert_eq!(rerouted, 1);
+    let (rerouted, later_logs) = run("10.4.0.9:8000");
+    assert_eq!(rerouted, 1, "counted every time");
+    assert!(later_logs < logs, "logged once per pod");
 }

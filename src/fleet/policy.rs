@@ -14,15 +14,20 @@ pub enum PrefillPolicy {
     PrefixCache,
     /// Two random pods, the less loaded of them.
     PowerOfTwo,
+    /// Rendezvous hashing of the prompt's leading blocks over the model's
+    /// pods, bounded by load: every replica of the gateway sends one prefix
+    /// to the same pod without talking to the others.
+    ConsistentHash,
 }
 
 impl PrefillPolicy {
-    pub const NAMES: [&'static str; 5] = [
+    pub const NAMES: [&'static str; 6] = [
         "round_robin",
         "random",
         "least_request",
         "prefix_cache",
         "power_of_two",
+        "consistent_hash",
     ];
 
     pub fn from_name(name: &str) -> Option<Self> {
@@ -32,8 +37,14 @@ impl PrefillPolicy {
             "least_request" => Self::LeastRequest,
             "prefix_cache" => Self::PrefixCache,
             "power_of_two" => Self::PowerOfTwo,
+            "consistent_hash" => Self::ConsistentHash,
             _ => return None,
         })
+    }
+
+    /// Whether the policy reads the prompt's block hashes.
+    pub fn hashes_prompt(self) -> bool {
+        matches!(self, Self::PrefixCache | Self::ConsistentHash)
     }
 
     /// Whether the policy yields comparable scores for every pod (so rolesets
@@ -123,6 +134,14 @@ pub struct Scheduling {
     pub combined_idle_ratio: f64,
     /// A PD pod above this queue/drain ratio counts as overloaded.
     pub pd_overload_ratio: f64,
+    /// `consistent_hash`: the leading blocks of the prompt that name its
+    /// prefix (shorter prompts use all their complete blocks).
+    pub consistent_hash_blocks: usize,
+    /// `consistent_hash`: a pod whose load (scraped running + waiting, plus
+    /// this replica's prefills in flight) reaches this factor × the mean
+    /// load (+1), and `prefill_outlier_min_spread` above the least loaded
+    /// pod, gives way to the next pod in the prefix's ranking.
+    pub bounded_load_factor: f64,
 }
 
 impl Default for Scheduling {
@@ -143,13 +162,15 @@ impl Default for Scheduling {
             decode_weight_throughput: 1.0,
             combined_idle_ratio: 0.25,
             pd_overload_ratio: 1.0,
+            consistent_hash_blocks: 8,
+            bounded_load_factor: 1.25,
         }
     }
 }
 
 impl Scheduling {
     /// The knobs that must be finite and non-negative, by name.
-    pub fn ratios(&self) -> [(&'static str, f64); 8] {
+    pub fn ratios(&self) -> [(&'static str, f64); 9] {
         [
             (
                 "prefill_outlier_stddev_factor",
@@ -171,6 +192,7 @@ impl Scheduling {
             ("decode_weight_throughput", self.decode_weight_throughput),
             ("combined_idle_ratio", self.combined_idle_ratio),
             ("pd_overload_ratio", self.pd_overload_ratio),
+            ("bounded_load_factor", self.bounded_load_factor),
         ]
     }
 }

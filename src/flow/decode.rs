@@ -36,7 +36,7 @@ impl Flow {
     ) -> Result<Sent, PdError> {
         host.set_request_header(&self.router.config.routing_header, Some(&pod.address))?;
         self.hold(host, model, None, Some(pod));
-        self.decode_pod = Some(pod.name.clone());
+        self.decode_pod = Some(Rc::clone(pod));
         self.phase = Phase::Forwarded {
             watched: None,
             body_seen: false,

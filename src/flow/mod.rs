@@ -18,6 +18,7 @@ mod prefill;
 
 use crate::api::Api;
 use crate::body::BodyError;
+use crate::config::Routing;
 use crate::error::{ClientError, PdError};
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
@@ -83,7 +84,7 @@ pub struct Flow {
     /// The prefill pod of a split request (name, IP), for the response.
     prefill_pod: Option<(String, String)>,
     /// The pod the request went to.
-    decode_pod: Option<String>,
+    decode_pod: Option<Rc<Endpoint>>,
     held: HeldLoad,
 }
 
@@ -154,9 +155,16 @@ impl Flow {
         let router = Rc::clone(&self.router);
         let config = &router.config;
         // Whatever happens next, the client never picks the upstream; a
-        // header that cannot be stripped ends the request.
-        if let Err(e) = host.set_request_header(&config.routing_header, None) {
-            return self.fail(host, e.into());
+        // header that cannot be stripped ends the request. Both routing
+        // modes' headers go: a cluster of the other kind may be reachable too.
+        for header in [
+            config.routing_header.as_str(),
+            Routing::OriginalDst.default_header(),
+            Routing::OverrideHost.default_header(),
+        ] {
+            if let Err(e) = host.set_request_header(header, None) {
+                return self.fail(host, e.into());
+            }
         }
         let headers = host.request_headers();
         let header = |name: &str| {
@@ -206,7 +214,7 @@ impl Flow {
             return self.fail(host, e.into());
         }
         host.increment(Counter::Unsplit);
-        self.decode_pod = Some(pod.name.clone());
+        self.decode_pod = Some(Rc::clone(pod));
         self.phase = Phase::Forwarded {
             watched: None,
             body_seen: false,
@@ -304,7 +312,7 @@ impl Flow {
         plan.prefill_body = Vec::new();
         host.increment(Counter::Split);
         self.prefill_pod = Some((plan.prefill_pod.name.clone(), plan.prefill_pod.ip.clone()));
-        self.decode_pod = Some(plan.decode_pod.name.clone());
+        self.decode_pod = Some(Rc::clone(&plan.decode_pod));
         self.debug(host, || {
             let (p, d) = (&plan.prefill_pod.address, &plan.decode_pod.address);
             let n = attempt.number + 1;
@@ -343,7 +351,8 @@ impl Flow {
             Some((n, ip)) => (Some(n.as_str()), Some(ip.as_str())),
             None => (None, None),
         };
-        let decode = self.decode_pod.as_deref();
+        let decode = self.decode_pod.as_ref().map(|p| p.name.as_str());
+        self.check_upstream(host);
         for (header, value) in [
             (PREFILL_POD_HEADER, name),
             (PREFILL_POD_IP_HEADER, ip),
@@ -354,6 +363,29 @@ impl Flow {
             }
         }
         Action::Continue
+    }
+
+    /// With override_host routing, a chosen pod the cluster does not know
+    /// makes Envoy fall back to the cluster's own policy without an error:
+    /// the answer then came from elsewhere. Count it, and say so once per pod.
+    fn check_upstream<H: Host>(&self, host: &H) {
+        if self.router.config.routing != Routing::OverrideHost {
+            return;
+        }
+        let (Some(pod), Some(upstream)) = (&self.decode_pod, host.upstream_address()) else {
+            return;
+        };
+        if upstream == pod.address {
+            return;
+        }
+        host.increment(Counter::DecodeRerouted);
+        if self.router.first_time(pod.id, "rerouted") {
+            let msg = format!(
+                "decode pod {} ({}) is not a member of the decode cluster: Envoy sent the request to {upstream} instead (override_host fallback); discovery and the cluster disagree (logged once per pod)",
+                pod.name, pod.address
+            );
+            self.log(host, Level::Warn, &msg);
+        }
     }
 
     pub fn on_response_body<H: Host>(&mut self, _host: &mut H, body_size: usize) -> Action {

@@ -30,6 +30,22 @@ impl SharedKeys {
         format!("{}.scrape_lease", self.prefix)
     }
 
+    /// Which VM lists pods from Kubernetes.
+    pub fn discovery_lease(&self) -> String {
+        format!("{}.discovery_lease", self.prefix)
+    }
+
+    /// The discovered pod set, as published by the VM that listed it.
+    pub fn discovered(&self) -> String {
+        format!("{}.discovered", self.prefix)
+    }
+
+    /// The discovered pod set's generation, read by every VM each tick
+    /// (small, so the set itself is copied only when it changed).
+    pub fn discovered_generation(&self) -> String {
+        format!("{}.discovered_gen", self.prefix)
+    }
+
     /// One slot of the prefix table.
     pub fn prefix_slot(&self, slot: u32) -> String {
         format!("{}.pfx.{slot}", self.prefix)

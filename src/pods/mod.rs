@@ -5,6 +5,7 @@
 
 mod health;
 mod keys;
+pub mod lease;
 mod load;
 mod scraped;
 mod store;

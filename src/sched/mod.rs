@@ -66,6 +66,11 @@ pub struct PlacementRequest<'a> {
     pub prompt_tokens: u64,
     /// Prefix-cache match percentage per pod slot (0 when absent).
     pub prefix_match: &'a dyn Fn(usize) -> f64,
+    /// `consistent_hash`: the hash naming the prompt's leading blocks.
+    pub prefix_key: Option<u64>,
+    /// `consistent_hash`: when a pod's load makes it give way (from
+    /// [`Scheduling::bounded_load_factor`] and `prefill_outlier_min_spread`).
+    pub load_bound: LoadBound,
     /// This VM's round-robin turn over the model's prefill pods.
     pub prefill_turn: u64,
     /// The next round-robin turn over a roleset's decode pods (by roleset
@@ -77,6 +82,25 @@ pub struct PlacementRequest<'a> {
     pub random: &'a mut dyn FnMut() -> u64,
     /// Slots of the pods this request already failed on.
     pub exclude: &'a [usize],
+}
+
+/// When a pod holding a prefix is too busy to keep it: its load reaches
+/// `factor` × the mean load (+1), and it is `min_spread` above the least
+/// loaded pod (so one request in flight on an otherwise idle pool does not
+/// move a prefix).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadBound {
+    pub factor: f64,
+    pub min_spread: f64,
+}
+
+impl LoadBound {
+    pub fn of(s: &Scheduling) -> LoadBound {
+        LoadBound {
+            factor: s.bounded_load_factor,
+            min_spread: s.prefill_outlier_min_spread as f64,
+        }
+    }
 }
 
 /// SplitMix64: the scheduler's random numbers, seeded once per request
@@ -144,6 +168,12 @@ pub fn schedule<'m>(
     };
     if let Some(d) = fast_paths::idle_combined(&pool, pods, s) {
         return d;
+    }
+    // Consistent hashing decides the prefill pod from the prefix and the
+    // shared load alone: the fast paths read this replica's own counters,
+    // and would send one prefix to different pods from different replicas.
+    if model.prefill_policy == crate::fleet::PrefillPolicy::ConsistentHash {
+        return score::by_policy(model, &pool, pods, req, s);
     }
     let pool = fast_paths::without_prefill_outliers(pool, pods, s);
     let fast = [

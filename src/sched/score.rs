@@ -49,6 +49,7 @@ pub fn prefill_scores(
         PrefillPolicy::Random => random(c.len(), ask),
         PrefillPolicy::LeastRequest => outstanding,
         PrefillPolicy::PowerOfTwo => power_of_two(outstanding, ask),
+        PrefillPolicy::ConsistentHash => bounded_rendezvous(c, pods, ask, &outstanding),
         PrefillPolicy::PrefixCache => {
             // AIBrix: (100 − match %) × 0.1 + outstanding / max outstanding.
             let max = outstanding.iter().copied().fold(1.0, f64::max);
@@ -60,6 +61,53 @@ pub fn prefill_scores(
                 .collect()
         }
     }
+}
+
+/// Rendezvous hashing with bounded load: each pod's weight for the prompt's
+/// prefix key orders the candidates the same way on every replica; a pod at
+/// or above the load bound goes after the others. Scores are the positions.
+/// Without a key (a prompt shorter than one block) the least loaded wins.
+fn bounded_rendezvous(
+    c: &[&Endpoint],
+    pods: &[PodState],
+    ask: &PlacementRequest,
+    outstanding: &[f64],
+) -> Vec<f64> {
+    let Some(key) = ask.prefix_key else {
+        return outstanding.to_vec();
+    };
+    // Load every replica sees (the engines' own queue) plus this one's.
+    let load: Vec<f64> = c
+        .iter()
+        .zip(outstanding)
+        .map(|(e, o)| {
+            let m = state(pods, e).metrics.unwrap_or_default();
+            m.running + m.waiting + o
+        })
+        .collect();
+    let n = c.len().max(1) as f64;
+    let bound = (ask.load_bound.factor * (load.iter().sum::<f64>() + 1.0) / n).ceil();
+    let least = load.iter().copied().fold(f64::INFINITY, f64::min);
+    let fits = |l: f64| l < bound || l < least + ask.load_bound.min_spread;
+    let mut order: Vec<usize> = (0..c.len()).collect();
+    let weight = |i: usize| c.get(i).map_or(0, |e| rendezvous_weight(key, e.id));
+    order.sort_by_key(|i| std::cmp::Reverse(weight(*i)));
+    let mut scores = vec![f64::INFINITY; c.len()];
+    let (under, over): (Vec<usize>, Vec<usize>) = order
+        .into_iter()
+        .partition(|i| load.get(*i).is_some_and(|l| fits(*l)));
+    for (rank, i) in under.into_iter().chain(over).enumerate() {
+        if let Some(s) = scores.get_mut(i) {
+            *s = rank as f64;
+        }
+    }
+    scores
+}
+
+/// A pod's weight for a prefix key: a stable mix of the two, the same on
+/// every replica and in every build.
+pub fn rendezvous_weight(key: u64, pod: crate::fleet::PodId) -> u64 {
+    super::SplitMix64(key ^ pod.0.rotate_left(29)).next_u64()
 }
 
 /// Scores decode candidates under `policy`; `turn` is the round-robin turn

@@ -50,6 +50,11 @@ fn run_seeded(
     let mut ask = PlacementRequest {
         prompt_tokens: tokens,
         prefix_match: prefix,
+        prefix_key: None,
+        load_bound: LoadBound {
+            factor: 1.25,
+            min_spread: 8.0,
+        },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -100,6 +105,11 @@ fn prefix_cache_score_matches_aibrix_formula() {
     let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &prefix,
+        prefix_key: None,
+        load_bound: LoadBound {
+            factor: 1.25,
+            min_spread: 8.0,
+        },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -138,6 +148,11 @@ fn load_balancing_score_matches_aibrix_formula() {
     let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &no_prefix,
+        prefix_key: None,
+        load_bound: LoadBound {
+            factor: 1.25,
+            min_spread: 8.0,
+        },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -179,6 +194,11 @@ fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
     let mut ask = PlacementRequest {
         prompt_tokens: 0,
         prefix_match: &no_prefix,
+        prefix_key: None,
+        load_bound: LoadBound {
+            factor: 1.25,
+            min_spread: 8.0,
+        },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -360,6 +380,11 @@ fn unhealthy_and_excluded_pods_are_skipped() {
     let mut ask = PlacementRequest {
         prompt_tokens: 1,
         prefix_match: &no_prefix,
+        prefix_key: None,
+        load_bound: LoadBound {
+            factor: 1.25,
+            min_spread: 8.0,
+        },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -381,6 +406,11 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
+            prefix_key: None,
+            load_bound: LoadBound {
+                factor: 1.25,
+                min_spread: 8.0,
+            },
             prefill_turn: turn,
             decode_turn: &mut |_| 0,
             random: &mut random,
@@ -407,6 +437,11 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
+            prefix_key: None,
+            load_bound: LoadBound {
+                factor: 1.25,
+                min_spread: 8.0,
+            },
             prefill_turn: 0,
             decode_turn: &mut |_| 0,
             random: &mut random,
@@ -433,6 +468,11 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         let mut ask = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
+            prefix_key: None,
+            load_bound: LoadBound {
+                factor: 1.25,
+                min_spread: 8.0,
+            },
             prefill_turn: 0,
             decode_turn: &mut |_| 0,
             random: &mut random,
@@ -587,6 +627,11 @@ fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
             let mut req = PlacementRequest {
                 prompt_tokens: 10,
                 prefix_match: &no_prefix,
+                prefix_key: None,
+                load_bound: LoadBound {
+                    factor: 1.25,
+                    min_spread: 8.0,
+                },
                 prefill_turn: seed,
                 decode_turn: &mut |_| 0,
                 random: &mut random,
@@ -644,6 +689,11 @@ fn round_robin_rotates_each_phase_on_its_own() {
         let mut req = PlacementRequest {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
+            prefix_key: None,
+            load_bound: LoadBound {
+                factor: 1.25,
+                min_spread: 8.0,
+            },
             prefill_turn: turn,
             decode_turn: &mut decode_turn,
             random: &mut random,
@@ -658,4 +708,114 @@ fn round_robin_rotates_each_phase_on_its_own() {
     for d in ["10.0.0.2:1", "10.0.0.3:1", "10.0.1.2:1", "10.0.1.3:1"] {
         assert_eq!(decode.get(d), Some(&10), "{decode:?}");
     }
+}
+
+/// 1 roleset per prefill pod (with its own decode), `consistent_hash`.
+fn consistent(pods: usize) -> Config {
+    let rs: Vec<String> = (0..pods)
+        .map(|r| {
+            format!(r#"{{"name":"rs{r}","prefill":["10.7.{r}.1:1"],"decode":["10.7.{r}.2:1"]}}"#)
+        })
+        .collect();
+    let json = format!(
+        r#"{{"models":[{{"name":"m","engine":"vllm","prefill_policy":"consistent_hash","rolesets":[{}]}}]}}"#,
+        rs.join(",")
+    );
+    Config::parse(json.as_bytes()).expect("config")
+}
+
+fn place_key(c: &Config, pods: &[PodState], key: u64, seed: u64) -> String {
+    let mut rng = Rng(seed);
+    let mut random = || rng.next();
+    let mut req = PlacementRequest {
+        prompt_tokens: 100,
+        prefix_match: &no_prefix,
+        prefix_key: Some(key),
+        load_bound: LoadBound::of(&c.scheduling),
+        prefill_turn: seed,
+        decode_turn: &mut |_| 0,
+        random: &mut random,
+        exclude: &[],
+    };
+    match schedule(&c.models[0], pods, &mut req, &c.scheduling) {
+        Decision::Split {
+            prefill,
+            decode,
+            reason,
+        } => {
+            assert_eq!(reason, "policy");
+            assert_eq!(
+                prefill.address.rsplit_once('.').map(|(a, _)| a),
+                decode.address.rsplit_once('.').map(|(a, _)| a),
+                "decode from the prefill's roleset"
+            );
+            prefill.address.clone()
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn consistent_hashing_agrees_across_replicas_and_moves_little() {
+    let c5 = consistent(5);
+    let idle5 = idle(10);
+    // The choice is a function of the key and the pods: other randomness
+    // (another replica's) changes nothing.
+    let keys: Vec<u64> = (0..1000u64)
+        .map(|k| k.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    let before: Vec<String> = keys.iter().map(|k| place_key(&c5, &idle5, *k, 1)).collect();
+    let again: Vec<String> = keys
+        .iter()
+        .map(|k| place_key(&c5, &idle5, *k, 99))
+        .collect();
+    assert_eq!(before, again);
+    // Keys spread over the pods.
+    let mut share = HashMap::new();
+    for p in &before {
+        *share.entry(p.clone()).or_insert(0) += 1;
+    }
+    assert!(share.values().all(|n| (120..=280).contains(n)), "{share:?}");
+    // One pod removed: only its keys move.
+    let c4 = consistent(4);
+    let idle4 = idle(8);
+    let after: Vec<String> = keys.iter().map(|k| place_key(&c4, &idle4, *k, 1)).collect();
+    let removed = "10.7.4.1:1";
+    for (b, a) in before.iter().zip(&after) {
+        if b != removed {
+            assert_eq!(a, b, "a key not on the removed pod moved");
+        } else {
+            assert_ne!(a, removed);
+        }
+    }
+}
+
+#[test]
+fn consistent_hashing_gives_way_under_load() {
+    let c = consistent(3);
+    let key = 0xDEAD_BEEF;
+    let mut pods = idle(6);
+    let first = place_key(&c, &pods, key, 1);
+    let slot = |addr: &str| {
+        c.models[0]
+            .rolesets
+            .iter()
+            .flat_map(|r| r.prefill.iter())
+            .find(|e| e.address == addr)
+            .map(|e| e.slot)
+            .expect("slot")
+    };
+    // The key's pod runs far more than its share (scraped, seen by all).
+    pods[slot(&first)].metrics = Some(PodMetrics {
+        running: 20.0,
+        ..Default::default()
+    });
+    let second = place_key(&c, &pods, key, 1);
+    assert_ne!(second, first, "an overloaded pod gives way");
+    // A little load above the others is within the bound: it stays.
+    pods[slot(&first)].metrics = Some(PodMetrics {
+        running: 1.0,
+        ..Default::default()
+    });
+    assert_eq!(place_key(&c, &pods, key, 1), first);
 }

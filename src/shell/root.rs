@@ -1,3 +1,4 @@
+use super::discover::Discoverer;
 use super::shared::{self, now_ms, Shared};
 use super::stats::Stats;
 use super::stream::Stream;
@@ -6,7 +7,7 @@ use crate::config::Config;
 use crate::fleet::{Endpoint, PodId};
 use crate::host::{Counter, PodEvent};
 use crate::metrics::parse_engine_metrics;
-use crate::pods::{update_scraped, StoredMetrics, Verdict, WORKER_SLOTS_KEY};
+use crate::pods::{lease, update_scraped, StoredMetrics, Verdict, WORKER_SLOTS_KEY};
 use crate::router::{Ejection, Router};
 use crate::scrape::{self, Previous};
 use crate::trt_id::WORKER_SLOTS;
@@ -40,6 +41,7 @@ pub(super) struct Root {
     /// when the scrape left.
     scrapes: HashMap<u32, (Rc<Endpoint>, u32)>,
     previous: HashMap<PodId, Previous>,
+    discovery: Option<Discoverer>,
 }
 
 fn log(level: LogLevel, msg: &str) {
@@ -71,16 +73,23 @@ fn claim_worker_slot() -> u8 {
     (claimed % WORKER_SLOTS as u32) as u8
 }
 
+/// This replica's TensorRT-LLM machine id from the VM environment, if the
+/// variable is set.
+fn replica_machine_id(var: &str) -> Result<Option<u16>, String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => crate::trt_id::machine_id_from(&v)
+            .map(Some)
+            .map_err(|e| format!("${var}: {e}")),
+        _ => Ok(None),
+    }
+}
+
 impl Root {
     /// Takes or renews the scrape lease; only its holder scrapes.
     fn hold_lease(&self, router: &Router, now: u64) -> bool {
         let key = router.keys().scrape_lease();
         let ttl = router.config.scrape_interval_ms.saturating_mul(3).max(1000);
-        let (current, cas) = shared::get(&key);
-        if !scrape::may_hold(current.as_deref(), self.vm_id, now) {
-            return false;
-        }
-        shared::set(&key, &scrape::encode_lease(self.vm_id, now + ttl), cas).is_ok()
+        lease::try_hold(&mut Shared, &key, self.vm_id, now, ttl)
     }
 
     fn scrape(&mut self, router: &Router, now: u64) {
@@ -186,10 +195,15 @@ impl Context for Root {
         body_size: usize,
         _trailers: usize,
     ) {
-        let Some((pod, own_at_send)) = self.scrapes.remove(&token) else {
+        let Some(router) = self.router.clone() else {
             return;
         };
-        let Some(router) = self.router.clone() else {
+        if let Some(d) = self.discovery.as_mut().filter(|d| d.owns(token)) {
+            let status = shared::call_status(num_headers);
+            d.on_answer(&router, &self.stats, status, body_size);
+            return;
+        }
+        let Some((pod, own_at_send)) = self.scrapes.remove(&token) else {
             return;
         };
         let now = now_ms();
@@ -229,6 +243,18 @@ impl RootContext for Root {
                 return false;
             }
         };
+        let mut config = config;
+        match replica_machine_id(&config.trt_machine_id_env) {
+            Ok(Some(id)) => config.trt_machine_id = id,
+            Ok(None) => {}
+            Err(e) => {
+                log(
+                    LogLevel::Critical,
+                    &format!("pd-router configuration: trt_machine_id_env: {e}"),
+                );
+                return false;
+            }
+        }
         let slot = claim_worker_slot();
         let router = match Router::new(config, slot) {
             Ok(r) => r,
@@ -257,10 +283,17 @@ impl RootContext for Root {
         let stats = Stats::define(slot);
         stats.know_pods(router.fleet().pods().iter().map(|p| p.name.as_str()));
         self.stats = Rc::new(stats);
-        let tick = match router.config.scrape_interval_ms {
-            0 => 1000,
-            i => i.min(1000),
-        };
+        self.discovery = router.config.discovery.clone().map(Discoverer::new);
+        // Ticks drive the scrape, the pod lists and the gauges: as often as
+        // the most frequent of them, at most once a second.
+        let tick = [
+            router.config.scrape_interval_ms,
+            self.discovery.as_ref().map_or(0, Discoverer::interval_ms),
+        ]
+        .into_iter()
+        .filter(|i| *i > 0)
+        .fold(1000, u64::min)
+        .max(50);
         if let Err(e) = hostcalls::set_tick_period(Duration::from_millis(tick)) {
             log(
                 LogLevel::Warn,
@@ -276,16 +309,29 @@ impl RootContext for Root {
             return;
         };
         let now = now_ms();
+        if let Some(d) = self.discovery.as_mut() {
+            if d.apply(&router, &self.stats) {
+                // Counter readings of pods that left make no rate any more.
+                let live: Vec<PodId> = router.fleet().pods().iter().map(|p| p.id).collect();
+                self.previous.retain(|id, _| live.contains(id));
+            }
+            d.maybe_list(&router, self.vm_id, now);
+        }
         router.refresh_metrics(&Shared);
         self.stats.record_vm_memory();
         self.stats.refresh_log_level();
-        for (pod, c) in router.pod_counters(&Shared) {
+        let counters = router.pod_counters(&Shared);
+        for (pod, c) in &counters {
             self.stats.record_pod(
                 &pod.name,
                 c.outstanding_prefills,
                 c.pending_decodes,
                 c.is_healthy(now),
             );
+        }
+        if self.discovery.is_some() {
+            let live = counters.iter().map(|(p, _)| p.name.as_str()).collect();
+            self.stats.zero_departed(&live);
         }
         let interval = router.config.scrape_interval_ms;
         // A scrape still in flight is bounded by its timeout; wait for it.

@@ -26,6 +26,8 @@ pub(super) struct Stats {
     worker_slot: u8,
     /// Envoy's log level for this plugin, read at start and on each tick.
     log_level: Cell<Option<LogLevel>>,
+    /// Pods in the discovered set (defined when discovery is on).
+    discovered: Cell<Option<u32>>,
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -44,6 +46,18 @@ impl Stats {
             vm_memory: Cell::new(None),
             worker_slot,
             log_level: Cell::new(hostcalls::get_log_level().ok()),
+            discovered: Cell::new(None),
+        }
+    }
+
+    /// Publishes the size of the discovered pod set.
+    pub(super) fn record_discovered(&self, pods: u64) {
+        if self.discovered.get().is_none() {
+            self.discovered
+                .set(define(MetricType::Gauge, "pd_router.discovery.pods"));
+        }
+        if let Some(id) = self.discovered.get() {
+            let _ = hostcalls::record_metric(id, pods);
         }
     }
 
@@ -109,6 +123,18 @@ impl Stats {
         });
         if let Some(id) = id {
             let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    /// Zeroes the gauges of pods that left the fleet: nothing is routed to
+    /// them any more (requests still in flight on one drain unseen).
+    pub(super) fn zero_departed(&self, live: &std::collections::HashSet<&str>) {
+        for (name, stats) in self.pods.borrow().iter() {
+            if !live.contains(name.as_str()) {
+                for id in stats.gauges.iter().flatten() {
+                    let _ = hostcalls::record_metric(*id, 0);
+                }
+            }
         }
     }
 

@@ -201,6 +201,11 @@ impl Host for HostIo {
             .map_err(|e| HostError::new("setting a response header", e))
     }
 
+    fn upstream_address(&self) -> Option<String> {
+        let raw = hostcalls::get_property(vec!["upstream", "address"]).ok()??;
+        String::from_utf8(raw).ok()
+    }
+
     fn random_u64(&mut self) -> Result<u64, String> {
         getrandom::u64().map_err(|e| e.to_string())
     }

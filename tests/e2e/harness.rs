@@ -69,11 +69,12 @@ impl Drop for Scratch {
 
 /// A child process killed (and reaped) on drop.
 pub struct Proc {
-    child: Child,
+    /// For waiting on a short-lived command (it is still killed on drop).
+    pub child: Child,
 }
 
 impl Proc {
-    fn spawn(name: &str, cmd: &mut Command) -> Proc {
+    pub fn spawn(name: &str, cmd: &mut Command) -> Proc {
         // SAFETY: prctl is async-signal-safe; it only asks the kernel to
         // SIGKILL the child when the spawning thread exits.
         unsafe {
@@ -274,6 +275,17 @@ impl Envoy {
     /// Like [`Envoy::start_with`], with text replacements in envoy.yaml
     /// (each must match, so a renamed setting fails loudly).
     pub fn start_edited(plugin_config: &Value, concurrency: u32, edits: &[(&str, &str)]) -> Envoy {
+        Envoy::start_full(plugin_config, concurrency, edits, &[])
+    }
+
+    /// Like [`Envoy::start_edited`], with environment variables for Envoy
+    /// (which hands `PD_ROUTER_KUBE_TOKEN` to the VM).
+    pub fn start_full(
+        plugin_config: &Value,
+        concurrency: u32,
+        edits: &[(&str, &str)],
+        env: &[(&str, &str)],
+    ) -> Envoy {
         let scratch = Scratch::new("envoy");
         let yaml_path = scratch.0.join("envoy.yaml");
         let mut yaml = test_envoy_yaml(plugin_config, &wasm_path());
@@ -285,6 +297,11 @@ impl Envoy {
         let admin_path = scratch.0.join("admin.txt");
         let log = scratch.0.join("envoy.log");
         let mut cmd = Command::new(envoy_bin());
+        cmd.env_remove("PD_ROUTER_KUBE_TOKEN");
+        cmd.env_remove("PD_ROUTER_TRT_MACHINE_ID");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
         cmd.arg("-c")
             .arg(&yaml_path)
             .args([

@@ -12,11 +12,16 @@
 )]
 
 mod bad_input;
+mod discovery;
 mod engines;
 mod errors;
 mod fairness;
 mod faults;
 mod harness;
+mod kube_api;
+mod oci;
+mod replicas;
+mod routing;
 mod scheduling;
 mod security;
 mod soak;

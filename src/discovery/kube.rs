@@ -1,0 +1,316 @@
+//! The Kubernetes side of discovery: the configuration, the LIST request,
+//! and reading a PodList into the pods the router can use (AIBrix's labels
+//! and its rules for which pods are routable).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// `discovery.kubernetes` in the plugin configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeDiscovery {
+    /// The Envoy cluster that reaches the API server.
+    pub cluster: String,
+    #[serde(default = "d_authority")]
+    pub authority: String,
+    /// Empty: every namespace (`/api/v1/pods`).
+    #[serde(default = "d_namespace")]
+    pub namespace: String,
+    #[serde(default = "d_label_selector")]
+    pub label_selector: String,
+    #[serde(default = "d_interval_ms")]
+    pub interval_ms: u64,
+    #[serde(default = "d_timeout_ms")]
+    pub timeout_ms: u64,
+    /// The VM environment variable holding the bearer token.
+    #[serde(default = "d_token_env")]
+    pub token_env: String,
+    /// Items per page (`limit`).
+    #[serde(default = "d_page_size")]
+    pub page_size: u32,
+    /// `resourceVersion=0`: the API server answers from its watch cache,
+    /// which costs it (and etcd) nothing but ignores `limit` (one answer
+    /// holds every pod). `false`: a consistent list, paged by `limit`, from
+    /// the cache on Kubernetes 1.34+ and from etcd before.
+    #[serde(default = "d_true")]
+    pub list_from_cache: bool,
+}
+
+fn d_authority() -> String {
+    "kubernetes.default.svc".into()
+}
+fn d_namespace() -> String {
+    "default".into()
+}
+fn d_label_selector() -> String {
+    "model.aibrix.ai/name".into()
+}
+fn d_interval_ms() -> u64 {
+    2000
+}
+fn d_timeout_ms() -> u64 {
+    2000
+}
+fn d_token_env() -> String {
+    "PD_ROUTER_KUBE_TOKEN".into()
+}
+fn d_page_size() -> u32 {
+    500
+}
+fn d_true() -> bool {
+    true
+}
+
+/// AIBrix's labels and annotations (vllm-project/aibrix `pkg/constants`).
+pub mod labels {
+    pub const MODEL: &str = "model.aibrix.ai/name";
+    pub const ENGINE: &str = "model.aibrix.ai/engine";
+    pub const PORT: &str = "model.aibrix.ai/port";
+    pub const ROLE: &str = "role-name";
+    pub const ROLESET: &str = "roleset-name";
+    pub const KV_CONNECTOR: &str = "model.aibrix.ai/kv-connector-type";
+    /// An annotation, not a label.
+    pub const SGLANG_BOOTSTRAP_PORT: &str = "model.aibrix.ai/sglang-bootstrap-port";
+    /// Multi-pod groups (StormService): only index 0 serves HTTP.
+    pub const POD_GROUP_INDEX: &str = "stormservice.orchestration.aibrix.ai/pod-group-index";
+    pub const RAY_NODE_TYPE: &str = "ray.io/node-type";
+}
+
+pub const DEFAULT_ENGINE: &str = "vllm";
+pub const DEFAULT_PORT: u16 = 8000;
+
+/// Which phases a discovered pod serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PodRole {
+    Prefill,
+    Decode,
+    /// No role label: both phases, as a combined pod.
+    Both,
+}
+
+/// A pod the router may route to, as read from the API server.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DiscoveredPod {
+    pub model: String,
+    pub name: String,
+    pub address: SocketAddr,
+    pub engine: String,
+    pub role: PodRole,
+    /// Empty when the pod names none.
+    pub roleset: String,
+    /// The label's value as given (lower-cased); unknown names are kept so
+    /// they can be reported, and ignored when the fleet is built.
+    pub kv_connector: Option<String>,
+    pub bootstrap_port: u16,
+}
+
+/// Why a listed pod is not routed to.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Skipped {
+    NotRunning,
+    NotReady,
+    NoAddress,
+    Terminating,
+    NoModel,
+    /// Not the HTTP server of its pod group (AIBrix: pod-group-index > 0, ray workers).
+    NotServing,
+    BadPort(String),
+    OtherRole(String),
+}
+
+/// One page of a LIST.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    pub pods: Vec<DiscoveredPod>,
+    pub skipped: Vec<(String, Skipped)>,
+    /// `metadata.continue`: more pages follow.
+    pub next: Option<String>,
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters stay).
+fn encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() * 3);
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl KubeDiscovery {
+    /// The path of a LIST: the first page, or the one after `next`.
+    pub fn list_path(&self, next: Option<&str>) -> String {
+        let base = if self.namespace.is_empty() {
+            "/api/v1/pods".to_owned()
+        } else {
+            format!("/api/v1/namespaces/{}/pods", encode(&self.namespace))
+        };
+        let mut q = vec![format!("limit={}", self.page_size)];
+        if !self.label_selector.is_empty() {
+            q.insert(0, format!("labelSelector={}", encode(&self.label_selector)));
+        }
+        match next {
+            // A continue token carries its own resource version.
+            Some(token) => q.push(format!("continue={}", encode(token))),
+            None if self.list_from_cache => q.push("resourceVersion=0".into()),
+            None => {}
+        }
+        format!("{base}?{}", q.join("&"))
+    }
+}
+
+#[derive(Deserialize)]
+struct PodList {
+    #[serde(default)]
+    metadata: ListMeta,
+    /// `null` when the list is empty, in some servers' answers.
+    #[serde(default)]
+    items: Option<Vec<Pod>>,
+}
+
+#[derive(Deserialize, Default)]
+struct ListMeta {
+    #[serde(default, rename = "continue")]
+    next: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Pod {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<PodStatus>,
+}
+
+#[derive(Deserialize)]
+struct ObjectMeta {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "deletionTimestamp")]
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct PodStatus {
+    #[serde(default)]
+    phase: Option<String>,
+    #[serde(default, rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(default)]
+    conditions: Option<Vec<Condition>>,
+}
+
+#[derive(Deserialize)]
+struct Condition {
+    #[serde(rename = "type")]
+    kind: String,
+    status: String,
+}
+
+/// Reads one PodList answer. `qualify`: pod names carry their namespace
+/// (a list over every namespace can hold two pods of one name).
+pub fn read_page(body: &[u8], qualify: bool) -> Result<Page, String> {
+    let list: PodList = serde_json::from_slice(body).map_err(|e| format!("not a PodList: {e}"))?;
+    let mut page = Page {
+        next: list.metadata.next.filter(|t| !t.is_empty()),
+        ..Page::default()
+    };
+    for item in list.items.unwrap_or_default() {
+        let name = match (&item.metadata.namespace, qualify) {
+            (Some(ns), true) => format!("{ns}/{}", item.metadata.name),
+            _ => item.metadata.name.clone(),
+        };
+        match routable(&item, &name) {
+            Ok(pod) => page.pods.push(pod),
+            Err(why) => page.skipped.push((name, why)),
+        }
+    }
+    Ok(page)
+}
+
+/// AIBrix's rules: Ready, an IP, not terminating; plus Running (stricter
+/// than AIBrix, and harmless: a Ready pod is Running).
+fn routable(pod: &Pod, name: &str) -> Result<DiscoveredPod, Skipped> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let status = pod.status.as_ref().ok_or(Skipped::NotRunning)?;
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Err(Skipped::Terminating);
+    }
+    if status.phase.as_deref() != Some("Running") {
+        return Err(Skipped::NotRunning);
+    }
+    let ready = status
+        .conditions
+        .iter()
+        .flatten()
+        .any(|c| c.kind == "Ready" && c.status == "True");
+    if !ready {
+        return Err(Skipped::NotReady);
+    }
+    let ip: IpAddr = status
+        .pod_ip
+        .as_deref()
+        .and_then(|ip| ip.parse().ok())
+        .ok_or(Skipped::NoAddress)?;
+    let model = labels
+        .get(labels::MODEL)
+        .or_else(|| annotations.get(labels::MODEL))
+        .filter(|m| !m.is_empty())
+        .ok_or(Skipped::NoModel)?;
+    let worker = labels
+        .get(labels::RAY_NODE_TYPE)
+        .is_some_and(|t| t == "worker")
+        || labels
+            .get(labels::POD_GROUP_INDEX)
+            .is_some_and(|i| i.trim() != "0");
+    if worker {
+        return Err(Skipped::NotServing);
+    }
+    let port = match labels.get(labels::PORT) {
+        None => DEFAULT_PORT,
+        Some(p) => p
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| Skipped::BadPort(p.clone()))?,
+    };
+    let role = match labels.get(labels::ROLE).map(String::as_str) {
+        None | Some("") => PodRole::Both,
+        Some("prefill") => PodRole::Prefill,
+        Some("decode") => PodRole::Decode,
+        Some(other) => return Err(Skipped::OtherRole(other.to_owned())),
+    };
+    let bootstrap_port = annotations
+        .get(labels::SGLANG_BOOTSTRAP_PORT)
+        .and_then(|p| p.trim().parse::<u16>().ok())
+        .filter(|p| *p != 0)
+        .unwrap_or(crate::fleet::DEFAULT_BOOTSTRAP_PORT);
+    Ok(DiscoveredPod {
+        model: model.clone(),
+        name: name.to_owned(),
+        address: SocketAddr::new(ip, port),
+        engine: labels
+            .get(labels::ENGINE)
+            .filter(|e| !e.is_empty())
+            .cloned()
+            .unwrap_or_else(|| DEFAULT_ENGINE.to_owned()),
+        role,
+        roleset: labels.get(labels::ROLESET).cloned().unwrap_or_default(),
+        kv_connector: labels
+            .get(labels::KV_CONNECTOR)
+            .map(|c| c.trim().to_ascii_lowercase()),
+        bootstrap_port,
+    })
+}

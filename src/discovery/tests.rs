@@ -1,0 +1,371 @@
+//! Discovery on PodList answers shaped like the API server's (the field
+//! set of kubernetes/api `core/v1`, as the mock API server serialises it
+//! with the official Python models).
+
+use super::kube::{read_page, KubeDiscovery, PodRole, Skipped};
+use super::lister::{ListFailure, ListRun, Step};
+use super::merge::{build_fleet, UNNAMED_ROLESET};
+use super::published;
+use crate::config::Config;
+use crate::pods::MemoryStore;
+use serde_json::{json, Value};
+
+fn cfg() -> KubeDiscovery {
+    serde_json::from_value(json!({"cluster": "kube_api"})).expect("defaults")
+}
+
+/// One pod as the API server lists it.
+fn pod(name: &str, ip: Option<&str>, labels: Value) -> Value {
+    let mut status = json!({
+        "phase": "Running",
+        "conditions": [
+            {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-01-02T03:04:05Z"},
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-01-02T03:04:05Z"},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": "2026-01-02T03:04:05Z"},
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-02T03:04:05Z"}
+        ]
+    });
+    if let Some(ip) = ip {
+        status["podIP"] = json!(ip);
+        status["podIPs"] = json!([{"ip": ip}]);
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "llm", "uid": "0b7c3a52-0000-4000-8000-000000000001",
+                     "resourceVersion": "12345", "labels": labels},
+        "spec": {"containers": [{"name": "engine", "image": "vllm", "ports": [{"containerPort": 8000, "name": "http", "protocol": "TCP"}]}]},
+        "status": status
+    })
+}
+
+fn list(items: Vec<Value>, next: Option<&str>) -> Vec<u8> {
+    let mut meta = json!({"resourceVersion": "12346"});
+    if let Some(n) = next {
+        meta["continue"] = json!(n);
+    }
+    serde_json::to_vec(
+        &json!({"kind": "PodList", "apiVersion": "v1", "metadata": meta, "items": items}),
+    )
+    .expect("json")
+}
+
+fn labels(model: &str, role: &str, roleset: &str) -> Value {
+    let mut l = json!({"model.aibrix.ai/name": model});
+    if !role.is_empty() {
+        l["role-name"] = json!(role);
+    }
+    if !roleset.is_empty() {
+        l["roleset-name"] = json!(roleset);
+    }
+    l
+}
+
+#[test]
+fn routable_pods_are_read_with_aibrix_labels_and_defaults() {
+    let mut p = pod("p0", Some("10.1.0.5"), labels("llama", "prefill", "rs-0"));
+    p["metadata"]["labels"]["model.aibrix.ai/engine"] = json!("sglang");
+    p["metadata"]["labels"]["model.aibrix.ai/port"] = json!("30000");
+    p["metadata"]["labels"]["model.aibrix.ai/kv-connector-type"] = json!("NIXL");
+    p["metadata"]["annotations"] = json!({"model.aibrix.ai/sglang-bootstrap-port": "9000"});
+    let d = pod("d0", Some("fd00::7"), labels("llama", "decode", "rs-0"));
+    let page = read_page(&list(vec![p, d], None), false).expect("page");
+    assert!(page.skipped.is_empty(), "{:?}", page.skipped);
+    let (p, d) = (&page.pods[0], &page.pods[1]);
+    assert_eq!(
+        (
+            p.name.as_str(),
+            p.address.to_string(),
+            p.engine.as_str(),
+            p.role,
+            p.roleset.as_str()
+        ),
+        (
+            "p0",
+            "10.1.0.5:30000".into(),
+            "sglang",
+            PodRole::Prefill,
+            "rs-0"
+        )
+    );
+    assert_eq!(
+        (p.kv_connector.as_deref(), p.bootstrap_port),
+        (Some("nixl"), 9000)
+    );
+    assert_eq!(
+        d.address.to_string(),
+        "[fd00::7]:8000",
+        "IPv6, default port"
+    );
+    assert_eq!((d.engine.as_str(), d.bootstrap_port), ("vllm", 8998));
+    // Every namespace: names carry their namespace.
+    let page = read_page(
+        &list(vec![pod("x", Some("10.0.0.1"), labels("m", "", ""))], None),
+        true,
+    )
+    .expect("page");
+    assert_eq!(page.pods[0].name, "llm/x");
+    assert_eq!(page.pods[0].role, PodRole::Both, "no role: both phases");
+}
+
+#[test]
+fn pods_not_ready_to_serve_are_skipped_with_the_reason() {
+    let l = || labels("m", "decode", "rs");
+    let mut unready = pod("unready", Some("10.0.0.1"), l());
+    unready["status"]["conditions"][1]["status"] = json!("False");
+    let mut pending = pod("pending", Some("10.0.0.2"), l());
+    pending["status"]["phase"] = json!("Pending");
+    let mut leaving = pod("leaving", Some("10.0.0.3"), l());
+    leaving["metadata"]["deletionTimestamp"] = json!("2026-01-02T03:04:05Z");
+    let mut worker = pod("worker", Some("10.0.0.4"), l());
+    worker["metadata"]["labels"]["stormservice.orchestration.aibrix.ai/pod-group-index"] =
+        json!("1");
+    let mut leader = pod("leader", Some("10.0.0.5"), l());
+    leader["metadata"]["labels"]["stormservice.orchestration.aibrix.ai/pod-group-index"] =
+        json!("0");
+    let mut bad_port = pod("bad-port", Some("10.0.0.6"), l());
+    bad_port["metadata"]["labels"]["model.aibrix.ai/port"] = json!("http");
+    let mut odd_role = pod("odd-role", Some("10.0.0.7"), l());
+    odd_role["metadata"]["labels"]["role-name"] = json!("worker");
+    let mut by_annotation = pod(
+        "by-annotation",
+        Some("10.0.0.8"),
+        json!({"role-name": "decode"}),
+    );
+    by_annotation["metadata"]["annotations"] = json!({"model.aibrix.ai/name": "m"});
+    let items = vec![
+        unready,
+        pending,
+        leaving,
+        worker,
+        leader,
+        bad_port,
+        odd_role,
+        pod("no-ip", None, l()),
+        pod("no-model", Some("10.0.0.9"), json!({})),
+        by_annotation,
+    ];
+    let page = read_page(&list(items, None), false).expect("page");
+    let names: Vec<&str> = page.pods.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, vec!["leader", "by-annotation"]);
+    let why: Vec<(&str, Skipped)> = page
+        .skipped
+        .iter()
+        .map(|(n, w)| (n.as_str(), w.clone()))
+        .collect();
+    assert_eq!(
+        why,
+        vec![
+            ("unready", Skipped::NotReady),
+            ("pending", Skipped::NotRunning),
+            ("leaving", Skipped::Terminating),
+            ("worker", Skipped::NotServing),
+            ("bad-port", Skipped::BadPort("http".into())),
+            ("odd-role", Skipped::OtherRole("worker".into())),
+            ("no-ip", Skipped::NoAddress),
+            ("no-model", Skipped::NoModel),
+        ]
+    );
+    assert!(read_page(b"<html>", false).is_err());
+    assert!(read_page(br#"{"kind":"PodList","items":null}"#, false)
+        .expect("empty")
+        .pods
+        .is_empty());
+}
+
+#[test]
+fn list_paths_encode_the_selector_and_page() {
+    let mut c = cfg();
+    assert_eq!(
+        c.list_path(None),
+        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&limit=500&resourceVersion=0"
+    );
+    assert_eq!(
+        c.list_path(Some("eyJ2I+/=")),
+        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&limit=500&continue=eyJ2I%2B%2F%3D",
+        "a continue token carries its own resource version"
+    );
+    c.namespace = String::new();
+    c.label_selector = "role-name in (prefill,decode)".into();
+    c.list_from_cache = false;
+    assert_eq!(
+        c.list_path(None),
+        "/api/v1/pods?labelSelector=role-name%20in%20%28prefill%2Cdecode%29&limit=500"
+    );
+}
+
+#[test]
+fn a_list_follows_pages_and_restarts_when_its_token_expires() {
+    let c = cfg();
+    let (mut run, first) = ListRun::start(&c);
+    assert!(first.contains("resourceVersion=0"));
+    let page1 = list(
+        vec![pod("b", Some("10.0.0.2"), labels("m", "decode", "rs"))],
+        Some("t1"),
+    );
+    let Step::Fetch(next) = run.on_answer(&c, Some(200), &page1) else {
+        panic!("a second page")
+    };
+    assert!(next.ends_with("continue=t1"));
+    // Expired: start over from the first page, forgetting what was read.
+    assert_eq!(
+        run.on_answer(&c, Some(410), b"{}"),
+        Step::Fetch(first.clone())
+    );
+    let _ = run.on_answer(&c, Some(200), &page1);
+    let page2 = list(
+        vec![pod("a", Some("10.0.0.1"), labels("m", "prefill", "rs"))],
+        None,
+    );
+    let Step::Done(listed) = run.on_answer(&c, Some(200), &page2) else {
+        panic!("done")
+    };
+    let names: Vec<&str> = listed.pods.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, vec!["a", "b"], "sorted, nothing twice");
+    assert_eq!(listed.pages, 2);
+}
+
+#[test]
+fn failed_lists_say_what_to_fix() {
+    let c = cfg();
+    let fail = |status: Option<u16>, body: &str| {
+        let (mut run, _) = ListRun::start(&c);
+        match run.on_answer(&c, status, body.as_bytes()) {
+            Step::Failed(f) => f,
+            other => panic!("{other:?}"),
+        }
+    };
+    let unauthorized = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#;
+    let f = fail(Some(401), unauthorized);
+    assert_eq!(f, ListFailure::Unauthorized("Unauthorized".into()));
+    assert!(f.to_string().contains("token_env"));
+    assert!(fail(Some(403), r#"{"message":"pods is forbidden"}"#)
+        .to_string()
+        .contains("rbac"));
+    assert_eq!(fail(None, "").kind(), "unreachable");
+    assert_eq!(
+        fail(Some(504), "upstream request timeout").kind(),
+        "unreachable"
+    );
+    assert_eq!(
+        fail(
+            Some(503),
+            "upstream connect error or disconnect/reset before headers"
+        )
+        .kind(),
+        "unreachable"
+    );
+    assert_eq!(
+        fail(Some(503), r#"{"message":"etcd"}"#),
+        ListFailure::Status(503, "etcd".into())
+    );
+    assert_eq!(fail(Some(429), "{}").kind(), "throttled");
+    assert_eq!(fail(Some(200), "{not json").kind(), "unparsable answer");
+    // An expired token restarts the list, but not forever.
+    let (mut run, _) = ListRun::start(&c);
+    let _ = run.on_answer(&c, Some(410), b"{}");
+    let _ = run.on_answer(&c, Some(410), b"{}");
+    assert!(matches!(
+        run.on_answer(&c, Some(410), b"{}"),
+        Step::Failed(ListFailure::Runaway(_))
+    ));
+}
+
+fn discovered(items: Vec<Value>) -> Vec<super::DiscoveredPod> {
+    let mut pods = read_page(&list(items, None), false).expect("page").pods;
+    pods.sort();
+    pods
+}
+
+#[test]
+fn discovered_pods_join_configured_models_or_found_their_own() {
+    let config = Config::parse(
+        br#"{"discovery":{"kubernetes":{"cluster":"kube_api"}},
+             "models":[{"name":"llama","engine":"vllm","decode_policy":"least_request",
+                        "rolesets":[{"name":"static","prefill":["10.9.0.1:8000"],"decode":["10.9.0.2:8000"]}]}]}"#,
+    )
+    .expect("config");
+    let mut sg = pod("sg-p", Some("10.2.0.1"), labels("qwen", "prefill", "a"));
+    sg["metadata"]["labels"]["model.aibrix.ai/engine"] = json!("sglang");
+    let mut sg_d = pod("sg-d", Some("10.2.0.2"), labels("qwen", "decode", "a"));
+    sg_d["metadata"]["labels"]["model.aibrix.ai/engine"] = json!("sglang");
+    let mut wrong_engine = pod(
+        "llama-x",
+        Some("10.1.0.9"),
+        labels("llama", "decode", "rs0"),
+    );
+    wrong_engine["metadata"]["labels"]["model.aibrix.ai/engine"] = json!("trtllm");
+    let mut mooncake = pod("llama-p1", Some("10.1.0.3"), labels("llama", "prefill", ""));
+    mooncake["metadata"]["labels"]["model.aibrix.ai/kv-connector-type"] = json!("mooncake");
+    let pods = discovered(vec![
+        pod(
+            "llama-p0",
+            Some("10.1.0.1"),
+            labels("llama", "prefill", "rs0"),
+        ),
+        pod(
+            "llama-d0",
+            Some("10.1.0.2"),
+            labels("llama", "decode", "rs0"),
+        ),
+        mooncake,
+        pod("llama-d1", Some("10.1.0.4"), labels("llama", "decode", "")),
+        pod("llama-both", Some("10.1.0.5"), labels("llama", "", "")),
+        wrong_engine,
+        sg,
+        sg_d,
+    ]);
+    let (fleet, unused) = build_fleet(&config.models, &pods);
+    let llama = fleet.model("llama").expect("llama");
+    assert_eq!(
+        llama.decode_policy,
+        crate::fleet::DecodePolicy::LeastRequest,
+        "configured policy kept"
+    );
+    let rolesets: Vec<(&str, usize, usize)> = llama
+        .rolesets
+        .iter()
+        .map(|r| (r.name.as_str(), r.prefill.len(), r.decode.len()))
+        .collect();
+    assert_eq!(
+        rolesets,
+        vec![("static", 1, 1), (UNNAMED_ROLESET, 1, 1), ("rs0", 1, 1)]
+    );
+    assert_eq!(
+        llama.combined.len(),
+        1,
+        "a pod without a role serves both phases"
+    );
+    let qwen = fleet.model("qwen").expect("a model only discovery knows");
+    assert_eq!(qwen.engine, "sglang");
+    let why: Vec<&str> = unused.iter().map(|u| u.pod.as_str()).collect();
+    assert_eq!(why, vec!["llama-p1", "llama-x"], "{unused:?}");
+    assert!(unused[0].why.contains("mooncake") && unused[1].why.contains("trtllm"));
+    // The unsupported connector label only falls back; the pod still serves.
+    assert!(llama.rolesets[1].prefill[0].kv_connector.is_none());
+}
+
+#[test]
+fn publishing_writes_only_changes_and_bumps_the_generation() {
+    let mut store = MemoryStore::default();
+    let pods = discovered(vec![pod(
+        "a",
+        Some("10.0.0.1"),
+        labels("m", "prefill", "rs"),
+    )]);
+    assert_eq!(
+        published::publish(&mut store, "set", "gen", &pods),
+        Ok(Some(1))
+    );
+    assert_eq!(
+        published::publish(&mut store, "set", "gen", &pods),
+        Ok(None),
+        "unchanged"
+    );
+    let (gen, _) = crate::pods::SharedStore::shared_get(&store, "gen");
+    assert_eq!(published::decode_generation(gen.as_deref()), 1);
+    assert_eq!(
+        published::publish(&mut store, "set", "gen", &[]),
+        Ok(Some(2))
+    );
+    assert_eq!(published::read(&store, "set").expect("set").pods, vec![]);
+}

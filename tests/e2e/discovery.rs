@@ -1,0 +1,370 @@
+//! Pods discovered from a (mock) Kubernetes API server through Envoy: no
+//! static endpoints; the pod set changes under load; API trouble keeps the
+//! last good pod set.
+
+use crate::harness::*;
+use crate::kube_api::{KubeApi, KubePod};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "t0k3n-e2e";
+/// How often the filter lists pods in these tests.
+const INTERVAL_MS: u64 = 200;
+
+/// envoy.yaml plus a `kube_api` cluster pointing at the mock API server.
+fn kube_cluster(api: &KubeApi) -> String {
+    format!(
+        "  clusters:\n  - name: kube_api\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: kube_api\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}\n",
+        api.port
+    )
+}
+
+fn discovery_config(models: Value) -> Value {
+    json!({
+        "prefill_timeout_ms": 5000,
+        "scrape_interval_ms": 0,
+        "discovery": {"kubernetes": {
+            "cluster": "kube_api", "namespace": "default",
+            "interval_ms": INTERVAL_MS, "timeout_ms": 1000}},
+        "models": models
+    })
+}
+
+fn start_envoy(api: &KubeApi, config: &Value, concurrency: u32) -> Envoy {
+    let cluster = kube_cluster(api);
+    Envoy::start_full(
+        config,
+        concurrency,
+        &[("  clusters:\n", cluster.as_str())],
+        &[("PD_ROUTER_KUBE_TOKEN", TOKEN)],
+    )
+}
+
+/// The pod as the API lists it, pointing at `mock`.
+fn as_pod(mock: &Mock, model: &str, engine: &str, role: &str, roleset: &str) -> KubePod {
+    let mut p = KubePod::new(&mock.name, "127.0.0.1", mock.http)
+        .label("model.aibrix.ai/name", model)
+        .label("model.aibrix.ai/engine", engine)
+        .label("model.aibrix.ai/port", &mock.http.to_string());
+    if !role.is_empty() {
+        p = p.label("role-name", role);
+    }
+    if !roleset.is_empty() {
+        p = p.label("roleset-name", roleset);
+    }
+    if let Some(b) = mock.bootstrap {
+        p = p.annotation("model.aibrix.ai/sglang-bootstrap-port", &b.to_string());
+    }
+    p
+}
+
+/// Waits until the filter lists pods (at least one list after now) and
+/// every worker had a tick to apply what it published.
+fn wait_for_lists(api: &KubeApi) {
+    api.clear_requests();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    // Two lists, whatever they answered: the second began after the change.
+    while api.requests().len() < 2 {
+        assert!(Instant::now() < deadline, "the filter stopped listing pods");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Published by the lister, applied by every VM on its next tick.
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 100));
+}
+
+fn completion(model: &str, i: usize) -> String {
+    json!({"model": model, "prompt": format!("request {i}"), "max_tokens": 2}).to_string()
+}
+
+#[test]
+fn pods_are_discovered_and_followed_through_changes_under_load() {
+    let api = KubeApi::start(TOKEN);
+    let vllm = |name: &str, role: &str| {
+        Mock::start(
+            name,
+            &["--engine", "vllm", "--role", role, "--model", "llama"],
+        )
+    };
+    let sglang = |name: &str, role: &str| {
+        Mock::start(
+            name,
+            &[
+                "--engine",
+                "sglang",
+                "--role",
+                role,
+                "--model",
+                "qwen",
+                "--bootstrap-timeout-ms",
+                "3000",
+            ],
+        )
+    };
+    let lp0 = vllm("llama-p0", "prefill");
+    let ld0 = vllm("llama-d0", "decode");
+    let ld1 = vllm("llama-d1", "decode");
+    let lp1 = vllm("llama-p1", "prefill");
+    let ld2 = vllm("llama-d2", "decode");
+    let qp = sglang("qwen-p0", "prefill");
+    let qd = sglang("qwen-d0", "decode");
+    let mut pods = vec![
+        as_pod(&lp0, "llama", "vllm", "prefill", "rs0"),
+        as_pod(&ld0, "llama", "vllm", "decode", "rs0"),
+        as_pod(&ld1, "llama", "vllm", "decode", "rs0"),
+        as_pod(&lp1, "llama", "vllm", "prefill", "rs1"),
+        as_pod(&ld2, "llama", "vllm", "decode", "rs1"),
+        as_pod(&qp, "qwen", "sglang", "prefill", "a"),
+        as_pod(&qd, "qwen", "sglang", "decode", "a"),
+    ];
+    api.set_pods(&pods);
+    let envoy = start_envoy(&api, &discovery_config(json!([])), 2);
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+
+    // Both models, both rolesets, no static endpoint anywhere.
+    let mut seen = HashMap::new();
+    for i in 0..40 {
+        let model = if i % 2 == 0 { "llama" } else { "qwen" };
+        let a = post(&url, completion(model, i), &[]);
+        assert_eq!(a.status, 200, "{model}: {}\n{}", a.body, envoy.log());
+        *seen
+            .entry(a.header("prefill-target-pod").unwrap_or("").to_owned())
+            .or_insert(0) += 1;
+    }
+    for p in ["llama-p0", "llama-p1", "qwen-p0"] {
+        assert!(seen.contains_key(p), "{p} never used: {seen:?}");
+    }
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 7);
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.failures"), 0);
+    let listed = api.requests();
+    assert!(
+        listed.iter().all(|r| r.authorized),
+        "the token from the VM environment is sent"
+    );
+    assert!(listed
+        .iter()
+        .any(|r| r.query.get("resourceVersion").map(String::as_str) == Some("0")));
+
+    // A load runs while the pod set changes under it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    let failures = Arc::new(Mutex::new(Vec::new()));
+    let workers: Vec<_> = (0..4)
+        .map(|w| {
+            let (stop, sent, failures, url) = (
+                Arc::clone(&stop),
+                Arc::clone(&sent),
+                Arc::clone(&failures),
+                url.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) || i < 130 {
+                    let model = if (w + i) % 3 == 0 { "qwen" } else { "llama" };
+                    let a = post(&url, completion(model, w * 10_000 + i), &[]);
+                    if a.status != 200 {
+                        failures
+                            .lock()
+                            .unwrap()
+                            .push(format!("{model}: {} {}", a.status, a.body));
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let served = |m: &Mock| m.requests().len();
+    let mut must_stay_idle: Vec<(&Mock, usize, &str)> = Vec::new();
+
+    // 1. A decode pod leaves the API (its process stays up: any request it
+    //    still got would succeed, so only the counts can tell).
+    std::thread::sleep(Duration::from_millis(300));
+    pods.retain(|p| p.name != "llama-d1");
+    api.set_pods(&pods);
+    wait_for_lists(&api);
+    must_stay_idle.push((&ld1, served(&ld1), "removed decode pod"));
+
+    // 2. A prefill pod turns unready: its roleset has no prefill left.
+    if let Some(p) = pods.iter_mut().find(|p| p.name == "llama-p1") {
+        *p = p.clone().unready();
+    }
+    api.set_pods(&pods);
+    wait_for_lists(&api);
+    must_stay_idle.push((&lp1, served(&lp1), "unready prefill pod"));
+
+    // 3. A decode pod joins rs0.
+    let ld3 = vllm("llama-d3", "decode");
+    pods.push(as_pod(&ld3, "llama", "vllm", "decode", "rs0"));
+    api.set_pods(&pods);
+    wait_for_lists(&api);
+
+    // 4. A pod is re-created at a new address under its old name.
+    let ld0_new = vllm("llama-d0", "decode");
+    if let Some(p) = pods.iter_mut().find(|p| p.name == "llama-d0") {
+        *p = as_pod(&ld0_new, "llama", "vllm", "decode", "rs0");
+    }
+    api.set_pods(&pods);
+    wait_for_lists(&api);
+    must_stay_idle.push((&ld0, served(&ld0), "old address of a re-created pod"));
+
+    std::thread::sleep(Duration::from_millis(1500));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    let total = sent.load(Ordering::Relaxed);
+    assert!(total >= 500, "only {total} requests in the load");
+    let failures = failures.lock().unwrap();
+    assert!(
+        failures.is_empty(),
+        "{} of {total} failed: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
+    for (mock, before, what) in must_stay_idle {
+        assert_eq!(
+            served(mock),
+            before,
+            "{what} {} got requests after the next list",
+            mock.name
+        );
+    }
+    assert!(served(&ld3) > 0, "the new decode pod serves");
+    assert!(
+        served(&ld0_new) > 0,
+        "the re-created pod serves at its new address"
+    );
+    envoy.assert_counters_zero();
+}
+
+#[test]
+fn api_trouble_keeps_the_last_good_pod_set() {
+    let api = KubeApi::start(TOKEN);
+    let p = Mock::start(
+        "m-p0",
+        &["--engine", "vllm", "--role", "prefill", "--model", "m"],
+    );
+    let d = Mock::start(
+        "m-d0",
+        &["--engine", "vllm", "--role", "decode", "--model", "m"],
+    );
+    api.set_pods(&[
+        as_pod(&p, "m", "vllm", "prefill", "rs0"),
+        as_pod(&d, "m", "vllm", "decode", "rs0"),
+    ]);
+    // A configured model that no pod serves: 503 naming it, as without discovery.
+    let envoy = start_envoy(
+        &api,
+        &discovery_config(json!([{"name": "lonely", "engine": "vllm", "rolesets": []}])),
+        2,
+    );
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    let ok = |why: &str| {
+        for i in 0..5 {
+            let a = post(&url, completion("m", i), &[]);
+            assert_eq!(a.status, 200, "{why}: {}", a.body);
+        }
+    };
+    ok("before any trouble");
+    let a = post(&url, completion("lonely", 0), &[]);
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert!(a.error_message().contains("`lonely`"), "{}", a.body);
+
+    let failures = || envoy.stat("wasmcustom.pd_router.discovery.failures");
+    for mode in [
+        "unavailable",
+        "unauthorized",
+        "garbage",
+        "reset",
+        "forbidden",
+    ] {
+        let before = failures();
+        api.set_mode(mode);
+        wait_for_lists(&api);
+        ok(mode);
+        assert!(failures() > before, "{mode}: counted");
+        assert_eq!(
+            envoy.stat("wasmcustom.pd_router.discovery.pods"),
+            2,
+            "{mode}: the set stays"
+        );
+    }
+    // Slower than the list timeout: no answer, same rule.
+    let before = failures();
+    api.set_mode_delay("slow", 1500);
+    std::thread::sleep(Duration::from_millis(2500));
+    ok("slow");
+    assert!(failures() > before, "a timed-out list is counted");
+
+    // Back to normal, and a change is picked up again.
+    api.set_mode("ok");
+    let p1 = Mock::start(
+        "m-p1",
+        &["--engine", "vllm", "--role", "prefill", "--model", "m"],
+    );
+    api.set_pods(&[
+        as_pod(&p1, "m", "vllm", "prefill", "rs0"),
+        as_pod(&d, "m", "vllm", "decode", "rs0"),
+    ]);
+    wait_for_lists(&api);
+    let a = post(&url, completion("m", 99), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("m-p1"));
+    // One log line per change of state, not one per failed list.
+    assert_eq!(
+        envoy.log_lines_with("listing pods failed"),
+        6,
+        "{}",
+        envoy.log()
+    );
+    assert!(envoy.log_lines_with("listing pods works again") >= 1);
+    envoy.assert_counters_zero();
+}
+
+#[test]
+fn lists_page_through_a_consistent_snapshot() {
+    let api = KubeApi::start(TOKEN);
+    let p = Mock::start(
+        "pg-p0",
+        &["--engine", "vllm", "--role", "prefill", "--model", "m"],
+    );
+    let d = Mock::start(
+        "pg-d0",
+        &["--engine", "vllm", "--role", "decode", "--model", "m"],
+    );
+    // 25 pods that do not serve (other roles) around the two that do.
+    let mut pods: Vec<KubePod> = (0..25)
+        .map(|i| {
+            KubePod::new(&format!("pg-x{i:02}"), "127.0.0.1", 1)
+                .label("model.aibrix.ai/name", "m")
+                .label("role-name", "worker")
+        })
+        .collect();
+    pods.push(as_pod(&p, "m", "vllm", "prefill", "rs0"));
+    pods.push(as_pod(&d, "m", "vllm", "decode", "rs0"));
+    api.set_pods(&pods);
+    let mut config = discovery_config(json!([]));
+    config["discovery"]["kubernetes"]["page_size"] = json!(4);
+    config["discovery"]["kubernetes"]["list_from_cache"] = json!(false);
+    let envoy = start_envoy(&api, &config, 1);
+    wait_for_lists(&api);
+    let a = post(&envoy.url("/v1/completions"), completion("m", 0), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let requests = api.requests();
+    assert!(
+        requests.iter().any(|r| r.query.contains_key("continue")),
+        "paged"
+    );
+    assert!(requests
+        .iter()
+        .all(|r| r.query.get("limit").map(String::as_str) == Some("4")));
+    assert!(requests
+        .iter()
+        .all(|r| !r.query.contains_key("resourceVersion")));
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 2);
+}
