@@ -103,6 +103,7 @@ fn main() {
         ("least_request", "least_request"),
         ("round_robin", "round_robin"),
         ("power_of_two", "power_of_two"),
+        ("consistent_hash", "least_request"),
     ] {
         let mut base = None;
         for pods in [4usize, 64, 1000] {

@@ -6,7 +6,7 @@
 use crate::config::Config;
 use crate::engine::Registry;
 use crate::error::PdError;
-use crate::fleet::{Connector, Endpoint, Fleet, Model, ModelId, PodId};
+use crate::fleet::{Connector, Endpoint, Fleet, Model, ModelId, PodId, PrefillPolicy};
 use crate::pods::{
     decode_scraped, update_load, HealthRule, LoadTable, PodCounters, ScrapedTable, SharedKeys,
     SharedStore, Verdict,
@@ -236,8 +236,15 @@ impl Router {
     ) -> Result<Placement, PdError> {
         let model = &request.model;
         let s = &self.config.scheduling;
+        // Only the prefix-cache policy reads the table (consistent hashing
+        // needs no memory of where prompts went).
+        let remembered: &[u64] = if model.prefill_policy == PrefillPolicy::PrefixCache {
+            &request.prompt.hashes
+        } else {
+            &[]
+        };
         let found = prefix::walk(
-            &request.prompt.hashes,
+            remembered,
             |h| {
                 let key = self
                     .keys
@@ -320,7 +327,7 @@ impl Router {
         now_ms: u64,
     ) {
         let hashes = &request.prompt.hashes;
-        if hashes.is_empty() {
+        if hashes.is_empty() || request.model.prefill_policy != PrefillPolicy::PrefixCache {
             return;
         }
         let held = if found.percent(pod) > 0.0 {

@@ -92,8 +92,14 @@ pub(super) fn gather<'m>(
         .collect();
     let mut prefill: Vec<Candidate> = Vec::new();
     let mut decode: Vec<Candidate> = Vec::new();
+    let mut fitting = vec![false; model.rolesets.len()];
+    for ri in &fits {
+        if let Some(f) = fitting.get_mut(*ri) {
+            *f = true;
+        }
+    }
     for (ri, rs) in model.rolesets.iter().enumerate() {
-        if !fits.contains(&ri) {
+        if !fitting.get(ri).copied().unwrap_or(false) {
             continue;
         }
         let usable_of = |list: &'m [Rc<Endpoint>]| -> Vec<Candidate<'m>> {

@@ -199,18 +199,26 @@ fn argmin(scores: &[f64]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// The best of `roleset`'s candidates by `scores` (aligned with `cands`).
-fn best_in(cands: &[Candidate], scores: &[f64], roleset: usize) -> Option<usize> {
-    cands
-        .iter()
-        .zip(scores)
-        .enumerate()
-        .filter(|(_, (c, s))| c.roleset == roleset && s.is_finite())
-        .fold(None, |best: Option<(usize, f64)>, (i, (_, s))| match best {
-            Some((_, b)) if b <= *s => best,
-            _ => Some((i, *s)),
-        })
-        .map(|(i, _)| i)
+/// Per roleset index (up to `rolesets`), the best of its candidates by
+/// `scores` (aligned with `cands`): one pass, whatever the number of
+/// rolesets; the first of equals.
+fn best_by_roleset(cands: &[Candidate], scores: &[f64], rolesets: usize) -> Vec<Option<usize>> {
+    let mut best: Vec<Option<usize>> = vec![None; rolesets];
+    for (i, (c, s)) in cands.iter().zip(scores).enumerate() {
+        if !s.is_finite() {
+            continue;
+        }
+        if let Some(slot) = best.get_mut(c.roleset) {
+            let better = match *slot {
+                Some(b) => scores.get(b).is_some_and(|bs| *s < *bs),
+                None => true,
+            };
+            if better {
+                *slot = Some(i);
+            }
+        }
+    }
+    best
 }
 
 pub(super) fn pick_one_prefill<'m>(
@@ -294,9 +302,11 @@ fn best_roleset<'m>(
         .copied()
         .filter(|x| x.is_finite())
         .fold(0.01, f64::max);
+    let best_p = best_by_roleset(&pool.prefill, &ps, model.rolesets.len());
+    let best_d = best_by_roleset(&pool.decode, &ds, model.rolesets.len());
     let mut best: Option<(f64, usize, usize)> = None;
     for &ri in &pool.fits {
-        let pair = best_in(&pool.prefill, &ps, ri).zip(best_in(&pool.decode, &ds, ri));
+        let pair = best_p.get(ri).copied().flatten().zip(best_d.get(ri).copied().flatten());
         let Some((p, d)) = pair else { continue };
         let (Some(sp), Some(sd)) = (ps.get(p), ds.get(d)) else {
             continue;

@@ -12,6 +12,7 @@
 )]
 
 mod bad_input;
+mod deploy;
 mod discovery;
 mod engines;
 mod errors;
