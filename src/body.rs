@@ -369,6 +369,14 @@ impl Edits {
     }
 }
 
+/// `s` as a JSON string literal.
+pub fn json_string(s: &str) -> String {
+    let mut out = Vec::with_capacity(s.len() + 2);
+    push_json_str(&mut out, s);
+    // Escaping keeps valid UTF-8 valid.
+    String::from_utf8(out).unwrap_or_default()
+}
+
 /// Appends `s` as a JSON string literal.
 pub fn push_json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');

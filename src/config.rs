@@ -6,8 +6,8 @@
 
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
-    fnv1a, Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, PrefillPolicy,
-    RolesetPods, Scheduling, TokenRange, DEFAULT_BOOTSTRAP_PORT,
+    fnv1a, Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, NixlPeer, PrefillPolicy,
+    RolesetPods, Scheduling, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -62,6 +62,8 @@ struct RawConfig {
     trt_machine_id: u64,
     #[serde(default = "d_trt_machine_id_env")]
     trt_machine_id_env: String,
+    #[serde(default = "d_trt_auth_key_env")]
+    trt_auth_key_env: String,
     #[serde(default = "d_kv_connector")]
     kv_connector: String,
     #[serde(default = "d_prefill_max_retries")]
@@ -134,6 +136,9 @@ fn d_prefill_cluster() -> String {
 }
 fn d_trt_machine_id_env() -> String {
     "PD_ROUTER_TRT_MACHINE_ID".into()
+}
+fn d_trt_auth_key_env() -> String {
+    "PD_ROUTER_TRT_AUTH_KEY".into()
 }
 fn d_prefill_timeout_ms() -> u64 {
     30_000
@@ -208,6 +213,27 @@ struct EndpointSpec {
     kv_connector: Option<String>,
     #[serde(default)]
     prompt_tokens: Option<TokenRange>,
+    #[serde(default)]
+    dp_size: Option<u32>,
+    #[serde(default)]
+    kv_port: Option<u16>,
+    #[serde(default)]
+    nixl_push: Option<RawNixlPeer>,
+}
+
+/// vLLM NIXL push: the prefill's side channel, as its engine was started.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawNixlPeer {
+    engine_id: String,
+    #[serde(default)]
+    side_channel_host: Option<String>,
+    #[serde(default)]
+    side_channel_port: Option<u16>,
+    #[serde(default)]
+    tp_size: Option<u32>,
+    #[serde(default)]
+    pp_size: Option<u32>,
 }
 
 /// An endpoint is either `"IP:port"` or an object; a custom visitor keeps the
@@ -229,6 +255,9 @@ impl<'de> Deserialize<'de> for RawEndpoint {
                     bootstrap_port: None,
                     kv_connector: None,
                     prompt_tokens: None,
+                    dp_size: None,
+                    kv_port: None,
+                    nixl_push: None,
                 }))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEndpoint, A::Error> {
@@ -252,6 +281,10 @@ pub struct Config {
     /// The VM environment variable whose value, when set, is this replica's
     /// TensorRT-LLM machine id (see [`crate::trt_id::machine_id_from`]).
     pub trt_machine_id_env: String,
+    /// The VM environment variable holding TensorRT-LLM's shared
+    /// `disagg_auth_key`: a secret, so never in the plugin JSON, which Envoy
+    /// serves on its admin `/config_dump`.
+    pub trt_auth_key_env: String,
     pub kv_connector: Connector,
     pub prefill_max_retries: u32,
     pub unhealthy_cooldown_ms: u64,
@@ -343,6 +376,7 @@ impl Config {
             }
             models.push(model(m, &format!("models[{mi}]"))?);
         }
+        check_push_peers(&models, kv_connector)?;
         let metrics_cluster = raw
             .metrics_cluster
             .unwrap_or_else(|| raw.prefill_cluster.clone());
@@ -354,6 +388,7 @@ impl Config {
             max_body_bytes,
             trt_machine_id,
             trt_machine_id_env: raw.trt_machine_id_env,
+            trt_auth_key_env: raw.trt_auth_key_env,
             kv_connector,
             prefill_max_retries: raw.prefill_max_retries,
             unhealthy_cooldown_ms: raw.unhealthy_cooldown_ms,
@@ -506,6 +541,29 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
     Ok(Model::new(settings, rolesets, combined))
 }
 
+/// vLLM NIXL push tells the decode where the prefill's side channel is, and
+/// only configuration knows: a push prefill pod without it could never serve.
+fn check_push_peers(models: &[Model], global: Connector) -> Result<(), ConfigError> {
+    for (mi, m) in models.iter().enumerate() {
+        if m.engine != "vllm" {
+            continue;
+        }
+        for (ri, rs) in m.rolesets.iter().enumerate() {
+            for (pi, p) in rs.prefill.iter().enumerate() {
+                let connector = p.kv_connector.or(m.kv_connector).unwrap_or(global);
+                if connector == Connector::NixlPush && p.nixl_push.is_none() {
+                    return Err(err(
+                        format!("models[{mi}].rolesets[{ri}].prefill[{pi}]"),
+                        "the nixl_push connector needs the pod's side channel: \
+                         add \"nixl_push\": {\"engine_id\": ...} (its kv_transfer_config.engine_id)",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A policy name, or the default when absent.
 fn policy<P: Default>(
     name: Option<&str>,
@@ -575,12 +633,53 @@ fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
         .map(|c| parse_connector(c, &format!("{path}.kv_connector")))
         .transpose()?;
     e.prompt_tokens = spec.prompt_tokens;
+    if let Some(dp) = spec.dp_size {
+        if dp == 0 {
+            return Err(err(format!("{path}.dp_size"), "must be at least 1"));
+        }
+        e.dp_size = dp;
+    }
+    if let Some(port) = spec.kv_port {
+        if port == 0 {
+            return Err(err(format!("{path}.kv_port"), "must not be 0"));
+        }
+        e.kv_port = port;
+    }
+    if let Some(n) = spec.nixl_push {
+        e.nixl_push = Some(nixl_peer(n, &format!("{path}.nixl_push"))?);
+    }
     Ok(e)
+}
+
+fn nixl_peer(n: RawNixlPeer, path: &str) -> Result<NixlPeer, ConfigError> {
+    if n.engine_id.trim().is_empty() {
+        return Err(err(
+            format!("{path}.engine_id"),
+            "must be the prefill's kv_transfer_config.engine_id",
+        ));
+    }
+    let size = |v: Option<u32>, field: &str| match v {
+        Some(0) => Err(err(format!("{path}.{field}"), "must be at least 1")),
+        v => Ok(v.unwrap_or(1)),
+    };
+    if n.side_channel_port == Some(0) {
+        return Err(err(format!("{path}.side_channel_port"), "must not be 0"));
+    }
+    Ok(NixlPeer {
+        engine_id: n.engine_id,
+        side_channel_host: n.side_channel_host.filter(|h| !h.trim().is_empty()),
+        side_channel_port: n
+            .side_channel_port
+            .unwrap_or(DEFAULT_NIXL_SIDE_CHANNEL_PORT),
+        tp_size: size(n.tp_size, "tp_size")?,
+        pp_size: size(n.pp_size, "pp_size")?,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fleet::DEFAULT_KV_PORT;
 
     const EXAMPLE: &str = r#"{
       "prefill_cluster": "pd_prefill",
@@ -666,7 +765,7 @@ mod tests {
             r#"{"kv_connector":"lmcache","models":[{"name":"m","engine":"v","rolesets":[]}]}"#
         )
         .contains(
-            "kv_connector: unknown KV connector \"lmcache\"; expected one of: nixl, shfs, neuron"
+            "kv_connector: unknown KV connector \"lmcache\"; expected one of: nixl, shfs, neuron, mooncake, nixl_push, p2p_nccl"
         ));
         assert!(parse_err(
             r#"{"trt_machine_id":1024,"models":[{"name":"m","engine":"v","rolesets":[]}]}"#
@@ -685,5 +784,30 @@ mod tests {
         assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[]},{"name":"m","engine":"v","rolesets":[]}]}"#)
             .contains("models[1].name: model \"m\" is configured twice"));
         assert!(parse_err("not json").starts_with("pd-router configuration: "));
+        assert!(parse_err(r#"{"kv_connector":"nixl_push","models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["1.2.3.4:5"],"decode":["1.2.3.4:6"]}]}]}"#)
+            .contains("models[0].rolesets[0].prefill[0]: the nixl_push connector needs the pod's side channel"));
+        assert!(parse_err(r#"{"models":[{"name":"m","engine":"sglang","rolesets":[{"prefill":[{"address":"1.2.3.4:5","dp_size":0}]}]}]}"#)
+            .contains("prefill[0].dp_size: must be at least 1"));
+    }
+
+    #[test]
+    fn hand_off_settings_reach_the_endpoint() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","kv_connector":"nixl_push","rolesets":[{
+                "prefill":[{"address":"10.0.0.1:8000","dp_size":2,"kv_port":21001,
+                            "nixl_push":{"engine_id":"prefill-0","tp_size":2}}],
+                "decode":["10.0.0.2:8000"]}]}]}"#,
+        )
+        .expect("valid");
+        let p = &c.models[0].rolesets[0].prefill[0];
+        assert_eq!((p.dp_size, p.kv_port), (2, 21001));
+        let peer = p.nixl_push.as_ref().expect("peer");
+        assert_eq!(peer.engine_id, "prefill-0");
+        assert_eq!(peer.side_channel_host, None);
+        assert_eq!(peer.side_channel_port, DEFAULT_NIXL_SIDE_CHANNEL_PORT);
+        assert_eq!((peer.tp_size, peer.pp_size), (2, 1));
+        assert_eq!(c.trt_auth_key_env, "PD_ROUTER_TRT_AUTH_KEY");
+        let d = &c.models[0].rolesets[0].decode[0];
+        assert_eq!((d.dp_size, d.kv_port), (1, DEFAULT_KV_PORT));
     }
 }

@@ -53,6 +53,8 @@ pub enum EngineError {
     Unsupported(String),
     /// The prefill answer breaks the engine's contract (answered 502).
     BadPrefillAnswer(String),
+    /// The pod cannot take this hand-off yet (answered 503).
+    NotReady(String),
     /// The router could not provide what the handler needed (answered 500).
     Internal(String),
 }
@@ -62,6 +64,7 @@ impl fmt::Display for EngineError {
         match self {
             EngineError::Unsupported(m)
             | EngineError::BadPrefillAnswer(m)
+            | EngineError::NotReady(m)
             | EngineError::Internal(m) => f.write_str(m),
         }
     }
@@ -72,6 +75,7 @@ impl From<EngineError> for PdError {
         match e {
             EngineError::Unsupported(m) => PdError::Client(ClientError::Unsupported(m)),
             EngineError::BadPrefillAnswer(m) => PdError::Prefill(PrefillFailure::BadAnswer(m)),
+            EngineError::NotReady(m) => PdError::Unavailable(m),
             EngineError::Internal(m) => PdError::Internal(m),
         }
     }

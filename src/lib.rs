@@ -19,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod fleet;
 pub mod flow;
+pub mod handoff;
 pub mod host;
 pub mod metrics;
 pub mod pods;

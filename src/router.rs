@@ -37,8 +37,18 @@ pub struct Router {
     trt_ids: RefCell<DisaggIdGenerator>,
     /// This VM's copy of the scraped metrics, refreshed on each tick.
     scraped: RefCell<ScrapedTable>,
+    /// Mooncake engine ids per prefill pod, copied from shared data each tick.
+    mooncake: RefCell<HashMap<PodId, Vec<String>>>,
+    /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
+    trt_auth_key: Option<Vec<u8>>,
     /// (pod, what) pairs already logged, for "once per pod" log lines.
     logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
+}
+
+impl crate::engine::LearnedPods for Router {
+    fn mooncake_engines(&self, pod: PodId) -> Option<Vec<String>> {
+        self.mooncake.borrow().get(&pod).cloned()
+    }
 }
 
 /// Load a stream holds, to give back exactly once.
@@ -76,6 +86,8 @@ impl Router {
             trt_ids: RefCell::new(trt_ids),
             scraped: RefCell::new(ScrapedTable::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
+            mooncake: RefCell::new(HashMap::new()),
+            trt_auth_key: None,
             config,
         })
     }
@@ -117,7 +129,40 @@ impl Router {
             registry: &self.registry,
             default_connector: self.kv_connector.get(),
             scheduling: &self.config.scheduling,
+            learned: self,
+            trt_auth_key: self.trt_auth_key.as_deref(),
         }
+    }
+
+    /// Sets the key TensorRT-LLM generation requests are signed with.
+    pub fn set_trt_auth_key(&mut self, key: Option<Vec<u8>>) {
+        self.trt_auth_key = key.filter(|k| !k.is_empty());
+    }
+
+    /// Replaces the learned Mooncake engine ids.
+    pub fn set_mooncake_engines(&self, engines: HashMap<PodId, Vec<String>>) {
+        *self.mooncake.borrow_mut() = engines;
+    }
+
+    /// The Mooncake engine ids this VM knows.
+    pub fn mooncake_engines_known(&self) -> HashMap<PodId, Vec<String>> {
+        self.mooncake.borrow().clone()
+    }
+
+    /// The prefill pods whose hand-off needs their Mooncake engine ids.
+    pub fn mooncake_prefill_pods(&self) -> Vec<Rc<Endpoint>> {
+        let fleet = self.fleet();
+        let global = self.kv_connector.get();
+        let mut out: Vec<Rc<Endpoint>> = Vec::new();
+        for m in fleet.models().iter().filter(|m| m.engine == "vllm") {
+            for e in m.rolesets.iter().flat_map(|r| r.prefill.iter()) {
+                let c = e.kv_connector.or(m.kv_connector).unwrap_or(global);
+                if c == Connector::Mooncake && !out.iter().any(|o| o.id == e.id) {
+                    out.push(Rc::clone(e));
+                }
+            }
+        }
+        out
     }
 
     /// Copies the shared metrics table into this VM (once per tick, not per
@@ -173,7 +218,7 @@ impl Router {
     /// The scheduler's view of `model`'s pods, by slot.
     fn pod_states(&self, model: &Model, table: &LoadTable, now_ms: u64) -> Vec<PodState> {
         let scraped = self.scraped.borrow();
-        model
+        let mut states: Vec<PodState> = model
             .pods
             .iter()
             .map(|id| {
@@ -182,12 +227,31 @@ impl Router {
                     outstanding_prefills: c.outstanding_prefills,
                     pending_decodes: c.pending_decodes,
                     unhealthy: !c.is_healthy(now_ms),
+                    not_ready_for_prefill: false,
                     metrics: scraped
                         .get(id)
                         .and_then(|m| m.fresh(now_ms, self.config.metrics_ttl_ms)),
                 }
             })
-            .collect()
+            .collect();
+        if model.engine == "vllm" {
+            let mooncake = self.mooncake.borrow();
+            let global = self.kv_connector.get();
+            for e in model.rolesets.iter().flat_map(|r| r.prefill.iter()) {
+                let c = e.kv_connector.or(model.kv_connector).unwrap_or(global);
+                let known = mooncake.get(&e.id).is_some_and(|ids| !ids.is_empty());
+                // A discovered push pod without its side channel cannot hand
+                // off (configured ones are refused at load).
+                let unusable = (c == Connector::Mooncake && !known)
+                    || (c == Connector::NixlPush && e.nixl_push.is_none());
+                if unusable {
+                    if let Some(s) = states.get_mut(e.slot) {
+                        s.not_ready_for_prefill = true;
+                    }
+                }
+            }
+        }
+        states
     }
 
     fn next_turn(&self, model: ModelId) -> u64 {
@@ -306,7 +370,7 @@ impl Router {
                 model: model.name.clone(),
             }),
             Decision::NoPod(NoPod::AllUnhealthy) => Err(PdError::Unavailable(format!(
-                "every prefill/decode pod of model `{}` is unhealthy or failed this request; retry later",
+                "every prefill/decode pod of model `{}` is unhealthy, not ready (a Mooncake prefill's engine id not known yet, a NIXL push prefill without its side channel) or failed this request; retry later",
                 model.name
             ))),
             Decision::NoPod(NoPod::NoBucket) => Err(PdError::Unavailable(format!(

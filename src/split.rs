@@ -9,7 +9,10 @@
 
 use crate::api::{read_facts, Api, Facts};
 use crate::body::{Edits, SourceMismatch, TopLevel};
-use crate::engine::{build_legs, Entropy, Merged, PdContext, PrefillAnswer, Registry};
+use crate::engine::{
+    build_legs, Entropy, LearnedPods, LegEdits, Merged, NothingLearned, PdContext, PrefillAnswer,
+    Registry,
+};
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::sched::estimate_tokens;
@@ -24,6 +27,10 @@ pub struct RouterView<'a> {
     /// The global KV connector, for pods and models that name none.
     pub default_connector: Connector,
     pub scheduling: &'a Scheduling,
+    /// What the router learned about pods (Mooncake engine ids).
+    pub learned: &'a dyn LearnedPods,
+    /// TensorRT-LLM's shared key for signed hand-offs, when configured.
+    pub trt_auth_key: Option<&'a [u8]>,
 }
 
 impl<'a> RouterView<'a> {
@@ -39,6 +46,8 @@ impl<'a> RouterView<'a> {
             registry,
             default_connector: config.kv_connector,
             scheduling: &config.scheduling,
+            learned: &NothingLearned,
+            trt_auth_key: None,
         }
     }
 }
@@ -119,6 +128,9 @@ pub struct SplitPlan {
     pub reason: &'static str,
     pub prefix: PrefixMatch,
     pub prefill_body: Vec<u8>,
+    /// Request headers the prefill call carries besides the flow's own
+    /// (a DP rank, a request id both legs share); they replace those.
+    pub prefill_headers: Vec<(String, String)>,
     pub decode: DecodeLeg,
     /// Prefill and decode run concurrently (the engine's `is_async`).
     pub concurrent: bool,
@@ -127,10 +139,13 @@ pub struct SplitPlan {
 /// The decode leg of a split.
 #[derive(Debug, Clone)]
 pub enum DecodeLeg {
-    /// Concurrent engines: the decode body, sent with the prefill.
-    Ready(Vec<u8>),
-    /// Sequential engines: edits the prefill's answer completes.
-    AfterPrefill(Edits),
+    /// Concurrent hand-offs: the decode body and headers, sent with the prefill.
+    Ready {
+        body: Vec<u8>,
+        headers: Vec<(String, String)>,
+    },
+    /// Sequential hand-offs: edits the prefill's answer completes.
+    AfterPrefill(LegEdits),
 }
 
 /// A hand-off that went ahead without something it usually carries: worth
@@ -150,6 +165,8 @@ pub enum AfterPrefill {
     /// sent (nothing to copy into Envoy's buffer).
     Decode {
         body: Option<Vec<u8>>,
+        /// Request headers to set on the decode (they replace the client's).
+        headers: Vec<(String, String)>,
         /// Something the engine usually hands over was missing.
         degraded: Option<Degraded>,
     },
@@ -276,6 +293,9 @@ pub fn plan_request(
         request_id: &request.request_id,
         model_connector: request.model.kv_connector,
         default_connector: view.default_connector,
+        decode_pod: &decode,
+        learned: view.learned,
+        trt_auth_key: view.trt_auth_key,
         entropy: planner.entropy(),
     };
     if !handler.should_split(&ctx, &prefill) {
@@ -285,12 +305,15 @@ pub fn plan_request(
             why: WholeReason::NotSplittable,
         });
     }
+    let concurrent = handler.runs_concurrently(&ctx, &prefill);
     let legs = build_legs(handler, &mut ctx, &prefill)?;
     let render = |edits: &Edits| request.top.render(&request.body, edits).map_err(internal);
-    let prefill_body = render(&legs.prefill)?;
-    let concurrent = handler.is_async();
+    let prefill_body = render(&legs.prefill.body)?;
     let decode_leg = if concurrent {
-        DecodeLeg::Ready(render(&legs.decode)?)
+        DecodeLeg::Ready {
+            body: render(&legs.decode.body)?,
+            headers: legs.decode.headers,
+        }
     } else {
         DecodeLeg::AfterPrefill(legs.decode)
     };
@@ -301,6 +324,7 @@ pub fn plan_request(
         reason,
         prefix,
         prefill_body,
+        prefill_headers: legs.prefill.headers,
         decode: decode_leg,
         concurrent,
     }))
@@ -330,6 +354,9 @@ pub fn merge(
         request_id: &request.request_id,
         model_connector: request.model.kv_connector,
         default_connector: view.default_connector,
+        decode_pod: &plan.decode_pod,
+        learned: view.learned,
+        trt_auth_key: view.trt_auth_key,
         entropy,
     };
     let mut decode = edits.clone();
@@ -352,17 +379,21 @@ pub fn merge(
     };
     // The decode leg is the client's body as sent (default engine, or no
     // hand-off): no copy.
-    let body = if decode.is_empty() {
+    let body = if decode.body.is_empty() {
         None
     } else {
         Some(
             request
                 .top
-                .render(&request.body, &decode)
+                .render(&request.body, &decode.body)
                 .map_err(internal)?,
         )
     };
-    Ok(AfterPrefill::Decode { body, degraded })
+    Ok(AfterPrefill::Decode {
+        body,
+        headers: decode.headers,
+        degraded,
+    })
 }
 
 /// A planner that always chooses the same pods, with fixed randomness: for
@@ -430,6 +461,8 @@ mod tests {
             registry: &registry,
             default_connector: Connector::Nixl,
             scheduling: &s,
+            learned: &NothingLearned,
+            trt_auth_key: None,
         };
         let mut p = planner(&fleet);
         let body = br#"{"model":"m","prompt":"hi","stream":true}"#.to_vec();
@@ -448,6 +481,7 @@ mod tests {
                 body: Some(
                     br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec()
                 ),
+                headers: Vec::new(),
                 degraded: None
             }
         );
@@ -463,6 +497,8 @@ mod tests {
             registry: &registry,
             default_connector: Connector::Nixl,
             scheduling: &s,
+            learned: &NothingLearned,
+            trt_auth_key: None,
         };
         let mut p = planner(&fleet);
         let mut status = |body: &[u8]| {

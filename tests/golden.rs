@@ -2,10 +2,15 @@
 //! prefill answer in, decode body (or direct answer) out, compared byte for
 //! byte. Each case is a folder under `tests/golden/`:
 //!
-//! - `case.json`: `{"engine", "path", "kv_connector"?, "prefill": {"address",
-//!   "bootstrap_port"?}, "randoms"?: [u64], "disagg_id"?: i64}`
+//! - `case.json`: `{"engine", "path", "kv_connector"?, "prefill": <endpoint>,
+//!   "decode"?: <endpoint>, "randoms"?: [u64], "disagg_id"?: i64,
+//!   "request_id"?, "mooncake_engines"?: [..], "trt_auth_key"?}` (endpoints
+//!   as in the plugin configuration; `mooncake_engines`: what the prefill's
+//!   bootstrap server would have said)
 //! - `client.json`, `prefill.json`, and for sync engines `answer.json` with
 //!   either `decode.json` or `reply.txt` (an answer without a decode).
+//! - `prefill-headers.json` / `decode-headers.json`: the headers each leg
+//!   sets, when it sets any.
 //!
 //! `UPDATE_GOLDEN=1 cargo test --test golden` rewrites the outputs; review the
 //! diff before committing it.
@@ -19,7 +24,8 @@
 
 use pd_router::api::Api;
 use pd_router::config::Config;
-use pd_router::engine::{FixedEntropy, Registry};
+use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
+use pd_router::fleet::PodId;
 use pd_router::split::{self, AfterPrefill, DecodeLeg, FixedPlanner, Plan, RouterView};
 use serde::Deserialize;
 use std::fs;
@@ -37,6 +43,42 @@ struct Case {
     randoms: Vec<u64>,
     #[serde(default)]
     disagg_id: i64,
+    #[serde(default)]
+    decode: Option<serde_json::Value>,
+    #[serde(default)]
+    request_id: Option<String>,
+    #[serde(default)]
+    mooncake_engines: Option<Vec<String>>,
+    #[serde(default)]
+    trt_auth_key: Option<String>,
+}
+
+/// What the router would have learned about the prefill pod.
+struct Learned(Option<Vec<String>>);
+
+impl LearnedPods for Learned {
+    fn mooncake_engines(&self, _pod: PodId) -> Option<Vec<String>> {
+        self.0.clone()
+    }
+}
+
+/// Headers as a JSON list of pairs; `None` when there are none.
+fn headers_json(headers: &[(String, String)]) -> Option<Vec<u8>> {
+    (!headers.is_empty()).then(|| serde_json::to_vec(headers).expect("json"))
+}
+
+fn check_headers(dir: &Path, name: &str, headers: &[(String, String)], failures: &mut Vec<String>) {
+    match headers_json(headers) {
+        Some(h) => check(dir, name, &h, failures),
+        None if std::env::var_os("UPDATE_GOLDEN").is_some() => {
+            let _ = fs::remove_file(dir.join(name));
+        }
+        None if dir.join(name).exists() => failures.push(format!(
+            "{}/{name}: expected headers, none set",
+            dir.display()
+        )),
+        None => {}
+    }
 }
 
 fn read(dir: &Path, name: &str) -> Option<Vec<u8>> {
@@ -76,7 +118,8 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     let name = client_json["model"].as_str().expect("client model");
     let mut model = serde_json::json!({
         "name": name, "engine": case.engine,
-        "rolesets": [{"prefill": [case.prefill], "decode": ["10.9.9.9:8000"]}]
+        "rolesets": [{"prefill": [case.prefill],
+                      "decode": [case.decode.clone().unwrap_or_else(|| "10.9.9.9:8000".into())]}]
     });
     if let Some(c) = &case.kv_connector {
         model["kv_connector"] = c.clone().into();
@@ -89,31 +132,41 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     .expect("config");
     let fleet = config.fleet();
     let registry = Registry::builtin();
-    let view = RouterView::of_config(&config, &fleet, &registry);
+    let learned = Learned(case.mooncake_engines.clone());
+    let mut view = RouterView::of_config(&config, &fleet, &registry);
+    view.learned = &learned;
+    view.trt_auth_key = case.trt_auth_key.as_deref().map(str::as_bytes);
     let entropy = FixedEntropy::new(case.randoms.clone(), case.disagg_id);
     let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
 
     let api = Api::from_path(&case.path).expect("split path");
-    let plan = match split::plan(&view, &mut planner, api, "golden-1", client.clone()) {
+    let request_id = case.request_id.as_deref().unwrap_or("golden-1");
+    let plan = match split::plan(&view, &mut planner, api, request_id, client.clone()) {
         Ok(Plan::Split(plan)) => plan,
         Ok(Plan::Whole { .. }) => panic!("{}: not split", dir.display()),
         Err(e) => panic!("{}: {e}", dir.display()),
     };
     check(dir, "prefill.json", &plan.prefill_body, failures);
+    check_headers(dir, "prefill-headers.json", &plan.prefill_headers, failures);
 
-    if let DecodeLeg::Ready(decode) = &plan.decode {
-        check(dir, "decode.json", decode, failures);
+    if let DecodeLeg::Ready { body, headers } = &plan.decode {
+        check(dir, "decode.json", body, failures);
+        check_headers(dir, "decode-headers.json", headers, failures);
         return;
     }
-    let answer = read(dir, "answer.json").expect("answer.json for a sync engine");
+    let answer = read(dir, "answer.json")
+        .unwrap_or_else(|| panic!("{}: answer.json for a sync engine", dir.display()));
     match split::merge(&view, &mut planner.entropy, &plan, &answer).expect("merge") {
         AfterPrefill::Reply { body, .. } => check(dir, "reply.txt", &body, failures),
-        AfterPrefill::Decode { body, .. } => check(
-            dir,
-            "decode.json",
-            body.as_deref().unwrap_or(&client),
-            failures,
-        ),
+        AfterPrefill::Decode { body, headers, .. } => {
+            check(
+                dir,
+                "decode.json",
+                body.as_deref().unwrap_or(&client),
+                failures,
+            );
+            check_headers(dir, "decode-headers.json", &headers, failures);
+        }
     }
 }
 

@@ -10,7 +10,12 @@
 //! one); its members are exactly the expected ones, in order, untouched
 //! members byte for byte; nothing panics.
 #![no_main]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod common;
 
@@ -160,7 +165,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(edits.get(k), Some(&want), "Edits::get({k:?})");
     }
 
-    let out = top.render(body, &edits).expect("rendered against its own source");
+    let out = top
+        .render(body, &edits)
+        .expect("rendered against its own source");
     common::assert_object("rendered body", &out, strict);
     if edits.is_empty() {
         assert_eq!(out, body, "no edits must give the body back");

@@ -4,7 +4,12 @@
 //! found by name, every endpoint's slot pointing at its own identity) and
 //! builds a `Router`.
 #![no_main]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use libfuzzer_sys::fuzz_target;
 use pd_router::config::Config;
@@ -19,7 +24,11 @@ fuzz_target!(|data: &[u8]| {
         "accepted a config without models"
     );
     let fleet = config.fleet();
-    assert_eq!(fleet.models().len(), config.models.len(), "models lost in the fleet");
+    assert_eq!(
+        fleet.models().len(),
+        config.models.len(),
+        "models lost in the fleet"
+    );
     for m in fleet.models() {
         let found = fleet.model(&m.name).expect("model found by name");
         assert_eq!(found.name, m.name);

@@ -10,7 +10,12 @@
 //! non-streaming clients, and well-formed SSE with JSON events for
 //! streaming ones; nothing panics.
 #![no_main]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod common;
 
@@ -40,7 +45,10 @@ fn run(client: &[u8], answer: &[u8]) {
             return;
         }
         match split::merge(view, &mut planner.entropy, plan, answer) {
-            Ok(AfterPrefill::Decode { body, .. }) => {
+            Ok(AfterPrefill::Decode { body, headers, .. }) => {
+                for h in &headers {
+                    common::assert_header(&format!("decode leg ({what})"), h);
+                }
                 let body = body.unwrap_or_else(|| client.to_vec());
                 common::assert_object(&format!("decode body ({what})"), &body, strict);
             }

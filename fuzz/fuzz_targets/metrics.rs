@@ -3,7 +3,12 @@
 //! Checks: nothing panics; every value found is finite and >= 0, and KV-cache
 //! usage is in [0, 1].
 #![no_main]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use libfuzzer_sys::fuzz_target;
 use pd_router::metrics::{parse_engine_metrics, EngineMetrics};

@@ -5,7 +5,12 @@
 //! client body was one); the prefill leg carries the common constraints
 //! (one token, no streaming, no stream options or minimums); nothing panics.
 #![no_main]
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 mod common;
 
@@ -26,8 +31,21 @@ fuzz_target!(|data: &[u8]| {
         );
         let prefill = &plan.prefill_body;
         common::assert_object(&format!("prefill leg ({what})"), prefill, strict);
-        if let DecodeLeg::Ready(decode) = &plan.decode {
-            common::assert_object(&format!("decode leg ({what})"), decode, strict);
+        for h in &plan.prefill_headers {
+            common::assert_header(&format!("prefill leg ({what})"), h);
+        }
+        match &plan.decode {
+            DecodeLeg::Ready { body, headers } => {
+                common::assert_object(&format!("decode leg ({what})"), body, strict);
+                for h in headers {
+                    common::assert_header(&format!("decode leg ({what})"), h);
+                }
+            }
+            DecodeLeg::AfterPrefill(edits) => {
+                for h in &edits.headers {
+                    common::assert_header(&format!("decode leg ({what})"), h);
+                }
+            }
         }
 
         let p = TopLevel::parse(prefill).expect("checked above");

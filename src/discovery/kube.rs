@@ -2,6 +2,7 @@
 //! and reading a PodList into the pods the router can use (AIBrix's labels
 //! and its rules for which pods are routable).
 
+use crate::fleet::NixlPeer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -77,6 +78,23 @@ pub mod labels {
     pub const RAY_NODE_TYPE: &str = "ray.io/node-type";
 }
 
+/// pd-router's own annotations, for hand-off facts AIBrix has no key for.
+/// (AIBrix's `data-parallel-size` container env var means vLLM's per-rank
+/// HTTP ports, which PD routing does not use; not the same thing.)
+pub mod pd_annotations {
+    /// Data-parallel ranks behind the pod's one HTTP server (SGLang
+    /// `--dp-size` × `--attn-dp-size`; vLLM Mooncake's `_dp<r>` engines).
+    pub const DP_SIZE: &str = "pd-router.io/dp-size";
+    /// vLLM P2P NCCL: `kv_transfer_config.kv_port`.
+    pub const KV_PORT: &str = "pd-router.io/kv-port";
+    /// vLLM NIXL push: the prefill's `kv_transfer_config.engine_id`.
+    pub const NIXL_ENGINE_ID: &str = "pd-router.io/nixl-engine-id";
+    pub const NIXL_SIDE_CHANNEL_HOST: &str = "pd-router.io/nixl-side-channel-host";
+    pub const NIXL_SIDE_CHANNEL_PORT: &str = "pd-router.io/nixl-side-channel-port";
+    pub const NIXL_TP_SIZE: &str = "pd-router.io/nixl-tp-size";
+    pub const NIXL_PP_SIZE: &str = "pd-router.io/nixl-pp-size";
+}
+
 pub const DEFAULT_ENGINE: &str = "vllm";
 pub const DEFAULT_PORT: u16 = 8000;
 
@@ -104,6 +122,55 @@ pub struct DiscoveredPod {
     /// they can be reported, and ignored when the fleet is built.
     pub kv_connector: Option<String>,
     pub bootstrap_port: u16,
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub dp_size: u32,
+    #[serde(default = "d_kv_port", skip_serializing_if = "is_default_kv_port")]
+    pub kv_port: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nixl_push: Option<NixlPeer>,
+}
+
+fn one() -> u32 {
+    1
+}
+fn is_one(v: &u32) -> bool {
+    *v == 1
+}
+fn d_kv_port() -> u16 {
+    crate::fleet::DEFAULT_KV_PORT
+}
+fn is_default_kv_port(v: &u16) -> bool {
+    *v == crate::fleet::DEFAULT_KV_PORT
+}
+
+/// A positive number an annotation holds; absent or malformed: `None`.
+fn positive<T: std::str::FromStr + PartialEq + Default>(
+    annotations: &BTreeMap<String, String>,
+    key: &str,
+) -> Option<T> {
+    annotations
+        .get(key)
+        .and_then(|v| v.trim().parse::<T>().ok())
+        .filter(|v| *v != T::default())
+}
+
+/// The NIXL push side channel a prefill pod's annotations describe.
+fn nixl_peer(annotations: &BTreeMap<String, String>) -> Option<NixlPeer> {
+    let engine_id = annotations
+        .get(pd_annotations::NIXL_ENGINE_ID)
+        .map(|e| e.trim())
+        .filter(|e| !e.is_empty())?;
+    Some(NixlPeer {
+        engine_id: engine_id.to_owned(),
+        side_channel_host: annotations
+            .get(pd_annotations::NIXL_SIDE_CHANNEL_HOST)
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty()),
+        side_channel_port: positive(annotations, pd_annotations::NIXL_SIDE_CHANNEL_PORT)
+            .unwrap_or(crate::fleet::DEFAULT_NIXL_SIDE_CHANNEL_PORT),
+        tp_size: positive(annotations, pd_annotations::NIXL_TP_SIZE).unwrap_or(1),
+        pp_size: positive(annotations, pd_annotations::NIXL_PP_SIZE).unwrap_or(1),
+    })
 }
 
 /// Why a listed pod is not routed to.
@@ -312,5 +379,9 @@ fn routable(pod: &Pod, name: &str) -> Result<DiscoveredPod, Skipped> {
             .get(labels::KV_CONNECTOR)
             .map(|c| c.trim().to_ascii_lowercase()),
         bootstrap_port,
+        dp_size: positive(annotations, pd_annotations::DP_SIZE).unwrap_or(1),
+        kv_port: positive(annotations, pd_annotations::KV_PORT)
+            .unwrap_or(crate::fleet::DEFAULT_KV_PORT),
+        nixl_push: nixl_peer(annotations),
     })
 }

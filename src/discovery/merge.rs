@@ -57,6 +57,9 @@ pub fn build_fleet(configured: &[Model], pods: &[DiscoveredPod]) -> (Fleet, Vec<
 fn endpoint(p: &DiscoveredPod, unused: &mut Vec<Unused>) -> Endpoint {
     let mut e = Endpoint::new(p.address, Some(p.name.clone()));
     e.bootstrap_port = p.bootstrap_port;
+    e.dp_size = p.dp_size;
+    e.kv_port = p.kv_port;
+    e.nixl_push = p.nixl_push.clone();
     e.kv_connector = match p.kv_connector.as_deref() {
         None | Some("") => None,
         Some(name) => {

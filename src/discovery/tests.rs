@@ -61,6 +61,52 @@ fn labels(model: &str, role: &str, roleset: &str) -> Value {
 }
 
 #[test]
+fn hand_off_annotations_reach_the_fleet() {
+    let mut p = pod("p0", Some("10.1.0.5"), labels("llama", "prefill", "rs-0"));
+    p["metadata"]["annotations"] = json!({
+        "pd-router.io/dp-size": "4",
+        "pd-router.io/kv-port": "21001",
+        "pd-router.io/nixl-engine-id": "prefill-0",
+        "pd-router.io/nixl-side-channel-port": "5601",
+        "pd-router.io/nixl-tp-size": "2"
+    });
+    let mut d = pod("d0", Some("10.1.0.6"), labels("llama", "decode", "rs-0"));
+    d["metadata"]["annotations"] =
+        json!({"pd-router.io/dp-size": "zero", "pd-router.io/kv-port": "0"});
+    let page = read_page(&list(vec![p, d], None), false).expect("page");
+    let (p, d) = (&page.pods[0], &page.pods[1]);
+    assert_eq!((p.dp_size, p.kv_port), (4, 21001));
+    let peer = p.nixl_push.as_ref().expect("push peer");
+    assert_eq!(
+        (
+            peer.engine_id.as_str(),
+            peer.side_channel_host.as_deref(),
+            peer.side_channel_port,
+            peer.tp_size,
+            peer.pp_size
+        ),
+        ("prefill-0", None, 5601, 2, 1)
+    );
+    assert_eq!(
+        (d.dp_size, d.kv_port, d.nixl_push.is_none()),
+        (1, 14579, true),
+        "malformed: defaults"
+    );
+    // Through the published form, into endpoints.
+    let mut store = MemoryStore::default();
+    published::publish(&mut store, "set", "gen", &page.pods).expect("publish");
+    let back = published::read(&store, "set").expect("published").pods;
+    assert_eq!(back, page.pods);
+    let (fleet, _) = build_fleet(&[], &back);
+    let e = &fleet.models()[0].rolesets[0].prefill[0];
+    assert_eq!((e.dp_size, e.kv_port), (4, 21001));
+    assert_eq!(
+        e.nixl_push.as_ref().map(|n| n.engine_id.as_str()),
+        Some("prefill-0")
+    );
+}
+
+#[test]
 fn routable_pods_are_read_with_aibrix_labels_and_defaults() {
     let mut p = pod("p0", Some("10.1.0.5"), labels("llama", "prefill", "rs-0"));
     p["metadata"]["labels"]["model.aibrix.ai/engine"] = json!("sglang");
@@ -295,7 +341,7 @@ fn discovered_pods_join_configured_models_or_found_their_own() {
     );
     wrong_engine["metadata"]["labels"]["model.aibrix.ai/engine"] = json!("trtllm");
     let mut mooncake = pod("llama-p1", Some("10.1.0.3"), labels("llama", "prefill", ""));
-    mooncake["metadata"]["labels"]["model.aibrix.ai/kv-connector-type"] = json!("mooncake");
+    mooncake["metadata"]["labels"]["model.aibrix.ai/kv-connector-type"] = json!("lmcache");
     let pods = discovered(vec![
         pod(
             "llama-p0",
@@ -339,7 +385,7 @@ fn discovered_pods_join_configured_models_or_found_their_own() {
     assert_eq!(qwen.engine, "sglang");
     let why: Vec<&str> = unused.iter().map(|u| u.pod.as_str()).collect();
     assert_eq!(why, vec!["llama-p1", "llama-x"], "{unused:?}");
-    assert!(unused[0].why.contains("mooncake") && unused[1].why.contains("trtllm"));
+    assert!(unused[0].why.contains("lmcache") && unused[1].why.contains("trtllm"));
     // The unsupported connector label only falls back; the pod still serves.
     assert!(llama.rolesets[1].prefill[0].kv_connector.is_none());
 }

@@ -1,5 +1,4 @@
-use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
-use crate::body::Edits;
+use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
 use crate::fleet::Endpoint;
 
 /// Engines pd-router has no hand-off for: a synchronous prefill with the
@@ -30,7 +29,7 @@ impl EngineHandler for DefaultHandler {
         _ctx: &mut PdContext,
         _answer: &PrefillAnswer,
         _pod: &Endpoint,
-        _decode: &mut Edits,
+        _decode: &mut LegEdits,
     ) -> Result<Merged, EngineError> {
         Ok(Merged::Forward)
     }

@@ -3,50 +3,21 @@
 
 mod default;
 mod sglang;
+pub mod trt_auth;
 mod trtllm;
 mod vllm;
 
 use crate::api::{Api, Facts};
 use crate::body::{Edits, TopLevel};
-use crate::fleet::{Connector, Endpoint};
+use crate::fleet::Endpoint;
 use std::collections::BTreeMap;
 
 pub use crate::error::EngineError;
+pub use crate::handoff::{Entropy, LearnedPods, LegEdits, Legs, NothingLearned, PdContext};
 pub use default::DefaultHandler;
 pub use sglang::SglangHandler;
 pub use trtllm::TrtllmHandler;
 pub use vllm::VllmHandler;
-
-/// Randomness and ids that handlers draw on; the filter backs it with the
-/// host, tests with fixed values.
-pub trait Entropy {
-    /// A uniformly random 64-bit value.
-    fn random_u64(&mut self) -> Result<u64, String>;
-    /// The next TensorRT-LLM disagg request id.
-    fn disagg_request_id(&mut self) -> i64;
-}
-
-/// What a handler can see of the request being split.
-pub struct PdContext<'a> {
-    pub facts: &'a Facts,
-    /// The client's body and its top-level members.
-    pub body: &'a [u8],
-    pub top: &'a TopLevel,
-    pub request_id: &'a str,
-    /// The model's `kv_connector`, if it names one.
-    pub model_connector: Option<Connector>,
-    /// The router's global connector, for pods and models that name none.
-    pub default_connector: Connector,
-    pub entropy: &'a mut dyn Entropy,
-}
-
-/// Edits for both legs. The decode leg starts as the client's body: it keeps
-/// the client's sampling values; only hand-off fields are added.
-#[derive(Debug, Clone, Default)]
-pub struct Legs {
-    pub prefill: Edits,
-    pub decode: Edits,
-}
 
 /// A prefill answer, parsed once by the flow.
 pub struct PrefillAnswer<'a> {
@@ -82,6 +53,12 @@ pub trait EngineHandler {
     /// as the prefill is dispatched, and the prefill answer is only watched.
     fn is_async(&self) -> bool;
 
+    /// Whether this split runs concurrently: the engine's rule, unless its
+    /// hand-off depends on the pod (vLLM's connectors differ).
+    fn runs_concurrently(&self, _ctx: &PdContext, _prefill: &Endpoint) -> bool {
+        self.is_async()
+    }
+
     /// Top-level keys this engine's hand-off writes; a client may not send them.
     fn owned_keys(&self) -> &'static [&'static str] {
         &[]
@@ -102,13 +79,13 @@ pub trait EngineHandler {
         legs: &mut Legs,
     ) -> Result<(), EngineError>;
 
-    /// Turns the prefill answer into decode edits (sync engines only).
+    /// Turns the prefill answer into decode edits (sequential splits only).
     fn merge_prefill_response(
         &self,
         ctx: &mut PdContext,
         answer: &PrefillAnswer,
         pod: &Endpoint,
-        decode: &mut Edits,
+        decode: &mut LegEdits,
     ) -> Result<Merged, EngineError>;
 }
 
@@ -126,6 +103,13 @@ pub fn prefill_constraints(facts: &Facts, top: &TopLevel) -> Edits {
     e.remove("stream_options");
     e.remove("min_tokens");
     e.remove("min_completion_tokens");
+    if facts.api == Api::Responses {
+        // Only the prefill pod would store the one-token response, in its
+        // own memory, where no later turn finds it (vLLM keeps the store
+        // per pod); and a background prefill would answer before it ran.
+        e.set_bool("store", false);
+        e.set_bool("background", false);
+    }
     e
 }
 
@@ -230,8 +214,11 @@ pub fn build_legs(
     prefill_pod: &Endpoint,
 ) -> Result<Legs, EngineError> {
     let mut legs = Legs {
-        prefill: prefill_constraints(ctx.facts, ctx.top),
-        decode: Edits::new(),
+        prefill: LegEdits {
+            body: prefill_constraints(ctx.facts, ctx.top),
+            headers: Vec::new(),
+        },
+        decode: LegEdits::default(),
     };
     handler.augment_prefill_request(ctx, prefill_pod, &mut legs)?;
     Ok(legs)
@@ -279,7 +266,7 @@ mod tests {
                 _: &mut PdContext,
                 _: &PrefillAnswer,
                 _: &Endpoint,
-                _: &mut Edits,
+                _: &mut LegEdits,
             ) -> Result<Merged, EngineError> {
                 Ok(Merged::Forward)
             }

@@ -1,4 +1,4 @@
-use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
+use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
 use crate::api::Api;
 use crate::body::{Edits, TopLevel};
 use crate::fleet::Endpoint;
@@ -43,9 +43,9 @@ impl EngineHandler for TrtllmHandler {
             _ => {}
         }
         // The context phase rejects max_completion_tokens next to max_tokens.
-        legs.prefill.remove("max_completion_tokens");
+        legs.prefill.body.remove("max_completion_tokens");
         let id = ctx.entropy.disagg_request_id();
-        legs.prefill.set_raw(
+        legs.prefill.body.set_raw(
             "disaggregated_params",
             format!(r#"{{"request_type":"context_only","disagg_request_id":{id}}}"#),
         );
@@ -57,7 +57,7 @@ impl EngineHandler for TrtllmHandler {
         ctx: &mut PdContext,
         answer: &PrefillAnswer,
         _pod: &Endpoint,
-        decode: &mut Edits,
+        decode: &mut LegEdits,
     ) -> Result<Merged, EngineError> {
         let bad = |m: &str| EngineError::BadPrefillAnswer(m.to_owned());
         let first_choice = first_choice(answer)?;
@@ -100,7 +100,14 @@ impl EngineHandler for TrtllmHandler {
         let mut gen = Edits::new();
         gen.set_str("request_type", "generation_only");
         let params = params_top.render(params, &gen).map_err(internal)?;
-        decode.set_raw("disaggregated_params", String::from_utf8_lossy(&params));
+        if let Some(key) = ctx.trt_auth_key {
+            if let Some(signature) = super::trt_auth::sign(key, &params)? {
+                decode.set_header(super::trt_auth::HEADER, signature);
+            }
+        }
+        decode
+            .body
+            .set_raw("disaggregated_params", String::from_utf8_lossy(&params));
 
         // Older chat endpoints do not echo the prompt's token ids; the
         // generation server then tokenises the prompt itself (TensorRT-LLM's
@@ -115,8 +122,8 @@ impl EngineHandler for TrtllmHandler {
         }
         let tokens = String::from_utf8_lossy(tokens).into_owned();
         match ctx.facts.api {
-            Api::Completions => decode.set_raw("prompt", tokens),
-            _ => decode.set_raw("prompt_token_ids", tokens),
+            Api::Completions => decode.body.set_raw("prompt", tokens),
+            _ => decode.body.set_raw("prompt_token_ids", tokens),
         }
         Ok(Merged::Forward)
     }

@@ -1,20 +1,12 @@
-use super::{EngineError, EngineHandler, Legs, Merged, PdContext, PrefillAnswer};
-use crate::body::Edits;
-use crate::fleet::{Connector, Endpoint};
+use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
+use crate::fleet::Endpoint;
 use crate::transfer::{agent, Handoff};
 
 /// vLLM: delegates the hand-off to the KV-transfer agent of the prefill pod,
-/// else of the model, else the router's global default. Sequential: the decode needs
-/// the prefill's answer.
+/// else of the model, else the router's global default. Sequential for the
+/// pull connectors (the decode needs the prefill's answer), concurrent for
+/// Mooncake and NIXL push (the legs pair by an id the router gives both).
 pub struct VllmHandler;
-
-impl VllmHandler {
-    fn connector(ctx: &PdContext, pod: &Endpoint) -> Connector {
-        pod.kv_connector
-            .or(ctx.model_connector)
-            .unwrap_or(ctx.default_connector)
-    }
-}
 
 impl EngineHandler for VllmHandler {
     fn name(&self) -> &'static str {
@@ -25,16 +17,20 @@ impl EngineHandler for VllmHandler {
         false
     }
 
+    fn runs_concurrently(&self, ctx: &PdContext, prefill: &Endpoint) -> bool {
+        agent(ctx.connector_for(prefill)).concurrent()
+    }
+
     fn owned_keys(&self) -> &'static [&'static str] {
         &["kv_transfer_params", "disagg_prefill_resp"]
     }
 
     fn should_split(&self, ctx: &PdContext, prefill: &Endpoint) -> bool {
-        // A NIXL hand-off has one reader; relaying it to n samples would leave
-        // the others without blocks (SMG skips the split for n > 1 as well),
-        // and a prefill whose blocks are never pulled pins them until vLLM's
-        // abort timeout. The decode recomputes instead.
-        agent(Self::connector(ctx, prefill)).supports_n(ctx.facts.n)
+        // A NIXL or Mooncake hand-off has one reader; relaying it to n
+        // samples would leave the others without blocks (SMG skips the split
+        // for n > 1 as well), and a prefill whose blocks are never pulled
+        // pins them until vLLM's abort timeout. The decode recomputes instead.
+        agent(ctx.connector_for(prefill)).supports_n(ctx.facts.n)
     }
 
     fn augment_prefill_request(
@@ -43,8 +39,7 @@ impl EngineHandler for VllmHandler {
         pod: &Endpoint,
         legs: &mut Legs,
     ) -> Result<(), EngineError> {
-        agent(Self::connector(ctx, pod)).augment_prefill(&mut legs.prefill);
-        Ok(())
+        agent(ctx.connector_for(pod)).augment_prefill(ctx, pod, legs)
     }
 
     fn merge_prefill_response(
@@ -52,9 +47,9 @@ impl EngineHandler for VllmHandler {
         ctx: &mut PdContext,
         answer: &PrefillAnswer,
         pod: &Endpoint,
-        decode: &mut Edits,
+        decode: &mut LegEdits,
     ) -> Result<Merged, EngineError> {
-        let agent = agent(Self::connector(ctx, pod));
+        let agent = agent(ctx.connector_for(pod));
         Ok(match agent.merge(answer.body, answer.top, pod, decode)? {
             Handoff::Relayed => Merged::Forward,
             Handoff::Missing => Merged::ForwardWithoutHandoff,

@@ -8,17 +8,38 @@ pub enum Connector {
     Shfs,
     /// AIBrix's Neuron variant: the whole prefill answer goes to the decode.
     Neuron,
+    /// vLLM's `MooncakeConnector`: legs run concurrently, paired by a
+    /// router-minted `transfer_id`; the decode finds the prefill's engine
+    /// through its bootstrap server.
+    Mooncake,
+    /// vLLM's `NixlPushConnector`: legs run concurrently, paired by request
+    /// id; the decode is told the prefill's side channel.
+    NixlPush,
+    /// vLLM's `P2pNcclConnector` (removed from vLLM by PR 44854; for the
+    /// versions that still ship it): both pods' ZMQ addresses travel in the
+    /// request id.
+    P2pNccl,
 }
 
 impl Connector {
     /// Every accepted name, in the order the docs list them.
-    pub const NAMES: [&'static str; 3] = ["nixl", "shfs", "neuron"];
+    pub const NAMES: [&'static str; 6] = [
+        "nixl",
+        "shfs",
+        "neuron",
+        "mooncake",
+        "nixl_push",
+        "p2p_nccl",
+    ];
 
     pub fn from_name(name: &str) -> Option<Connector> {
         match name {
             "nixl" => Some(Connector::Nixl),
             "shfs" => Some(Connector::Shfs),
             "neuron" => Some(Connector::Neuron),
+            "mooncake" => Some(Connector::Mooncake),
+            "nixl_push" => Some(Connector::NixlPush),
+            "p2p_nccl" => Some(Connector::P2pNccl),
             _ => None,
         }
     }
@@ -28,6 +49,9 @@ impl Connector {
             Connector::Nixl => "nixl",
             Connector::Shfs => "shfs",
             Connector::Neuron => "neuron",
+            Connector::Mooncake => "mooncake",
+            Connector::NixlPush => "nixl_push",
+            Connector::P2pNccl => "p2p_nccl",
         }
     }
 }

@@ -19,8 +19,27 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
 
-/// Default SGLang bootstrap port, as in SGLang's `--disaggregation-bootstrap-port`.
+/// Default SGLang bootstrap port, as in SGLang's `--disaggregation-bootstrap-port`
+/// (and vLLM Mooncake's `VLLM_MOONCAKE_BOOTSTRAP_PORT`).
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+/// vLLM P2P NCCL's default `kv_port`.
+pub const DEFAULT_KV_PORT: u16 = 14579;
+/// vLLM NIXL's default `VLLM_NIXL_SIDE_CHANNEL_PORT`.
+pub const DEFAULT_NIXL_SIDE_CHANNEL_PORT: u16 = 5600;
+
+/// Where a vLLM NIXL push decode finds a prefill pod's KV (vLLM's push
+/// mode takes these from configuration, not from the prefill's answer).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct NixlPeer {
+    /// The prefill's `kv_transfer_config.engine_id` (with `_dp<r>` under DP).
+    pub engine_id: String,
+    /// `VLLM_NIXL_SIDE_CHANNEL_HOST`; the pod IP when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_channel_host: Option<String>,
+    pub side_channel_port: u16,
+    pub tp_size: u32,
+    pub pp_size: u32,
+}
 
 /// One engine pod as a model's roleset (or combined list) names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +58,12 @@ pub struct Endpoint {
     pub kv_connector: Option<Connector>,
     /// Prompt lengths a combined pod takes (`None`: any).
     pub prompt_tokens: Option<TokenRange>,
+    /// Data-parallel ranks the pod serves (SGLang's `dp_size`); 1: none.
+    pub dp_size: u32,
+    /// vLLM P2P NCCL: the pod's ZMQ port (`kv_transfer_config.kv_port`).
+    pub kv_port: u16,
+    /// vLLM NIXL push: the prefill's side channel, as configured.
+    pub nixl_push: Option<NixlPeer>,
 }
 
 impl Endpoint {
@@ -55,6 +80,9 @@ impl Endpoint {
             bootstrap_port: DEFAULT_BOOTSTRAP_PORT,
             kv_connector: None,
             prompt_tokens: None,
+            dp_size: 1,
+            kv_port: DEFAULT_KV_PORT,
+            nixl_push: None,
         }
     }
 }

@@ -7,17 +7,30 @@ use crate::host::Host;
 use crate::split::{DecodeLeg, SplitPlan};
 use std::rc::Rc;
 
+/// Sets the hand-off's own request headers on the paused request (before
+/// the routing header, which nothing may override).
+pub(super) fn set_headers<H: Host>(
+    host: &mut H,
+    headers: &[(String, String)],
+) -> Result<(), PdError> {
+    for (name, value) in headers {
+        host.set_request_header(name, Some(value))?;
+    }
+    Ok(())
+}
+
 impl Flow {
     pub(super) fn send_concurrent_decode<H: Host>(
         &self,
         host: &mut H,
         plan: &SplitPlan,
     ) -> Result<(), PdError> {
-        let DecodeLeg::Ready(body) = &plan.decode else {
+        let DecodeLeg::Ready { body, headers } = &plan.decode else {
             return Err(PdError::Internal(
                 "a concurrent split without a decode body".into(),
             ));
         };
+        set_headers(host, headers)?;
         self.send_decode(
             host,
             plan.request.body.len(),

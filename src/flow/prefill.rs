@@ -102,6 +102,15 @@ impl Flow {
         for (k, v) in &self.head.forwarded {
             headers.push((k, v));
         }
+        // The hand-off's own headers replace the client's of the same name
+        // (a request id both legs must share); never the routing header.
+        for (k, v) in &plan.prefill_headers {
+            if *k == config.routing_header || k.starts_with(':') {
+                continue;
+            }
+            headers.retain(|(name, _)| name != k);
+            headers.push((k, v));
+        }
         host.dispatch(
             &config.prefill_cluster,
             &headers,
@@ -255,10 +264,15 @@ impl Flow {
                 self.phase = Phase::Replied;
                 return Ok(());
             }
-            AfterPrefill::Decode { body, degraded } => {
+            AfterPrefill::Decode {
+                body,
+                headers,
+                degraded,
+            } => {
                 if let Some(degraded) = degraded {
                     self.report_degraded(host, &p.plan, degraded);
                 }
+                super::decode::set_headers(host, &headers)?;
                 let decode = &p.plan.decode_pod.address;
                 match body {
                     // Envoy's buffer and content-length stay as the client sent them.

@@ -46,6 +46,17 @@ impl SharedKeys {
         format!("{}.discovered_gen", self.prefix)
     }
 
+    /// vLLM Mooncake prefill pods' engine ids, learned from their
+    /// bootstrap servers by the scrape lease holder.
+    pub fn mooncake_engines(&self) -> String {
+        format!("{}.mooncake_engines", self.prefix)
+    }
+
+    /// Which VM asks Mooncake bootstrap servers.
+    pub fn bootstrap_lease(&self) -> String {
+        format!("{}.bootstrap_lease", self.prefix)
+    }
+
     /// One slot of the prefix table.
     pub fn prefix_slot(&self, slot: u32) -> String {
         format!("{}.pfx.{slot}", self.prefix)

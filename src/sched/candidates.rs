@@ -108,7 +108,10 @@ pub(super) fn gather<'m>(
                 .map(|ep| Candidate { roleset: ri, ep })
                 .collect()
         };
-        let p = usable_of(&rs.prefill);
+        let p: Vec<Candidate> = usable_of(&rs.prefill)
+            .into_iter()
+            .filter(|c| !state(pods, c.ep).not_ready_for_prefill)
+            .collect();
         let d = usable_of(&rs.decode);
         // A roleset pairs within itself: half of one is no candidate.
         if !p.is_empty() && !d.is_empty() {

@@ -30,6 +30,9 @@ pub struct PodState {
     /// Decodes sent by this Envoy and not finished.
     pub pending_decodes: u32,
     pub unhealthy: bool,
+    /// Healthy, but its hand-off cannot run yet (a Mooncake prefill whose
+    /// engine id is not known): no prefill goes to it.
+    pub not_ready_for_prefill: bool,
     pub metrics: Option<PodMetrics>,
 }
 

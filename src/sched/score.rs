@@ -306,7 +306,11 @@ fn best_roleset<'m>(
     let best_d = best_by_roleset(&pool.decode, &ds, model.rolesets.len());
     let mut best: Option<(f64, usize, usize)> = None;
     for &ri in &pool.fits {
-        let pair = best_p.get(ri).copied().flatten().zip(best_d.get(ri).copied().flatten());
+        let pair = best_p
+            .get(ri)
+            .copied()
+            .flatten()
+            .zip(best_d.get(ri).copied().flatten());
         let Some((p, d)) = pair else { continue };
         let (Some(sp), Some(sd)) = (ps.get(p), ds.get(d)) else {
             continue;

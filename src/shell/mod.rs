@@ -1,6 +1,7 @@
 //! The only code that talks to Envoy: a root context that owns the validated
 //! configuration, and an HTTP context that forwards each callback to the flow.
 
+mod bootstrap;
 mod discover;
 mod root;
 mod shared;

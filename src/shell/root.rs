@@ -1,3 +1,4 @@
+use super::bootstrap::Bootstrap;
 use super::discover::Discoverer;
 use super::shared::{self, now_ms, Shared};
 use super::stats::Stats;
@@ -42,6 +43,7 @@ pub(super) struct Root {
     scrapes: HashMap<u32, (Rc<Endpoint>, u32)>,
     previous: HashMap<PodId, Previous>,
     discovery: Option<Discoverer>,
+    bootstrap: Bootstrap,
 }
 
 fn log(level: LogLevel, msg: &str) {
@@ -198,6 +200,11 @@ impl Context for Root {
         let Some(router) = self.router.clone() else {
             return;
         };
+        if self.bootstrap.owns(token) {
+            let status = shared::call_status(num_headers);
+            self.bootstrap.on_answer(&router, token, status, body_size);
+            return;
+        }
         if let Some(d) = self.discovery.as_mut().filter(|d| d.owns(token)) {
             let status = shared::call_status(num_headers);
             d.on_answer(&router, &self.stats, status, body_size);
@@ -255,8 +262,12 @@ impl RootContext for Root {
                 return false;
             }
         }
+        let auth_key = match std::env::var(&config.trt_auth_key_env) {
+            Ok(k) if !k.is_empty() => Some(k.into_bytes()),
+            _ => None,
+        };
         let slot = claim_worker_slot();
-        let router = match Router::new(config, slot) {
+        let mut router = match Router::new(config, slot) {
             Ok(r) => r,
             Err(e) => {
                 log(
@@ -266,6 +277,16 @@ impl RootContext for Root {
                 return false;
             }
         };
+        if auth_key.is_some() {
+            log(
+                LogLevel::Info,
+                &format!(
+                    "pd-router: TensorRT-LLM hand-offs are signed with the key in ${}",
+                    router.config.trt_auth_key_env
+                ),
+            );
+        }
+        router.set_trt_auth_key(auth_key);
         for m in &router.config.models {
             if !router.registry.is_known(&m.engine) {
                 log(
@@ -317,6 +338,8 @@ impl RootContext for Root {
             }
             d.maybe_list(&router, self.vm_id, now);
         }
+        self.bootstrap.refresh(&router);
+        self.bootstrap.ask(&router, self.vm_id, now);
         router.refresh_metrics(&Shared);
         self.stats.record_vm_memory();
         self.stats.refresh_log_level();

@@ -3,16 +3,23 @@
 //! The vLLM handler picks an agent per prefill pod (else per model, else the
 //! global default) and delegates both halves of the hand-off to it.
 
+mod mooncake;
 mod neuron;
 mod nixl;
+mod nixl_push;
+mod p2p_nccl;
 mod shfs;
 
-use crate::body::{Edits, TopLevel};
+use crate::body::TopLevel;
 use crate::error::EngineError;
 use crate::fleet::{Connector, Endpoint};
+use crate::handoff::{LegEdits, Legs, PdContext};
 
+pub use mooncake::{parse_query, Mooncake};
 pub use neuron::Neuron;
 pub use nixl::Nixl;
+pub use nixl_push::NixlPush;
+pub use p2p_nccl::{p2p_request_id, P2pNccl};
 pub use shfs::Shfs;
 
 /// The agent that speaks `connector`.
@@ -21,6 +28,9 @@ pub fn agent(connector: Connector) -> &'static dyn KvTransferAgent {
         Connector::Nixl => &Nixl,
         Connector::Shfs => &Shfs,
         Connector::Neuron => &Neuron,
+        Connector::Mooncake => &Mooncake,
+        Connector::NixlPush => &NixlPush,
+        Connector::P2pNccl => &P2pNccl,
     }
 }
 
@@ -43,17 +53,82 @@ pub trait KvTransferAgent {
         n <= 1
     }
 
-    /// Adds this protocol's fields to the prefill leg.
-    fn augment_prefill(&self, prefill: &mut Edits);
+    /// Whether the legs run concurrently (the hand-off does not come from
+    /// the prefill's answer).
+    fn concurrent(&self) -> bool {
+        false
+    }
+
+    /// Adds this protocol's fields (and headers) to the legs.
+    fn augment_prefill(
+        &self,
+        ctx: &mut PdContext,
+        prefill_pod: &Endpoint,
+        legs: &mut Legs,
+    ) -> Result<(), EngineError>;
 
     /// Reads the prefill answer and adds the hand-off to the decode leg.
+    /// By default the answer carries nothing: the hand-off was set up by
+    /// [`Self::augment_prefill`] (concurrent connectors, and those whose
+    /// pods find each other by request id).
     fn merge(
         &self,
-        answer: &[u8],
-        answer_top: &TopLevel,
-        prefill_pod: &Endpoint,
-        decode: &mut Edits,
-    ) -> Result<Handoff, EngineError>;
+        _answer: &[u8],
+        _answer_top: &TopLevel,
+        _prefill_pod: &Endpoint,
+        _decode: &mut LegEdits,
+    ) -> Result<Handoff, EngineError> {
+        Ok(Handoff::Relayed)
+    }
+}
+
+/// The longest client `request_id` relayed as a header.
+const MAX_REQUEST_ID_BYTES: usize = 256;
+
+/// The request id both legs carry: what the client sent (Envoy makes one
+/// when it did not), else a fresh one. Set on both legs' headers, and for
+/// `/v1/responses` in the body too (vLLM's Responses API reads its id from
+/// the body `request_id`, not the header).
+fn pair_by_request_id(
+    ctx: &mut PdContext,
+    legs: &mut Legs,
+    id: Option<String>,
+) -> Result<String, EngineError> {
+    let responses = ctx.facts.api == crate::api::Api::Responses;
+    // vLLM's Responses API takes its id from the body: a client's own
+    // `request_id` there is kept (equal on both legs, it pairs) and is the
+    // id the engines know the request by.
+    let body_id = if responses && id.is_none() {
+        ctx.top
+            .raw_non_null(ctx.body, "request_id")
+            .and_then(|raw| serde_json::from_slice::<String>(raw).ok())
+    } else {
+        None
+    };
+    if let Some(b) = &body_id {
+        // It becomes the legs' `X-Request-Id` too.
+        if b.is_empty()
+            || b.len() > MAX_REQUEST_ID_BYTES
+            || !b.bytes().all(|c| (0x20..0x7f).contains(&c))
+        {
+            return Err(EngineError::Unsupported(format!(
+                "request_id must be 1 to {MAX_REQUEST_ID_BYTES} printable ASCII characters: it pairs the legs of a disaggregated request"
+            )));
+        }
+    }
+    let keep_body_id = body_id.is_some();
+    let id = match id.or(body_id) {
+        Some(id) => id,
+        None if !ctx.request_id.is_empty() => ctx.request_id.to_owned(),
+        None => ctx.random_hex()?,
+    };
+    for leg in [&mut legs.prefill, &mut legs.decode] {
+        leg.set_header("x-request-id", id.clone());
+        if responses && !keep_body_id {
+            leg.body.set_str("request_id", &id);
+        }
+    }
+    Ok(id)
 }
 
 /// The `kv_transfer_params` member of a prefill answer, if it is an object.

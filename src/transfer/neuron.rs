@@ -1,7 +1,8 @@
 use super::{Handoff, KvTransferAgent};
-use crate::body::{Edits, TopLevel};
+use crate::body::TopLevel;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
+use crate::handoff::{LegEdits, Legs, PdContext};
 
 /// AIBrix's Neuron variant: the prefill leg carries nothing extra, and the
 /// decode receives the whole prefill answer under `disagg_prefill_resp`.
@@ -12,18 +13,27 @@ impl KvTransferAgent for Neuron {
         "neuron"
     }
 
-    fn augment_prefill(&self, _prefill: &mut Edits) {}
+    fn augment_prefill(
+        &self,
+        _ctx: &mut PdContext,
+        _prefill_pod: &Endpoint,
+        _legs: &mut Legs,
+    ) -> Result<(), EngineError> {
+        Ok(())
+    }
 
     fn merge(
         &self,
         answer: &[u8],
         _answer_top: &TopLevel,
         _prefill_pod: &Endpoint,
-        decode: &mut Edits,
+        decode: &mut LegEdits,
     ) -> Result<Handoff, EngineError> {
         // The answer was parsed as an object before the agent was called, so
         // it is valid JSON and safe to embed as is.
-        decode.set_raw("disagg_prefill_resp", String::from_utf8_lossy(answer));
+        decode
+            .body
+            .set_raw("disagg_prefill_resp", String::from_utf8_lossy(answer));
         Ok(Handoff::Relayed)
     }
 }

@@ -1,7 +1,8 @@
 use super::{kv_transfer_params, Handoff, KvTransferAgent};
-use crate::body::{Edits, TopLevel};
+use crate::body::TopLevel;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
+use crate::handoff::{LegEdits, Legs, PdContext};
 
 /// vLLM's `NixlConnector`, pull mode: the decode pulls the prefill's blocks.
 ///
@@ -17,8 +18,16 @@ impl KvTransferAgent for Nixl {
         "nixl"
     }
 
-    fn augment_prefill(&self, prefill: &mut Edits) {
-        prefill.set_raw("kv_transfer_params", PREFILL_PARAMS);
+    fn augment_prefill(
+        &self,
+        _ctx: &mut PdContext,
+        _prefill_pod: &Endpoint,
+        legs: &mut Legs,
+    ) -> Result<(), EngineError> {
+        legs.prefill
+            .body
+            .set_raw("kv_transfer_params", PREFILL_PARAMS);
+        Ok(())
     }
 
     fn merge(
@@ -26,12 +35,14 @@ impl KvTransferAgent for Nixl {
         answer: &[u8],
         answer_top: &TopLevel,
         _prefill_pod: &Endpoint,
-        decode: &mut Edits,
+        decode: &mut LegEdits,
     ) -> Result<Handoff, EngineError> {
         match kv_transfer_params(answer, answer_top)? {
             None => Ok(Handoff::Missing),
             Some(raw) => {
-                decode.set_raw("kv_transfer_params", String::from_utf8_lossy(raw));
+                decode
+                    .body
+                    .set_raw("kv_transfer_params", String::from_utf8_lossy(raw));
                 Ok(Handoff::Relayed)
             }
         }

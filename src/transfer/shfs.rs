@@ -2,6 +2,7 @@ use super::{kv_transfer_params, Handoff, KvTransferAgent};
 use crate::body::{Edits, TopLevel};
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
+use crate::handoff::{LegEdits, Legs, PdContext};
 
 /// AIBrix's `shfs`: NIXL pull mode, but the router overwrites `remote_host`
 /// with the prefill pod's IP, for engines that advertise an address the
@@ -13,8 +14,16 @@ impl KvTransferAgent for Shfs {
         "shfs"
     }
 
-    fn augment_prefill(&self, prefill: &mut Edits) {
-        prefill.set_raw("kv_transfer_params", super::nixl::PREFILL_PARAMS);
+    fn augment_prefill(
+        &self,
+        _ctx: &mut PdContext,
+        _prefill_pod: &Endpoint,
+        legs: &mut Legs,
+    ) -> Result<(), EngineError> {
+        legs.prefill
+            .body
+            .set_raw("kv_transfer_params", super::nixl::PREFILL_PARAMS);
+        Ok(())
     }
 
     fn merge(
@@ -22,7 +31,7 @@ impl KvTransferAgent for Shfs {
         answer: &[u8],
         answer_top: &TopLevel,
         prefill_pod: &Endpoint,
-        decode: &mut Edits,
+        decode: &mut LegEdits,
     ) -> Result<Handoff, EngineError> {
         let Some(raw) = kv_transfer_params(answer, answer_top)? else {
             return Ok(Handoff::Missing);
@@ -34,7 +43,9 @@ impl KvTransferAgent for Shfs {
         let rewritten = params
             .render(raw, &edit)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        decode.set_raw("kv_transfer_params", String::from_utf8_lossy(&rewritten));
+        decode
+            .body
+            .set_raw("kv_transfer_params", String::from_utf8_lossy(&rewritten));
         Ok(Handoff::Relayed)
     }
 }

@@ -2,21 +2,35 @@
 //! object's top-level members, JSON validity checks, and the engine /
 //! connector / prefill-pod matrix the request targets run through.
 #![allow(dead_code)] // each target uses a subset
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::indexing_slicing)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 
 use pd_router::api::Api;
 use pd_router::body::TopLevel;
 use pd_router::config::Config;
-use pd_router::engine::{FixedEntropy, Registry};
+use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
+use pd_router::fleet::PodId;
 use pd_router::split::{self, FixedPlanner, Plan, RouterView, SplitPlan};
-use std::rc::Rc;
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;
+use std::rc::Rc;
 
 pub const ENGINES: [&str; 4] = ["vllm", "sglang", "trtllm", "default"];
 /// `None`: the model names no connector (the global default applies).
-pub const CONNECTORS: [Option<&str>; 4] = [None, Some("nixl"), Some("shfs"), Some("neuron")];
+pub const CONNECTORS: [Option<&str>; 7] = [
+    None,
+    Some("nixl"),
+    Some("shfs"),
+    Some("neuron"),
+    Some("mooncake"),
+    Some("nixl_push"),
+    Some("p2p_nccl"),
+];
 pub const APIS: [Api; 3] = [Api::Completions, Api::ChatCompletions, Api::Responses];
 
 /// One model configuration of the matrix.
@@ -28,8 +42,9 @@ pub struct Case {
 }
 
 /// Every engine × connector, each with three prefill pods: IPv4 with the
-/// default bootstrap port, IPv6 with the highest port, and one whose own
-/// `kv_connector` overrides the model's.
+/// default bootstrap port and two data-parallel ranks, IPv6 with the
+/// highest port, and one whose own `kv_connector` overrides the model's;
+/// the decode has two ranks too.
 fn build_cases() -> Vec<Case> {
     let mut out = Vec::new();
     for engine in ENGINES {
@@ -39,11 +54,13 @@ fn build_cases() -> Vec<Case> {
                 "engine": engine,
                 "rolesets": [{
                     "prefill": [
-                        "10.0.0.1:8000",
-                        {"address": "[fd00::1]:8000", "bootstrap_port": 65535},
+                        {"address": "10.0.0.1:8000", "dp_size": 2,
+                         "nixl_push": {"engine_id": "p-0", "tp_size": 2}},
+                        {"address": "[fd00::1]:8000", "bootstrap_port": 65535,
+                         "nixl_push": {"engine_id": "p-é\"1", "side_channel_host": "fd00::9"}},
                         {"address": "10.0.0.3:8000", "kv_connector": "shfs"}
                     ],
-                    "decode": ["10.9.9.9:8000"]
+                    "decode": [{"address": "10.9.9.9:8000", "dp_size": 2, "kv_port": 65535}]
                 }]
             });
             if let Some(c) = connector {
@@ -72,6 +89,33 @@ pub fn cases() -> &'static [Case] {
 
 thread_local! {
     pub static REGISTRY: Registry = Registry::builtin();
+}
+
+/// Every Mooncake prefill's bootstrap server has answered: two ranks.
+pub struct Learned;
+
+impl LearnedPods for Learned {
+    fn mooncake_engines(&self, _pod: PodId) -> Option<Vec<String>> {
+        Some(vec!["e_dp0".into(), "e_dp1".into()])
+    }
+}
+
+/// Asserts a header a leg sets is one Envoy can send: a lowercase name, a
+/// value of visible ASCII, spaces and tabs.
+pub fn assert_header(what: &str, (name, value): &(String, String)) {
+    assert!(
+        !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+        "header name {name:?} ({what})"
+    );
+    assert!(
+        value
+            .bytes()
+            .all(|b| b == b'\t' || (0x20..0x7f).contains(&b)),
+        "header {name} value {value:?} ({what})"
+    );
 }
 
 /// FNV-1a: a stable hash of the input to derive values from.
@@ -194,7 +238,9 @@ pub fn for_each_split(
     REGISTRY.with(|registry| {
         for case in cases() {
             let fleet = &case.fleet;
-            let view = RouterView::of_config(&case.config, fleet, registry);
+            let mut view = RouterView::of_config(&case.config, fleet, registry);
+            view.learned = &Learned;
+            view.trt_auth_key = Some(b"fuzz-key");
             let roleset = &fleet.models()[0].rolesets[0];
             for api in APIS {
                 for pod in &roleset.prefill {

@@ -1,0 +1,108 @@
+//! The vocabulary of a hand-off, shared by the engine handlers and the vLLM
+//! KV-transfer agents they delegate to: what a handler sees of the request
+//! being split ([`PdContext`]), the edits it makes to each leg, and the
+//! randomness and learned pod facts it draws on.
+
+use crate::api::Facts;
+use crate::body::{Edits, TopLevel};
+use crate::error::EngineError;
+use crate::fleet::{Connector, Endpoint, PodId};
+
+/// Randomness and ids that handlers draw on; the filter backs it with the
+/// host, tests with fixed values.
+pub trait Entropy {
+    /// A uniformly random 64-bit value.
+    fn random_u64(&mut self) -> Result<u64, String>;
+    /// The next TensorRT-LLM disagg request id.
+    fn disagg_request_id(&mut self) -> i64;
+}
+
+/// What the router learned about pods while running, for hand-offs that
+/// need more than the configuration says.
+pub trait LearnedPods {
+    /// vLLM Mooncake: a prefill pod's engine id per data-parallel rank, from
+    /// its bootstrap server's `GET /query`.
+    fn mooncake_engines(&self, pod: PodId) -> Option<Vec<String>>;
+}
+
+/// Nothing learned (golden fixtures, fuzzing, benches).
+pub struct NothingLearned;
+
+impl LearnedPods for NothingLearned {
+    fn mooncake_engines(&self, _pod: PodId) -> Option<Vec<String>> {
+        None
+    }
+}
+
+/// What a handler can see of the request being split.
+pub struct PdContext<'a> {
+    pub facts: &'a Facts,
+    /// The client's body and its top-level members.
+    pub body: &'a [u8],
+    pub top: &'a TopLevel,
+    pub request_id: &'a str,
+    /// The model's `kv_connector`, if it names one.
+    pub model_connector: Option<Connector>,
+    /// The router's global connector, for pods and models that name none.
+    pub default_connector: Connector,
+    /// The decode pod of this split (some hand-offs name it to the prefill).
+    pub decode_pod: &'a Endpoint,
+    pub learned: &'a dyn LearnedPods,
+    /// TensorRT-LLM's `internal_request_auth_key`, when configured.
+    pub trt_auth_key: Option<&'a [u8]>,
+    pub entropy: &'a mut dyn Entropy,
+}
+
+impl PdContext<'_> {
+    /// The vLLM connector for `pod`: the pod's own, else the model's, else
+    /// the router's global one.
+    pub fn connector_for(&self, pod: &Endpoint) -> Connector {
+        pod.kv_connector
+            .or(self.model_connector)
+            .unwrap_or(self.default_connector)
+    }
+
+    /// 128 random bits as 32 hex digits (transfer ids, request ids).
+    pub fn random_hex(&mut self) -> Result<String, EngineError> {
+        let mut out = String::with_capacity(32);
+        for _ in 0..2 {
+            let r = self
+                .entropy
+                .random_u64()
+                .map_err(|e| EngineError::Internal(format!("no randomness: {e}")))?;
+            out.push_str(&format!("{r:016x}"));
+        }
+        Ok(out)
+    }
+}
+
+/// One leg's edits: its body's top-level members and request headers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LegEdits {
+    pub body: Edits,
+    /// Lower-case names; each replaces the header of that name.
+    pub headers: Vec<(String, String)>,
+}
+
+impl LegEdits {
+    pub fn set_header(&mut self, name: &str, value: impl Into<String>) {
+        let value = value.into();
+        match self.headers.iter_mut().find(|(k, _)| k == name) {
+            Some(slot) => slot.1 = value,
+            None => self.headers.push((name.to_owned(), value)),
+        }
+    }
+
+    /// Nothing to change: the leg is the client's request as sent.
+    pub fn is_empty(&self) -> bool {
+        self.body.is_empty() && self.headers.is_empty()
+    }
+}
+
+/// Edits for both legs. The decode leg starts as the client's body: it keeps
+/// the client's sampling values; only hand-off fields are added.
+#[derive(Debug, Clone, Default)]
+pub struct Legs {
+    pub prefill: LegEdits,
+    pub decode: LegEdits,
+}
