@@ -1,10 +1,16 @@
-//! SGLang's bootstrap rendezvous, as served by the prefill pod.
+//! The prefill pod's bootstrap server.
 //!
-//! The decode registers each room (`POST /register {"room":R}`) and then
-//! waits (`GET /wait/{room}`) until the prefill has "transferred" it. The
-//! prefill only transfers rooms the decode has registered. So the two legs
-//! must be in flight at the same time: a router that awaits the prefill
-//! before sending the decode makes the prefill time out, as real SGLang does.
+//! SGLang: the decode registers each room (`POST /register {"room":R}`,
+//! answered with the prefill's dp size) and then waits (`GET /wait/{room}`)
+//! until the prefill has "transferred" it (answered with the prompt hash and
+//! the prefill's dp rank that holds it). The prefill only transfers rooms
+//! the decode has registered. So the two legs must be in flight at the same
+//! time: a router that awaits the prefill before sending the decode makes
+//! the prefill time out, as real SGLang does.
+//!
+//! vLLM Mooncake: `GET /query`, vLLM's shape, one entry per dp rank:
+//! `{"<rank>": {"engine_id": E, "worker_addr": {"0": {"0": "tcp://host:side"}}}}`;
+//! 503 during the first `--query-unavailable-ms`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -21,13 +27,23 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::cli::Engine;
+use crate::peer::authority;
 use crate::state::{lock, Shared};
+
+/// What the prefill leaves for a room: its prompt hash and the dp rank
+/// that holds the KV.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    pub prompt_hash: String,
+    pub dp_rank: u64,
+}
 
 #[derive(Clone, Default)]
 struct RoomStatus {
     registered: bool,
-    /// Prompt hash of the prefill that handled the room, once it has.
-    transferred: Option<String>,
+    /// What the prefill that handled the room left, once it has.
+    transferred: Option<Transfer>,
     /// The decode has collected the transfer (its GET /wait was answered).
     collected: bool,
 }
@@ -80,19 +96,19 @@ impl Rooms {
     pub fn mark_transferred(
         &self,
         room: u64,
-        prompt_hash: String,
+        transfer: Transfer,
     ) -> impl Future<Output = ()> + Send + 'static {
         let tx = self.entry(room);
         let mut rx = tx.subscribe();
-        tx.send_modify(|s| s.transferred = Some(prompt_hash));
+        tx.send_modify(|s| s.transferred = Some(transfer));
         async move {
             let _ = rx.wait_for(|s| s.collected).await;
         }
     }
 
-    /// Decode side (via GET /wait): the prefill's prompt hash once it has
+    /// Decode side (via GET /wait): what the prefill left once it has
     /// transferred `room`. The room is then freed, single-consumer.
-    async fn await_transferred(&self, room: u64, timeout: Duration) -> Result<String, WaitError> {
+    async fn await_transferred(&self, room: u64, timeout: Duration) -> Result<Transfer, WaitError> {
         let tx = lock(&self.map)
             .get(&room)
             .cloned()
@@ -101,22 +117,62 @@ impl Rooms {
             return Err(WaitError::NotRegistered);
         }
         let mut rx = tx.subscribe();
-        let hash =
+        let transfer =
             match tokio::time::timeout(timeout, rx.wait_for(|s| s.transferred.is_some())).await {
-                Ok(Ok(status)) => status.transferred.clone().unwrap_or_default(),
+                Ok(Ok(status)) => status.transferred.clone(),
                 _ => return Err(WaitError::Timeout),
             };
+        let Some(transfer) = transfer else {
+            return Err(WaitError::Timeout);
+        };
         lock(&self.map).remove(&room);
         tx.send_modify(|s| s.collected = true);
-        Ok(hash)
+        Ok(transfer)
     }
 }
 
 pub fn router(state: Shared) -> Router {
+    if state.config.engine != Engine::Sglang {
+        return Router::new()
+            .route("/query", get(mooncake_query))
+            .with_state(state);
+    }
     Router::new()
         .route("/register", post(register))
         .route("/wait/{room}", get(wait))
         .with_state(state)
+}
+
+/// vLLM `MooncakeBootstrapServer` `GET /query` (`dict[int, EngineEntry]`).
+async fn mooncake_query(State(state): State<Shared>) -> Response {
+    let cfg = &state.config;
+    if state.started.elapsed() < cfg.query_unavailable {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"detail": "Service Unavailable"})),
+        )
+            .into_response();
+    }
+    let Some(side) = state.bound.side else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "no side channel bound").into_response();
+    };
+    let host = cfg
+        .advertise_host
+        .clone()
+        .unwrap_or_else(|| side.ip().to_string());
+    let worker = format!("tcp://{}", authority(&host, side.port()));
+    let entries: serde_json::Map<String, serde_json::Value> = (0..cfg.dp_size)
+        .map(|r| {
+            (
+                r.to_string(),
+                json!({
+                    "engine_id": state.mooncake_rank_id(r),
+                    "worker_addr": {"0": {"0": worker}},
+                }),
+            )
+        })
+        .collect();
+    Json(entries).into_response()
 }
 
 #[derive(Deserialize)]
@@ -136,7 +192,7 @@ async fn register(State(state): State<Shared>, body: axum::body::Bytes) -> Respo
         }
     };
     if state.rooms.register(room) {
-        Json(json!({"room": room})).into_response()
+        Json(json!({"room": room, "dp_size": state.config.dp_size})).into_response()
     } else {
         (
             StatusCode::CONFLICT,
@@ -169,7 +225,12 @@ async fn wait(
         .map(Duration::from_millis)
         .unwrap_or(state.config.bootstrap_timeout);
     match state.rooms.await_transferred(room, timeout).await {
-        Ok(hash) => Json(json!({"prompt_hash": hash})).into_response(),
+        Ok(t) => Json(json!({
+            "prompt_hash": t.prompt_hash,
+            "dp_rank": t.dp_rank,
+            "dp_size": state.config.dp_size,
+        }))
+        .into_response(),
         Err(WaitError::NotRegistered) => (
             StatusCode::CONFLICT,
             format!("room {room} was never registered"),

@@ -50,6 +50,16 @@ pub enum Connector {
     Shfs,
     /// The decode gets the whole prefill answer as `disagg_prefill_resp`
     Neuron,
+    /// MooncakeConnector: the decode finds the prefill engine on its
+    /// bootstrap server (`GET /query`) and pulls the KV by `transfer_id`
+    Mooncake,
+    /// NixlPushConnector: the legs pair by request id, the decode's
+    /// `kv_transfer_params` come from configuration
+    #[value(name = "nixl_push", alias = "nixl-push")]
+    NixlPush,
+    /// P2pNcclConnector (legacy): both addresses travel in the request id
+    #[value(name = "p2p_nccl", alias = "p2p-nccl")]
+    P2pNccl,
 }
 
 /// Which engine's metric names `/metrics` uses.
@@ -128,7 +138,20 @@ pub struct Config {
     pub connector: Connector,
     pub bootstrap_listen: SocketAddr,
     pub side_listen: SocketAddr,
+    /// vllm p2p_nccl: the "ZMQ" listener (plain HTTP in the mock).
+    pub zmq_listen: SocketAddr,
     pub advertise_host: Option<String>,
+    /// Data-parallel size: sglang (both roles), vllm mooncake prefill.
+    pub dp_size: u64,
+    /// vllm mooncake prefill: `GET /query` answers 503 this long after start.
+    pub query_unavailable: Duration,
+    /// vllm nixl_push prefill: its engine id (default: the pod name).
+    pub engine_id: String,
+    /// trtllm generation: the `internal_request_auth_key` that signs
+    /// `x-trtllm-disagg-auth`; none: no check (TensorRT-LLM only warns).
+    pub auth_key: Option<String>,
+    /// trtllm context: `ctx_info_endpoint` is a list of two endpoints.
+    pub ctx_endpoint_list: bool,
     /// The faults to apply (never a `FailAfter`): to every POST /v1/*, or,
     /// with `fail_after`, to those after the first N. `--fault fail-after:N`
     /// alone means `status:500` here.
@@ -158,12 +181,57 @@ impl Config {
         self.engine == Engine::Vllm && matches!(self.connector, Connector::Nixl | Connector::Shfs)
     }
 
+    /// vLLM with the given connector.
+    pub fn vllm(&self, connector: Connector) -> bool {
+        self.engine == Engine::Vllm && self.connector == connector
+    }
+
     pub fn needs_side_channel(&self) -> bool {
-        self.role == Role::Prefill && (self.vllm_pull_connector() || self.engine == Engine::Trtllm)
+        self.role == Role::Prefill
+            && (self.vllm_pull_connector()
+                || self.vllm(Connector::Mooncake)
+                || self.vllm(Connector::NixlPush)
+                || self.engine == Engine::Trtllm)
     }
 
     pub fn needs_bootstrap(&self) -> bool {
-        self.role == Role::Prefill && self.engine == Engine::Sglang
+        self.role == Role::Prefill
+            && (self.engine == Engine::Sglang || self.vllm(Connector::Mooncake))
+    }
+
+    /// vLLM P2P NCCL pods, both roles, have a "ZMQ" listener.
+    pub fn needs_zmq(&self) -> bool {
+        self.vllm(Connector::P2pNccl)
+    }
+
+    /// Whether `POST /v1/responses` is served: vLLM (not neuron) and default.
+    pub fn serves_responses(&self) -> bool {
+        match self.engine {
+            Engine::Vllm => self.connector != Connector::Neuron,
+            Engine::Default => true,
+            Engine::Sglang | Engine::Trtllm => false,
+        }
+    }
+
+    /// A `--dp-size` applies: sglang, and the vllm mooncake prefill.
+    fn dp_size_applies(&self) -> bool {
+        self.engine == Engine::Sglang
+            || (self.vllm(Connector::Mooncake) && self.role == Role::Prefill)
+    }
+
+    /// `--advertise-host` applies: the vllm prefills that tell where their
+    /// side channel is.
+    fn advertise_host_applies(&self) -> bool {
+        self.role == Role::Prefill
+            && (self.vllm_pull_connector()
+                || self.vllm(Connector::Mooncake)
+                || self.vllm(Connector::NixlPush))
+    }
+
+    /// `--fault no-kv-params` applies: the vllm prefills whose answer
+    /// carries `kv_transfer_params`.
+    fn no_kv_params_applies(&self) -> bool {
+        self.role == Role::Prefill && (self.vllm_pull_connector() || self.vllm(Connector::NixlPush))
     }
 
     pub fn has_fault(&self, fault: &Fault) -> bool {
@@ -194,12 +262,15 @@ Fault SPEC (POST /v1/* only; --fault may be repeated):
   status:N                  answer N (100..=599)
   delay:MS                  sleep MS ms first (several add up)
   garbage                   answer 200 with a body that is not JSON
-  no-kv-params              vllm nixl/shfs prefill: leave out kv_transfer_params
+  no-kv-params              vllm nixl/shfs/nixl_push prefill: leave out
+                            kv_transfer_params
   no-token-ids              trtllm context: leave out prompt_token_ids
   no-disagg-params          trtllm context: leave out disaggregated_params
   hang                      never answer
   reset                     drop the connection (TCP RST), nothing sent
   truncate                  send half the body of a 2xx answer, then close
+                            (vllm mooncake/nixl_push/p2p_nccl prefill: the
+                            KV is then never offered or sent)
   fail-after-transfer[:MS]  sglang prefill: hand the KV over, wait until the
                             decode collected it and MS ms more (default 100),
                             then answer 500
@@ -236,24 +307,58 @@ struct Cli {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     listen: SocketAddr,
 
-    // The next three are options without a clap default: whether they were
-    // given decides the "ignoring" warnings.
+    // The options without a clap default: whether they were given decides
+    // the "ignoring" warnings.
     /// vllm only: KV connector [default: nixl]
     #[arg(long, value_enum)]
     connector: Option<Connector>,
 
-    /// sglang prefill: bootstrap server listen address [default: 127.0.0.1:0]
+    /// sglang prefill, vllm mooncake prefill: bootstrap server listen address
+    /// [default: 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     bootstrap_listen: Option<SocketAddr>,
 
-    /// vllm nixl/shfs prefill, trtllm prefill: side-channel listen address
-    /// [default: 127.0.0.1:0]
+    /// vllm nixl/shfs/mooncake/nixl_push prefill, trtllm prefill:
+    /// side-channel listen address [default: 127.0.0.1:0]
     #[arg(long, value_name = "ADDR")]
     side_listen: Option<SocketAddr>,
 
-    /// vllm nixl/shfs prefill: remote_host written in kv_transfer_params
+    /// vllm p2p_nccl (both roles): "ZMQ" listener address, plain HTTP in the
+    /// mock [default: 127.0.0.1:0]
+    #[arg(long, value_name = "ADDR")]
+    zmq_listen: Option<SocketAddr>,
+
+    /// vllm nixl/shfs/nixl_push prefill: remote_host written in
+    /// kv_transfer_params; vllm mooncake prefill: host of the worker_addr on
+    /// /query
     #[arg(long, value_name = "HOST")]
     advertise_host: Option<String>,
+
+    /// sglang (both roles), vllm mooncake prefill: data-parallel size
+    /// [default: 1]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    dp_size: Option<u64>,
+
+    /// vllm mooncake prefill: GET /query answers 503 for this long after
+    /// start, in ms [default: 0]
+    #[arg(long = "query-unavailable-ms", value_name = "MS", value_parser = parse_ms)]
+    query_unavailable: Option<Duration>,
+
+    /// vllm nixl_push prefill: engine id (the decode's remote_engine_id)
+    /// [default: the pod name]
+    #[arg(long, value_name = "ID", value_parser = parse_non_empty)]
+    engine_id: Option<String>,
+
+    /// trtllm decode: internal_request_auth_key; the generation request's
+    /// x-trtllm-disagg-auth must sign encoded_opaque_state and
+    /// ctx_info_endpoint with it [default: none, no check]
+    #[arg(long, value_name = "KEY", value_parser = parse_non_empty)]
+    auth_key: Option<String>,
+
+    /// trtllm prefill: ctx_info_endpoint is a list of two endpoints, the
+    /// first one the real one
+    #[arg(long)]
+    ctx_endpoint_list: bool,
 
     /// Fault to inject (see Fault SPEC below)
     #[arg(long = "fault", value_name = "SPEC", value_parser = parse_fault)]
@@ -263,7 +368,8 @@ struct Cli {
     #[arg(long)]
     allow_recompute: bool,
 
-    /// How long sglang waits for its peer and a trtllm decode for the context pull, in ms
+    /// How long sglang waits for its peer, a trtllm decode for the context
+    /// pull and a vllm mooncake/nixl_push/p2p_nccl decode for the KV, in ms
     #[arg(
         long = "bootstrap-timeout-ms",
         value_name = "MS",
@@ -324,6 +430,14 @@ fn parse_ms(v: &str) -> Result<Duration, String> {
     v.parse::<u64>()
         .map(Duration::from_millis)
         .map_err(|e| format!("not a number of milliseconds: {e}"))
+}
+
+fn parse_non_empty(v: &str) -> Result<String, String> {
+    if v.is_empty() {
+        Err("must not be empty".to_string())
+    } else {
+        Ok(v.to_string())
+    }
 }
 
 fn parse_number(v: &str, fraction: bool) -> Result<f64, String> {
@@ -413,13 +527,19 @@ impl Cli {
         let config = Config {
             engine,
             role,
-            name: self.name,
+            name: self.name.clone(),
             model: self.model,
             listen: self.listen,
             connector: self.connector.unwrap_or(Connector::Nixl),
             bootstrap_listen: self.bootstrap_listen.unwrap_or(loopback_any),
             side_listen: self.side_listen.unwrap_or(loopback_any),
+            zmq_listen: self.zmq_listen.unwrap_or(loopback_any),
             advertise_host: self.advertise_host,
+            dp_size: self.dp_size.unwrap_or(1),
+            query_unavailable: self.query_unavailable.unwrap_or(Duration::ZERO),
+            engine_id: self.engine_id.clone().unwrap_or_else(|| self.name.clone()),
+            auth_key: self.auth_key,
+            ctx_endpoint_list: self.ctx_endpoint_list,
             faults,
             fail_after,
             allow_recompute: self.allow_recompute,
@@ -446,15 +566,36 @@ impl Cli {
             ignored.push("--connector (vllm only)");
         }
         if self.bootstrap_listen.is_some() && !config.needs_bootstrap() {
-            ignored.push("--bootstrap-listen (sglang prefill only)");
+            ignored.push("--bootstrap-listen (sglang prefill and vllm mooncake prefill only)");
         }
         if self.side_listen.is_some() && !config.needs_side_channel() {
-            ignored.push("--side-listen (vllm nixl/shfs prefill and trtllm prefill only)");
+            ignored.push(
+                "--side-listen (vllm nixl/shfs/mooncake/nixl_push prefill and trtllm prefill only)",
+            );
         }
-        if config.advertise_host.is_some()
-            && !(config.vllm_pull_connector() && role == Role::Prefill)
+        if self.zmq_listen.is_some() && !config.needs_zmq() {
+            ignored.push("--zmq-listen (vllm p2p_nccl only)");
+        }
+        if config.advertise_host.is_some() && !config.advertise_host_applies() {
+            ignored.push("--advertise-host (vllm nixl/shfs/mooncake/nixl_push prefill only)");
+        }
+        if self.dp_size.is_some() && !config.dp_size_applies() {
+            ignored.push("--dp-size (sglang and vllm mooncake prefill only)");
+        }
+        if self.query_unavailable.is_some()
+            && !(config.vllm(Connector::Mooncake) && role == Role::Prefill)
         {
-            ignored.push("--advertise-host (vllm nixl/shfs prefill only)");
+            ignored.push("--query-unavailable-ms (vllm mooncake prefill only)");
+        }
+        if self.engine_id.is_some() && !(config.vllm(Connector::NixlPush) && role == Role::Prefill)
+        {
+            ignored.push("--engine-id (vllm nixl_push prefill only)");
+        }
+        if config.auth_key.is_some() && !(engine == Engine::Trtllm && role == Role::Decode) {
+            ignored.push("--auth-key (trtllm decode only)");
+        }
+        if config.ctx_endpoint_list && !(engine == Engine::Trtllm && role == Role::Prefill) {
+            ignored.push("--ctx-endpoint-list (trtllm prefill only)");
         }
         if config.lenient_prefill && role != Role::Prefill {
             ignored.push("--lenient-prefill (prefill only)");
@@ -462,10 +603,8 @@ impl Cli {
         if config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
             ignored.push("--allow-recompute (vllm decode only)");
         }
-        if config.has_fault(&Fault::NoKvParams)
-            && !(config.vllm_pull_connector() && role == Role::Prefill)
-        {
-            ignored.push("--fault no-kv-params (vllm nixl/shfs prefill only)");
+        if config.has_fault(&Fault::NoKvParams) && !config.no_kv_params_applies() {
+            ignored.push("--fault no-kv-params (vllm nixl/shfs/nixl_push prefill only)");
         }
         for (fault, name) in [
             (
@@ -541,6 +680,79 @@ mod tests {
         assert_eq!(c.bootstrap_timeout, Duration::from_millis(10_000));
         assert_eq!(c.stream_delay, Duration::from_millis(2));
         assert!(!c.allow_remote_peers);
+        assert_eq!(c.zmq_listen, any);
+        assert_eq!(c.dp_size, 1);
+        assert_eq!(c.query_unavailable, Duration::ZERO);
+        assert_eq!(c.engine_id, "mock");
+        assert_eq!(c.auth_key, None);
+        assert!(!c.ctx_endpoint_list);
+        assert!(!c.needs_zmq());
+    }
+
+    #[test]
+    fn parses_the_new_handoff_modes() {
+        let c = line(
+            "--engine vllm --role prefill --connector mooncake --dp-size 4 \
+             --query-unavailable-ms 300 --bootstrap-listen 127.0.0.1:18998",
+        )
+        .expect("valid");
+        assert_eq!(c.connector, Connector::Mooncake);
+        assert_eq!(c.dp_size, 4);
+        assert_eq!(c.query_unavailable, Duration::from_millis(300));
+        assert!(c.needs_bootstrap() && c.needs_side_channel() && !c.needs_zmq());
+        assert!(c.serves_responses());
+
+        let c = line("--engine vllm --role prefill --connector nixl_push --name p --engine-id e1")
+            .expect("valid");
+        assert_eq!(c.connector, Connector::NixlPush);
+        assert_eq!(c.engine_id, "e1");
+        assert!(c.needs_side_channel() && !c.needs_bootstrap());
+        let c = line("--engine vllm --role prefill --connector nixl-push --name p").expect("alias");
+        assert_eq!(c.engine_id, "p", "the pod name by default");
+
+        for role in ["prefill", "decode"] {
+            let c = line(&format!(
+                "--engine vllm --role {role} --connector p2p_nccl --zmq-listen 127.0.0.1:14579"
+            ))
+            .expect("valid");
+            assert_eq!(c.connector, Connector::P2pNccl);
+            assert!(c.needs_zmq() && !c.needs_side_channel() && !c.needs_bootstrap());
+            assert_eq!(c.zmq_listen, SocketAddr::from(([127, 0, 0, 1], 14579)));
+        }
+        assert!(line("--engine vllm --role decode --connector p2p-nccl").is_ok());
+
+        let c = line("--engine trtllm --role decode --auth-key k").expect("valid");
+        assert_eq!(c.auth_key.as_deref(), Some("k"));
+        let c = line("--engine trtllm --role prefill --ctx-endpoint-list").expect("valid");
+        assert!(c.ctx_endpoint_list && !c.serves_responses());
+
+        let c = line("--engine sglang --role decode --dp-size 2").expect("valid");
+        assert_eq!(c.dp_size, 2);
+        assert!(!c.serves_responses());
+        assert!(!line("--engine vllm --role decode --connector neuron")
+            .expect("valid")
+            .serves_responses());
+        assert!(line("--engine default --role decode")
+            .expect("valid")
+            .serves_responses());
+
+        for bad in [
+            "--dp-size 0",
+            "--dp-size 1025",
+            "--dp-size -1",
+            "--dp-size x",
+            "--query-unavailable-ms x",
+            "--engine-id=",
+            "--auth-key=",
+            "--connector p2p",
+            "--zmq-listen localhost:1",
+            "--ctx-endpoint-list=1",
+        ] {
+            assert!(
+                line(&format!("--engine vllm --role decode {bad}")).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

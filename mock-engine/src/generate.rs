@@ -12,6 +12,7 @@ use serde_json::{json, Map, Value};
 
 use crate::error::{Checked, Fail};
 use crate::request::{short, Api, Request};
+use crate::responses;
 use crate::state::{InFlight, Shared};
 
 /// Caps that keep a silly request from making the mock allocate or stream
@@ -43,10 +44,19 @@ pub struct GenParams {
     pub n: u64,
     pub stream: bool,
     pub include_usage: bool,
+    /// The decode stops at `max_tokens` (finish reason "length"). Always for
+    /// chat and completions; for responses only when `max_output_tokens` is
+    /// given, else it stops by itself ("stop": status "completed").
+    pub capped: bool,
+    /// Responses: the body `request_id`, which vLLM uses as the response id.
+    pub request_id: Option<String>,
 }
 
 impl GenParams {
     pub fn from_request(req: &Request<'_>) -> Checked<Self> {
+        if req.api == Api::Responses {
+            return Self::from_responses_request(req);
+        }
         let max_tokens = match req.u64_field("max_tokens")? {
             Some(m) => m,
             None => req.u64_field("max_completion_tokens")?.unwrap_or(16),
@@ -87,6 +97,42 @@ impl GenParams {
             n,
             stream,
             include_usage,
+            capped: true,
+            request_id: None,
+        })
+    }
+
+    /// `/v1/responses`: `input` (string or array), `max_output_tokens`,
+    /// `stream`, `store`, `background`, `request_id`; one answer (no `n`).
+    fn from_responses_request(req: &Request<'_>) -> Checked<Self> {
+        match req.value("input")? {
+            Some(Value::String(_) | Value::Array(_)) => {}
+            Some(v) => {
+                return Err(Fail::contract(format!(
+                    "`input` must be a string or an array, got {}",
+                    short(&v)
+                )))
+            }
+            None => return Err(Fail::contract("responses request has no `input`")),
+        }
+        let max_output_tokens = req.u64_field("max_output_tokens")?;
+        let max_tokens = max_output_tokens.unwrap_or(16);
+        if max_tokens > MAX_TOKENS_LIMIT {
+            return Err(Fail::contract(format!(
+                "max_output_tokens {max_tokens} exceeds the mock's limit of {MAX_TOKENS_LIMIT}"
+            )));
+        }
+        let stream = req.bool_field("stream")?.unwrap_or(false);
+        req.bool_field("store")?;
+        req.bool_field("background")?;
+        let request_id = req.str_field("request_id")?;
+        Ok(GenParams {
+            max_tokens,
+            n: 1,
+            stream,
+            include_usage: false,
+            capped: max_output_tokens.is_some(),
+            request_id,
         })
     }
 }
@@ -131,8 +177,35 @@ fn default_id(state: &Shared, api: Api) -> String {
     let prefix = match api {
         Api::Completions => "cmpl-mock-",
         Api::Chat => "chatcmpl-mock-",
+        Api::Responses => "resp_mock-",
     };
     format!("{prefix}{}", state.next_id())
+}
+
+/// A Responses answer for this request: its id is the body `request_id`,
+/// as in vLLM, else a fresh `resp_...`.
+fn responses_answer(
+    state: &Shared,
+    params: &GenParams,
+    pieces: Vec<String>,
+    length_capped: bool,
+    prompt_tokens: u64,
+    top: Map<String, Value>,
+) -> responses::Answer {
+    responses::Answer {
+        id: params
+            .request_id
+            .clone()
+            .unwrap_or_else(|| default_id(state, Api::Responses)),
+        created: now(),
+        model: state.config.model.clone(),
+        item_id: format!("msg_{:016x}", state.random_u64()),
+        pieces,
+        length_capped,
+        max_output_tokens: params.capped.then_some(params.max_tokens),
+        prompt_tokens,
+        top,
+    }
 }
 
 fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
@@ -150,7 +223,7 @@ fn choice(api: Api, index: u64, text: &str, finish_reason: &str) -> Map<String, 
         Api::Completions => {
             c.insert("text".into(), json!(text));
         }
-        Api::Chat => {
+        Api::Chat | Api::Responses => {
             c.insert(
                 "message".into(),
                 json!({"role": "assistant", "content": text}),
@@ -167,6 +240,7 @@ fn object_name(api: Api, stream: bool) -> &'static str {
         (Api::Completions, _) => "text_completion",
         (Api::Chat, false) => "chat.completion",
         (Api::Chat, true) => "chat.completion.chunk",
+        (Api::Responses, _) => "response",
     }
 }
 
@@ -190,6 +264,19 @@ fn with_kv(mut resp: Response, kv: Kv) -> Response {
 /// one SSE event per choice (the last one also carries the engine's
 /// top-level members), a usage event if asked, and `[DONE]`.
 pub fn prefill_response(state: &Shared, api: Api, params: &GenParams, out: PrefillOut) -> Response {
+    if api == Api::Responses {
+        state.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let length_capped = out.finish_reason == "length";
+        let answer = responses_answer(
+            state,
+            params,
+            vec!["P".to_string()],
+            length_capped,
+            out.prompt_tokens,
+            out.top,
+        );
+        return with_kv(responses::at_once(&answer, params.stream), Kv::None);
+    }
     let id = match out.id_prefix {
         Some(prefix) => format!("{prefix}{}", state.next_id()),
         None => default_id(state, api),
@@ -242,7 +329,7 @@ fn prefill_sse(
             Api::Completions => {
                 c.insert("text".into(), json!("P"));
             }
-            Api::Chat => {
+            Api::Chat | Api::Responses => {
                 c.insert("delta".into(), json!({"role": "assistant", "content": "P"}));
             }
         }
@@ -288,6 +375,25 @@ pub fn decode_response(
     state
         .generated_tokens
         .fetch_add(completion_tokens, Ordering::Relaxed);
+    if api == Api::Responses {
+        let pieces = (0..params.max_tokens).map(token_text).collect();
+        let mut top = Map::new();
+        top.insert("kv_transfer_params".into(), Value::Null);
+        let answer = responses_answer(
+            state,
+            &params,
+            pieces,
+            params.capped,
+            out.prompt_tokens,
+            top,
+        );
+        if !params.stream {
+            guard.finish();
+            return with_kv(responses::at_once(&answer, false), out.kv);
+        }
+        let resp = responses::streamed(&answer, state.config.stream_delay, move || guard.finish());
+        return with_kv(resp, out.kv);
+    }
     let id = default_id(state, api);
     let created = now();
     let model = state.config.model.clone();
@@ -383,7 +489,7 @@ impl Sse {
                     Api::Completions => {
                         c.insert("text".into(), json!(text));
                     }
-                    Api::Chat => {
+                    Api::Chat | Api::Responses => {
                         let delta = if k == 0 {
                             json!({"role": "assistant", "content": text})
                         } else {
@@ -441,6 +547,8 @@ mod tests {
                 n,
                 stream: true,
                 include_usage,
+                capped: true,
+                request_id: None,
             },
             prompt_tokens: 3,
             delay: Duration::ZERO,
@@ -481,6 +589,8 @@ mod tests {
             n: 2,
             stream: true,
             include_usage: true,
+            capped: true,
+            request_id: None,
         };
         let mut out = PrefillOut::new(7);
         out.top.insert("kv_transfer_params".into(), json!({"k": 1}));

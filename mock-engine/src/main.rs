@@ -5,14 +5,18 @@
 mod bootstrap;
 mod cli;
 mod conn;
+mod disagg_auth;
 mod engines;
 mod error;
 mod generate;
 mod peer;
+mod rendezvous;
 mod request;
+mod responses;
 mod server;
 mod sidechannel;
 mod state;
+mod zmq;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -73,10 +77,16 @@ async fn run(config: cli::Config) -> Result<(), String> {
     } else {
         None
     };
+    let zmq = if config.needs_zmq() {
+        Some(bind("zmq listener", config.zmq_listen).await?)
+    } else {
+        None
+    };
     let bound = Bound {
         http: http_addr,
         side: side.as_ref().map(|(_, a)| *a),
         bootstrap: boot.as_ref().map(|(_, a)| *a),
+        zmq: zmq.as_ref().map(|(_, a)| *a),
     };
     let peers = peer::Peers::new(config.allow_remote_peers)
         .map_err(|e| format!("cannot build HTTP client: {e}"))?;
@@ -97,16 +107,21 @@ async fn run(config: cli::Config) -> Result<(), String> {
             server::with_access_log(bootstrap::router(state.clone()), state.clone(), "bootstrap");
         servers.spawn(serve(listener, router));
     }
+    if let Some((listener, _)) = zmq {
+        let router = server::with_access_log(zmq::router(state.clone()), state.clone(), "zmq");
+        servers.spawn(serve(listener, router));
+    }
 
     // Only after every listener is bound: tests wait for this line.
     let port = |a: Option<SocketAddr>| a.map_or("null".to_string(), |a| a.port().to_string());
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "READY {{\"http\":{},\"bootstrap\":{},\"side\":{}}}",
+        "READY {{\"http\":{},\"bootstrap\":{},\"side\":{},\"zmq\":{}}}",
         bound.http.port(),
         port(bound.bootstrap),
-        port(bound.side)
+        port(bound.side),
+        port(bound.zmq)
     )
     .and_then(|_| out.flush())
     .map_err(|e| format!("cannot write READY: {e}"))?;

@@ -55,6 +55,30 @@ pub fn authority(host: &str, port: u16) -> String {
     }
 }
 
+/// Splits `host:port` (IPv6 hosts bracketed: `[::1]:5`) with a non-zero
+/// port and a host that cannot alter a URL's structure.
+pub fn split_authority(s: &str) -> Option<(String, u16)> {
+    let (host, port) = s.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p != 0)?;
+    if port_has_sign(s) {
+        return None;
+    }
+    let host = match host.strip_prefix('[') {
+        Some(v6) => v6.strip_suffix(']')?,
+        None if host.contains(':') => return None,
+        None => host,
+    };
+    if host.is_empty() || host.contains(['/', '@', '?', '#', '[', ']', ' ']) {
+        return None;
+    }
+    Some((host.to_string(), port))
+}
+
+/// `u16::from_str` takes a leading `+`, a URL port does not.
+fn port_has_sign(s: &str) -> bool {
+    s.rsplit_once(':').is_some_and(|(_, p)| p.starts_with('+'))
+}
+
 /// Percent-encodes everything but RFC 3986 unreserved characters, so ids
 /// taken from request bodies cannot alter the URL's structure.
 pub fn pct(s: &str) -> String {
@@ -129,6 +153,19 @@ impl Peers {
         let req = self.client.post(url).json(body).timeout(timeout);
         send(req).await
     }
+
+    pub async fn put_json(
+        &self,
+        authority: &str,
+        path: &str,
+        body: &serde_json::Value,
+        timeout: Duration,
+    ) -> Result<PeerResponse, PeerError> {
+        self.check_host(authority)?;
+        let url = format!("http://{authority}{path}");
+        let req = self.client.put(url).json(body).timeout(timeout);
+        send(req).await
+    }
 }
 
 async fn send(req: reqwest::RequestBuilder) -> Result<PeerResponse, PeerError> {
@@ -170,6 +207,21 @@ mod tests {
             .expect("client")
             .check_host("192.0.2.1:80")
             .is_ok());
+    }
+
+    #[test]
+    fn splits_authorities() {
+        assert_eq!(
+            split_authority("127.0.0.1:80"),
+            Some(("127.0.0.1".into(), 80))
+        );
+        assert_eq!(split_authority("[::1]:80"), Some(("::1".into(), 80)));
+        assert_eq!(split_authority("h:65535"), Some(("h".into(), 65535)));
+        for bad in [
+            "h", "h:0", "h:x", "h:65536", ":80", "::1:80", "a/b:80", "u@h:80", "h:+80", "[::1:80",
+        ] {
+            assert_eq!(split_authority(bad), None, "{bad}");
+        }
     }
 
     #[test]

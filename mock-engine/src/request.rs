@@ -14,6 +14,8 @@ use crate::error::{Checked, Fail};
 pub enum Api {
     Completions,
     Chat,
+    /// `/v1/responses` (vLLM's Responses API).
+    Responses,
 }
 
 pub struct Request<'a> {
@@ -106,7 +108,20 @@ impl<'a> Request<'a> {
         }
     }
 
+    /// A string member; `None` when absent.
+    pub fn str_field(&self, name: &str) -> Checked<Option<String>> {
+        match self.value(name)? {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(Fail::contract(format!(
+                "`{name}` must be a string, got {}",
+                short(&v)
+            ))),
+        }
+    }
+
     /// Completions: the raw `prompt`. Chat: raw `messages` then raw `tools`.
+    /// Responses: raw `input`, then raw `instructions` and `tools`.
     /// Any re-serialisation by the router changes these bytes, just as it
     /// would defeat a real engine's prefix cache.
     pub fn prompt_key(&self) -> Checked<Vec<u8>> {
@@ -122,6 +137,18 @@ impl<'a> Request<'a> {
                 let mut key = messages.get().as_bytes().to_vec();
                 if let Some(tools) = self.raw("tools") {
                     key.extend_from_slice(tools.get().as_bytes());
+                }
+                Ok(key)
+            }
+            Api::Responses => {
+                let input = self
+                    .raw("input")
+                    .ok_or_else(|| Fail::contract("responses request has no `input`"))?;
+                let mut key = input.get().as_bytes().to_vec();
+                for extra in ["instructions", "tools"] {
+                    if let Some(raw) = self.raw(extra) {
+                        key.extend_from_slice(raw.get().as_bytes());
+                    }
                 }
                 Ok(key)
             }
@@ -199,6 +226,20 @@ mod tests {
             r.prompt_key().expect("key"),
             br#"[{"role":"user","content":"hi"}][{"a":1}]"#.to_vec()
         );
+    }
+
+    #[test]
+    fn responses_key_is_input_then_instructions_and_tools() {
+        let body = br#"{"tools":[1],"input":"hi","instructions":"be brief"}"#;
+        let r = Request::parse(Api::Responses, body).expect("parses");
+        assert_eq!(
+            r.prompt_key().expect("key"),
+            br#""hi""be brief"[1]"#.to_vec()
+        );
+        let r = Request::parse(Api::Responses, br#"{"model":"m"}"#).expect("parses");
+        assert!(r.prompt_key().is_err());
+        let r = Request::parse(Api::Responses, br#"{"request_id":7}"#).expect("parses");
+        assert!(r.str_field("request_id").is_err());
     }
 
     #[test]

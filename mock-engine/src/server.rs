@@ -44,6 +44,8 @@ pub fn main_router(state: Shared) -> Router {
         .route("/debug/requests", get(debug_requests))
         .route("/debug/reset", post(debug_reset))
         .route("/debug/load", post(debug_load))
+        .route("/server_info", get(server_info))
+        .route("/get_server_info", get(server_info))
         .route("/v1/{*rest}", post(v1_post))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state.clone());
@@ -274,6 +276,19 @@ async fn metrics(State(state): State<Shared>) -> Response {
         .into_response()
 }
 
+/// SGLang's `GET /server_info` (and the deprecated `/get_server_info`);
+/// 404 on the other engines, which have no such endpoint.
+async fn server_info(State(state): State<Shared>) -> Response {
+    if state.config.engine != Engine::Sglang {
+        return error_response(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{}: no such endpoint /server_info", state.label()),
+        );
+    }
+    Json(engines::sglang_server_info(&state)).into_response()
+}
+
 async fn debug_requests(State(state): State<Shared>) -> Response {
     let records = lock(&state.debug).clone();
     Json(records).into_response()
@@ -382,7 +397,11 @@ fn error_response(status: StatusCode, kind: &str, message: String) -> Response {
 }
 
 fn fail_response(state: &Shared, fail: Fail) -> Response {
-    let message = format!("{}: {}", state.label(), fail.message);
+    let message = if fail.verbatim {
+        fail.message
+    } else {
+        format!("{}: {}", state.label(), fail.message)
+    };
     error_response(fail.status, fail.kind, message)
 }
 
@@ -440,6 +459,7 @@ async fn v1_post(
     let api = match uri.path() {
         "/v1/completions" => Api::Completions,
         "/v1/chat/completions" => Api::Chat,
+        "/v1/responses" if cfg.serves_responses() => Api::Responses,
         other => {
             return error_response(
                 StatusCode::NOT_FOUND,
@@ -448,7 +468,7 @@ async fn v1_post(
             )
         }
     };
-    let resp = match engines::handle(&state, api, &body, faults, guard).await {
+    let resp = match engines::handle(&state, api, &headers, &body, faults, guard).await {
         Ok(resp) => resp,
         Err(fail) => return fail_response(&state, fail),
     };

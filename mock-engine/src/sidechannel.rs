@@ -1,12 +1,17 @@
 //! The prefill pod's side channel: where a decode pulls the "KV cache".
 //!
 //! vLLM NIXL/shfs: `GET /kv/{remote_request_id}?engine_id=E&block_ids=1,2,3`.
+//! vLLM Mooncake: `GET /mooncake/kv?engine_id=E&transfer_id=T&timeout_ms=N`
+//! (waits up to N ms for the prefill to offer the KV).
+//! vLLM NIXL push: `GET /push/handshake` (the engine id), then
+//! `GET /push/kv?request_id=R&timeout_ms=N` (waits for the KV of R).
 //! TRT-LLM: `GET /ctx/{disagg_request_id}`.
 //! Entries are single-consumer, like NIXL freeing blocks after the read: a
 //! router that makes two decodes pull one prefill fails the second.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -15,7 +20,8 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::cli::Engine;
+use crate::cli::{Connector, Engine};
+use crate::engines::{base_request_id, mooncake_offer_key};
 use crate::state::{lock, Shared};
 
 pub struct KvEntry {
@@ -24,10 +30,17 @@ pub struct KvEntry {
     pub prompt_hash: String,
 }
 
+/// What a TRT-LLM context leaves for its generation request.
+pub struct CtxEntry {
+    pub token_ids: Vec<u64>,
+    /// The `encoded_opaque_state` the context answered.
+    pub encoded_opaque_state: String,
+}
+
 #[derive(Default)]
 pub struct SideStore {
     kv: Mutex<HashMap<String, KvEntry>>,
-    ctx: Mutex<HashMap<u64, Vec<u64>>>,
+    ctx: Mutex<HashMap<u64, CtxEntry>>,
 }
 
 impl SideStore {
@@ -37,23 +50,112 @@ impl SideStore {
 
     /// Stores a TRT-LLM context; false if the id is still pending, since
     /// reusing a live disagg_request_id would mix two requests' KV.
-    pub fn put_ctx(&self, id: u64, token_ids: Vec<u64>) -> bool {
+    pub fn put_ctx(&self, id: u64, entry: CtxEntry) -> bool {
         let mut ctx = lock(&self.ctx);
         if ctx.contains_key(&id) {
             return false;
         }
-        ctx.insert(id, token_ids);
+        ctx.insert(id, entry);
         true
     }
 }
 
 pub fn router(state: Shared) -> Router {
     let r = Router::new();
-    let r = match state.config.engine {
-        Engine::Trtllm => r.route("/ctx/{id}", get(get_ctx)),
+    let r = match (state.config.engine, state.config.connector) {
+        (Engine::Trtllm, _) => r.route("/ctx/{id}", get(get_ctx)),
+        (_, Connector::Mooncake) => r.route("/mooncake/kv", get(get_mooncake_kv)),
+        (_, Connector::NixlPush) => r
+            .route("/push/handshake", get(push_handshake))
+            .route("/push/kv", get(get_pushed_kv)),
         _ => r.route("/kv/{id}", get(get_kv)),
     };
     r.with_state(state)
+}
+
+/// The waiting decode passes its own timeout; default to the prefill's.
+/// Errors are the 400 message.
+fn wait_time(state: &Shared, q: &HashMap<String, String>) -> Result<Duration, String> {
+    match q.get("timeout_ms") {
+        None => Ok(state.config.bootstrap_timeout),
+        Some(ms) => ms
+            .parse::<u64>()
+            .map(Duration::from_millis)
+            .map_err(|_| format!("timeout_ms {ms:?} is not a number")),
+    }
+}
+
+fn query_param<'q>(q: &'q HashMap<String, String>, name: &str) -> Result<&'q str, String> {
+    q.get(name)
+        .map(String::as_str)
+        .ok_or_else(|| format!("missing {name}"))
+}
+
+async fn get_mooncake_kv(
+    State(state): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let (engine_id, transfer_id, wait) = match (
+        query_param(&q, "engine_id"),
+        query_param(&q, "transfer_id"),
+        wait_time(&state, &q),
+    ) {
+        (Ok(e), Ok(t), Ok(w)) => (e, t, w),
+        (Err(m), _, _) | (_, Err(m), _) | (_, _, Err(m)) => {
+            return plain(StatusCode::BAD_REQUEST, m)
+        }
+    };
+    let ours = (0..state.config.dp_size).any(|r| state.mooncake_rank_id(r) == engine_id);
+    if !ours {
+        return plain(
+            StatusCode::NOT_FOUND,
+            format!("engine_id {engine_id:?} is not served by this worker"),
+        );
+    }
+    let key = mooncake_offer_key(engine_id, transfer_id);
+    match state.offers.take(&key, |_| false, wait).await {
+        Some(kv) => Json(json!({"prompt_hash": kv.prompt_hash})).into_response(),
+        None => plain(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "transfer_id {transfer_id:?} was not ready on engine {engine_id} within {wait:?}"
+            ),
+        ),
+    }
+}
+
+async fn push_handshake(State(state): State<Shared>) -> Response {
+    Json(json!({
+        "engine_id": state.config.engine_id,
+        "tp_size": 1,
+        "pp_size": 1,
+        "transfer_mode": "push",
+    }))
+    .into_response()
+}
+
+async fn get_pushed_kv(
+    State(state): State<Shared>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let (id, wait) = match (query_param(&q, "request_id"), wait_time(&state, &q)) {
+        (Ok(i), Ok(w)) => (i, w),
+        (Err(m), _) | (_, Err(m)) => return plain(StatusCode::BAD_REQUEST, m),
+    };
+    // vLLM's _pop_matching_registration: exact id first, then ids equal
+    // once the randomisation suffix is stripped from both.
+    let base = base_request_id(id);
+    match state
+        .offers
+        .take(id, |k| base_request_id(k) == base, wait)
+        .await
+    {
+        Some(kv) => Json(json!({"prompt_hash": kv.prompt_hash})).into_response(),
+        None => plain(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("no finished prefill for request {id:?} within {wait:?}"),
+        ),
+    }
 }
 
 fn plain(status: StatusCode, msg: String) -> Response {
@@ -113,7 +215,11 @@ async fn get_ctx(State(state): State<Shared>, Path(id): Path<String>) -> Respons
         );
     };
     match lock(&state.side.ctx).remove(&id) {
-        Some(token_ids) => Json(json!({"token_ids": token_ids})).into_response(),
+        Some(ctx) => Json(json!({
+            "token_ids": ctx.token_ids,
+            "encoded_opaque_state": ctx.encoded_opaque_state,
+        }))
+        .into_response(),
         None => plain(
             StatusCode::NOT_FOUND,
             format!("no context for disagg_request_id {id} (unknown or already pulled)"),

@@ -7,13 +7,21 @@ use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
 use crate::bootstrap::Rooms;
-use crate::cli::{Config, Load};
+use crate::cli::{Config, Connector, Load};
 use crate::peer::Peers;
+use crate::rendezvous::Offers;
 use crate::sidechannel::SideStore;
+
+/// How long offered KV waits for its consumer: vLLM Mooncake's
+/// `VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT` (480 s); NIXL push holds the
+/// prefill's blocks for `kv_lease_duration` (30 s).
+const MOONCAKE_TTL: Duration = Duration::from_secs(480);
+const PUSH_LEASE: Duration = Duration::from_secs(30);
 
 /// Addresses actually bound (ports are usually chosen by the OS).
 #[derive(Clone, Copy, Debug)]
@@ -21,6 +29,8 @@ pub struct Bound {
     pub http: SocketAddr,
     pub side: Option<SocketAddr>,
     pub bootstrap: Option<SocketAddr>,
+    /// vLLM P2P NCCL: the "ZMQ" listener.
+    pub zmq: Option<SocketAddr>,
 }
 
 #[derive(Serialize, Clone)]
@@ -44,6 +54,13 @@ pub struct AppState {
     pub debug: Mutex<Vec<DebugRecord>>,
     pub side: SideStore,
     pub rooms: Rooms,
+    /// Mooncake / NIXL push (prefill side), P2P NCCL (decode side).
+    pub offers: Offers,
+    /// vLLM Mooncake prefill: the engine id, `<name>-<random hex>` (with
+    /// `--dp-size` N > 1 rank r is `<id>_dp<r>`), drawn at start so a router
+    /// has to read it from `GET /query`.
+    pub mooncake_engine_id: String,
+    pub started: Instant,
     pub peers: Peers,
     /// POST /v1/* received so far (numbers them for `fail-after:N`).
     pub posts: AtomicU64,
@@ -57,6 +74,15 @@ pub type Shared = Arc<AppState>;
 impl AppState {
     pub fn new(config: Config, bound: Bound, peers: Peers) -> Self {
         let load = config.load;
+        let random = RandomState::new();
+        let mut h = random.build_hasher();
+        h.write(b"mooncake engine id");
+        let mooncake_engine_id = format!("{}-{:016x}", config.name, h.finish());
+        let ttl = if config.connector == Connector::NixlPush {
+            PUSH_LEASE
+        } else {
+            MOONCAKE_TTL
+        };
         AppState {
             config,
             bound,
@@ -67,10 +93,13 @@ impl AppState {
             debug: Mutex::new(Vec::new()),
             side: SideStore::default(),
             rooms: Rooms::default(),
+            offers: Offers::new(ttl),
+            mooncake_engine_id,
+            started: Instant::now(),
             peers,
             posts: AtomicU64::new(0),
             seq: AtomicU64::new(0),
-            random: RandomState::new(),
+            random,
             random_seq: AtomicU64::new(0),
         }
     }
@@ -82,6 +111,15 @@ impl AppState {
             self.config.engine.as_str(),
             self.config.role.as_str()
         )
+    }
+
+    /// The Mooncake engine id of data-parallel rank `rank`.
+    pub fn mooncake_rank_id(&self, rank: u64) -> String {
+        if self.config.dp_size > 1 {
+            format!("{}_dp{rank}", self.mooncake_engine_id)
+        } else {
+            self.mooncake_engine_id.clone()
+        }
     }
 
     /// A fresh id suffix: pod name plus a per-process sequence number, so ids

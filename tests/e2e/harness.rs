@@ -107,6 +107,14 @@ pub struct Mock {
     pub name: String,
     pub http: u16,
     pub bootstrap: Option<u16>,
+    /// vLLM NIXL side channel (pull and push prefills, Mooncake workers).
+    pub side: Option<u16>,
+    /// vLLM P2P NCCL's ZMQ port (`kv_port`).
+    pub zmq: Option<u16>,
+    /// `--dp-size`, when given.
+    pub dp_size: Option<u32>,
+    /// A vLLM NIXL push prefill (its endpoint names its side channel).
+    pub push_prefill: bool,
 }
 
 impl Mock {
@@ -135,9 +143,20 @@ impl Mock {
             .unwrap_or_else(|| panic!("mock {name}: unexpected first line {line:?}"));
         let v: Value = serde_json::from_str(json).expect("READY json");
         let port = |k: &str| v[k].as_u64().map(|p| p as u16);
+        let arg = |flag: &str| {
+            args.iter()
+                .position(|a| *a == flag)
+                .and_then(|i| args.get(i + 1))
+                .copied()
+        };
         Mock {
             http: port("http").expect("http port"),
             bootstrap: port("bootstrap"),
+            side: port("side"),
+            zmq: port("zmq"),
+            dp_size: arg("--dp-size").and_then(|n| n.parse().ok()),
+            push_prefill: arg("--connector") == Some("nixl_push")
+                && arg("--role") == Some("prefill"),
             name: name.to_owned(),
             proc,
         }
@@ -157,6 +176,15 @@ impl Mock {
         let mut e = serde_json::json!({"address": self.address(), "name": self.name});
         if let Some(b) = self.bootstrap {
             e["bootstrap_port"] = b.into();
+        }
+        if let Some(z) = self.zmq {
+            e["kv_port"] = z.into();
+        }
+        if let Some(n) = self.dp_size {
+            e["dp_size"] = n.into();
+        }
+        if let (true, Some(side)) = (self.push_prefill, self.side) {
+            e["nixl_push"] = serde_json::json!({"engine_id": self.name, "side_channel_port": side});
         }
         e
     }
@@ -299,6 +327,7 @@ impl Envoy {
         let mut cmd = Command::new(envoy_bin());
         cmd.env_remove("PD_ROUTER_KUBE_TOKEN");
         cmd.env_remove("PD_ROUTER_TRT_MACHINE_ID");
+        cmd.env_remove("PD_ROUTER_TRT_AUTH_KEY");
         for (k, v) in env {
             cmd.env(k, v);
         }

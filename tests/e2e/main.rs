@@ -18,6 +18,7 @@ mod engines;
 mod errors;
 mod fairness;
 mod faults;
+mod handoffs;
 mod harness;
 mod kube_api;
 mod oci;

@@ -3,25 +3,34 @@
 //! what to add to the answer; `handle` turns that into the HTTP response.
 
 mod default;
+mod mooncake;
+mod nixl_push;
+mod p2p_nccl;
 mod sglang;
 mod trtllm;
 mod vllm;
 
+pub use mooncake::offer_key as mooncake_offer_key;
+pub use nixl_push::base_request_id;
+pub use sglang::server_info as sglang_server_info;
+
+use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Value};
 
 use crate::cli::{fail_after_transfer, Connector, Engine, Fault, Role};
 use crate::error::{Checked, Fail};
-use crate::generate::{self, GenParams};
-use crate::request::{short, Api, Request};
+use crate::generate::{self, DecodeOut, GenParams, Kv};
+use crate::request::{approx_tokens, short, Api, Request};
 use crate::state::{InFlight, Shared};
 
 /// `faults`: those in force for this request (only `no-kv-params`,
-/// `no-token-ids`, `no-disagg-params` and `fail-after-transfer` matter here;
-/// the dispatcher applies the others).
+/// `no-token-ids`, `no-disagg-params`, `fail-after-transfer` and
+/// `truncate` matter here; the dispatcher applies the others).
 pub async fn handle(
     state: &Shared,
     api: Api,
+    headers: &HeaderMap,
     body: &[u8],
     faults: &[Fault],
     guard: InFlight,
@@ -30,17 +39,32 @@ pub async fn handle(
     // Validated first so a malformed knob never consumes a hand-off.
     let params = GenParams::from_request(&req)?;
     let cfg = &state.config;
+    if api == Api::Responses {
+        responses_checks(&req, cfg.role == Role::Decode || cfg.lenient_prefill)?;
+    }
+    // A prefill whose answer a fault spoils never hands its KV over.
+    let spoiled = faults.contains(&Fault::Truncate);
     match cfg.role {
         Role::Prefill => {
+            let no_kv_params = faults.contains(&Fault::NoKvParams);
             let out = match (cfg.engine, cfg.connector) {
                 (Engine::Vllm, Connector::Neuron) => {
                     vllm::neuron_prefill(&req, cfg.lenient_prefill)?
                 }
-                (Engine::Vllm, _) => {
-                    vllm::prefill(state, &req, faults.contains(&Fault::NoKvParams))?
+                (Engine::Vllm, Connector::Mooncake) => {
+                    mooncake::prefill(state, &req, headers, spoiled)?
+                }
+                (Engine::Vllm, Connector::NixlPush) => {
+                    nixl_push::prefill(state, &req, headers, spoiled, no_kv_params)?
+                }
+                (Engine::Vllm, Connector::P2pNccl) => {
+                    p2p_nccl::prefill(state, &req, headers, spoiled).await?
+                }
+                (Engine::Vllm, Connector::Nixl | Connector::Shfs) => {
+                    vllm::prefill(state, &req, no_kv_params)?
                 }
                 (Engine::Sglang, _) => {
-                    sglang::prefill(state, &req, fail_after_transfer(faults)).await?
+                    sglang::prefill(state, &req, headers, fail_after_transfer(faults)).await?
                 }
                 (Engine::Trtllm, _) => trtllm::prefill(state, &req, faults)?,
                 (Engine::Default, _) => default::prefill(&req, cfg.lenient_prefill)?,
@@ -52,14 +76,137 @@ pub async fn handle(
         Role::Decode => {
             let out = match (cfg.engine, cfg.connector) {
                 (Engine::Vllm, Connector::Neuron) => vllm::neuron_decode(&req)?,
-                (Engine::Vllm, _) => vllm::decode(state, &req).await?,
-                (Engine::Sglang, _) => sglang::decode(state, &req).await?,
-                (Engine::Trtllm, _) => trtllm::decode(state, &req).await?,
+                (Engine::Vllm, Connector::Mooncake) => mooncake::decode(state, &req).await?,
+                (Engine::Vllm, Connector::NixlPush) => {
+                    nixl_push::decode(state, &req, headers).await?
+                }
+                (Engine::Vllm, Connector::P2pNccl) => {
+                    p2p_nccl::decode(state, &req, headers).await?
+                }
+                (Engine::Vllm, Connector::Nixl | Connector::Shfs) => {
+                    vllm::decode(state, &req).await?
+                }
+                (Engine::Sglang, _) => sglang::decode(state, &req, headers).await?,
+                (Engine::Trtllm, _) => trtllm::decode(state, &req, headers).await?,
                 (Engine::Default, _) => default::decode(&req),
             };
             Ok(generate::decode_response(state, api, params, out, guard))
         }
     }
+}
+
+/// What vLLM's Responses endpoint refuses whatever the leg: a
+/// `previous_response_id` (the mock's pod-local store is empty, as a
+/// decode's or prefill's is for a response the other pod stored: vLLM
+/// answers 404) and, unless `background_ok` is false (the strict prefill
+/// refuses it as a contract break instead), `background: true` (400:
+/// vLLM needs the response store for it, which is off by default).
+fn responses_checks(req: &Request<'_>, background_ok: bool) -> Checked<()> {
+    if let Some(id) = req.str_field("previous_response_id")? {
+        return Err(Fail::new(
+            axum::http::StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "Response with id '{id}' not found (previous_response_id: the mock's pod-local \
+                 response store is empty)"
+            ),
+        ));
+    }
+    if background_ok && req.bool_field("background")? == Some(true) {
+        let msg = if req.bool_field("store")? == Some(false) {
+            "background can only be used when `store` is true"
+        } else {
+            "This vLLM engine does not support `store=True` and therefore does not support the \
+             background mode. To enable these features, set the environment variable \
+             `VLLM_ENABLE_RESPONSES_API_STORE=1` when launching the vLLM server."
+        };
+        return Err(Fail::bad_request(msg));
+    }
+    Ok(())
+}
+
+/// The request id vLLM 0.33 gives this request (`_base_request_id`):
+/// chat and completions take header `X-Request-Id`, else the body
+/// `request_id`; `/v1/responses` only the body `request_id` (the header is
+/// ignored). `None`: vLLM would draw a random one.
+fn vllm_request_id(req: &Request<'_>, headers: &HeaderMap) -> Checked<Option<String>> {
+    if req.api != Api::Responses {
+        if let Some(v) = headers.get("x-request-id") {
+            let id = v
+                .to_str()
+                .map_err(|_| Fail::contract("header `X-Request-Id` is not visible ASCII"))?;
+            return Ok(Some(id.to_string()));
+        }
+    }
+    req.str_field("request_id")
+}
+
+/// Where the request id comes from, for messages.
+fn request_id_source(api: Api) -> &'static str {
+    match api {
+        Api::Responses => "body `request_id` (/v1/responses ignores X-Request-Id)",
+        _ => "header `X-Request-Id` (or body `request_id`)",
+    }
+}
+
+/// The engine's internal id for external id `id` (request-id randomisation
+/// off, VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1): `chatcmpl-{id}`,
+/// `cmpl-{id}-0` (first prompt) or `{id}_0` (responses). So, as in vLLM,
+/// legs that pair by id must also hit the same endpoint.
+fn vllm_internal_id(api: Api, id: &str) -> String {
+    match api {
+        Api::Chat => format!("chatcmpl-{id}"),
+        Api::Completions => format!("cmpl-{id}-0"),
+        Api::Responses => format!("{id}_0"),
+    }
+}
+
+/// The no-hand-off case of a vLLM decode (no `kv_transfer_params`, or, for
+/// Mooncake, incomplete ones): a silent recompute, which only `n` > 1
+/// (vLLM's proxies send no hand-off then) or `--allow-recompute` lets
+/// through.
+fn vllm_recompute(state: &Shared, req: &Request<'_>, why: &str) -> Checked<DecodeOut> {
+    let n = req.u64_field("n")?.unwrap_or(1);
+    if (n > 1 && req.api != Api::Responses) || state.config.allow_recompute {
+        return Ok(DecodeOut {
+            kv: Kv::Recomputed,
+            prompt_tokens: approx_tokens(&req.prompt_key()?),
+        });
+    }
+    Err(Fail::contract(format!(
+        "{why}: the decode would silently recompute the prompt"
+    )))
+}
+
+/// `kv_transfer_params.do_remote_decode` must be true on a vLLM prefill,
+/// `do_remote_prefill` not true.
+fn vllm_prefill_params(req: &Request<'_>) -> Checked<Map<String, Value>> {
+    let params = object_field(req, "kv_transfer_params")?.ok_or_else(|| {
+        Fail::contract(
+            "prefill request has no `kv_transfer_params` (needs {\"do_remote_decode\": true})",
+        )
+    })?;
+    match params.get("do_remote_decode") {
+        Some(Value::Bool(true)) => {}
+        Some(v) => {
+            return Err(Fail::contract(format!(
+                "`kv_transfer_params.do_remote_decode` must be true, got {}",
+                short(v)
+            )))
+        }
+        None => {
+            return Err(Fail::contract(
+                "`kv_transfer_params.do_remote_decode` is missing (must be true)",
+            ))
+        }
+    }
+    // The decode's params sent to the prefill would make it pull, not serve.
+    if params.get("do_remote_prefill") == Some(&Value::Bool(true)) {
+        return Err(Fail::contract(
+            "`kv_transfer_params.do_remote_prefill` is true on the prefill leg",
+        ));
+    }
+    Ok(params)
 }
 
 /// What every prefill leg must look like: exactly one token, not streamed,
@@ -72,6 +219,9 @@ fn prefill_constraints(
     max_completion_tokens_ok: bool,
     lenient: bool,
 ) -> Checked<()> {
+    if req.api == Api::Responses {
+        return responses_prefill_constraints(req, lenient);
+    }
     if lenient {
         return lenient_prefill_constraints(req);
     }
@@ -110,6 +260,52 @@ fn prefill_constraints(
     } else if req.has("max_completion_tokens") {
         return Err(Fail::contract(
             "prefill request must not carry `max_completion_tokens`",
+        ));
+    }
+    Ok(())
+}
+
+/// The prefill leg of `/v1/responses`: `max_output_tokens` == 1, `stream`
+/// not true, `store` false (its default is true, and only the prefill's
+/// pod-local store would keep it), `background` not true, no
+/// `stream_options`. Lenient: the types only (GenParams checked them).
+fn responses_prefill_constraints(req: &Request<'_>, lenient: bool) -> Checked<()> {
+    if lenient {
+        return Ok(());
+    }
+    match req.u64_field("max_output_tokens")? {
+        Some(1) => {}
+        Some(m) => {
+            return Err(Fail::contract(format!(
+                "prefill needs `max_output_tokens` == 1, got {m}"
+            )))
+        }
+        None => {
+            return Err(Fail::contract(
+                "prefill needs `max_output_tokens` == 1, it is absent",
+            ))
+        }
+    }
+    if req.bool_field("stream")? == Some(true) {
+        return Err(Fail::contract("prefill must not stream, `stream` is true"));
+    }
+    match req.bool_field("store")? {
+        Some(false) => {}
+        Some(true) => return Err(Fail::contract("prefill needs `store` false, got true")),
+        None => {
+            return Err(Fail::contract(
+                "prefill needs `store` false, it is absent (the default is true)",
+            ))
+        }
+    }
+    if req.bool_field("background")? == Some(true) {
+        return Err(Fail::contract(
+            "prefill must not run in the background, `background` is true",
+        ));
+    }
+    if req.has("stream_options") {
+        return Err(Fail::contract(
+            "prefill request must not carry `stream_options`",
         ));
     }
     Ok(())
@@ -218,6 +414,79 @@ mod tests {
         assert!(lenient(r#"{"max_tokens":1.0}"#, true).is_err());
         assert!(lenient(r#"{"stream":"yes"}"#, true).is_err());
         assert!(lenient(r#"{"max_tokens":4,"min_tokens":-1}"#, true).is_err());
+    }
+
+    fn responses(body: &str, lenient: bool) -> Result<(), String> {
+        let req = Request::parse(Api::Responses, body.as_bytes()).map_err(|f| f.message)?;
+        GenParams::from_request(&req).map_err(|f| f.message)?;
+        prefill_constraints(&req, true, lenient).map_err(|f| f.message)
+    }
+
+    #[test]
+    fn responses_prefill_cases() {
+        let ok = r#"{"input":"x","max_output_tokens":1,"store":false}"#;
+        assert!(responses(ok, false).is_ok());
+        assert!(responses(
+            r#"{"input":[],"max_output_tokens":1,"store":false,"stream":false,"background":false}"#,
+            false
+        )
+        .is_ok());
+        for bad in [
+            r#"{"input":"x","store":false}"#,
+            r#"{"input":"x","max_output_tokens":2,"store":false}"#,
+            r#"{"input":"x","max_tokens":1,"store":false}"#,
+            r#"{"input":"x","max_output_tokens":1}"#,
+            r#"{"input":"x","max_output_tokens":1,"store":true}"#,
+            r#"{"input":"x","max_output_tokens":1,"store":false,"stream":true}"#,
+            r#"{"input":"x","max_output_tokens":1,"store":false,"background":true}"#,
+            r#"{"input":"x","max_output_tokens":1,"store":false,"stream_options":{}}"#,
+            r#"{"input":{},"max_output_tokens":1,"store":false}"#,
+            r#"{"max_output_tokens":1,"store":false}"#,
+            r#"{"input":"x","max_output_tokens":1,"store":"no"}"#,
+            r#"{"input":"x","max_output_tokens":1,"store":false,"request_id":1}"#,
+        ] {
+            assert!(responses(bad, false).is_err(), "{bad}");
+        }
+        // Lenient: the client's knobs, types still checked.
+        assert!(responses(
+            r#"{"input":"x","max_output_tokens":64,"stream":true}"#,
+            true
+        )
+        .is_ok());
+        assert!(responses(r#"{"input":"x","stream":"yes"}"#, true).is_err());
+    }
+
+    #[test]
+    fn responses_checks_cases() {
+        let parse = |b: &'static str| Request::parse(Api::Responses, b.as_bytes()).unwrap();
+        let e = responses_checks(&parse(r#"{"previous_response_id":"r"}"#), false).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::NOT_FOUND);
+        let e = responses_checks(&parse(r#"{"background":true}"#), true).unwrap_err();
+        assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
+        let e = responses_checks(&parse(r#"{"background":true,"store":false}"#), true).unwrap_err();
+        assert!(e.message.contains("only be used when `store` is true"));
+        assert!(responses_checks(&parse(r#"{"background":true}"#), false).is_ok());
+        assert!(responses_checks(&parse(r#"{"background":false}"#), true).is_ok());
+    }
+
+    #[test]
+    fn vllm_request_ids() {
+        let mut h = HeaderMap::new();
+        h.insert("x-request-id", "hdr".parse().unwrap());
+        let none = HeaderMap::new();
+        let chat = Request::parse(Api::Chat, br#"{"request_id":"body"}"#).unwrap();
+        assert_eq!(vllm_request_id(&chat, &h).unwrap().as_deref(), Some("hdr"));
+        assert_eq!(
+            vllm_request_id(&chat, &none).unwrap().as_deref(),
+            Some("body")
+        );
+        let resp = Request::parse(Api::Responses, br#"{"request_id":"body"}"#).unwrap();
+        assert_eq!(vllm_request_id(&resp, &h).unwrap().as_deref(), Some("body"));
+        let resp = Request::parse(Api::Responses, br#"{}"#).unwrap();
+        assert_eq!(vllm_request_id(&resp, &h).unwrap(), None);
+        assert_eq!(vllm_internal_id(Api::Chat, "a"), "chatcmpl-a");
+        assert_eq!(vllm_internal_id(Api::Completions, "a"), "cmpl-a-0");
+        assert_eq!(vllm_internal_id(Api::Responses, "a"), "a_0");
     }
 
     #[test]

@@ -6,18 +6,48 @@
 //! token ids is tokenised by the generation server itself (the tokens must
 //! still be the context's), and a request without `disaggregated_params` is
 //! served as an ordinary full request.
+//!
+//! The context answers an `encoded_opaque_state` (base64) that the
+//! generation must get back unaltered; with `--auth-key` the generation
+//! also checks TensorRT-LLM's `x-trtllm-disagg-auth` signature of it and of
+//! `ctx_info_endpoint` (see [`crate::disagg_auth`]).
 
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::{object_field, prefill_constraints, str_member, u64_member};
 use crate::cli::Fault;
+use crate::disagg_auth;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::pct;
 use crate::request::{short, token_ids, u64_array, Api, Request};
+use crate::sidechannel::CtxEntry;
 use crate::state::Shared;
+
+/// Standard base64 with padding (RFC 4648), for `encoded_opaque_state`.
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk.first().copied().unwrap_or(0),
+            chunk.get(1).copied().unwrap_or(0),
+            chunk.get(2).copied().unwrap_or(0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                let idx = ((n >> (18 - 6 * i)) & 63) as usize;
+                out.push(char::from(ABC.get(idx).copied().unwrap_or(b'A')));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
 
 /// TRT-LLM's disaggregated request ids live above 2^42 (below are ordinary
 /// request ids), so a router that mints small ids is wrong.
@@ -66,7 +96,17 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
         .bound
         .side
         .ok_or_else(|| Fail::internal("trtllm prefill has no side channel bound"))?;
-    if !state.side.put_ctx(id, tokens.clone()) {
+    // Some opaque bytes per request, as the context's cache-transceiver
+    // state would be; base64 brings '+' and '/' to relay and sign.
+    let mut opaque = b"mock-ctx-state:".to_vec();
+    opaque.extend_from_slice(&id.to_be_bytes());
+    opaque.extend_from_slice(&state.random_u64().to_le_bytes());
+    let encoded_opaque_state = base64(&opaque);
+    let entry = CtxEntry {
+        token_ids: tokens.clone(),
+        encoded_opaque_state: encoded_opaque_state.clone(),
+    };
+    if !state.side.put_ctx(id, entry) {
         return Err(Fail::contract(format!(
             "`{P}.disagg_request_id` {id} is reused while its context is still pending"
         )));
@@ -78,16 +118,25 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
         out.finish_reason = "stop";
     }
     if !faults.contains(&Fault::NoDisaggParams) {
+        let endpoint = if state.config.ctx_endpoint_list {
+            // The first is the real one; the second (this pod's main HTTP
+            // port) has no context to give.
+            let other = format!("{}:{}", side.ip(), state.bound.http.port());
+            json!([side.to_string(), other])
+        } else {
+            json!(side.to_string())
+        };
         out.choice.insert(
             P.into(),
             json!({
             "request_type": "context_only",
             "first_gen_tokens": [42],
             "ctx_request_id": id,
-            "opaque_state": null,
+            "encoded_opaque_state": encoded_opaque_state,
             "draft_tokens": null,
             "disagg_request_id": id,
-            "ctx_info_endpoint": side.to_string(),
+            "ctx_dp_rank": 0,
+            "ctx_info_endpoint": endpoint,
             }),
         );
     }
@@ -100,6 +149,65 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
 #[derive(Deserialize)]
 struct Ctx {
     token_ids: Vec<u64>,
+    encoded_opaque_state: String,
+}
+
+/// `--auth-key`: TensorRT-LLM's check of `x-trtllm-disagg-auth`, before
+/// anything else: 400 "Invalid internal disaggregated request
+/// authentication" when the protected fields are there and the header is
+/// missing or wrong. Without a key the worker only warns.
+fn check_auth(state: &Shared, params: &Map<String, Value>, headers: &HeaderMap) -> Checked<()> {
+    let Some(key) = &state.config.auth_key else {
+        return Ok(());
+    };
+    if !disagg_auth::required(params) {
+        return Ok(());
+    }
+    let expected = disagg_auth::sign(key, params);
+    let got = headers
+        .get(disagg_auth::HEADER)
+        .map(|v| v.as_bytes())
+        .unwrap_or_default();
+    if got == expected.as_bytes() {
+        Ok(())
+    } else {
+        Err(Fail::new(
+            StatusCode::BAD_REQUEST,
+            "BadRequestError",
+            disagg_auth::INVALID,
+        )
+        .verbatim())
+    }
+}
+
+/// `ctx_info_endpoint`: HOST:PORT, or a non-empty list of them (the first
+/// is used, as TensorRT-LLM reduces a list to its first element).
+fn ctx_endpoint(params: &Map<String, Value>) -> Checked<String> {
+    let field = "ctx_info_endpoint";
+    let endpoint = match params.get(field) {
+        Some(Value::Array(items)) => match items.first() {
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => {
+                return Err(Fail::contract(format!(
+                    "`{P}.{field}[0]` must be a string, got {}",
+                    short(v)
+                )))
+            }
+            None => return Err(Fail::contract(format!("`{P}.{field}` is an empty list"))),
+        },
+        _ => str_member(params, P, field)?.to_string(),
+    };
+    let well_formed = endpoint.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty()
+            && !host.contains(['/', '@', '?', '#'])
+            && port.parse::<u16>().is_ok_and(|p| p != 0)
+    });
+    if !well_formed {
+        return Err(Fail::contract(format!(
+            "`{P}.{field}` {endpoint:?} is not HOST:PORT"
+        )));
+    }
+    Ok(endpoint)
 }
 
 /// The token ids a generation request carries in `name`, if any.
@@ -115,7 +223,7 @@ fn int_array(req: &Request<'_>, name: &str) -> Checked<Option<Vec<u64>>> {
     }
 }
 
-pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
+pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> Checked<DecodeOut> {
     if !req.has(P) {
         // No hand-off at all: TensorRT-LLM runs it as a full request, the
         // context phase included.
@@ -126,6 +234,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         });
     }
     let params = disagg_params(req)?;
+    check_auth(state, &params, headers)?;
     expect_request_type(&params, "generation_only")?;
     let ctx_id = u64_member(&params, P, "ctx_request_id")?;
     let disagg_id = u64_member(&params, P, "disagg_request_id")?;
@@ -134,17 +243,18 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             "`{P}.ctx_request_id` {ctx_id} differs from `{P}.disagg_request_id` {disagg_id}"
         )));
     }
-    let endpoint = str_member(&params, P, "ctx_info_endpoint")?;
-    let well_formed = endpoint.rsplit_once(':').is_some_and(|(host, port)| {
-        !host.is_empty()
-            && !host.contains(['/', '@', '?', '#'])
-            && port.parse::<u16>().is_ok_and(|p| p != 0)
-    });
-    if !well_formed {
-        return Err(Fail::contract(format!(
-            "`{P}.ctx_info_endpoint` {endpoint:?} is not HOST:PORT"
-        )));
-    }
+    let endpoint = ctx_endpoint(&params)?;
+    let endpoint = endpoint.as_str();
+    let opaque = match params.get("encoded_opaque_state") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(v) => {
+            return Err(Fail::contract(format!(
+                "`{P}.encoded_opaque_state` must be a string, got {}",
+                short(v)
+            )))
+        }
+    };
     let sent = match req.api {
         // Completions carry the ids as the prompt, or the prompt text.
         Api::Completions => match req.value("prompt")? {
@@ -156,6 +266,11 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
                 return Err(Fail::contract("generation chat request has no `messages`"));
             }
             int_array(req, "prompt_token_ids")?
+        }
+        Api::Responses => {
+            return Err(Fail::contract(
+                "the trtllm mock does not serve /v1/responses",
+            ))
         }
     };
     // Without ids the generation server tokenises the prompt itself.
@@ -184,6 +299,22 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     }
     let ctx: Ctx = serde_json::from_slice(&resp.body)
         .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
+    match opaque {
+        Some(o) if o == ctx.encoded_opaque_state => {}
+        Some(o) => {
+            return Err(Fail::contract(format!(
+                "`{P}.encoded_opaque_state` {o:?} differs from the context's {:?}: the router must \
+                 relay the context's disaggregated_params unaltered",
+                ctx.encoded_opaque_state
+            )))
+        }
+        None => {
+            return Err(Fail::contract(format!(
+                "`{P}.encoded_opaque_state` is missing: the generation needs the context's opaque \
+                 state (relay the context's disaggregated_params whole)"
+            )))
+        }
+    }
     if ctx.token_ids != received {
         let first_diff = ctx
             .token_ids
@@ -202,4 +333,44 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         kv: Kv::Pulled,
         prompt_tokens: received.len() as u64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_rfc4648() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"opaque"), "b3BhcXVl");
+        assert_eq!(base64(&[0xfb, 0xff, 0xbf]), "+/+/");
+    }
+
+    #[test]
+    fn endpoint_forms() {
+        let p = |s: &str| match serde_json::from_str::<Value>(s).unwrap() {
+            Value::Object(m) => m,
+            _ => unreachable!(),
+        };
+        assert_eq!(
+            ctx_endpoint(&p(r#"{"ctx_info_endpoint":"127.0.0.1:5"}"#)).unwrap(),
+            "127.0.0.1:5"
+        );
+        assert_eq!(
+            ctx_endpoint(&p(r#"{"ctx_info_endpoint":["127.0.0.1:5","127.0.0.1:6"]}"#)).unwrap(),
+            "127.0.0.1:5"
+        );
+        for bad in [
+            r#"{"ctx_info_endpoint":[]}"#,
+            r#"{"ctx_info_endpoint":[5]}"#,
+            r#"{"ctx_info_endpoint":"tcp://h:5/x"}"#,
+            r#"{"ctx_info_endpoint":"h"}"#,
+            r#"{}"#,
+        ] {
+            assert!(ctx_endpoint(&p(bad)).is_err(), "{bad}");
+        }
+    }
 }

@@ -4,7 +4,8 @@
 //! to keep its KV blocks and answers with `kv_transfer_params` telling the
 //! decode where to pull them from; the router must relay that object to the
 //! decode verbatim. Neuron: the router passes the whole prefill response to
-//! the decode as `disagg_prefill_resp`.
+//! the decode as `disagg_prefill_resp`. (Mooncake, NIXL push and P2P NCCL
+//! have their own modules.)
 
 use std::time::Duration;
 
@@ -31,31 +32,7 @@ fn future_field() -> Value {
 /// `no_kv_params`: the `no-kv-params` fault is in force for this request.
 pub fn prefill(state: &Shared, req: &Request<'_>, no_kv_params: bool) -> Checked<PrefillOut> {
     prefill_constraints(req, true, state.config.lenient_prefill)?;
-    let params = object_field(req, "kv_transfer_params")?.ok_or_else(|| {
-        Fail::contract(
-            "prefill request has no `kv_transfer_params` (needs {\"do_remote_decode\": true})",
-        )
-    })?;
-    match params.get("do_remote_decode") {
-        Some(Value::Bool(true)) => {}
-        Some(v) => {
-            return Err(Fail::contract(format!(
-                "`kv_transfer_params.do_remote_decode` must be true, got {}",
-                short(v)
-            )))
-        }
-        None => {
-            return Err(Fail::contract(
-                "`kv_transfer_params.do_remote_decode` is missing (must be true)",
-            ))
-        }
-    }
-    // The decode's params sent to the prefill would make it pull, not serve.
-    if params.get("do_remote_prefill") == Some(&Value::Bool(true)) {
-        return Err(Fail::contract(
-            "`kv_transfer_params.do_remote_prefill` is true on the prefill leg",
-        ));
-    }
+    super::vllm_prefill_params(req)?;
     let key = req.prompt_key()?;
     let mut out = PrefillOut::new(approx_tokens(&key));
     if no_kv_params {
@@ -113,16 +90,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     let Some(params) = object_field(req, "kv_transfer_params")? else {
         // vLLM's own proxy sends n > 1 without a hand-off; anything else
         // means the prompt is recomputed on the decode, a silent perf bug.
-        let n = req.u64_field("n")?.unwrap_or(1);
-        if n > 1 || state.config.allow_recompute {
-            return Ok(DecodeOut {
-                kv: Kv::Recomputed,
-                prompt_tokens,
-            });
-        }
-        return Err(Fail::contract(
-            "no kv_transfer_params: the decode would silently recompute the prompt",
-        ));
+        return super::vllm_recompute(state, req, "no kv_transfer_params");
     };
 
     const P: &str = "kv_transfer_params";
