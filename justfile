@@ -27,6 +27,10 @@ setup:
     # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
     command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
     cmp -s deploy/node/package-lock.json .tools/node/package-lock.json || { mkdir -p .tools/node && cp deploy/node/package.json deploy/node/package-lock.json .tools/node/ && npm ci --prefix .tools/node --no-audit --no-fund --loglevel=error; }
+    # Grafana dashboard check (deploy/grafana/validate.mjs): TypeScript and @grafana/schema, pinned by deploy/grafana/package-lock.json
+    cmp -s deploy/grafana/package-lock.json .tools/grafana/package-lock.json || { mkdir -p .tools/grafana && cp deploy/grafana/package.json deploy/grafana/package-lock.json .tools/grafana/ && npm ci --prefix .tools/grafana --no-audit --no-fund --loglevel=error; }
+    # Prometheus and promtool (Debian's 2.42) for deploy/grafana/check_queries.py; tests run their own on 127.0.0.1. Where an init system runs, the package starts and enables a prometheus service on :9090: stop and disable it (containers without one get none).
+    command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; elif [ -x /etc/init.d/prometheus ] && runlevel >/dev/null 2>&1; then invoke-rc.d prometheus stop >/dev/null 2>&1 || true; update-rc.d prometheus disable >/dev/null 2>&1 || true; fi; }
 
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: setup

@@ -12,6 +12,7 @@
     clippy::indexing_slicing
 )]
 
+use pd_router::answer::{AnswerPlan, PrefillFacts, Rewrite};
 use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::engine::{FixedEntropy, Registry};
@@ -29,6 +30,14 @@ fn body(bytes: usize) -> Vec<u8> {
 }
 
 const ANSWER: &[u8] = br#"{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"A"},"finish_reason":"length"}],"usage":{"prompt_tokens":5},"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1,2,3,4,5,6,7,8],"remote_engine_id":"e","remote_request_id":"r","remote_host":"10.0.0.1","remote_port":5600,"tp_size":1}}"#;
+
+/// One model of `engine`, with one prefill and one decode pod.
+fn one_model(engine: &str) -> Config {
+    let json = format!(
+        r#"{{"models":[{{"name":"m","engine":"{engine}","rolesets":[{{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}}]}}]}}"#
+    );
+    Config::parse(json.as_bytes()).expect("config")
+}
 
 fn per_call(iters: u32, mut f: impl FnMut()) -> f64 {
     let mut rounds = Vec::new();
@@ -58,10 +67,7 @@ fn steady_allocator() {
 
 fn main() {
     steady_allocator();
-    let config = Config::parse(
-        br#"{"models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#,
-    )
-    .expect("config");
+    let config = one_model("vllm");
     let fleet = config.fleet();
     let registry = Registry::builtin();
     let view = RouterView::of_config(&config, &fleet, &registry);
@@ -102,4 +108,119 @@ fn main() {
     }
     println!("read: body copy, parse, fields, checks, prompt digest; plan: placement and both legs built;");
     println!("merge: the prefill answer parsed and the decode body rendered.");
+    trtllm_merge();
+    answer_rewrite();
+}
+
+/// A TensorRT-LLM context answer for a prompt of `bytes` bytes: one token
+/// id per 4 bytes, as the mock (and about a real tokenizer) makes them.
+fn trt_answer(bytes: usize) -> Vec<u8> {
+    let ids: Vec<String> = (0..bytes / 4)
+        .map(|i| (1000 + i % 150_000).to_string())
+        .collect();
+    format!(
+        r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"A"}},"finish_reason":"length","disaggregated_params":{{"request_type":"context_only","first_gen_tokens":[319],"ctx_request_id":4398046511104123,"disagg_request_id":4398046511104123,"encoded_opaque_state":"b3BhcXVl","draft_tokens":null}}}}],"prompt_token_ids":[{}]}}"#,
+        ids.join(",")
+    )
+    .into_bytes()
+}
+
+/// TensorRT-LLM: the context answer's token ids into the generation request.
+fn trtllm_merge() {
+    let config = one_model("trtllm");
+    let fleet = config.fleet();
+    let registry = Registry::builtin();
+    let view = RouterView::of_config(&config, &fleet, &registry);
+    let entropy = FixedEntropy::new(vec![1], 1 << 50);
+    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
+    println!();
+    println!("TensorRT-LLM merge: context answer (token ids) into the generation request (µs)");
+    println!("{:>8} {:>12} {:>10}", "body", "answer", "merge");
+    for size in [1024usize, 64 * 1024, 512 * 1024] {
+        let b = body(size);
+        let answer = trt_answer(size);
+        let Ok(Plan::Split(plan)) =
+            split::plan(&view, &mut planner, Api::ChatCompletions, "r", b.clone())
+        else {
+            panic!("not split");
+        };
+        let iters = (10_000_000 / answer.len()).clamp(20, 20_000) as u32;
+        let merge = per_call(iters, || {
+            black_box(split::merge(&view, &mut planner.entropy, &plan, &answer).ok());
+        });
+        println!("{:>7}K {:>11}B {merge:>10.2}", size / 1024, answer.len());
+    }
+}
+
+/// A decode answer of `tokens` generated tokens: whole, and as the SSE
+/// stream vLLM sends (one event per token, then the usage chunk).
+fn decode_answer(tokens: usize) -> (Vec<u8>, Vec<u8>) {
+    let text = "tok ".repeat(tokens);
+    let usage = format!(
+        r#"{{"prompt_tokens":900,"total_tokens":{},"completion_tokens":{tokens},"prompt_tokens_details":{{"cached_tokens":900}}}}"#,
+        900 + tokens
+    );
+    let whole = format!(
+        r#"{{"id":"cmpl-d","object":"chat.completion","created":1764000000,"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":"{text}"}},"logprobs":null,"finish_reason":"length"}}],"usage":{usage},"prompt_logprobs":null,"kv_transfer_params":null}}"#
+    );
+    let mut sse = String::new();
+    for _ in 0..tokens {
+        sse.push_str(r#"data: {"id":"cmpl-d","object":"chat.completion.chunk","created":1764000000,"model":"m","choices":[{"index":0,"delta":{"content":"tok "},"logprobs":null,"finish_reason":null}]}"#);
+        sse.push_str("\n\n");
+    }
+    sse.push_str(&format!(
+        r#"data: {{"id":"cmpl-d","object":"chat.completion.chunk","created":1764000000,"model":"m","choices":[],"usage":{usage}}}"#
+    ));
+    sse.push_str("\n\ndata: [DONE]\n\n");
+    (whole.into_bytes(), sse.into_bytes())
+}
+
+/// The cost of making an answer faithful (cached tokens from the prefill),
+/// against the pass-through path, which does no work in the filter.
+fn answer_rewrite() {
+    let plan = AnswerPlan {
+        usage: true,
+        logprobs: None,
+        stream: false,
+    };
+    let facts = PrefillFacts {
+        cached_tokens: Some(120),
+        prompt: None,
+    };
+    println!();
+    println!("answer rewrite, vLLM chat usage (native, release; µs per answer, median of 5)");
+    println!(
+        "{:>8} {:>12} {:>14} {:>14}",
+        "tokens", "whole", "sse (1 chunk)", "sse per event"
+    );
+    for tokens in [16usize, 256, 2048] {
+        let (whole, sse) = decode_answer(tokens);
+        let iters = (2_000_000 / sse.len()).clamp(20, 20_000) as u32;
+        let w = per_call(iters, || {
+            let mut r = Rewrite::new(plan.clone(), Some(facts.clone()));
+            black_box(r.whole(&whole).ok());
+        });
+        let stream_plan = AnswerPlan {
+            stream: true,
+            ..plan.clone()
+        };
+        let s = per_call(iters, || {
+            let mut r = Rewrite::new(stream_plan.clone(), Some(facts.clone()));
+            black_box(r.chunk(&sse, true).ok());
+        });
+        // As Envoy delivers a stream: one event per callback.
+        let text = String::from_utf8(sse.clone()).unwrap();
+        let events: Vec<&[u8]> = text.split_inclusive("\n\n").map(str::as_bytes).collect();
+        let e = per_call(iters, || {
+            let mut r = Rewrite::new(stream_plan.clone(), Some(facts.clone()));
+            for ev in &events {
+                black_box(r.chunk(ev, false).ok());
+            }
+        });
+        println!(
+            "{tokens:>8} {w:>12.2} {s:>14.2} {:>14.3}",
+            e / (tokens + 2) as f64
+        );
+    }
+    println!("pass-through (nothing to rewrite): no response body callback work, 0 µs.");
 }

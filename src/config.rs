@@ -83,6 +83,10 @@ struct RawConfig {
     #[serde(default)]
     metrics_cluster: Option<String>,
     #[serde(default)]
+    timing_headers: bool,
+    #[serde(default = "d_max_pod_stats")]
+    max_pod_stats: usize,
+    #[serde(default)]
     scheduling: Scheduling,
     /// Required unless pods are discovered.
     #[serde(default)]
@@ -166,6 +170,9 @@ fn d_scrape_timeout_ms() -> u64 {
 }
 fn d_metrics_ttl_ms() -> u64 {
     5_000
+}
+fn d_max_pod_stats() -> usize {
+    512
 }
 fn d_metrics_path() -> String {
     "/metrics".into()
@@ -297,6 +304,10 @@ pub struct Config {
     pub metrics_ttl_ms: u64,
     pub metrics_path: String,
     pub metrics_cluster: String,
+    /// Debugging aid: answers carry `x-pd-prefill-ms` and `x-pd-routing-us`.
+    pub timing_headers: bool,
+    /// Pods with their own stat series (per VM); later ones count as `other`.
+    pub max_pod_stats: usize,
     pub scheduling: Scheduling,
     /// The models as configured, with their static pods.
     pub models: Vec<Model>,
@@ -398,6 +409,8 @@ impl Config {
             metrics_ttl_ms: raw.metrics_ttl_ms,
             metrics_path: raw.metrics_path,
             metrics_cluster,
+            timing_headers: raw.timing_headers,
+            max_pod_stats: raw.max_pod_stats,
             scheduling: raw.scheduling,
             models,
             discovery,

@@ -52,10 +52,12 @@ pub enum Counter {
     /// Pod lists that failed (no answer, 401/403, garbage, ...): the last
     /// good pod set stays.
     DiscoveryFailure,
+    /// Decode answers rewritten (cached tokens, prompt logprobs).
+    AnswerRewritten,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 13] = [
+    pub const ALL: [Counter; 14] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -69,6 +71,7 @@ impl Counter {
         Counter::DecodeRerouted,
         Counter::DiscoveryList,
         Counter::DiscoveryFailure,
+        Counter::AnswerRewritten,
     ];
 
     pub fn name(self) -> &'static str {
@@ -86,6 +89,36 @@ impl Counter {
             Counter::DecodeRerouted => "pd_router.decode_rerouted",
             Counter::DiscoveryList => "pd_router.discovery.lists",
             Counter::DiscoveryFailure => "pd_router.discovery.failures",
+            Counter::AnswerRewritten => "pd_router.answers_rewritten",
+        }
+    }
+}
+
+/// Histograms per model (`wasmcustom.pd_router.<name>`, tagged with the
+/// model), for where a split request's time goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Histogram {
+    /// Milliseconds from the prefill call leaving to its answer.
+    PrefillDuration,
+    /// Milliseconds from the client's request to the decode's response headers.
+    FirstByteDuration,
+    /// Microseconds of the router's own work, from the end of the client's
+    /// body to the prefill leaving.
+    RoutingDuration,
+}
+
+impl Histogram {
+    pub const ALL: [Histogram; 3] = [
+        Histogram::PrefillDuration,
+        Histogram::FirstByteDuration,
+        Histogram::RoutingDuration,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Histogram::PrefillDuration => "pd_router.prefill_duration",
+            Histogram::FirstByteDuration => "pd_router.first_byte_duration",
+            Histogram::RoutingDuration => "pd_router.routing_duration",
         }
     }
 }
@@ -114,20 +147,6 @@ impl PodEvent {
     }
 }
 
-/// A pod's name as a stats name segment: Envoy splits stat names on dots and
-/// tags them on colons, so anything but `[A-Za-z0-9_-]` becomes `_`.
-pub fn stat_segment(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 /// Logs, stats and the clock: what both a stream and the root context (the
 /// scrape loop) report through.
 pub trait Telemetry {
@@ -140,6 +159,14 @@ pub trait Telemetry {
     fn count_pod(&self, pod: &str, event: PodEvent);
     /// Wall-clock Unix milliseconds.
     fn now_ms(&self) -> u64;
+    /// Wall-clock Unix microseconds (for the router's own, sub-millisecond work).
+    fn now_us(&self) -> u64 {
+        self.now_ms().saturating_mul(1000)
+    }
+    /// Records `value` in `histogram` of the model named `model`.
+    fn record(&self, _histogram: Histogram, _model: &str, _value: u64) {}
+    /// Counts a local reply with `status`.
+    fn count_reply(&self, _status: u16) {}
 }
 
 /// The host operations one HTTP stream needs. Writes return errors: the flow
@@ -175,6 +202,15 @@ pub trait Host: SharedStore + Telemetry {
         body: &[u8],
     ) -> Result<(), HostError>;
     fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError>;
+    /// A response header's value.
+    fn response_header(&self, name: &str) -> Option<String>;
+    /// The response body Envoy holds for the filter: the current chunk, or
+    /// everything buffered while the filter paused the response.
+    fn response_body(&self) -> Result<Vec<u8>, HostError>;
+    /// Replaces the first `old_len` bytes of that body with `body`.
+    fn replace_response_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError>;
+    /// Lets a paused response go on to the client.
+    fn resume_response(&mut self) -> Result<(), HostError>;
     /// The `IP:port` of the upstream host that answered (Envoy's
     /// `upstream.address` property), once response headers arrived.
     fn upstream_address(&self) -> Option<String>;

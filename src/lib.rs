@@ -10,6 +10,7 @@
 //! the [`host::Host`] trait; and the `shell` (wasm only), the one place that
 //! talks to Envoy.
 
+pub mod answer;
 pub mod api;
 pub mod body;
 pub mod codec;
@@ -28,6 +29,7 @@ pub mod sched;
 pub mod scrape;
 pub mod select;
 pub mod split;
+pub mod stat_names;
 pub mod transfer;
 pub mod trt_id;
 

@@ -7,6 +7,7 @@
 //! Pure: the pods come from a [`Planner`] (the router's scheduler inside
 //! Envoy, a fixed pair in tests), and so does the randomness.
 
+use crate::answer;
 use crate::api::{read_facts, Api, Facts};
 use crate::body::{Edits, SourceMismatch, TopLevel};
 use crate::engine::{
@@ -134,6 +135,8 @@ pub struct SplitPlan {
     pub decode: DecodeLeg,
     /// Prefill and decode run concurrently (the engine's `is_async`).
     pub concurrent: bool,
+    /// What the decode's answer may need from the prefill's.
+    pub answer: Option<answer::AnswerPlan>,
 }
 
 /// The decode leg of a split.
@@ -305,8 +308,33 @@ pub fn plan_request(
             why: WholeReason::NotSplittable,
         });
     }
+    let answer = match answer::decide(
+        &request.model.engine,
+        &request.facts,
+        &request.body,
+        &request.top,
+    ) {
+        answer::Decision::Whole(_) => {
+            return Ok(Plan::Whole {
+                request,
+                pod: decode,
+                why: WholeReason::NotSplittable,
+            })
+        }
+        answer::Decision::Rewrite(plan) => Some(plan),
+        answer::Decision::None => None,
+    };
     let concurrent = handler.runs_concurrently(&ctx, &prefill);
-    let legs = build_legs(handler, &mut ctx, &prefill)?;
+    let mut legs = build_legs(handler, &mut ctx, &prefill)?;
+    if answer.as_ref().is_some_and(|a| a.logprobs.is_some()) {
+        // Asked of the decode, they make it recompute the prompt and ignore
+        // the hand-off; the prefill's answer supplies them instead.
+        for key in answer::PROMPT_LOGPROB_FIELDS {
+            if request.top.contains(key) {
+                legs.decode.body.remove(key);
+            }
+        }
+    }
     let render = |edits: &Edits| request.top.render(&request.body, edits).map_err(internal);
     let prefill_body = render(&legs.prefill.body)?;
     let decode_leg = if concurrent {
@@ -327,6 +355,7 @@ pub fn plan_request(
         prefill_headers: legs.prefill.headers,
         decode: decode_leg,
         concurrent,
+        answer,
     }))
 }
 

@@ -49,6 +49,10 @@ struct FakeHost {
     refuse_body: bool,
     /// Envoy's `upstream.address` once the response started.
     upstream: Option<String>,
+    /// The decode's response headers, and the body Envoy holds for the filter.
+    upstream_headers: Vec<(String, String)>,
+    response: Vec<u8>,
+    response_resumed: usize,
 }
 
 impl FakeHost {
@@ -193,6 +197,24 @@ impl Host for FakeHost {
     }
     fn upstream_address(&self) -> Option<String> {
         self.upstream.clone()
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        self.upstream_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+    fn response_body(&self) -> Result<Vec<u8>, HostError> {
+        Ok(self.response.clone())
+    }
+    fn replace_response_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
+        assert_eq!(old_len, self.response.len(), "must replace the whole body");
+        self.response = body.to_vec();
+        Ok(())
+    }
+    fn resume_response(&mut self) -> Result<(), HostError> {
+        self.response_resumed += 1;
+        Ok(())
     }
     fn random_u64(&mut self) -> Result<u64, String> {
         if self.randoms.is_empty() {
@@ -424,7 +446,7 @@ fn sglang_prefill_failure_after_decode_output_is_only_logged() {
     let mut host = post("/v1/completions", r#"{"model":"sglang-m","prompt":"p"}"#);
     send_request(&mut flow, &mut host);
     flow.on_response_headers(&mut host);
-    flow.on_response_body(&mut host, 10);
+    flow.on_response_body(&mut host, 10, false);
     answer(&mut flow, &mut host, Some(500), "oops");
     assert!(host.replies.is_empty());
     assert_eq!(host.counted(Counter::PrefillFailed), 1);
@@ -1176,4 +1198,184 @@ fn override_host_routing_counts_answers_from_another_pod() {
     let (rerouted, later_logs) = run("10.4.0.9:8000");
     assert_eq!(rerouted, 1, "counted every time");
     assert!(later_logs < logs, "logged once per pod");
+}
+
+fn upstream(host: &mut FakeHost, content_type: &str) {
+    host.upstream_headers = vec![
+        (":status".into(), "200".into()),
+        ("content-type".into(), content_type.into()),
+        ("content-length".into(), "999".into()),
+    ];
+}
+
+const P_USAGE: &str = r#"{"id":"p","choices":[{"text":"x"}],"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}},"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"h","remote_port":1}}"#;
+const D_USAGE: &str = r#"{"id":"d","choices":[{"text":"x y"}],"usage":{"prompt_tokens":9,"total_tokens":12,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":9}}}"#;
+
+#[test]
+fn a_whole_answer_is_buffered_and_gets_the_prefill_cached_tokens() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"vllm-m","prompt":"p","max_tokens":3}"#,
+    );
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(200), P_USAGE);
+    upstream(&mut host, "application/json");
+    flow.on_response_headers(&mut host);
+    assert!(
+        host.response_headers
+            .contains(&("content-length".into(), None)),
+        "the length may change"
+    );
+    host.response = D_USAGE.as_bytes()[..20].to_vec();
+    assert_eq!(flow.on_response_body(&mut host, 20, false), Action::Pause);
+    host.response = D_USAGE.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, D_USAGE.len(), true),
+        Action::Continue
+    );
+    assert_eq!(
+        String::from_utf8(host.response.clone()).unwrap(),
+        D_USAGE.replace(r#""cached_tokens":9"#, r#""cached_tokens":4"#)
+    );
+    assert_eq!(host.counted(Counter::AnswerRewritten), 1);
+}
+
+#[test]
+fn an_answer_with_nothing_to_add_keeps_the_pass_through_path() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    send_request(&mut flow, &mut host);
+    // No cached count in the prefill's answer: the decode's stays.
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    upstream(&mut host, "application/json");
+    flow.on_response_headers(&mut host);
+    assert!(!host
+        .response_headers
+        .iter()
+        .any(|(k, _)| k == "content-length"));
+    host.response = D_USAGE.as_bytes().to_vec();
+    assert_eq!(flow.on_response_body(&mut host, 5, false), Action::Continue);
+    assert_eq!(host.response, D_USAGE.as_bytes(), "not read, not touched");
+}
+
+const SGLANG_USAGE_EVENT: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":13}}}\n\ndata: [DONE]\n\n";
+
+fn sglang_stream(flow: &mut Flow) -> FakeHost {
+    let mut host = post(
+        "/v1/chat/completions",
+        r#"{"model":"sglang-m","messages":[],"stream":true,"stream_options":{"include_usage":true}}"#,
+    );
+    assert_eq!(send_request(flow, &mut host), Action::Continue);
+    upstream(&mut host, "text/event-stream; charset=utf-8");
+    flow.on_response_headers(&mut host);
+    let first = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"A\"}}]}\n\n";
+    host.response = first.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, first.len(), false),
+        Action::Continue,
+        "no usage in it: it goes on at once"
+    );
+    host.response = SGLANG_USAGE_EVENT.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, SGLANG_USAGE_EVENT.len(), true),
+        Action::Pause,
+        "held until the prefill tells its cached tokens"
+    );
+    host
+}
+
+#[test]
+fn a_concurrent_stream_waits_at_its_usage_for_the_prefill_answer() {
+    let mut flow = Flow::new(router());
+    let mut host = sglang_stream(&mut flow);
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        r#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":5}}}"#,
+    );
+    assert_eq!(host.response_resumed, 1);
+    assert_eq!(
+        String::from_utf8(host.response.clone()).unwrap(),
+        SGLANG_USAGE_EVENT.replace("\"cached_tokens\":13", "\"cached_tokens\":5")
+    );
+    assert!(host.replies.is_empty());
+}
+
+#[test]
+fn a_held_stream_whose_prefill_fails_late_goes_on_as_written() {
+    let mut flow = Flow::new(router());
+    let mut host = sglang_stream(&mut flow);
+    answer(&mut flow, &mut host, Some(500), "oops");
+    assert_eq!(host.response_resumed, 1, "released");
+    assert_eq!(host.response, SGLANG_USAGE_EVENT.as_bytes(), "unchanged");
+    assert!(host.replies.is_empty(), "output already reached the client");
+    assert_eq!(host.counted(Counter::PrefillFailed), 1);
+}
+
+#[test]
+fn prompt_logprobs_are_asked_of_the_prefill_only_and_merged_into_the_answer() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/chat/completions",
+        r#"{"model":"vllm-m","messages":[],"prompt_logprobs":1,"max_tokens":4}"#,
+    );
+    send_request(&mut flow, &mut host);
+    let p = String::from_utf8_lossy(&host.dispatched[0].body).into_owned();
+    assert!(p.contains(r#""prompt_logprobs":1"#), "{p}");
+    let p_answer = r#"{"choices":[{"index":0,"message":{"content":"A"}}],"prompt_logprobs":[null,{"7":{"logprob":-1.5}}],"kv_transfer_params":{"do_remote_prefill":true}}"#;
+    answer(&mut flow, &mut host, Some(200), p_answer);
+    assert!(
+        !host.body_str().contains("prompt_logprobs"),
+        "{}",
+        host.body_str()
+    );
+    upstream(&mut host, "application/json");
+    flow.on_response_headers(&mut host);
+    let d = r#"{"choices":[{"index":0,"message":{"content":"A b"}}],"prompt_logprobs":null}"#;
+    host.response = d.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, d.len(), true),
+        Action::Continue
+    );
+    assert_eq!(
+        String::from_utf8(host.response.clone()).unwrap(),
+        r#"{"choices":[{"index":0,"message":{"content":"A b"}}],"prompt_logprobs":[null,{"7":{"logprob":-1.5}}]}"#
+    );
+}
+
+#[test]
+fn a_responses_stream_waits_at_its_terminal_event() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/responses",
+        r#"{"model":"sglang-m","input":"hi","stream":true,"max_output_tokens":4}"#,
+    );
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    upstream(&mut host, "text/event-stream");
+    flow.on_response_headers(&mut host);
+    let created = "event: response.created\ndata: {\"response\":{\"usage\":null},\"type\":\"response.created\"}\n\n";
+    host.response = created.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, created.len(), false),
+        Action::Continue
+    );
+    let done = "event: response.incomplete\ndata: {\"response\":{\"usage\":{\"input_tokens\":8,\"input_tokens_details\":{\"cached_tokens\":8}}},\"type\":\"response.incomplete\"}\n\n";
+    host.response = done.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, done.len(), true),
+        Action::Pause
+    );
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        r#"{"object":"response","usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":3}}}"#,
+    );
+    assert_eq!(host.response_resumed, 1);
+    assert_eq!(
+        String::from_utf8(host.response.clone()).unwrap(),
+        done.replace("\"cached_tokens\":8", "\"cached_tokens\":3")
+    );
 }

@@ -11,6 +11,9 @@
 //!   either `decode.json` or `reply.txt` (an answer without a decode).
 //! - `prefill-headers.json` / `decode-headers.json`: the headers each leg
 //!   sets, when it sets any.
+//! - `decode-answer.json` (or `.sse`) with `client-answer.json` (`.sse`):
+//!   the decode's answer and what the client gets once the prefill's
+//!   `answer.json` was merged into it (a stream is fed in 7-byte chunks).
 //!
 //! `UPDATE_GOLDEN=1 cargo test --test golden` rewrites the outputs; review the
 //! diff before committing it.
@@ -22,11 +25,12 @@
     clippy::indexing_slicing
 )]
 
+use pd_router::answer::{PrefillFacts, Rewrite};
 use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
 use pd_router::fleet::PodId;
-use pd_router::split::{self, AfterPrefill, DecodeLeg, FixedPlanner, Plan, RouterView};
+use pd_router::split::{self, AfterPrefill, DecodeLeg, FixedPlanner, Plan, RouterView, SplitPlan};
 use serde::Deserialize;
 use std::fs;
 use std::path::Path;
@@ -152,6 +156,9 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     if let DecodeLeg::Ready { body, headers } = &plan.decode {
         check(dir, "decode.json", body, failures);
         check_headers(dir, "decode-headers.json", headers, failures);
+        if let Some(answer) = read(dir, "answer.json") {
+            check_client_answer(dir, &plan, &answer, failures);
+        }
         return;
     }
     let answer = read(dir, "answer.json")
@@ -167,6 +174,42 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
             );
             check_headers(dir, "decode-headers.json", &headers, failures);
         }
+    }
+    check_client_answer(dir, &plan, &answer, failures);
+}
+
+/// The decode's answer rewritten with what the prefill's `answer` says.
+fn check_client_answer(dir: &Path, plan: &SplitPlan, answer: &[u8], failures: &mut Vec<String>) {
+    for (input, output) in [
+        ("decode-answer.json", "client-answer.json"),
+        ("decode-answer.sse", "client-answer.sse"),
+    ] {
+        let Some(decoded) = read(dir, input) else {
+            continue;
+        };
+        let Some(answer_plan) = &plan.answer else {
+            failures.push(format!(
+                "{}: {input} given, but the plan rewrites nothing",
+                dir.display()
+            ));
+            continue;
+        };
+        let facts = PrefillFacts::of(answer_plan, answer);
+        let mut rw = Rewrite::new(answer_plan.clone(), Some(facts));
+        let out = if input.ends_with(".sse") {
+            let mut out = Vec::new();
+            let chunks: Vec<&[u8]> = decoded.chunks(7).collect();
+            for (i, c) in chunks.iter().enumerate() {
+                let sent = rw.chunk(c, i + 1 == chunks.len()).expect("facts known");
+                out.extend(sent.unwrap_or_else(|| c.to_vec()));
+            }
+            out
+        } else {
+            rw.whole(&decoded)
+                .expect("facts known")
+                .unwrap_or_else(|| decoded.clone())
+        };
+        check(dir, output, &out, failures);
     }
 }
 

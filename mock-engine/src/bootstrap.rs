@@ -2,9 +2,10 @@
 //!
 //! SGLang: the decode registers each room (`POST /register {"room":R}`,
 //! answered with the prefill's dp size) and then waits (`GET /wait/{room}`)
-//! until the prefill has "transferred" it (answered with the prompt hash and
-//! the prefill's dp rank that holds it). The prefill only transfers rooms
-//! the decode has registered. So the two legs must be in flight at the same
+//! until the prefill has "transferred" it (answered with the prompt hash,
+//! the prefill's dp rank that holds it and its cached token count). The
+//! prefill only transfers rooms the decode has registered. So the two legs
+//! must be in flight at the same
 //! time: a router that awaits the prefill before sending the decode makes
 //! the prefill time out, as real SGLang does.
 //!
@@ -31,12 +32,14 @@ use crate::cli::Engine;
 use crate::peer::authority;
 use crate::state::{lock, Shared};
 
-/// What the prefill leaves for a room: its prompt hash and the dp rank
-/// that holds the KV.
+/// What the prefill leaves for a room: its prompt hash, the dp rank that
+/// holds the KV and its cached token count (SGLang's metadata buffer
+/// carries `req.cached_tokens` to the decode).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Transfer {
     pub prompt_hash: String,
     pub dp_rank: u64,
+    pub cached_tokens: u64,
 }
 
 #[derive(Clone, Default)]
@@ -229,6 +232,7 @@ async fn wait(
             "prompt_hash": t.prompt_hash,
             "dp_rank": t.dp_rank,
             "dp_size": state.config.dp_size,
+            "cached_tokens": t.cached_tokens,
         }))
         .into_response(),
         Err(WaitError::NotRegistered) => (

@@ -27,6 +27,16 @@ impl Engine {
     }
 }
 
+/// Whose OpenAI answer shapes a pod copies: usage details, echo,
+/// logprobs. The default mock answers as vLLM does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    Vllm,
+    Sglang,
+    /// TensorRT-LLM: usage without details, no echo or logprobs (as before).
+    Trtllm,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Role {
     Prefill,
@@ -173,9 +183,34 @@ pub struct Config {
     /// No access log on stderr and no `/debug/requests` record: for load
     /// tests, where both cost CPU and the record grows without bound.
     pub quiet: bool,
+    /// The pod's own prefix-cache hits for any prompt (clamped to the
+    /// prompt's tokens): what it reports as `cached_tokens` when it computed
+    /// the prompt itself.
+    pub cached_tokens: u64,
+    /// vLLM >= 0.31: a prefill writes `remote_prefill_cached_tokens` into
+    /// its `kv_transfer_params`, a decode reports it. Off
+    /// (`--no-remote-cached-field`): vLLM < 0.31, neither.
+    pub remote_cached_field: bool,
+    /// vLLM `--enable-prompt-tokens-details`; off
+    /// (`--no-prompt-tokens-details`): `"prompt_tokens_details": null`.
+    pub prompt_tokens_details: bool,
+    /// SGLang `--enable-cache-report`: `prompt_tokens_details.cached_tokens`.
+    pub enable_cache_report: bool,
+    /// SGLang decode: the pre-fix double count (SGLang issue 25972), the
+    /// prefill's cached count plus the whole prompt.
+    pub double_count_cached: bool,
 }
 
 impl Config {
+    /// Whose answer shapes the pod copies.
+    pub fn flavor(&self) -> Flavor {
+        match self.engine {
+            Engine::Vllm | Engine::Default => Flavor::Vllm,
+            Engine::Sglang => Flavor::Sglang,
+            Engine::Trtllm => Flavor::Trtllm,
+        }
+    }
+
     /// vLLM prefill with a pull-based connector serves KV over the side channel.
     pub fn vllm_pull_connector(&self) -> bool {
         self.engine == Engine::Vllm && matches!(self.connector, Connector::Nixl | Connector::Shfs)
@@ -424,6 +459,31 @@ struct Cli {
     /// No access log on stderr and no /debug/requests record (for load tests)
     #[arg(long)]
     quiet: bool,
+
+    /// vllm, sglang, default: the pod's own prefix-cache hits for any prompt,
+    /// clamped to its prompt tokens (usage cached_tokens) [default: 0]
+    #[arg(long, value_name = "N")]
+    cached_tokens: Option<u64>,
+
+    /// vllm: as vLLM < 0.31, a prefill writes no remote_prefill_cached_tokens
+    /// into kv_transfer_params and a decode ignores it
+    #[arg(long)]
+    no_remote_cached_field: bool,
+
+    /// vllm, default: as vLLM without --enable-prompt-tokens-details,
+    /// "prompt_tokens_details": null
+    #[arg(long)]
+    no_prompt_tokens_details: bool,
+
+    /// sglang: SGLang's --enable-cache-report, usage carries
+    /// prompt_tokens_details.cached_tokens
+    #[arg(long)]
+    enable_cache_report: bool,
+
+    /// sglang decode: report the prefill's cached count plus the whole prompt
+    /// (the double count of SGLang issue 25972)
+    #[arg(long)]
+    double_count_cached: bool,
 }
 
 fn parse_ms(v: &str) -> Result<Duration, String> {
@@ -556,6 +616,11 @@ impl Cli {
             },
             lenient_prefill: self.lenient_prefill,
             quiet: self.quiet,
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+            remote_cached_field: !self.no_remote_cached_field,
+            prompt_tokens_details: !self.no_prompt_tokens_details,
+            enable_cache_report: self.enable_cache_report,
+            double_count_cached: self.double_count_cached,
         };
 
         // Flags that do not apply are ignored rather than fatal, so a test
@@ -624,6 +689,21 @@ impl Cli {
             && !(engine == Engine::Sglang && role == Role::Prefill)
         {
             ignored.push("--fault fail-after-transfer (sglang prefill only)");
+        }
+        if self.cached_tokens.is_some() && engine == Engine::Trtllm {
+            ignored.push("--cached-tokens (vllm, sglang and default only)");
+        }
+        if self.no_remote_cached_field && engine != Engine::Vllm {
+            ignored.push("--no-remote-cached-field (vllm only)");
+        }
+        if self.no_prompt_tokens_details && config.flavor() != Flavor::Vllm {
+            ignored.push("--no-prompt-tokens-details (vllm and default only)");
+        }
+        if self.enable_cache_report && engine != Engine::Sglang {
+            ignored.push("--enable-cache-report (sglang only)");
+        }
+        if self.double_count_cached && !(engine == Engine::Sglang && role == Role::Decode) {
+            ignored.push("--double-count-cached (sglang decode only)");
         }
         for flag in ignored {
             eprintln!("mock-engine: warning: ignoring {flag}");
@@ -858,6 +938,53 @@ mod tests {
         ] {
             let line_ = format!("--engine vllm --role decode {bad}");
             assert!(line(&line_).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn parses_usage_flags() {
+        let c = line("--engine vllm --role decode").expect("valid");
+        assert_eq!(c.cached_tokens, 0);
+        assert!(c.remote_cached_field && c.prompt_tokens_details);
+        assert!(!c.enable_cache_report && !c.double_count_cached);
+        assert_eq!(c.flavor(), Flavor::Vllm);
+        let c = line(
+            "--engine vllm --role prefill --cached-tokens 12 --no-remote-cached-field \
+             --no-prompt-tokens-details",
+        )
+        .expect("valid");
+        assert_eq!(c.cached_tokens, 12);
+        assert!(!c.remote_cached_field && !c.prompt_tokens_details);
+        let c = line(
+            "--engine sglang --role decode --cached-tokens=3 --enable-cache-report \
+             --double-count-cached",
+        )
+        .expect("valid");
+        assert_eq!(c.cached_tokens, 3);
+        assert!(c.enable_cache_report && c.double_count_cached);
+        assert_eq!(c.flavor(), Flavor::Sglang);
+        assert_eq!(
+            line("--engine default --role decode")
+                .expect("valid")
+                .flavor(),
+            Flavor::Vllm
+        );
+        assert_eq!(
+            line("--engine trtllm --role decode")
+                .expect("valid")
+                .flavor(),
+            Flavor::Trtllm
+        );
+        for bad in [
+            "--cached-tokens -1",
+            "--cached-tokens x",
+            "--cached-tokens 1.5",
+            "--enable-cache-report=1",
+        ] {
+            assert!(
+                line(&format!("--engine vllm --role decode {bad}")).is_err(),
+                "{bad}"
+            );
         }
     }
 

@@ -1,16 +1,20 @@
 //! Completion output: the prefill's one-token answer and the decode's
-//! `tok0 tok1 ...` answer, as JSON or as an SSE stream.
+//! `tok0 tok1 ...` answer, as JSON or as an SSE stream, with the usage
+//! (cached tokens), echo and logprobs the engine would report.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Map, Number, Value};
 
+use crate::cli::{Config, Flavor};
 use crate::error::{Checked, Fail};
+use crate::logprobs::{self as lp, Asked, Prompt, Token};
 use crate::request::{short, Api, Request};
 use crate::responses;
 use crate::state::{InFlight, Shared};
@@ -137,6 +141,36 @@ impl GenParams {
     }
 }
 
+/// `usage.prompt_tokens_details`, as the engine reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Details {
+    /// No such member (TensorRT-LLM, as before).
+    Absent,
+    /// `"prompt_tokens_details": null` (vLLM without
+    /// `--enable-prompt-tokens-details`, SGLang without
+    /// `--enable-cache-report` or with nothing cached).
+    Null,
+    /// `{"cached_tokens": N}`. Any JSON integer: a vLLM decode reports a
+    /// relayed `remote_prefill_cached_tokens` unchecked, negative included.
+    Cached(Number),
+}
+
+impl Details {
+    /// What the engine reports for `count` cached tokens.
+    pub fn of(cfg: &Config, count: &Number) -> Details {
+        match cfg.flavor() {
+            Flavor::Vllm if cfg.prompt_tokens_details => Details::Cached(count.clone()),
+            Flavor::Vllm => Details::Null,
+            // SGLang's `_details_if_cached`: only a count > 0.
+            Flavor::Sglang if cfg.enable_cache_report && count.as_u64().is_some_and(|n| n > 0) => {
+                Details::Cached(count.clone())
+            }
+            Flavor::Sglang => Details::Null,
+            Flavor::Trtllm => Details::Absent,
+        }
+    }
+}
+
 /// What a prefill engine adds to the common one-token answer.
 pub struct PrefillOut {
     /// Overrides the default `cmpl-mock-`/`chatcmpl-mock-` id prefix.
@@ -147,6 +181,8 @@ pub struct PrefillOut {
     pub top: Map<String, Value>,
     /// Extra members of every choice (e.g. TRT-LLM disaggregated_params).
     pub choice: Map<String, Value>,
+    /// The pod's prefix-cache hits for this prompt (set by the dispatcher).
+    pub cached_tokens: Number,
 }
 
 impl PrefillOut {
@@ -157,6 +193,7 @@ impl PrefillOut {
             prompt_tokens,
             top: Map::new(),
             choice: Map::new(),
+            cached_tokens: Number::from(0u64),
         }
     }
 }
@@ -164,6 +201,43 @@ impl PrefillOut {
 pub struct DecodeOut {
     pub kv: Kv,
     pub prompt_tokens: u64,
+    /// SGLang: the prefill's cached count, learnt in the bootstrap exchange.
+    pub prefill_cached: Option<u64>,
+    /// What the decode reports as cached (set by the dispatcher).
+    pub cached_tokens: Number,
+}
+
+impl DecodeOut {
+    pub fn new(kv: Kv, prompt_tokens: u64) -> Self {
+        DecodeOut {
+            kv,
+            prompt_tokens,
+            prefill_cached: None,
+            cached_tokens: Number::from(0u64),
+        }
+    }
+}
+
+/// How an answer looks beyond its tokens, from what the request asked
+/// (built by the dispatcher, which has the request).
+#[derive(Clone, Debug, Default)]
+pub struct Look {
+    pub flavor: Option<Flavor>,
+    pub asked: Asked,
+    /// The tokenised prompt, when echo or logprobs need it.
+    pub prompt: Option<Prompt>,
+    /// Prepended to every choice's text (echo).
+    pub echo: Option<String>,
+    /// Completions: the `logprobs` arrays start with the prompt tokens
+    /// (echo + logprobs; not on an SGLang decode, which has no input
+    /// logprobs).
+    pub echo_logprobs: bool,
+}
+
+impl Look {
+    fn flavor(&self) -> Flavor {
+        self.flavor.unwrap_or(Flavor::Trtllm)
+    }
 }
 
 fn now() -> u64 {
@@ -190,6 +264,7 @@ fn responses_answer(
     pieces: Vec<String>,
     length_capped: bool,
     prompt_tokens: u64,
+    cached_tokens: Number,
     top: Map<String, Value>,
 ) -> responses::Answer {
     responses::Answer {
@@ -204,19 +279,38 @@ fn responses_answer(
         length_capped,
         max_output_tokens: params.capped.then_some(params.max_tokens),
         prompt_tokens,
+        cached_tokens,
         top,
     }
 }
 
-fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
-    json!({
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-    })
+fn usage(prompt_tokens: u64, completion_tokens: u64, details: &Details) -> Value {
+    let mut u = Map::new();
+    u.insert("prompt_tokens".into(), json!(prompt_tokens));
+    u.insert("completion_tokens".into(), json!(completion_tokens));
+    u.insert(
+        "total_tokens".into(),
+        json!(prompt_tokens + completion_tokens),
+    );
+    match details {
+        Details::Absent => {}
+        Details::Null => {
+            u.insert("prompt_tokens_details".into(), Value::Null);
+        }
+        Details::Cached(n) => {
+            u.insert("prompt_tokens_details".into(), json!({"cached_tokens": n}));
+        }
+    }
+    Value::Object(u)
 }
 
-fn choice(api: Api, index: u64, text: &str, finish_reason: &str) -> Map<String, Value> {
+fn choice(
+    api: Api,
+    index: u64,
+    text: &str,
+    finish_reason: &str,
+    logprobs: Value,
+) -> Map<String, Value> {
     let mut c = Map::new();
     c.insert("index".into(), json!(index));
     match api {
@@ -231,7 +325,7 @@ fn choice(api: Api, index: u64, text: &str, finish_reason: &str) -> Map<String, 
         }
     }
     c.insert("finish_reason".into(), json!(finish_reason));
-    c.insert("logprobs".into(), Value::Null);
+    c.insert("logprobs".into(), logprobs);
     c
 }
 
@@ -259,181 +353,8 @@ fn with_kv(mut resp: Response, kv: Kv) -> Response {
     resp
 }
 
-/// The prefill's answer: one token "P" per choice. Streamed only when the
-/// request asked for it, which only `--lenient-prefill` lets through: then
-/// one SSE event per choice (the last one also carries the engine's
-/// top-level members), a usage event if asked, and `[DONE]`.
-pub fn prefill_response(state: &Shared, api: Api, params: &GenParams, out: PrefillOut) -> Response {
-    if api == Api::Responses {
-        state.generated_tokens.fetch_add(1, Ordering::Relaxed);
-        let length_capped = out.finish_reason == "length";
-        let answer = responses_answer(
-            state,
-            params,
-            vec!["P".to_string()],
-            length_capped,
-            out.prompt_tokens,
-            out.top,
-        );
-        return with_kv(responses::at_once(&answer, params.stream), Kv::None);
-    }
-    let id = match out.id_prefix {
-        Some(prefix) => format!("{prefix}{}", state.next_id()),
-        None => default_id(state, api),
-    };
-    if params.stream {
-        state
-            .generated_tokens
-            .fetch_add(params.n, Ordering::Relaxed);
-        let text = prefill_sse(&id, api, &state.config.model, now(), params, out);
-        let mut resp = Response::new(Body::from(text));
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        return with_kv(resp, Kv::None);
-    }
-    let mut body = head(&id, api, false, &state.config.model, now());
-    let choices: Vec<Value> = (0..params.n)
-        .map(|i| {
-            let mut c = choice(api, i, "P", out.finish_reason);
-            c.extend(out.choice.clone());
-            Value::Object(c)
-        })
-        .collect();
-    body.insert("choices".into(), Value::Array(choices));
-    body.insert("usage".into(), usage(out.prompt_tokens, params.n));
-    body.extend(out.top);
-    state
-        .generated_tokens
-        .fetch_add(params.n, Ordering::Relaxed);
-    with_kv(axum::Json(Value::Object(body)).into_response(), Kv::None)
-}
-
-/// The whole SSE body of a streamed (lenient) prefill answer.
-fn prefill_sse(
-    id: &str,
-    api: Api,
-    model: &str,
-    created: u64,
-    params: &GenParams,
-    out: PrefillOut,
-) -> String {
-    let mut body = String::new();
-    for i in 0..params.n {
-        let mut c = Map::new();
-        c.insert("index".into(), json!(i));
-        match api {
-            Api::Completions => {
-                c.insert("text".into(), json!("P"));
-            }
-            Api::Chat | Api::Responses => {
-                c.insert("delta".into(), json!({"role": "assistant", "content": "P"}));
-            }
-        }
-        c.insert("finish_reason".into(), json!(out.finish_reason));
-        c.insert("logprobs".into(), Value::Null);
-        c.extend(out.choice.clone());
-        let mut chunk = head(id, api, true, model, created);
-        chunk.insert("choices".into(), json!([c]));
-        if i + 1 == params.n {
-            chunk.extend(out.top.clone());
-        }
-        body.push_str(&data(&Value::Object(chunk)));
-    }
-    if params.include_usage {
-        let mut chunk = head(id, api, true, model, created);
-        chunk.insert("choices".into(), json!([]));
-        chunk.insert("usage".into(), usage(out.prompt_tokens, params.n));
-        body.push_str(&data(&Value::Object(chunk)));
-    }
-    body.push_str("data: [DONE]\n\n");
-    body
-}
-
-/// Text of token `k`, with the separating space, so that the streamed
-/// pieces concatenate to exactly the non-streamed text.
-fn token_text(k: u64) -> String {
-    if k == 0 {
-        "tok0".to_string()
-    } else {
-        format!(" tok{k}")
-    }
-}
-
-/// The decode's answer: `max_tokens` tokens per choice.
-pub fn decode_response(
-    state: &Shared,
-    api: Api,
-    params: GenParams,
-    out: DecodeOut,
-    guard: InFlight,
-) -> Response {
-    let completion_tokens = params.max_tokens * params.n;
-    state
-        .generated_tokens
-        .fetch_add(completion_tokens, Ordering::Relaxed);
-    if api == Api::Responses {
-        let pieces = (0..params.max_tokens).map(token_text).collect();
-        let mut top = Map::new();
-        top.insert("kv_transfer_params".into(), Value::Null);
-        let answer = responses_answer(
-            state,
-            &params,
-            pieces,
-            params.capped,
-            out.prompt_tokens,
-            top,
-        );
-        if !params.stream {
-            guard.finish();
-            return with_kv(responses::at_once(&answer, false), out.kv);
-        }
-        let resp = responses::streamed(&answer, state.config.stream_delay, move || guard.finish());
-        return with_kv(resp, out.kv);
-    }
-    let id = default_id(state, api);
-    let created = now();
-    let model = state.config.model.clone();
-    if !params.stream {
-        let text: String = (0..params.max_tokens).map(token_text).collect();
-        let mut body = head(&id, api, false, &model, created);
-        let choices: Vec<Value> = (0..params.n)
-            .map(|i| Value::Object(choice(api, i, &text, "length")))
-            .collect();
-        body.insert("choices".into(), Value::Array(choices));
-        body.insert("usage".into(), usage(out.prompt_tokens, completion_tokens));
-        guard.finish();
-        return with_kv(axum::Json(Value::Object(body)).into_response(), out.kv);
-    }
-
-    let sse = Sse {
-        api,
-        id,
-        model,
-        created,
-        params,
-        prompt_tokens: out.prompt_tokens,
-        delay: state.config.stream_delay,
-    };
-    let stream = futures_util::stream::unfold(
-        (sse, Step::Token { k: 0, i: 0 }, guard),
-        |(sse, step, guard)| async move {
-            let Some((event, next)) = sse.event(step) else {
-                // Sent to the end: a finished request. A client that hangs
-                // up earlier drops the stream, and the guard unfinished.
-                guard.finish();
-                return None;
-            };
-            if !matches!(step, Step::Token { k: 0, i: 0 }) && !sse.delay.is_zero() {
-                tokio::time::sleep(sse.delay).await;
-            }
-            Some((Ok::<_, Infallible>(Bytes::from(event)), (sse, next, guard)))
-        },
-    );
-    let mut resp = Response::new(Body::from_stream(stream));
+fn sse_response(body: Body) -> Response {
+    let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
     h.insert(
@@ -441,9 +362,34 @@ pub fn decode_response(
         HeaderValue::from_static("text/event-stream"),
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    with_kv(resp, out.kv)
+    resp
 }
 
+/// A chat/completions answer: `n` identical choices of `pieces`, as one
+/// JSON body or as SSE events.
+struct Completion {
+    api: Api,
+    id: String,
+    model: String,
+    created: u64,
+    n: u64,
+    include_usage: bool,
+    pieces: Vec<Token>,
+    /// Of the last token (and so of the answer).
+    finish_reason: &'static str,
+    prompt_tokens: u64,
+    details: Details,
+    /// Added to every choice.
+    choice_extra: Map<String, Value>,
+    /// Added to the body, or to the last token's event.
+    top_extra: Map<String, Value>,
+    look: Look,
+    /// Code points of text before each piece, echo included (streamed
+    /// completions logprobs), computed once.
+    starts: OnceLock<Vec<u64>>,
+}
+
+/// One step of the stream.
 #[derive(Clone, Copy)]
 enum Step {
     /// Token `k` of choice `i`.
@@ -456,30 +402,179 @@ enum Step {
     End,
 }
 
-struct Sse {
-    api: Api,
-    id: String,
-    model: String,
-    created: u64,
-    params: GenParams,
-    prompt_tokens: u64,
-    delay: Duration,
-}
+impl Completion {
+    fn m(&self) -> u64 {
+        self.pieces.len() as u64
+    }
 
-impl Sse {
+    fn echo(&self) -> &str {
+        self.look.echo.as_deref().unwrap_or("")
+    }
+
+    fn gen_step(&self, k: u64) -> Option<lp::Step<'_>> {
+        let token = self.pieces.get(usize::try_from(k).ok()?)?;
+        Some(lp::Step {
+            position: self.prompt_tokens + k,
+            token,
+            first: false,
+        })
+    }
+
+    fn prompt_steps(&self) -> Vec<lp::Step<'_>> {
+        if !self.look.echo_logprobs {
+            return Vec::new();
+        }
+        let Some(p) = &self.look.prompt else {
+            return Vec::new();
+        };
+        p.tokens
+            .iter()
+            .enumerate()
+            .map(|(j, token)| lp::Step {
+                position: j as u64,
+                token,
+                first: j == 0,
+            })
+            .collect()
+    }
+
+    fn shape(&self, k: u64) -> lp::LogprobsShape {
+        lp::LogprobsShape {
+            flavor: self.look.flavor(),
+            k,
+            prompt_k: self.look.asked.prompt_logprobs.unwrap_or(k),
+            prompt_len: self.prompt_tokens,
+        }
+    }
+
+    /// A choice's `logprobs` over the whole answer.
+    fn logprobs(&self) -> Value {
+        let Some(k) = self.look.asked.logprobs else {
+            return Value::Null;
+        };
+        match self.api {
+            Api::Completions => {
+                let mut steps = self.prompt_steps();
+                steps.extend((0..self.m()).filter_map(|k| self.gen_step(k)));
+                lp::completion_logprobs(&self.shape(k), &steps, 0)
+            }
+            Api::Chat => {
+                let content: Vec<Value> = (0..self.m())
+                    .filter_map(|j| self.gen_step(j))
+                    .map(|s| lp::chat_logprob(self.look.flavor(), s.position, s.token, k))
+                    .collect();
+                json!({ "content": content })
+            }
+            Api::Responses => Value::Null,
+        }
+    }
+
+    /// The `logprobs` of token `k`'s event: the first also covers the
+    /// echoed prompt; offsets continue from the text sent so far.
+    fn chunk_logprobs(&self, k: u64) -> Value {
+        let Some(top) = self.look.asked.logprobs else {
+            return Value::Null;
+        };
+        match self.api {
+            Api::Completions => {
+                let mut steps = if k == 0 {
+                    self.prompt_steps()
+                } else {
+                    Vec::new()
+                };
+                steps.extend(self.gen_step(k));
+                let offset = if k == 0 {
+                    0
+                } else {
+                    let starts = self.starts.get_or_init(|| {
+                        let mut at = self.echo().chars().count() as u64;
+                        self.pieces
+                            .iter()
+                            .map(|t| {
+                                let start = at;
+                                at += t.text.chars().count() as u64;
+                                start
+                            })
+                            .collect()
+                    });
+                    usize::try_from(k)
+                        .ok()
+                        .and_then(|k| starts.get(k))
+                        .copied()
+                        .unwrap_or(0)
+                };
+                lp::completion_logprobs(&self.shape(top), &steps, offset)
+            }
+            Api::Chat => {
+                let content: Vec<Value> = self
+                    .gen_step(k)
+                    .map(|s| lp::chat_logprob(self.look.flavor(), s.position, s.token, top))
+                    .into_iter()
+                    .collect();
+                json!({ "content": content })
+            }
+            Api::Responses => Value::Null,
+        }
+    }
+
+    /// vLLM's `prompt_logprobs` (null when not asked).
+    fn prompt_logprobs(&self) -> Value {
+        match (self.look.asked.prompt_logprobs, &self.look.prompt) {
+            (Some(k), Some(p)) => lp::vllm_prompt_logprobs(p, k),
+            _ => Value::Null,
+        }
+    }
+
+    fn body(&self) -> Value {
+        let mut text = self.echo().to_string();
+        text.extend(self.pieces.iter().map(|t| t.text.as_str()));
+        let vllm = self.look.flavor() == Flavor::Vllm;
+        let logprobs = self.logprobs();
+        let prompt_logprobs = if vllm {
+            self.prompt_logprobs()
+        } else {
+            Value::Null
+        };
+        let mut body = head(&self.id, self.api, false, &self.model, self.created);
+        let choices: Vec<Value> = (0..self.n)
+            .map(|i| {
+                let mut c = choice(self.api, i, &text, self.finish_reason, logprobs.clone());
+                c.extend(self.choice_extra.clone());
+                if vllm && self.api == Api::Completions {
+                    c.insert("prompt_logprobs".into(), prompt_logprobs.clone());
+                }
+                Value::Object(c)
+            })
+            .collect();
+        body.insert("choices".into(), Value::Array(choices));
+        body.insert(
+            "usage".into(),
+            usage(self.prompt_tokens, self.n * self.m(), &self.details),
+        );
+        body.extend(self.top_extra.clone());
+        if vllm && self.api == Api::Chat {
+            body.insert("prompt_logprobs".into(), prompt_logprobs);
+        }
+        Value::Object(body)
+    }
+
     /// The event for `step` and the step after it; None when finished.
     fn event(&self, step: Step) -> Option<(String, Step)> {
+        let m = self.m();
         // max_tokens 0 still sends one (empty) finishing chunk per choice.
-        let last_k = self.params.max_tokens.saturating_sub(1);
+        let last_k = m.saturating_sub(1);
         match step {
             Step::Token { k, i } => {
-                let text = if self.params.max_tokens == 0 {
-                    String::new()
+                let mut text = if k == 0 {
+                    self.echo().to_string()
                 } else {
-                    token_text(k)
+                    String::new()
                 };
+                if let Some(t) = self.pieces.get(usize::try_from(k).unwrap_or(usize::MAX)) {
+                    text.push_str(&t.text);
+                }
                 let finish = if k == last_k {
-                    json!("length")
+                    json!(self.finish_reason)
                 } else {
                     Value::Null
                 };
@@ -499,14 +594,26 @@ impl Sse {
                     }
                 }
                 c.insert("finish_reason".into(), finish);
-                c.insert("logprobs".into(), Value::Null);
+                c.insert("logprobs".into(), self.chunk_logprobs(k));
+                c.extend(self.choice_extra.clone());
                 let mut chunk = head(&self.id, self.api, true, &self.model, self.created);
                 chunk.insert("choices".into(), json!([c]));
-                let next = if i + 1 < self.params.n {
+                if self.look.asked.continuous_usage {
+                    // Per-chunk usage has no details (vLLM, as of 0.33).
+                    let so_far = if m == 0 { 0 } else { k + 1 };
+                    chunk.insert(
+                        "usage".into(),
+                        usage(self.prompt_tokens, so_far, &Details::Absent),
+                    );
+                }
+                if k == last_k && i + 1 == self.n {
+                    chunk.extend(self.top_extra.clone());
+                }
+                let next = if i + 1 < self.n {
                     Step::Token { k, i: i + 1 }
                 } else if k < last_k {
                     Step::Token { k: k + 1, i: 0 }
-                } else if self.params.include_usage {
+                } else if self.include_usage {
                     Step::Usage
                 } else {
                     Step::Done
@@ -514,11 +621,16 @@ impl Sse {
                 Some((data(&Value::Object(chunk)), next))
             }
             Step::Usage => {
+                // vLLM serialises the final usage chunk with exclude_none.
+                let details = match (&self.details, self.look.flavor()) {
+                    (Details::Null, Flavor::Vllm) => Details::Absent,
+                    (d, _) => d.clone(),
+                };
                 let mut chunk = head(&self.id, self.api, true, &self.model, self.created);
                 chunk.insert("choices".into(), json!([]));
                 chunk.insert(
                     "usage".into(),
-                    usage(self.prompt_tokens, self.params.max_tokens * self.params.n),
+                    usage(self.prompt_tokens, self.n * m, &details),
                 );
                 Some((data(&Value::Object(chunk)), Step::Done))
             }
@@ -526,6 +638,148 @@ impl Sse {
             Step::End => None,
         }
     }
+
+    /// Every event at once.
+    fn sse(&self) -> String {
+        let mut body = String::new();
+        let mut step = Step::Token { k: 0, i: 0 };
+        while let Some((event, next)) = self.event(step) {
+            body.push_str(&event);
+            step = next;
+        }
+        body
+    }
+}
+
+/// The prefill's answer: one token "P" per choice. Streamed only when the
+/// request asked for it, which only `--lenient-prefill` lets through: then
+/// one SSE event per choice (the last one also carries the engine's
+/// top-level members), a usage event if asked, and `[DONE]`.
+pub fn prefill_response(
+    state: &Shared,
+    api: Api,
+    params: &GenParams,
+    look: Look,
+    out: PrefillOut,
+) -> Response {
+    if api == Api::Responses {
+        state.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        let length_capped = out.finish_reason == "length";
+        let answer = responses_answer(
+            state,
+            params,
+            vec!["P".to_string()],
+            length_capped,
+            out.prompt_tokens,
+            out.cached_tokens,
+            out.top,
+        );
+        return with_kv(responses::at_once(&answer, params.stream), Kv::None);
+    }
+    let id = match out.id_prefix {
+        Some(prefix) => format!("{prefix}{}", state.next_id()),
+        None => default_id(state, api),
+    };
+    state
+        .generated_tokens
+        .fetch_add(params.n, Ordering::Relaxed);
+    let answer = Completion {
+        api,
+        id,
+        model: state.config.model.clone(),
+        created: now(),
+        n: params.n,
+        include_usage: params.include_usage,
+        pieces: vec![lp::prefill_token()],
+        finish_reason: out.finish_reason,
+        prompt_tokens: out.prompt_tokens,
+        details: Details::of(&state.config, &out.cached_tokens),
+        choice_extra: out.choice,
+        top_extra: out.top,
+        look,
+        starts: OnceLock::new(),
+    };
+    if params.stream {
+        return with_kv(sse_response(Body::from(answer.sse())), Kv::None);
+    }
+    with_kv(axum::Json(answer.body()).into_response(), Kv::None)
+}
+
+/// The decode's answer: `max_tokens` tokens per choice.
+pub fn decode_response(
+    state: &Shared,
+    api: Api,
+    params: GenParams,
+    look: Look,
+    out: DecodeOut,
+    guard: InFlight,
+) -> Response {
+    let completion_tokens = params.max_tokens * params.n;
+    state
+        .generated_tokens
+        .fetch_add(completion_tokens, Ordering::Relaxed);
+    if api == Api::Responses {
+        let pieces = (0..params.max_tokens)
+            .map(|k| lp::generated(k).text)
+            .collect();
+        let mut top = Map::new();
+        top.insert("kv_transfer_params".into(), Value::Null);
+        let answer = responses_answer(
+            state,
+            &params,
+            pieces,
+            params.capped,
+            out.prompt_tokens,
+            out.cached_tokens,
+            top,
+        );
+        if !params.stream {
+            guard.finish();
+            return with_kv(responses::at_once(&answer, false), out.kv);
+        }
+        let resp = responses::streamed(&answer, state.config.stream_delay, move || guard.finish());
+        return with_kv(resp, out.kv);
+    }
+    let answer = Completion {
+        api,
+        id: default_id(state, api),
+        model: state.config.model.clone(),
+        created: now(),
+        n: params.n,
+        include_usage: params.include_usage,
+        pieces: (0..params.max_tokens).map(lp::generated).collect(),
+        finish_reason: "length",
+        prompt_tokens: out.prompt_tokens,
+        details: Details::of(&state.config, &out.cached_tokens),
+        choice_extra: Map::new(),
+        top_extra: Map::new(),
+        look,
+        starts: OnceLock::new(),
+    };
+    if !params.stream {
+        guard.finish();
+        return with_kv(axum::Json(answer.body()).into_response(), out.kv);
+    }
+    let delay = state.config.stream_delay;
+    let stream = futures_util::stream::unfold(
+        (answer, Step::Token { k: 0, i: 0 }, guard),
+        move |(answer, step, guard)| async move {
+            let Some((event, next)) = answer.event(step) else {
+                // Sent to the end: a finished request. A client that hangs
+                // up earlier drops the stream, and the guard unfinished.
+                guard.finish();
+                return None;
+            };
+            if !matches!(step, Step::Token { k: 0, i: 0 }) && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Some((
+                Ok::<_, Infallible>(Bytes::from(event)),
+                (answer, next, guard),
+            ))
+        },
+    );
+    with_kv(sse_response(Body::from_stream(stream)), out.kv)
 }
 
 fn data(v: &Value) -> String {
@@ -536,35 +790,44 @@ fn data(v: &Value) -> String {
 mod tests {
     use super::*;
 
-    fn events(api: Api, max_tokens: u64, n: u64, include_usage: bool) -> Vec<String> {
-        let sse = Sse {
+    fn completion(api: Api, max_tokens: u64, n: u64, include_usage: bool) -> Completion {
+        Completion {
             api,
             id: "x".into(),
             model: "m".into(),
             created: 0,
-            params: GenParams {
-                max_tokens,
-                n,
-                stream: true,
-                include_usage,
-                capped: true,
-                request_id: None,
-            },
+            n,
+            include_usage,
+            pieces: (0..max_tokens).map(lp::generated).collect(),
+            finish_reason: "length",
             prompt_tokens: 3,
-            delay: Duration::ZERO,
-        };
-        let mut out = Vec::new();
-        let mut step = Step::Token { k: 0, i: 0 };
-        while let Some((e, next)) = sse.event(step) {
-            out.push(e);
-            step = next;
+            details: Details::Absent,
+            choice_extra: Map::new(),
+            top_extra: Map::new(),
+            look: Look::default(),
+            starts: OnceLock::new(),
         }
-        out
+    }
+
+    fn events(c: &Completion) -> Vec<String> {
+        c.sse()
+            .split_inclusive("\n\n")
+            .map(str::to_string)
+            .collect()
+    }
+
+    fn json_events(c: &Completion) -> Vec<Value> {
+        events(c)
+            .iter()
+            .filter_map(|e| e.strip_prefix("data: "))
+            .filter(|e| !e.starts_with("[DONE]"))
+            .map(|e| serde_json::from_str(e.trim()).expect("json"))
+            .collect()
     }
 
     #[test]
     fn stream_shape() {
-        let ev = events(Api::Completions, 3, 2, true);
+        let ev = events(&completion(Api::Completions, 3, 2, true));
         assert_eq!(ev.len(), 3 * 2 + 2);
         assert!(ev[0].contains(r#""text":"tok0""#));
         assert!(ev[5].contains(r#""finish_reason":"length""#));
@@ -576,7 +839,7 @@ mod tests {
 
     #[test]
     fn chat_stream_role_then_content() {
-        let ev = events(Api::Chat, 2, 1, false);
+        let ev = events(&completion(Api::Chat, 2, 1, false));
         assert_eq!(ev.len(), 3);
         assert!(ev[0].contains(r#""delta":{"content":"tok0","role":"assistant"}"#));
         assert!(ev[1].contains(r#""delta":{"content":" tok1"}"#));
@@ -584,17 +847,12 @@ mod tests {
 
     #[test]
     fn streamed_prefill_is_one_token_per_choice() {
-        let params = GenParams {
-            max_tokens: 64,
-            n: 2,
-            stream: true,
-            include_usage: true,
-            capped: true,
-            request_id: None,
-        };
-        let mut out = PrefillOut::new(7);
-        out.top.insert("kv_transfer_params".into(), json!({"k": 1}));
-        let body = prefill_sse("x", Api::Chat, "m", 0, &params, out);
+        let mut c = completion(Api::Chat, 0, 2, true);
+        c.pieces = vec![lp::prefill_token()];
+        c.prompt_tokens = 7;
+        c.top_extra
+            .insert("kv_transfer_params".into(), json!({"k": 1}));
+        let body = c.sse();
         let ev: Vec<&str> = body.split_inclusive("\n\n").collect();
         assert_eq!(ev.len(), 4);
         assert!(ev[0].contains(r#""delta":{"content":"P","role":"assistant"}"#));
@@ -608,8 +866,220 @@ mod tests {
 
     #[test]
     fn zero_tokens_still_finishes() {
-        let ev = events(Api::Completions, 0, 1, false);
+        let ev = events(&completion(Api::Completions, 0, 1, false));
         assert_eq!(ev.len(), 2);
         assert!(ev[0].contains(r#""finish_reason":"length""#));
+    }
+
+    #[test]
+    fn usage_details() {
+        let mut c = completion(Api::Chat, 2, 1, true);
+        assert_eq!(
+            c.body()["usage"],
+            json!({"prompt_tokens":3,"completion_tokens":2,"total_tokens":5})
+        );
+        c.details = Details::Cached(Number::from(2u64));
+        let b = c.body();
+        assert_eq!(
+            b["usage"],
+            json!({"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,
+                   "prompt_tokens_details":{"cached_tokens":2}})
+        );
+        assert_eq!(
+            b["usage"].to_string(),
+            r#"{"completion_tokens":2,"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":2},"total_tokens":5}"#
+        );
+        let ev = json_events(&c);
+        assert_eq!(
+            ev.last().unwrap()["usage"]["prompt_tokens_details"]["cached_tokens"],
+            2
+        );
+        assert_eq!(ev.last().unwrap()["choices"], json!([]));
+        // Null in a body; vLLM's final usage chunk leaves it out, SGLang's
+        // keeps it.
+        c.details = Details::Null;
+        c.look.flavor = Some(Flavor::Vllm);
+        assert_eq!(c.body()["usage"]["prompt_tokens_details"], Value::Null);
+        assert!(c.body()["usage"]
+            .as_object()
+            .unwrap()
+            .contains_key("prompt_tokens_details"));
+        let last = json_events(&c).pop().unwrap();
+        assert!(!last["usage"]
+            .as_object()
+            .unwrap()
+            .contains_key("prompt_tokens_details"));
+        c.look.flavor = Some(Flavor::Sglang);
+        let last = json_events(&c).pop().unwrap();
+        assert!(last["usage"]
+            .as_object()
+            .unwrap()
+            .contains_key("prompt_tokens_details"));
+    }
+
+    #[test]
+    fn continuous_usage_has_no_details() {
+        let mut c = completion(Api::Completions, 2, 2, true);
+        c.details = Details::Cached(Number::from(1u64));
+        c.look.asked.continuous_usage = true;
+        let ev = json_events(&c);
+        assert_eq!(ev.len(), 5);
+        assert_eq!(
+            ev[0]["usage"],
+            json!({"prompt_tokens":3,"completion_tokens":1,"total_tokens":4})
+        );
+        assert_eq!(ev[3]["usage"]["completion_tokens"], 2);
+        assert_eq!(ev[4]["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+        assert_eq!(ev[4]["usage"]["completion_tokens"], 4);
+    }
+
+    fn echo_look(flavor: Flavor, body: &'static str) -> (Look, u64) {
+        let req = Request::parse(Api::Completions, body.as_bytes()).unwrap();
+        let asked = Asked::from_request(&req, flavor, false).unwrap();
+        let prompt = Prompt::of(&req).unwrap();
+        let n = prompt.tokens.len() as u64;
+        let look = Look {
+            flavor: Some(flavor),
+            echo: Some(prompt.text.clone()),
+            echo_logprobs: asked.logprobs.is_some(),
+            prompt: Some(prompt),
+            asked,
+        };
+        (look, n)
+    }
+
+    #[test]
+    fn completions_echo_logprobs() {
+        let (look, n) = echo_look(
+            Flavor::Vllm,
+            r#"{"prompt":"Bonjour à tous","echo":true,"logprobs":1}"#,
+        );
+        let mut c = completion(Api::Completions, 2, 1, false);
+        c.prompt_tokens = n;
+        c.look = look;
+        let b = c.body();
+        let ch = &b["choices"][0];
+        assert_eq!(ch["text"], "Bonjour à toustok0 tok1");
+        let lps = &ch["logprobs"];
+        let tokens: Vec<&str> = lps["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap())
+            .collect();
+        assert_eq!(tokens.len() as u64, n + 2);
+        assert_eq!(tokens.concat(), "Bonjour à toustok0 tok1");
+        let offsets: Vec<u64> = lps["text_offset"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_u64().unwrap())
+            .collect();
+        let mut at = 0;
+        for (o, t) in offsets.iter().zip(&tokens) {
+            assert_eq!(*o, at);
+            at += t.chars().count() as u64;
+        }
+        assert_eq!(lps["token_logprobs"][0], Value::Null);
+        assert_eq!(lps["top_logprobs"][0], Value::Null);
+        assert!(lps["token_logprobs"][1].is_f64());
+        // vLLM: echo turns into prompt_logprobs = logprobs, per choice.
+        assert_eq!(ch["prompt_logprobs"].as_array().unwrap().len() as u64, n);
+        assert_eq!(
+            ch["prompt_logprobs"],
+            lp::vllm_prompt_logprobs(c.look.prompt.as_ref().unwrap(), 1)
+        );
+        assert_eq!(b.get("prompt_logprobs"), None);
+
+        // Streamed: the first chunk carries the prompt and the first token.
+        let ev = json_events(&c);
+        assert_eq!(ev[0]["choices"][0]["text"], "Bonjour à toustok0");
+        let first = &ev[0]["choices"][0]["logprobs"];
+        assert_eq!(first["tokens"].as_array().unwrap().len() as u64, n + 1);
+        assert_eq!(first["text_offset"][0], 0);
+        let second = &ev[1]["choices"][0]["logprobs"];
+        assert_eq!(second["tokens"], json!([" tok1"]));
+        assert_eq!(second["text_offset"], json!([offsets[offsets.len() - 1]]));
+        assert_eq!(
+            second["token_logprobs"][0],
+            lps["token_logprobs"][n as usize + 1]
+        );
+    }
+
+    #[test]
+    fn logprobs_without_echo_are_the_generated_tokens() {
+        let req =
+            Request::parse(Api::Completions, br#"{"prompt":"Hi there","logprobs":2}"#).unwrap();
+        let asked = Asked::from_request(&req, Flavor::Vllm, false).unwrap();
+        let mut c = completion(Api::Completions, 3, 1, false);
+        c.look = Look {
+            flavor: Some(Flavor::Vllm),
+            asked,
+            ..Look::default()
+        };
+        let b = c.body();
+        let lps = &b["choices"][0]["logprobs"];
+        assert_eq!(lps["tokens"], json!(["tok0", " tok1", " tok2"]));
+        assert_eq!(lps["text_offset"], json!([0, 4, 9]));
+        assert_eq!(
+            lps["token_logprobs"][1],
+            json!(lp::logprob(3 + 1, &lp::generated(1)))
+        );
+        assert_eq!(b["choices"][0]["prompt_logprobs"], Value::Null);
+    }
+
+    #[test]
+    fn sglang_decode_echo_has_generated_logprobs_only() {
+        let (mut look, n) = echo_look(
+            Flavor::Sglang,
+            r#"{"prompt":"abcdefgh","echo":true,"logprobs":2}"#,
+        );
+        look.echo_logprobs = false;
+        let mut c = completion(Api::Completions, 2, 1, false);
+        c.prompt_tokens = n;
+        c.look = look;
+        let b = c.body();
+        assert_eq!(b["choices"][0]["text"], "abcdefghtok0 tok1");
+        let lps = &b["choices"][0]["logprobs"];
+        assert_eq!(lps["tokens"], json!(["tok0", " tok1"]));
+        assert_eq!(lps["text_offset"], json!([-1, -1]));
+        assert_eq!(lps["top_logprobs"][0].as_object().unwrap().len(), 2);
+        assert_eq!(b["choices"][0].get("prompt_logprobs"), None);
+    }
+
+    #[test]
+    fn chat_prompt_logprobs_and_logprobs() {
+        let req = Request::parse(
+            Api::Chat,
+            br#"{"messages":[{"role":"user","content":"Hello"}],"prompt_logprobs":1,"logprobs":true,"top_logprobs":2}"#,
+        )
+        .unwrap();
+        let asked = Asked::from_request(&req, Flavor::Vllm, false).unwrap();
+        let prompt = Prompt::of(&req).unwrap();
+        let mut c = completion(Api::Chat, 2, 1, false);
+        c.prompt_tokens = prompt.tokens.len() as u64;
+        c.look = Look {
+            flavor: Some(Flavor::Vllm),
+            asked,
+            prompt: Some(prompt.clone()),
+            ..Look::default()
+        };
+        let b = c.body();
+        assert_eq!(b["prompt_logprobs"], lp::vllm_prompt_logprobs(&prompt, 1));
+        let content = b["choices"][0]["logprobs"]["content"].as_array().unwrap();
+        assert_eq!(content.len(), 2);
+        assert_eq!(content[0]["token"], "tok0");
+        assert_eq!(content[0]["bytes"], json!(b"tok0".to_vec()));
+        assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
+        assert_eq!(content[0]["top_logprobs"][0]["token"], "tok0");
+        // Not asked: null.
+        let mut c = completion(Api::Chat, 1, 1, false);
+        c.look.flavor = Some(Flavor::Vllm);
+        assert_eq!(c.body()["prompt_logprobs"], Value::Null);
+        assert!(c
+            .body()
+            .as_object()
+            .unwrap()
+            .contains_key("prompt_logprobs"));
     }
 }

@@ -9,6 +9,9 @@ mod disagg_auth;
 mod engines;
 mod error;
 mod generate;
+mod logprobs;
+#[cfg(test)]
+mod pd_tests;
 mod peer;
 mod rendezvous;
 mod request;

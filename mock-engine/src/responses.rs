@@ -28,6 +28,8 @@ pub struct Answer {
     pub length_capped: bool,
     pub max_output_tokens: Option<u64>,
     pub prompt_tokens: u64,
+    /// `usage.input_tokens_details.cached_tokens`.
+    pub cached_tokens: serde_json::Number,
     /// Extra top-level members (`kv_transfer_params` always: null if none).
     pub top: Map<String, Value>,
 }
@@ -69,7 +71,7 @@ impl Answer {
         let output = self.pieces.len() as u64;
         json!({
             "input_tokens": self.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
             "output_tokens": output,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": self.prompt_tokens + output,
@@ -248,6 +250,7 @@ mod tests {
             length_capped: capped,
             max_output_tokens: capped.then_some(pieces.len() as u64),
             prompt_tokens: 3,
+            cached_tokens: 2u64.into(),
             top,
         }
     }
@@ -273,6 +276,10 @@ mod tests {
         assert_eq!(o["usage"]["input_tokens"], 3);
         assert_eq!(o["usage"]["output_tokens"], 2);
         assert_eq!(o["usage"]["total_tokens"], 5);
+        assert_eq!(
+            o["usage"].to_string(),
+            r#"{"input_tokens":3,"input_tokens_details":{"cached_tokens":2},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":5}"#
+        );
         assert_eq!(o["kv_transfer_params"], json!({"k": 1}));
         let o = answer(&["P"], true).object(true);
         assert_eq!(o["status"], "incomplete");
@@ -313,6 +320,10 @@ mod tests {
         assert_eq!(data(&ev[5])["delta"], " tok1");
         let last = data(&ev[9]);
         assert_eq!(last["response"]["status"], "incomplete");
+        assert_eq!(
+            last["response"]["usage"]["input_tokens_details"]["cached_tokens"],
+            2
+        );
         assert_eq!(last["response"]["kv_transfer_params"], json!({"k": 1}));
         assert_eq!(
             last["response"]["output"][0]["content"][0]["text"],

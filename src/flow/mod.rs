@@ -10,6 +10,7 @@
 //! router's scheduler as the split plan sees it, [`head`] what is kept of the
 //! client's headers.
 
+mod answer;
 mod decode;
 mod head;
 mod load;
@@ -25,6 +26,7 @@ use crate::host::{Action, Counter, Host, Level};
 use crate::router::{HeldLoad, Router};
 use crate::select;
 use crate::split::{self, Plan, WholeReason};
+use answer::{Answering, Timing};
 use head::RequestHead;
 use load::Release;
 use planner::FlowPlanner;
@@ -86,6 +88,8 @@ pub struct Flow {
     /// The pod the request went to.
     decode_pod: Option<Rc<Endpoint>>,
     held: HeldLoad,
+    answering: Answering,
+    timing: Timing,
 }
 
 impl Flow {
@@ -101,6 +105,8 @@ impl Flow {
                 prefill: None,
                 decode: None,
             },
+            answering: Answering::default(),
+            timing: Timing::default(),
         }
     }
 
@@ -134,6 +140,7 @@ impl Flow {
             &format!("{} {}: {err}", reply.status, self.head.path),
         );
         host.increment(Counter::LocalReply);
+        host.count_reply(reply.status);
         self.release(host, Release::All, None);
         let sent = host.send_reply(
             reply.status,
@@ -173,6 +180,7 @@ impl Flow {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
         };
+        self.timing.started_ms = host.now_ms();
         self.head.id = header("x-request-id").unwrap_or_default();
         self.head.path = header(":path").unwrap_or_default();
         let method = header(":method").unwrap_or_default();
@@ -258,6 +266,7 @@ impl Flow {
     ) -> Result<Sent, PdError> {
         // A body the host cannot hand over is the router's failure, not the
         // client's.
+        self.timing.body_done_us = host.now_us();
         let body = host.request_body(body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
@@ -278,6 +287,11 @@ impl Flow {
         plan: Plan,
         attempt: Attempt,
     ) -> Result<Sent, PdError> {
+        let model = match &plan {
+            Plan::Whole { request, .. } => &request.model.name,
+            Plan::Split(p) => &p.request.model.name,
+        };
+        self.timing.model.clone_from(model);
         let plan = match plan {
             Plan::Whole { request, pod, why } => {
                 match why {
@@ -307,6 +321,7 @@ impl Flow {
                 return Err(e);
             }
         };
+        self.prefill_left(host);
         // The prefill leg is Envoy's now; a retry builds its own.
         let mut plan = plan;
         plan.prefill_body = Vec::new();
@@ -335,6 +350,11 @@ impl Flow {
             self.release(host, Release::All, None);
             return Err(e);
         }
+        // The prefill's facts come later, if the answer needs them.
+        self.answering.rewrite = plan
+            .answer
+            .clone()
+            .map(|a| crate::answer::Rewrite::new(a, None));
         self.phase = Phase::Forwarded {
             watched: Some(WatchedPrefill {
                 token,
@@ -346,6 +366,7 @@ impl Flow {
     }
 
     pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {
+        self.answer_headers(host);
         // Upstreams must not be able to forge which pods were used.
         let (name, ip) = match &self.prefill_pod {
             Some((n, ip)) => (Some(n.as_str()), Some(ip.as_str())),
@@ -388,11 +409,13 @@ impl Flow {
         }
     }
 
-    pub fn on_response_body<H: Host>(&mut self, _host: &mut H, body_size: usize) -> Action {
-        if let Phase::Forwarded { body_seen, .. } = &mut self.phase {
-            *body_seen |= body_size > 0;
-        }
-        Action::Continue
+    pub fn on_response_body<H: Host>(
+        &mut self,
+        host: &mut H,
+        body_size: usize,
+        end_of_stream: bool,
+    ) -> Action {
+        self.answer_body(host, body_size, end_of_stream)
     }
 
     /// The stream is over (completed, failed, or the client went away): give

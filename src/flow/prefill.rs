@@ -137,6 +137,7 @@ impl Flow {
         match std::mem::replace(&mut self.phase, Phase::Replied) {
             Phase::AwaitingPrefill(pending) if pending.token == token => {
                 let pending = *pending;
+                self.prefill_done(host);
                 let outcome = classify(status, || host.call_response_body(body_size));
                 let judged = Judgement {
                     pod: &pending.plan.prefill_pod,
@@ -163,6 +164,7 @@ impl Flow {
                     watched: None,
                     body_seen,
                 };
+                self.prefill_done(host);
                 let outcome = classify(status, || host.call_response_body(body_size));
                 let judged = Judgement {
                     pod: &w.pod,
@@ -170,8 +172,21 @@ impl Flow {
                     cause: cause(&outcome),
                 };
                 self.release(host, Release::Prefill, Some(judged));
-                let Err(failure) = outcome else { return };
+                let Err(failure) = outcome else {
+                    if self.answering.rewrite.is_some() {
+                        match host.call_response_body(body_size) {
+                            Ok(answer) => self.answer_facts(host, &answer),
+                            Err(_) => {
+                                self.release_unrewritten(host);
+                            }
+                        }
+                    }
+                    return;
+                };
                 host.increment(Counter::PrefillFailed);
+                if body_seen && self.is_held() {
+                    self.release_unrewritten(host);
+                }
                 if body_seen {
                     // Decode output already reached the client, so the
                     // hand-off worked; the prefill's late error is noise.
@@ -269,6 +284,11 @@ impl Flow {
                 headers,
                 degraded,
             } => {
+                if let Some(plan) = &p.plan.answer {
+                    let facts = crate::answer::PrefillFacts::of(plan, &answer);
+                    let rw = crate::answer::Rewrite::new(plan.clone(), Some(facts));
+                    self.answering.rewrite = rw.needed().then_some(rw);
+                }
                 if let Some(degraded) = degraded {
                     self.report_degraded(host, &p.plan, degraded);
                 }

@@ -75,7 +75,7 @@ impl Discoverer {
             return false;
         };
         let (fleet, _unused) = build_fleet(&router.config.models, &set.pods);
-        stats.know_pods(fleet.pods().iter().map(|p| p.name.as_str()));
+        stats.know_fleet(&fleet);
         router.set_fleet(fleet);
         stats.record_discovered(set.pods.len() as u64);
         self.applied = set.generation;

@@ -301,8 +301,8 @@ impl RootContext for Root {
             }
         }
         self.vm_id = getrandom::u64().unwrap_or_else(|_| now_ms());
-        let stats = Stats::define(slot);
-        stats.know_pods(router.fleet().pods().iter().map(|p| p.name.as_str()));
+        let stats = Stats::define(slot, router.config.max_pod_stats);
+        stats.know_fleet(&router.fleet());
         self.stats = Rc::new(stats);
         self.discovery = router.config.discovery.clone().map(Discoverer::new);
         // Ticks drive the scrape, the pod lists and the gauges: as often as

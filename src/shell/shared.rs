@@ -45,9 +45,14 @@ pub(super) fn call_status(num_headers: usize) -> Option<u16> {
 
 /// Envoy's wall clock, Unix milliseconds (0 if the host has none).
 pub(super) fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+/// Envoy's wall clock, Unix microseconds (0 if the host has none).
+pub(super) fn now_us() -> u64 {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_millis() as u64)
+        .map(|d| d.as_micros() as u64)
         .unwrap_or(0)
 }

@@ -1,25 +1,40 @@
-//! Envoy stats (`wasmcustom.pd_router.*`), defined once per VM; per-pod
-//! stats are defined the first time a pod is seen, so discovered pods get
-//! theirs too.
+//! Envoy stats (`wasmcustom.pd_router.*`), defined once per VM; per-pod and
+//! per-model stats are defined the first time their pod or model is seen,
+//! with their labels encoded in the name (see [`crate::stat_names`]).
+//!
+//! Envoy frees no wasm stat while it runs, so the per-pod ones are bounded:
+//! at most `max_pod_stats` pods get their own series per VM (Envoy shares a
+//! name between VMs, and all VMs see the same pods); later ones count under
+//! `pd_pod="other"`, without gauges.
 
-use crate::host::{stat_segment, Counter, PodEvent};
+use crate::fleet::Fleet;
+use crate::host::{Counter, Histogram, PodEvent};
+use crate::stat_names::{pod_labels, tagged, PodLabels};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{LogLevel, MetricType};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One pod's stat ids.
 struct PodStats {
-    /// In [`PodEvent::ALL`] order.
-    events: Vec<Option<u32>>,
+    selected: Option<u32>,
+    ejected: Option<u32>,
     /// Outstanding prefills, pending decodes, healthy (0/1).
     gauges: [Option<u32>; 3],
 }
+
+/// Models with their own histograms, at most (a model is a configured or
+/// discovered name; more than this means labels are not model names).
+const MAX_MODEL_STATS: usize = 256;
 
 #[derive(Default)]
 pub(super) struct Stats {
     counters: Vec<(Counter, u32)>,
     pods: RefCell<HashMap<String, PodStats>>,
+    labels: RefCell<HashMap<String, PodLabels>>,
+    max_pod_stats: usize,
+    histograms: RefCell<HashMap<(Histogram, String), Option<u32>>>,
+    replies: RefCell<HashMap<u16, Option<u32>>>,
     /// This VM's linear memory, to see leaks under load; defined at the
     /// first tick, so a VM that never ticks (Envoy's base VM) shows none.
     vm_memory: Cell<Option<u32>>,
@@ -35,18 +50,17 @@ fn define(kind: MetricType, name: &str) -> Option<u32> {
 }
 
 impl Stats {
-    pub(super) fn define(worker_slot: u8) -> Stats {
+    pub(super) fn define(worker_slot: u8, max_pod_stats: usize) -> Stats {
         let counters = Counter::ALL
             .iter()
             .filter_map(|c| define(MetricType::Counter, c.name()).map(|id| (*c, id)))
             .collect();
         Stats {
             counters,
-            pods: RefCell::new(HashMap::new()),
-            vm_memory: Cell::new(None),
+            max_pod_stats,
             worker_slot,
             log_level: Cell::new(hostcalls::get_log_level().ok()),
-            discovered: Cell::new(None),
+            ..Stats::default()
         }
     }
 
@@ -72,7 +86,8 @@ impl Stats {
     /// Publishes the size of this VM's linear memory.
     pub(super) fn record_vm_memory(&self) {
         if self.vm_memory.get().is_none() {
-            let name = format!("pd_router.vm.{}.memory_bytes", self.worker_slot);
+            let slot = self.worker_slot.to_string();
+            let name = tagged("pd_router.vm_memory_bytes", &[("pd_vm", &slot)]);
             self.vm_memory.set(define(MetricType::Gauge, &name));
         }
         if let Some(id) = self.vm_memory.get() {
@@ -87,39 +102,91 @@ impl Stats {
         }
     }
 
+    /// Counts a local reply by its status.
+    pub(super) fn count_reply(&self, status: u16) {
+        let id = *self.replies.borrow_mut().entry(status).or_insert_with(|| {
+            let s = status.to_string();
+            define(
+                MetricType::Counter,
+                &tagged("pd_router.replies", &[("pd_status", &s)]),
+            )
+        });
+        if let Some(id) = id {
+            let _ = hostcalls::increment_metric(id, 1);
+        }
+    }
+
+    pub(super) fn record(&self, h: Histogram, model: &str, value: u64) {
+        let mut hs = self.histograms.borrow_mut();
+        let key = (h, model.to_owned());
+        let id = match hs.get(&key) {
+            Some(id) => *id,
+            None => {
+                let label = if hs.len() < MAX_MODEL_STATS * Histogram::ALL.len() {
+                    model
+                } else {
+                    "other"
+                };
+                let id = define(
+                    MetricType::Histogram,
+                    &tagged(h.name(), &[("pd_model", label)]),
+                );
+                hs.insert(key, id);
+                id
+            }
+        };
+        if let Some(id) = id {
+            let _ = hostcalls::record_metric(id, value);
+        }
+    }
+
+    /// Learns the pods' labels from the fleet and defines their stats.
+    pub(super) fn know_fleet(&self, fleet: &Fleet) {
+        *self.labels.borrow_mut() = pod_labels(fleet);
+        for p in fleet.pods() {
+            self.with_pod(&p.name, |_| ());
+        }
+    }
+
     fn with_pod<T>(&self, pod: &str, f: impl FnOnce(&PodStats) -> T) -> T {
         let mut pods = self.pods.borrow_mut();
         if let Some(stats) = pods.get(pod) {
             return f(stats);
         }
-        let stats = pods.entry(pod.to_owned()).or_insert_with(|| {
-            let base = format!("pd_router.pod.{}", stat_segment(pod));
-            PodStats {
-                events: PodEvent::ALL
-                    .iter()
-                    .map(|e| define(MetricType::Counter, &format!("{base}.{}", e.suffix())))
-                    .collect(),
-                gauges: [
-                    define(MetricType::Gauge, &format!("{base}.outstanding_prefills")),
-                    define(MetricType::Gauge, &format!("{base}.pending_decodes")),
-                    define(MetricType::Gauge, &format!("{base}.healthy")),
-                ],
-            }
+        let labels = self.labels.borrow().get(pod).cloned().unwrap_or(PodLabels {
+            model: String::new(),
+            roleset: String::new(),
+            role: "unknown",
         });
-        f(stats)
-    }
-
-    /// Defines the stats of pods known now (the rest are defined when seen).
-    pub(super) fn know_pods<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
-        for name in names {
-            self.with_pod(name, |_| ());
-        }
+        let own = pods.len() < self.max_pod_stats;
+        let name = if own { pod } else { "other" };
+        let tags = [
+            ("pd_model", labels.model.as_str()),
+            ("pd_roleset", labels.roleset.as_str()),
+            ("pd_role", labels.role),
+            ("pd_pod", name),
+        ];
+        let series = |kind, n: &str| define(kind, &tagged(n, &tags));
+        let stats = PodStats {
+            selected: series(MetricType::Counter, "pd_router.pod.selected"),
+            ejected: series(MetricType::Counter, "pd_router.pod.ejected"),
+            gauges: if own {
+                [
+                    series(MetricType::Gauge, "pd_router.pod.outstanding_prefills"),
+                    series(MetricType::Gauge, "pd_router.pod.pending_decodes"),
+                    series(MetricType::Gauge, "pd_router.pod.healthy"),
+                ]
+            } else {
+                [None; 3]
+            },
+        };
+        f(pods.entry(pod.to_owned()).or_insert(stats))
     }
 
     pub(super) fn count_pod(&self, pod: &str, event: PodEvent) {
-        let idx = PodEvent::ALL.iter().position(|e| *e == event);
-        let id = self.with_pod(pod, |s| {
-            idx.and_then(|i| s.events.get(i).copied().flatten())
+        let id = self.with_pod(pod, |s| match event {
+            PodEvent::PrefillSelected | PodEvent::DecodeSelected => s.selected,
+            PodEvent::Ejected => s.ejected,
         });
         if let Some(id) = id {
             let _ = hostcalls::increment_metric(id, 1);
@@ -128,7 +195,7 @@ impl Stats {
 
     /// Zeroes the gauges of pods that left the fleet: nothing is routed to
     /// them any more (requests still in flight on one drain unseen).
-    pub(super) fn zero_departed(&self, live: &std::collections::HashSet<&str>) {
+    pub(super) fn zero_departed(&self, live: &HashSet<&str>) {
         for (name, stats) in self.pods.borrow().iter() {
             if !live.contains(name.as_str()) {
                 for id in stats.gauges.iter().flatten() {

@@ -2,7 +2,7 @@ use super::shared;
 use super::stats::Stats;
 use crate::error::HostError;
 use crate::flow::Flow;
-use crate::host::{Action, Counter, Host, Level, PodEvent, Telemetry};
+use crate::host::{Action, Counter, Histogram, Host, Level, PodEvent, Telemetry};
 use crate::pods::{SetError, SharedStore};
 use crate::router::Router;
 use proxy_wasm::hostcalls;
@@ -75,8 +75,11 @@ impl HttpContext for Stream {
         to_wasm(self.flow.on_response_headers(&mut self.io))
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> WasmAction {
-        to_wasm(self.flow.on_response_body(&mut self.io, body_size))
+    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
+        to_wasm(
+            self.flow
+                .on_response_body(&mut self.io, body_size, end_of_stream),
+        )
     }
 
     // Called once at the end of every stream, however it ended (client
@@ -135,6 +138,18 @@ impl Telemetry for HostIo {
 
     fn now_ms(&self) -> u64 {
         shared::now_ms()
+    }
+
+    fn now_us(&self) -> u64 {
+        shared::now_us()
+    }
+
+    fn record(&self, histogram: Histogram, model: &str, value: u64) {
+        self.stats.record(histogram, model, value);
+    }
+
+    fn count_reply(&self, status: u16) {
+        self.stats.count_reply(status);
     }
 }
 
@@ -199,6 +214,31 @@ impl Host for HostIo {
     fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
         hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value)
             .map_err(|e| HostError::new("setting a response header", e))
+    }
+
+    fn response_header(&self, name: &str) -> Option<String> {
+        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+            .ok()
+            .flatten()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+    }
+
+    fn response_body(&self) -> Result<Vec<u8>, HostError> {
+        // No size is known outside a body callback: ask for all of it.
+        match hostcalls::get_buffer(BufferType::HttpResponseBody, 0, u32::MAX as usize) {
+            Ok(Some(body)) => Ok(body),
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => Err(HostError::new("reading the response body", e)),
+        }
+    }
+
+    fn replace_response_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
+        hostcalls::set_buffer(BufferType::HttpResponseBody, 0, old_len, body)
+            .map_err(|e| HostError::new("replacing the response body", e))
+    }
+
+    fn resume_response(&mut self) -> Result<(), HostError> {
+        hostcalls::resume_http_response().map_err(|e| HostError::new("resuming the response", e))
     }
 
     fn upstream_address(&self) -> Option<String> {

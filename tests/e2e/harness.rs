@@ -437,6 +437,18 @@ impl Envoy {
             .unwrap_or_else(|| panic!("Envoy has no stat {name}"))
     }
 
+    /// One pod's per-pod stat (`series`: `selected`, `ejected`,
+    /// `outstanding_prefills`, ...), whose labels travel in its name.
+    pub fn pod_stat(&self, series: &str, pod: &str) -> u64 {
+        let prefix = format!("wasmcustom.pd_router.pod.{series}.");
+        let label = format!("pd_pod=.={pod};.;");
+        self.stats("wasmcustom.pd_router.pod.")
+            .into_iter()
+            .find(|(k, _)| k.starts_with(&prefix) && k.contains(&label))
+            .map(|(_, v)| v)
+            .unwrap_or_else(|| panic!("Envoy has no {series} stat for pod {pod}"))
+    }
+
     pub fn log(&self) -> String {
         tail(&self.log)
     }
@@ -468,7 +480,7 @@ impl Envoy {
             .stats("wasmcustom.pd_router.pod.")
             .into_iter()
             .filter(|(k, v)| {
-                (k.ends_with(".outstanding_prefills") || k.ends_with(".pending_decodes")) && *v != 0
+                (k.contains(".outstanding_prefills.") || k.contains(".pending_decodes.")) && *v != 0
             })
             .collect();
         assert!(busy.is_empty(), "counters not back to zero: {busy:?}");

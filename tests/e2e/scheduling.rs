@@ -254,7 +254,7 @@ fn counters_return_to_zero_after_successes_failures_and_aborts() {
     let gauges: Vec<(String, u64)> = envoy
         .stats("wasmcustom.pd_router.pod.")
         .into_iter()
-        .filter(|(k, _)| k.ends_with(".outstanding_prefills") || k.ends_with(".pending_decodes"))
+        .filter(|(k, _)| k.contains(".outstanding_prefills.") || k.contains(".pending_decodes."))
         .collect();
     assert!(gauges.len() >= 22, "{gauges:?}");
     let busy: Vec<_> = gauges.iter().filter(|(_, v)| *v != 0).collect();
@@ -316,7 +316,7 @@ fn a_killed_prefill_pod_loses_no_request_and_is_skipped_until_it_returns() {
         !after.iter().any(|p| p == "p01"),
         "the killed pod was chosen again"
     );
-    assert!(envoy.stat("wasmcustom.pd_router.pod.p01.ejected") >= 1);
+    assert!(envoy.pod_stat("ejected", "p01") >= 1);
 
     // It comes back on the same port; after the cool-down it gets work again.
     let mut revived = Mock::start(

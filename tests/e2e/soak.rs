@@ -22,9 +22,8 @@ fn env_or(name: &str, default: usize) -> usize {
 /// Memory of every pd-router VM, as published by the filter on each tick.
 fn vm_memory(envoy: &Envoy) -> Vec<(String, u64)> {
     envoy
-        .stats("wasmcustom.pd_router.vm.")
+        .stats("wasmcustom.pd_router.vm_memory_bytes.")
         .into_iter()
-        .filter(|(k, _)| k.ends_with(".memory_bytes"))
         .collect()
 }
 

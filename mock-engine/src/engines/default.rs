@@ -15,8 +15,5 @@ pub fn prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
 }
 
 pub fn decode(req: &Request<'_>) -> DecodeOut {
-    DecodeOut {
-        kv: Kv::None,
-        prompt_tokens: prompt_tokens(req),
-    }
+    DecodeOut::new(Kv::None, prompt_tokens(req))
 }

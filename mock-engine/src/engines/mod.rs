@@ -16,11 +16,12 @@ pub use sglang::server_info as sglang_server_info;
 
 use axum::http::HeaderMap;
 use axum::response::Response;
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
-use crate::cli::{fail_after_transfer, Connector, Engine, Fault, Role};
+use crate::cli::{fail_after_transfer, Connector, Engine, Fault, Flavor, Role};
 use crate::error::{Checked, Fail};
-use crate::generate::{self, DecodeOut, GenParams, Kv};
+use crate::generate::{self, DecodeOut, GenParams, Kv, Look};
+use crate::logprobs::{Asked, Prompt};
 use crate::request::{approx_tokens, short, Api, Request};
 use crate::state::{InFlight, Shared};
 
@@ -39,6 +40,8 @@ pub async fn handle(
     // Validated first so a malformed knob never consumes a hand-off.
     let params = GenParams::from_request(&req)?;
     let cfg = &state.config;
+    let flavor = cfg.flavor();
+    let asked = Asked::from_request(&req, flavor, params.stream)?;
     if api == Api::Responses {
         responses_checks(&req, cfg.role == Role::Decode || cfg.lenient_prefill)?;
     }
@@ -47,7 +50,7 @@ pub async fn handle(
     match cfg.role {
         Role::Prefill => {
             let no_kv_params = faults.contains(&Fault::NoKvParams);
-            let out = match (cfg.engine, cfg.connector) {
+            let mut out = match (cfg.engine, cfg.connector) {
                 (Engine::Vllm, Connector::Neuron) => {
                     vllm::neuron_prefill(&req, cfg.lenient_prefill)?
                 }
@@ -64,35 +67,172 @@ pub async fn handle(
                     vllm::prefill(state, &req, no_kv_params)?
                 }
                 (Engine::Sglang, _) => {
-                    sglang::prefill(state, &req, headers, fail_after_transfer(faults)).await?
+                    sglang::prefill(state, &req, headers, &asked, fail_after_transfer(faults))
+                        .await?
                 }
                 (Engine::Trtllm, _) => trtllm::prefill(state, &req, faults)?,
                 (Engine::Default, _) => default::prefill(&req, cfg.lenient_prefill)?,
             };
-            let resp = generate::prefill_response(state, api, &params, out);
+            out.cached_tokens = own_cached(state, &asked, out.prompt_tokens).into();
+            remote_cached_field(state, &mut out);
+            let look = look(state, &req, asked)?;
+            let resp = generate::prefill_response(state, api, &params, look, out);
             guard.finish();
             Ok(resp)
         }
         Role::Decode => {
-            let out = match (cfg.engine, cfg.connector) {
-                (Engine::Vllm, Connector::Neuron) => vllm::neuron_decode(&req)?,
-                (Engine::Vllm, Connector::Mooncake) => mooncake::decode(state, &req).await?,
-                (Engine::Vllm, Connector::NixlPush) => {
-                    nixl_push::decode(state, &req, headers).await?
+            let mut out = if cfg.engine == Engine::Vllm && asked.skips_prefix_cache(flavor) {
+                skip_handoff(state, &req, headers)?
+            } else {
+                match (cfg.engine, cfg.connector) {
+                    (Engine::Vllm, Connector::Neuron) => vllm::neuron_decode(&req)?,
+                    (Engine::Vllm, Connector::Mooncake) => mooncake::decode(state, &req).await?,
+                    (Engine::Vllm, Connector::NixlPush) => {
+                        nixl_push::decode(state, &req, headers).await?
+                    }
+                    (Engine::Vllm, Connector::P2pNccl) => {
+                        p2p_nccl::decode(state, &req, headers).await?
+                    }
+                    (Engine::Vllm, Connector::Nixl | Connector::Shfs) => {
+                        vllm::decode(state, &req).await?
+                    }
+                    (Engine::Sglang, _) => sglang::decode(state, &req, headers).await?,
+                    (Engine::Trtllm, _) => trtllm::decode(state, &req, headers).await?,
+                    (Engine::Default, _) => default::decode(&req),
                 }
-                (Engine::Vllm, Connector::P2pNccl) => {
-                    p2p_nccl::decode(state, &req, headers).await?
-                }
-                (Engine::Vllm, Connector::Nixl | Connector::Shfs) => {
-                    vllm::decode(state, &req).await?
-                }
-                (Engine::Sglang, _) => sglang::decode(state, &req, headers).await?,
-                (Engine::Trtllm, _) => trtllm::decode(state, &req, headers).await?,
-                (Engine::Default, _) => default::decode(&req),
             };
-            Ok(generate::decode_response(state, api, params, out, guard))
+            out.cached_tokens = decode_cached(state, &req, &asked, &out);
+            let look = look(state, &req, asked)?;
+            Ok(generate::decode_response(
+                state, api, params, look, out, guard,
+            ))
         }
     }
+}
+
+/// The pod's own prefix-cache hits for a prompt of `prompt_tokens`:
+/// `--cached-tokens`, at most the prompt; none when the request makes the
+/// engine compute the whole prompt (vLLM prompt logprobs skip reading the
+/// prefix cache; SGLang's `logprob_start_len` 0 caps its radix match).
+fn own_cached(state: &Shared, asked: &Asked, prompt_tokens: u64) -> u64 {
+    if asked.no_prefix_cache {
+        0
+    } else {
+        state.config.cached_tokens.min(prompt_tokens)
+    }
+}
+
+/// vLLM >= 0.31's scheduler at request finish: a prefill whose
+/// `kv_transfer_params` ask the decode to pull (`do_remote_prefill`, i.e.
+/// NIXL pull and push; Mooncake answers none) gets
+/// `remote_prefill_cached_tokens` = its own cached count.
+fn remote_cached_field(state: &Shared, out: &mut generate::PrefillOut) {
+    let cfg = &state.config;
+    if cfg.engine != Engine::Vllm || !cfg.remote_cached_field {
+        return;
+    }
+    if let Some(Value::Object(p)) = out.top.get_mut("kv_transfer_params") {
+        if p.get("do_remote_prefill") == Some(&Value::Bool(true)) {
+            p.insert(
+                "remote_prefill_cached_tokens".into(),
+                Value::Number(out.cached_tokens.clone()),
+            );
+        }
+    }
+}
+
+/// vLLM's output processor (>= 0.31): a request whose
+/// `kv_transfer_params` have `do_remote_prefill` true and an integer
+/// `remote_prefill_cached_tokens` reports that value, unchecked.
+fn remote_prefill_cached(req: &Request<'_>) -> Option<Number> {
+    let Ok(Some(Value::Object(p))) = req.value("kv_transfer_params") else {
+        return None;
+    };
+    if p.get("do_remote_prefill") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    match p.get("remote_prefill_cached_tokens") {
+        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => Some(n.clone()),
+        _ => None,
+    }
+}
+
+/// What a decode reports as cached. vLLM: a relayed
+/// `remote_prefill_cached_tokens` (>= 0.31), else the whole prompt when
+/// the KV came over a hand-off (the transfer counts as cached: what the
+/// router fixes), else its own hits. SGLang: the prefill's count from the
+/// bootstrap exchange (plus the whole prompt with `--double-count-cached`).
+fn decode_cached(state: &Shared, req: &Request<'_>, asked: &Asked, out: &DecodeOut) -> Number {
+    let cfg = &state.config;
+    let p = out.prompt_tokens;
+    let own = own_cached(state, asked, p);
+    match cfg.engine {
+        Engine::Vllm => {
+            if cfg.remote_cached_field {
+                if let Some(n) = remote_prefill_cached(req) {
+                    return n;
+                }
+            }
+            match out.kv {
+                Kv::Pulled => p.into(),
+                Kv::Recomputed | Kv::None => own.into(),
+            }
+        }
+        Engine::Sglang => match out.prefill_cached {
+            Some(x) if cfg.double_count_cached => x.saturating_add(p).into(),
+            Some(x) => x.into(),
+            None => own.into(),
+        },
+        Engine::Default | Engine::Trtllm => own.into(),
+    }
+}
+
+/// A vLLM decode asked for prompt logprobs (`prompt_logprobs`,
+/// completions `echo` + `logprobs`, chat `echo`) skips reading the prefix
+/// cache, external KV included: it leaves a hand-off unused (the
+/// prefill's KV is never pulled) and recomputes the whole prompt. Without
+/// any hand-off it is the usual silent recompute.
+fn skip_handoff(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> Checked<DecodeOut> {
+    let handoff = match state.config.connector {
+        Connector::Neuron => req.has("disagg_prefill_resp"),
+        // The hand-off travels in the request id.
+        Connector::P2pNccl => vllm_request_id(req, headers)?.is_some(),
+        _ => req.has("kv_transfer_params"),
+    };
+    if handoff {
+        return Ok(DecodeOut::new(
+            Kv::Recomputed,
+            approx_tokens(&req.prompt_key()?),
+        ));
+    }
+    vllm_recompute(state, req, "no KV hand-off")
+}
+
+/// How the answer looks: the tokenised prompt, echo text and whether the
+/// completions logprobs start with the prompt (not on an SGLang decode:
+/// PD moves no input logprobs to it, an UNVERIFIED reading of SGLang).
+fn look(state: &Shared, req: &Request<'_>, asked: Asked) -> Checked<Look> {
+    let flavor = state.config.flavor();
+    let prompt = if asked.needs_prompt() {
+        Some(Prompt::of(req)?)
+    } else {
+        None
+    };
+    let echo = match (asked.echo, req.api) {
+        (true, Api::Completions) => prompt.as_ref().map(|p| p.text.clone()),
+        (true, Api::Chat) => Some(crate::logprobs::chat_echo(req)?),
+        _ => None,
+    };
+    let sglang_decode = flavor == Flavor::Sglang && state.config.role == Role::Decode;
+    let echo_logprobs =
+        req.api == Api::Completions && asked.echo && asked.logprobs.is_some() && !sglang_decode;
+    Ok(Look {
+        flavor: Some(flavor),
+        asked,
+        prompt,
+        echo,
+        echo_logprobs,
+    })
 }
 
 /// What vLLM's Responses endpoint refuses whatever the leg: a
@@ -168,10 +308,10 @@ fn vllm_internal_id(api: Api, id: &str) -> String {
 fn vllm_recompute(state: &Shared, req: &Request<'_>, why: &str) -> Checked<DecodeOut> {
     let n = req.u64_field("n")?.unwrap_or(1);
     if (n > 1 && req.api != Api::Responses) || state.config.allow_recompute {
-        return Ok(DecodeOut {
-            kv: Kv::Recomputed,
-            prompt_tokens: approx_tokens(&req.prompt_key()?),
-        });
+        return Ok(DecodeOut::new(
+            Kv::Recomputed,
+            approx_tokens(&req.prompt_key()?),
+        ));
     }
     Err(Fail::contract(format!(
         "{why}: the decode would silently recompute the prompt"

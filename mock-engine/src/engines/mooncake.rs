@@ -227,10 +227,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             pulled.prompt_hash
         )));
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens: approx_tokens(&key),
-    })
+    Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 
 /// `GET {addr}/query`, then the `tcp://host:port` worker of the entry whose

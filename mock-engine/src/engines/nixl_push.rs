@@ -108,7 +108,6 @@ pub fn prefill(
             "pp_size": 1,
             "remote_num_tokens": approx_tokens(&key),
             "transfer_mode": "push",
-            "remote_prefill_cached_tokens": 0,
         }),
     );
     Ok(out)
@@ -253,10 +252,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             pushed.prompt_hash
         )));
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens: approx_tokens(&key),
-    })
+    Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 
 #[cfg(test)]

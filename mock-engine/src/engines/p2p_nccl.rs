@@ -174,10 +174,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             kv.prompt_hash
         )));
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens: approx_tokens(&key),
-    })
+    Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use super::prefill_constraints;
 use crate::bootstrap::Transfer;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::logprobs::Asked;
 use crate::peer::{authority, PeerError};
 use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;
@@ -309,6 +310,7 @@ pub async fn prefill(
     state: &Shared,
     req: &Request<'_>,
     headers: &HeaderMap,
+    asked: &Asked,
     linger: Option<Duration>,
 ) -> Checked<PrefillOut> {
     let batch = batch_size(req)?;
@@ -333,6 +335,7 @@ pub async fn prefill(
     let ranks = prefill_ranks(state, req, headers, &targets)?;
     let hashes = room_hashes(req, batch)?;
     let key = req.prompt_key()?;
+    let cached_tokens = super::own_cached(state, asked, approx_tokens(&key));
 
     let deadline = Instant::now() + state.config.bootstrap_timeout;
     let mut collected = Vec::with_capacity(targets.len());
@@ -346,6 +349,7 @@ pub async fn prefill(
         let transfer = Transfer {
             prompt_hash: hash,
             dp_rank,
+            cached_tokens,
         };
         collected.push(state.rooms.mark_transferred(t.room, transfer));
     }
@@ -364,6 +368,9 @@ pub async fn prefill(
 struct Transferred {
     prompt_hash: String,
     dp_rank: u64,
+    /// The prefill's `cached_tokens` (SGLang's metadata buffer slot).
+    #[serde(default)]
+    cached_tokens: u64,
 }
 
 #[derive(Deserialize)]
@@ -416,13 +423,14 @@ fn resolve_prefill_rank(hint: Option<u64>, prefill_dp: u64, room: u64) -> u64 {
 }
 
 /// Waits for the prefill to transfer `t.room` and checks it prefilled the
-/// same prompt, on the rank the decode reads from.
+/// same prompt, on the rank the decode reads from; the prefill's cached
+/// token count.
 async fn await_kv(
     state: &Shared,
     t: &Target,
     expected_hash: &str,
     expected_rank: u64,
-) -> Checked<()> {
+) -> Checked<u64> {
     let at = authority(&t.host, t.port);
     let wait = state.config.bootstrap_timeout;
     let path = format!("/wait/{}?timeout_ms={}", t.room, wait.as_millis());
@@ -469,7 +477,7 @@ async fn await_kv(
             t.room, got.prompt_hash
         )));
     }
-    Ok(())
+    Ok(got.cached_tokens)
 }
 
 pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> Checked<DecodeOut> {
@@ -512,13 +520,16 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
         .zip(&hashes)
         .zip(ranks)
         .map(|((t, h), r)| await_kv(state, t, h, r));
+    // SGLang's decode takes the prefill's cached count from the metadata
+    // buffer; the mock's prefill writes one count into every room.
+    let mut prefill_cached = None;
     for result in futures_util::future::join_all(waits).await {
-        result?;
+        let cached = result?;
+        prefill_cached.get_or_insert(cached);
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens: approx_tokens(&key),
-    })
+    let mut out = DecodeOut::new(Kv::Pulled, approx_tokens(&key));
+    out.prefill_cached = prefill_cached;
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -228,10 +228,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
         // No hand-off at all: TensorRT-LLM runs it as a full request, the
         // context phase included.
         let key = req.prompt_key()?;
-        return Ok(DecodeOut {
-            kv: Kv::Recomputed,
-            prompt_tokens: token_ids(&key).len() as u64,
-        });
+        return Ok(DecodeOut::new(Kv::Recomputed, token_ids(&key).len() as u64));
     }
     let params = disagg_params(req)?;
     check_auth(state, &params, headers)?;
@@ -329,10 +326,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             ctx.token_ids.len()
         )));
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens: received.len() as u64,
-    })
+    Ok(DecodeOut::new(Kv::Pulled, received.len() as u64))
 }
 
 #[cfg(test)]

@@ -179,10 +179,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             pulled.prompt_hash
         )));
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens,
-    })
+    Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
 }
 
 pub fn neuron_prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
@@ -221,8 +218,5 @@ pub fn neuron_decode(req: &Request<'_>) -> Checked<DecodeOut> {
             "prompt differs from the prefilled prompt (prefill hashed {hash}, decode hashes {own_hash})"
         )));
     }
-    Ok(DecodeOut {
-        kv: Kv::Pulled,
-        prompt_tokens: approx_tokens(&key),
-    })
+    Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }

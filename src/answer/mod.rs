@@ -1,0 +1,285 @@
+//! The decode's answer as a single engine would have given it: the
+//! prefill's real cached-token count in `usage`, and the prompt logprobs
+//! only the prefill computed. Pure: the flow feeds it the prefill's answer
+//! and the decode's body (whole, or chunk by chunk for SSE) and writes back
+//! what it returns.
+//!
+//! Costs nothing when unused: a request whose answer needs no rewrite never
+//! gets here (the flow keeps its pass-through path), and one that does has
+//! only the members it owns re-rendered (see [`json`]).
+
+mod json;
+mod logprobs;
+mod sse;
+mod usage;
+
+pub use logprobs::{PromptLogprobs, PromptPart};
+pub use sse::{data_span, next_event};
+pub use usage::{prefill_cached_tokens, set_cached_tokens};
+
+use crate::api::{Api, Facts};
+use crate::body::TopLevel;
+
+/// What may need rewriting in one request's answer, decided from the
+/// client's request before any leg leaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerPlan {
+    /// The engine's decode misreports cached tokens and the client will see
+    /// a usage (every non-streamed answer; streams with `include_usage`;
+    /// every Responses stream).
+    pub usage: bool,
+    pub logprobs: Option<PromptLogprobs>,
+    pub stream: bool,
+}
+
+/// Decode-leg fields that make the engine ignore the hand-off.
+pub const PROMPT_LOGPROB_FIELDS: [&str; 2] = ["prompt_logprobs", "echo"];
+
+/// How a request's answer is handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing to rewrite.
+    None,
+    Rewrite(AnswerPlan),
+    /// A single engine answers it better whole (and refuses what it
+    /// refuses): not split. The reason is for the log.
+    Whole(&'static str),
+}
+
+/// Which engines report what a PD split gets wrong.
+fn reconciles(engine: &str) -> bool {
+    matches!(engine, "vllm" | "sglang")
+}
+
+/// Decides, from the client's request, what its answer may need.
+pub fn decide(engine: &str, facts: &Facts, body: &[u8], top: &TopLevel) -> Decision {
+    if !reconciles(engine) {
+        return Decision::None;
+    }
+    let vllm = engine == "vllm";
+    let set = |k: &str| top.raw_non_null(body, k).is_some_and(|v| v != b"false");
+    if vllm && facts.api == Api::ChatCompletions && set("echo") {
+        // vLLM turns chat echo into prompt logprobs (and so skips the
+        // hand-off); the echoed message is its own to write.
+        return Decision::Whole("chat echo");
+    }
+    let logprobs = if vllm && set("prompt_logprobs") {
+        if facts.stream {
+            // vLLM refuses it ("not available when stream=True"): let it.
+            return Decision::Whole("prompt_logprobs with stream");
+        }
+        Some(PromptLogprobs::Field)
+    } else if facts.api == Api::Completions && set("echo") && set("logprobs") {
+        match top
+            .raw_non_null(body, "prompt")
+            .and_then(|p| serde_json::from_slice::<String>(p).ok())
+        {
+            Some(prompt_text) => Some(PromptLogprobs::Echo { prompt_text }),
+            // Token ids or a batch: the echoed text is the engine's.
+            None => return Decision::Whole("echo of a prompt that is not one string"),
+        }
+    } else {
+        None
+    };
+    // A Responses stream always ends with the whole response, usage included.
+    let usage = !facts.stream || facts.include_usage || facts.api == Api::Responses;
+    if !usage && logprobs.is_none() {
+        return Decision::None;
+    }
+    Decision::Rewrite(AnswerPlan {
+        usage,
+        logprobs,
+        stream: facts.stream,
+    })
+}
+
+/// What the prefill's answer says that the decode's answer lacks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PrefillFacts {
+    pub cached_tokens: Option<u64>,
+    pub prompt: Option<PromptPart>,
+}
+
+impl PrefillFacts {
+    pub fn of(plan: &AnswerPlan, answer: &[u8]) -> PrefillFacts {
+        PrefillFacts {
+            cached_tokens: if plan.usage {
+                prefill_cached_tokens(answer)
+            } else {
+                None
+            },
+            prompt: plan
+                .logprobs
+                .as_ref()
+                .and_then(|asked| PromptPart::of(answer, asked)),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.cached_tokens.is_none() && self.prompt.is_none()
+    }
+}
+
+/// The prefill's facts are not known yet and this part of the answer needs
+/// them: hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NeedFacts;
+
+/// One answer's rewrite, fed the decode's body as it arrives.
+#[derive(Debug, Clone)]
+pub struct Rewrite {
+    plan: AnswerPlan,
+    facts: Option<PrefillFacts>,
+    /// SSE: the unfinished event carried from the last chunk.
+    tail: Vec<u8>,
+    /// Echo: choice indexes that already got the prompt.
+    led: Vec<u64>,
+    /// Events or bodies changed.
+    pub rewrote: bool,
+}
+
+impl Rewrite {
+    /// `facts`: the prefill's, when it answered before the decode left.
+    pub fn new(plan: AnswerPlan, facts: Option<PrefillFacts>) -> Rewrite {
+        Rewrite {
+            plan,
+            facts,
+            tail: Vec::new(),
+            led: Vec::new(),
+            rewrote: false,
+        }
+    }
+
+    /// Whether the answer needs looking at: the facts are still to come, or
+    /// they hold something to put in.
+    pub fn needed(&self) -> bool {
+        self.facts.as_ref().is_none_or(|f| !f.is_empty())
+    }
+
+    pub fn knows_facts(&self) -> bool {
+        self.facts.is_some()
+    }
+
+    pub fn set_facts(&mut self, facts: PrefillFacts) {
+        self.facts = Some(facts);
+    }
+
+    pub fn is_stream(&self) -> bool {
+        self.plan.stream
+    }
+
+    pub fn plan(&self) -> &AnswerPlan {
+        &self.plan
+    }
+
+    /// Rewrites one JSON object: a whole answer, or an event's data.
+    fn object(&mut self, obj: &[u8], whole: bool) -> Result<Option<Vec<u8>>, NeedFacts> {
+        // A scan is far cheaper than a parse, and most stream events (a
+        // token's delta) hold nothing to rewrite.
+        let has = |needle: &[u8]| obj.windows(needle.len()).any(|w| w == needle);
+        let usage = self.plan.usage && has(b"cached_tokens");
+        let choices = self.plan.logprobs.is_some() && has(b"\"choices\"");
+        let Some(facts) = &self.facts else {
+            return if usage || choices {
+                Err(NeedFacts)
+            } else {
+                Ok(None)
+            };
+        };
+        let mut out: Option<Vec<u8>> = None;
+        if let (Some(part), true) = (&facts.prompt, choices) {
+            let led = &mut self.led;
+            let mut first = |i: u64| {
+                let f = !led.contains(&i);
+                if f {
+                    led.push(i);
+                }
+                f
+            };
+            out = logprobs::merge(obj, part, whole, &mut first);
+        }
+        if let (Some(cached), true) = (facts.cached_tokens, usage) {
+            let src = out.as_deref().unwrap_or(obj);
+            if let Some(new) = set_cached_tokens(src, cached) {
+                out = Some(new);
+            }
+        }
+        self.rewrote |= out.is_some();
+        Ok(out)
+    }
+
+    /// A complete non-streamed answer.
+    pub fn whole(&mut self, body: &[u8]) -> Result<Option<Vec<u8>>, NeedFacts> {
+        self.object(body, true)
+    }
+
+    /// The next bytes of an SSE stream (`end`: the last of them). Returns
+    /// what to send on in their place (`None`: the bytes as they are):
+    /// complete events, rewritten where needed; the unfinished last event
+    /// is held until it completes (or the stream ends). On `NeedFacts`
+    /// nothing was consumed: call again with the same bytes (and any that
+    /// followed) once the facts are set.
+    pub fn chunk(&mut self, chunk: &[u8], end: bool) -> Result<Option<Vec<u8>>, NeedFacts> {
+        // The common case: whole events, none of them ours to touch.
+        if self.tail.is_empty() && ends_an_event(chunk) && !self.may_touch(chunk) {
+            return Ok(None);
+        }
+        let mut buf = std::mem::take(&mut self.tail);
+        buf.extend_from_slice(chunk);
+        let mut events = Vec::new();
+        let mut at = 0;
+        while let Some(len) = buf.get(at..).and_then(next_event) {
+            events.push(at..at + len);
+            at += len;
+        }
+        if end && at < buf.len() {
+            events.push(at..buf.len());
+            at = buf.len();
+        }
+        let mut out = Vec::with_capacity(buf.len() + 64);
+        for range in events {
+            let event = buf.get(range).unwrap_or_default();
+            let rewritten = match data_span(event) {
+                Some(span) => {
+                    let data = event.get(span.clone()).unwrap_or_default();
+                    match self.object(data, false) {
+                        Ok(r) => r.map(|new| (span, new)),
+                        Err(NeedFacts) => {
+                            // Only unknown facts say so, and then nothing
+                            // was changed: the caller holds the bytes.
+                            buf.truncate(buf.len() - chunk.len());
+                            self.tail = buf;
+                            return Err(NeedFacts);
+                        }
+                    }
+                }
+                None => None,
+            };
+            match rewritten {
+                Some((span, new)) => {
+                    out.extend_from_slice(event.get(..span.start).unwrap_or_default());
+                    out.extend_from_slice(&new);
+                    out.extend_from_slice(event.get(span.end..).unwrap_or_default());
+                }
+                None => out.extend_from_slice(event),
+            }
+        }
+        self.tail = buf.get(at..).unwrap_or_default().to_vec();
+        Ok(Some(out))
+    }
+
+    /// Whether `bytes` hold anything this rewrite may change.
+    fn may_touch(&self, bytes: &[u8]) -> bool {
+        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        (self.plan.usage && has(b"cached_tokens"))
+            || (self.plan.logprobs.is_some() && has(b"\"choices\""))
+    }
+}
+
+/// Whether `chunk` ends where an event does (a blank line).
+fn ends_an_event(chunk: &[u8]) -> bool {
+    chunk.ends_with(b"\n\n") || chunk.ends_with(b"\r\n\r\n")
+}
+
+#[cfg(test)]
+mod tests;

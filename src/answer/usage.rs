@@ -1,0 +1,141 @@
+//! Cached prompt tokens as a single engine would report them.
+//!
+//! A decode pod counts the KV it received over a hand-off as prefix-cache
+//! hits, so its `cached_tokens` is close to `prompt_tokens` whatever the
+//! cache held. The prefill pod's own count is the real one: vLLM reports it
+//! in `usage.prompt_tokens_details.cached_tokens` (with
+//! `--enable-prompt-tokens-details`) and, from 0.31 on NIXL pull and push,
+//! in the answer's `kv_transfer_params.remote_prefill_cached_tokens`;
+//! SGLang in `usage.prompt_tokens_details.cached_tokens` (with
+//! `--enable-cache-report`). `/v1/responses` names them
+//! `input_tokens_details` and `input_tokens`.
+
+use super::json::{edit_object, object_member, u64_member};
+use crate::body::TopLevel;
+
+/// `(details, prompt count)` member names of a usage object.
+const SHAPES: [(&str, &str); 2] = [
+    ("prompt_tokens_details", "prompt_tokens"),
+    ("input_tokens_details", "input_tokens"),
+];
+
+/// The cached-token count a usage object states, and its prompt length.
+fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
+    let top = TopLevel::parse(usage).ok()?;
+    SHAPES.iter().find_map(|(details, prompt)| {
+        let d = object_member(&top, usage, details)?;
+        let dtop = TopLevel::parse(d).ok()?;
+        let cached = u64_member(&dtop, d, "cached_tokens")?;
+        Some((cached, u64_member(&top, usage, prompt)))
+    })
+}
+
+/// The prefill pod's real prefix-cache hits, from its answer; bounded by
+/// its prompt length (a count above it is nobody's truth).
+pub fn prefill_cached_tokens(answer: &[u8]) -> Option<u64> {
+    let top = TopLevel::parse(answer).ok()?;
+    let from_usage = object_member(&top, answer, "usage").and_then(usage_counts);
+    let prompt = from_usage.and_then(|(_, p)| p);
+    let cached = from_usage.map(|(c, _)| c).or_else(|| {
+        let params = object_member(&top, answer, "kv_transfer_params")?;
+        let ptop = TopLevel::parse(params).ok()?;
+        u64_member(&ptop, params, "remote_prefill_cached_tokens")
+    })?;
+    Some(prompt.map_or(cached, |p| cached.min(p)))
+}
+
+/// Sets the cached-token count in `usage` of the answer or stream chunk
+/// `obj` (or of its `response`, for a Responses stream event) where the
+/// decode stated one; never adds one where it stated none (a single engine
+/// without the details option reports none). `None`: nothing to change.
+pub fn set_cached_tokens(obj: &[u8], cached: u64) -> Option<Vec<u8>> {
+    edit_object(obj, |top, edits| {
+        if let Some(usage) = object_member(top, obj, "usage") {
+            edits.set_raw(
+                "usage",
+                String::from_utf8(set_in_usage(usage, cached)?).ok()?,
+            );
+            return Some(());
+        }
+        let response = object_member(top, obj, "response")?;
+        let new = set_cached_tokens(response, cached)?;
+        edits.set_raw("response", String::from_utf8(new).ok()?);
+        Some(())
+    })
+}
+
+fn set_in_usage(usage: &[u8], cached: u64) -> Option<Vec<u8>> {
+    edit_object(usage, |top, edits| {
+        let (details, prompt) = SHAPES
+            .iter()
+            .find(|(d, _)| object_member(top, usage, d).is_some())?;
+        let d = object_member(top, usage, details)?;
+        let bound = u64_member(top, usage, prompt).map_or(cached, |p| cached.min(p));
+        let new = edit_object(d, |dtop, dedits| {
+            let old = u64_member(dtop, d, "cached_tokens")?;
+            if old != bound {
+                dedits.set_u64("cached_tokens", bound);
+            }
+            Some(())
+        })?;
+        edits.set_raw(details, String::from_utf8(new).ok()?);
+        Some(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_count_comes_from_usage_else_the_hand_off_bounded_by_the_prompt() {
+        let usage = br#"{"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}},"kv_transfer_params":{"remote_prefill_cached_tokens":9}}"#;
+        assert_eq!(prefill_cached_tokens(usage), Some(4));
+        let params = br#"{"usage":{"prompt_tokens":12,"prompt_tokens_details":null},"kv_transfer_params":{"remote_prefill_cached_tokens":9}}"#;
+        assert_eq!(prefill_cached_tokens(params), Some(9));
+        let over = br#"{"usage":{"prompt_tokens":3,"prompt_tokens_details":{"cached_tokens":40}}}"#;
+        assert_eq!(prefill_cached_tokens(over), Some(3));
+        let responses =
+            br#"{"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":2}}}"#;
+        assert_eq!(prefill_cached_tokens(responses), Some(2));
+        assert_eq!(
+            prefill_cached_tokens(br#"{"usage":{"prompt_tokens":3}}"#),
+            None
+        );
+        assert_eq!(
+            prefill_cached_tokens(br#"{"kv_transfer_params":{"remote_prefill_cached_tokens":-1}}"#),
+            None
+        );
+        assert_eq!(prefill_cached_tokens(b"not json"), None);
+    }
+
+    #[test]
+    fn the_decode_count_is_replaced_in_place_and_nothing_else_moves() {
+        let d = br#"{"id":"x","choices":[{"text":"\u00e9","logprobs":null}],"usage":{"prompt_tokens": 12, "total_tokens":18,"completion_tokens":6,"prompt_tokens_details":{"cached_tokens": 12}},"seed":18446744073709551615}"#;
+        let out = set_cached_tokens(d, 4).expect("changed");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"id":"x","choices":[{"text":"\u00e9","logprobs":null}],"usage":{"prompt_tokens": 12, "total_tokens":18,"completion_tokens":6,"prompt_tokens_details":{"cached_tokens": 4}},"seed":18446744073709551615}"#,
+            "only the value's bytes change"
+        );
+        assert_eq!(set_cached_tokens(d, 12), None, "already right");
+        assert_eq!(
+            set_cached_tokens(d, 99),
+            None,
+            "bounded by the prompt: 12, already there"
+        );
+        let no_details = br#"{"usage":{"prompt_tokens":12,"prompt_tokens_details":null}}"#;
+        assert_eq!(set_cached_tokens(no_details, 4), None, "never added");
+        assert_eq!(set_cached_tokens(br#"{"usage":null}"#, 4), None);
+    }
+
+    #[test]
+    fn a_responses_stream_event_is_rewritten_inside_its_response() {
+        let ev = br#"{"type":"response.completed","sequence_number":9,"response":{"id":"r","output":[{"x":1.50}],"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":8},"output_tokens":2}}}"#;
+        let out = String::from_utf8(set_cached_tokens(ev, 3).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            r#"{"type":"response.completed","sequence_number":9,"response":{"id":"r","output":[{"x":1.50}],"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":3},"output_tokens":2}}}"#
+        );
+    }
+}

@@ -1,0 +1,219 @@
+//! The response side of a split request: the decode's answer rewritten
+//! where a single engine would have answered otherwise (see
+//! [`crate::answer`]), and the PD timings.
+//!
+//! A request whose answer needs nothing keeps the pass-through path: no
+//! response body is read. A non-streamed answer is buffered to its end and
+//! rewritten once; a stream is rewritten event by event. When the prefill's
+//! facts are still to come (the legs ran concurrently) the response is
+//! paused at the first part that needs them and released, rewritten, when
+//! the prefill answers; the prefill call's own timeout bounds the wait.
+
+use super::{Flow, Phase};
+use crate::answer::{PrefillFacts, Rewrite};
+use crate::host::{Action, Counter, Histogram, Host, Level};
+
+/// The response's progress through a rewrite.
+#[derive(Debug, Default)]
+pub(super) struct Answering {
+    pub rewrite: Option<Rewrite>,
+    /// Paused for the prefill's facts; `Some(true)` once the upstream ended.
+    held: Option<bool>,
+}
+
+/// The PD timings of one request (wall clock).
+#[derive(Debug, Default)]
+pub(super) struct Timing {
+    pub model: String,
+    pub started_ms: u64,
+    pub body_done_us: u64,
+    pub prefill_sent_ms: u64,
+    pub prefill_ms: Option<u64>,
+    pub routing_us: Option<u64>,
+}
+
+impl Flow {
+    /// The prefill left: the router's own time is known.
+    pub(super) fn prefill_left<H: Host>(&mut self, host: &H) {
+        let t = &mut self.timing;
+        t.prefill_sent_ms = host.now_ms();
+        let us = host.now_us().saturating_sub(t.body_done_us);
+        t.routing_us = Some(us);
+        host.record(Histogram::RoutingDuration, &t.model, us);
+    }
+
+    /// The prefill answered (whatever it said).
+    pub(super) fn prefill_done<H: Host>(&mut self, host: &H) {
+        let t = &mut self.timing;
+        let ms = host.now_ms().saturating_sub(t.prefill_sent_ms);
+        t.prefill_ms = Some(ms);
+        host.record(Histogram::PrefillDuration, &t.model, ms);
+    }
+
+    /// The prefill's answer arrived for a rewrite that waited for it; a
+    /// held response is rewritten and released.
+    pub(super) fn answer_facts<H: Host>(&mut self, host: &mut H, answer: &[u8]) {
+        let Some(rw) = self.answering.rewrite.as_mut() else {
+            return;
+        };
+        if rw.knows_facts() {
+            return;
+        }
+        rw.set_facts(PrefillFacts::of(rw.plan(), answer));
+        let Some(ended) = self.answering.held.take() else {
+            return;
+        };
+        let body = match host.response_body() {
+            Ok(b) => b,
+            Err(e) => {
+                self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
+                self.answering.rewrite = None;
+                return self.resume_response(host);
+            }
+        };
+        let out = if rw.is_stream() {
+            rw.chunk(&body, ended)
+        } else {
+            rw.whole(&body)
+        };
+        match out {
+            Ok(Some(new)) if new != body => self.put_response(host, body.len(), &new),
+            Ok(_) => {}
+            // Facts are set: cannot be asked for again.
+            Err(_) => {}
+        }
+        self.resume_response(host);
+    }
+
+    fn resume_response<H: Host>(&self, host: &mut H) {
+        if let Err(e) = host.resume_response() {
+            self.log(host, Level::Error, &format!("{e}"));
+        }
+    }
+
+    fn put_response<H: Host>(&mut self, host: &mut H, old_len: usize, new: &[u8]) {
+        match host.replace_response_body(old_len, new) {
+            Ok(()) => host.increment(Counter::AnswerRewritten),
+            Err(e) => self.log(host, Level::Warn, &format!("answer left as it is: {e}")),
+        }
+    }
+
+    /// Response headers: keep the rewrite only for an answer it can read
+    /// (a 2xx, unencoded, of the expected type), and drop the length it may
+    /// change. Records the time to the decode's first byte.
+    pub(super) fn answer_headers<H: Host>(&mut self, host: &mut H) {
+        // Requests of a model: split, or sent whole to one of its pods.
+        if !self.timing.model.is_empty() {
+            let ms = host.now_ms().saturating_sub(self.timing.started_ms);
+            host.record(Histogram::FirstByteDuration, &self.timing.model, ms);
+        }
+        if self.router.config.timing_headers {
+            let t = &self.timing;
+            for (name, v) in [
+                ("x-pd-prefill-ms", t.prefill_ms),
+                ("x-pd-routing-us", t.routing_us),
+            ] {
+                if let Some(v) = v {
+                    let _ = host.set_response_header(name, Some(&v.to_string()));
+                }
+            }
+        }
+        let Some(rw) = &self.answering.rewrite else {
+            return;
+        };
+        let ok = host
+            .response_header(":status")
+            .and_then(|s| s.parse::<u16>().ok())
+            .is_some_and(|s| (200..300).contains(&s));
+        let plain = host
+            .response_header("content-encoding")
+            .is_none_or(|e| e.eq_ignore_ascii_case("identity"));
+        let kind = host.response_header("content-type").unwrap_or_default();
+        let expected = if rw.is_stream() {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        if !(ok && plain && kind.starts_with(expected)) {
+            self.answering.rewrite = None;
+            return;
+        }
+        if let Err(e) = host.set_response_header("content-length", None) {
+            self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
+            self.answering.rewrite = None;
+        }
+    }
+
+    /// A response body callback.
+    pub(super) fn answer_body<H: Host>(
+        &mut self,
+        host: &mut H,
+        body_size: usize,
+        end: bool,
+    ) -> Action {
+        let action = self.answer_chunk(host, end);
+        if action == Action::Continue && body_size > 0 {
+            if let Phase::Forwarded { body_seen, .. } = &mut self.phase {
+                *body_seen = true;
+            }
+        }
+        action
+    }
+
+    fn answer_chunk<H: Host>(&mut self, host: &mut H, end: bool) -> Action {
+        let Some(rw) = self.answering.rewrite.as_mut() else {
+            return Action::Continue;
+        };
+        if self.answering.held.is_some() {
+            self.answering.held = Some(end);
+            return Action::Pause;
+        }
+        if !rw.is_stream() && !end {
+            // Whole answers are rewritten once, at their end.
+            return Action::Pause;
+        }
+        let body = match host.response_body() {
+            Ok(b) => b,
+            Err(e) => {
+                self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
+                self.answering.rewrite = None;
+                return Action::Continue;
+            }
+        };
+        let out = if rw.is_stream() {
+            rw.chunk(&body, end)
+        } else {
+            rw.whole(&body)
+        };
+        match out {
+            Ok(Some(new)) => {
+                if new != body {
+                    self.put_response(host, body.len(), &new);
+                }
+                Action::Continue
+            }
+            Ok(None) => Action::Continue,
+            Err(_) => {
+                // Nothing of this went out; released when the prefill answers.
+                self.answering.held = Some(end);
+                Action::Pause
+            }
+        }
+    }
+
+    /// The prefill failed while the response waited for it: what already
+    /// reached the client shows the hand-off worked, so the rest goes on
+    /// as the decode wrote it.
+    pub(super) fn release_unrewritten<H: Host>(&mut self, host: &mut H) -> bool {
+        self.answering.rewrite = None;
+        if self.answering.held.take().is_some() {
+            self.resume_response(host);
+            return true;
+        }
+        false
+    }
+
+    pub(super) fn is_held(&self) -> bool {
+        self.answering.held.is_some()
+    }
+}
