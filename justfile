@@ -63,16 +63,18 @@ lint: setup
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
 
-# Benchmarks: pod selection, the filter's per-request work and a discovery list (native; the list also inside wasm), then end to end.
+# Benchmarks: pod selection, the filter's per-request work, its host calls per request and a discovery list (native; the list also inside wasm), then end to end.
 bench: setup && bench-e2e
     cargo bench --bench select
     cargo bench --bench request
+    cargo bench --bench host_calls
     cargo bench --bench discovery
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench discovery --target wasm32-wasip1
 
-# End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone and vs sglang-router / vllm-router (bench/README.md).
+# End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them (bench/README.md).
 bench-e2e *ARGS: setup
     cargo build --target wasm32-wasip1 --release
+    cargo build --release --target wasm32-wasip1 -j 1 --manifest-path bench/min-pd-filter/Cargo.toml
     cargo build --release -p mock-engine
     [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt

@@ -8,11 +8,21 @@ and 32, the router's CPU time per request and the requests/s of:
   envoy-mirror    Envoy forwarding twice, no filter: the route mirrors    (b)
                   every request to a second cluster (the floor: two
                   upstream requests per client request)
+  envoy-buffer-mirror  (b) plus the buffer filter before the router: the  (b')
+                  floor for any PD router inside Envoy
+  min-pd          a minimal PD wasm filter (bench/min-pd-filter: pause,   (m)
+                  read the body, dispatch_http_call it to the prefill,
+                  set the decode header and the body, resume) in the
+                  shipped envoy.yaml, default mocks: the floor for any
+                  proxy-wasm PD router on Envoy's V8
   pd-vllm ...     pd-router in Envoy (the shipped envoy.yaml, plugin       (c)
                   configuration replaced), one Envoy per engine: vllm
                   (nixl), sglang, trtllm, default
   sglang-router   the same PD job done by sglang-router (SGLang mocks)     (d)
   vllm-router     ... and by vllm-router (vLLM NIXL mocks)
+  envoy+sglang-router  the shipped Envoy (no filter) forwarding to the     (e)
+  envoy+vllm-router    peer router: what a user who already runs a gateway
+                  pays; both processes on core 0, CPU summed
 
 Every router runs pinned to core 0 (Envoy with --concurrency 1, the peers
 with TOKIO_WORKER_THREADS=1); the mock engines and the load generator run
@@ -21,7 +31,8 @@ visits every cell (body size x concurrency x configuration) in turn, the
 configuration order rotated per repetition, and the results are medians over
 repetitions. The load generator reads the router's utime+stime from
 /proc/PID/stat at the edges of its measured window: CPU per request = that
-CPU time / requests completed in the window.
+CPU time / requests completed in the window. For the two-process stacks (e)
+this script reads the peer's the same way over the same window and adds it.
 
 Writes bench/results/latest.csv (medians), latest-raw.csv (every repetition),
 latest.txt (the printed report) and latest.png (the plot).
@@ -65,18 +76,29 @@ SIZES = {"1K": 1024, "64K": 64 * 1024, "512K": 512 * 1024}
 CONFIGS = [
     ("envoy-forward", "floor", "(a) Envoy, one upstream, no filter"),
     ("envoy-mirror", "floor", "(b) Envoy, two upstream requests (mirror), no filter"),
+    ("envoy-buffer-mirror", "floor", "(b') (b) + the buffer filter: the floor inside Envoy"),
+    ("min-pd", "min", "(m) minimal PD wasm filter, default mocks: the proxy-wasm floor"),
     ("pd-vllm", "pd", "(c) pd-router, vllm (nixl)"),
     ("pd-sglang", "pd", "(c) pd-router, sglang"),
     ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
     ("pd-default", "pd", "(c) pd-router, default"),
     ("sglang-router", "peer", "(d) sglang-router 0.3.2, PD mode, SGLang mocks"),
     ("vllm-router", "peer", "(d) vllm-router 0.1.17, PD mode, vLLM NIXL mocks"),
+    ("envoy+sglang-router", "stack", "(e) Envoy -> sglang-router, CPU of both"),
+    ("envoy+vllm-router", "stack", "(e) Envoy -> vllm-router, CPU of both"),
 ]
 FLOOR = "envoy-mirror"
+BUFFER_FLOOR = "envoy-buffer-mirror"
+MIN_PD = "min-pd"
 PEERS = [c for c, k, _ in CONFIGS if k == "peer"]
 PD = [c for c, k, _ in CONFIGS if k == "pd"]
 # pd-router engine -> the peer doing the same PD job on the same mocks.
 HEAD_TO_HEAD = {"pd-sglang": "sglang-router", "pd-vllm": "vllm-router"}
+# ... and the gateway stack doing it: Envoy in front of that peer.
+STACKS = {"pd-sglang": "envoy+sglang-router", "pd-vllm": "envoy+vllm-router"}
+# The engines the min-pd target covers (TensorRT-LLM has its own target).
+MIN_PD_TARGET = ["pd-vllm", "pd-sglang", "pd-default"]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def log(msg: str) -> None:
@@ -272,7 +294,20 @@ def pd_envoy(wasm: Path, plugin_config: dict) -> dict:
     return cfg
 
 
-def static_cluster(name: str, mock: Mock) -> dict:
+def min_pd_envoy(min_wasm: Path, prefill: Mock, decode: Mock) -> dict:
+    """(m): the shipped configuration with the module replaced by the minimal
+    PD filter (bench/min-pd-filter) and its configuration."""
+    cfg = base_envoy(min_wasm)
+    wasm = find_wasm_filter(cfg)["typed_config"]["config"]
+    wasm["name"] = wasm["root_id"] = wasm["vm_config"]["vm_id"] = "min-pd"
+    wasm["configuration"] = {
+        "@type": "type.googleapis.com/google.protobuf.StringValue",
+        "value": json.dumps({"prefill": prefill.address, "decode": decode.address}),
+    }
+    return cfg
+
+
+def static_cluster(name: str, port: int) -> dict:
     return {
         "name": name,
         "type": "STATIC",
@@ -280,17 +315,27 @@ def static_cluster(name: str, mock: Mock) -> dict:
         "load_assignment": {
             "cluster_name": name,
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-                "address": "127.0.0.1", "port_value": mock.http}}}}]}],
+                "address": "127.0.0.1", "port_value": port}}}}]}],
         },
     }
 
 
-def forward_envoy(wasm: Path, primary: Mock, mirror: Mock | None) -> dict:
-    """(a)/(b): the shipped configuration without the filter, its route sent to
-    a static cluster, and for (b) mirrored to a second one."""
+def forward_envoy(wasm: Path, primary: int, mirror: int | None, buffer: bool = False) -> dict:
+    """(a)/(b)/(b')/(e): the shipped configuration without the filter, its route
+    sent to a static cluster (port `primary` on 127.0.0.1), for (b) and (b')
+    mirrored to a second one, and for (b') the whole body buffered first (as
+    a PD filter must) by Envoy's buffer filter."""
     cfg = base_envoy(wasm)
     h = hcm(cfg)
     h["http_filters"] = [f for f in h["http_filters"] if f["name"] != "envoy.filters.http.wasm"]
+    if buffer:
+        h["http_filters"].insert(0, {
+            "name": "envoy.filters.http.buffer",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.buffer.v3.Buffer",
+                "max_request_bytes": 64 * 1024 * 1024,
+            },
+        })
     clusters = [static_cluster("bench_primary", primary)]
     for vh in h["route_config"]["virtual_hosts"]:
         for r in vh["routes"]:
@@ -397,6 +442,9 @@ class Target:
     # x-mock-kv the answer must carry (the hand-off happened), if any.
     kv: str | None = None
     dead: str | None = None
+    # The two-process stacks (e): the peer behind `proc` (an Envoy), whose
+    # CPU counts too.
+    second: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
@@ -443,16 +491,47 @@ def sanity_check(t: Target, body: bytes) -> None:
         time.sleep(0.05)
 
 
+def proc_ticks(pid: int) -> int:
+    """utime + stime of `pid` (all its threads), in clock ticks; 0 if gone."""
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(f[11]) + int(f[12])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
 def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: float,
              warmup: float) -> dict:
     argv = ["taskset", "-c", LOAD_CORE, str(loadgen), "--url", t.url, "--body", str(body_file),
             "--concurrency", str(conc), "--duration", str(duration), "--warmup", str(warmup),
             "--cpu-pid", str(t.proc.pid), "--timeout", "30"]
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=warmup + duration + 60,
-                       preexec_fn=_die_with_parent)
-    if r.returncode != 0:
-        raise RuntimeError(f"loadgen exited {r.returncode}: {r.stderr.strip()[-300:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+    if t.second is not None:
+        # The load generator reads one PID: read the second process here over
+        # the same window (it opens `warmup` after the start, to a few ms,
+        # and the load is steady by then), scaled to the window's exact length.
+        time.sleep(warmup)
+        c0, w0 = proc_ticks(t.second.pid), time.monotonic()
+        time.sleep(duration)
+        c1, w1 = proc_ticks(t.second.pid), time.monotonic()
+    try:
+        out, err = p.communicate(timeout=warmup + duration + 60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise RuntimeError("loadgen did not finish") from None
+    if p.returncode != 0:
+        raise RuntimeError(f"loadgen exited {p.returncode}: {err.strip()[-300:]}")
+    r = json.loads(out.strip().splitlines()[-1])
+    if t.second is not None:
+        second = (c1 - c0) / CLK_TCK * (r.get("elapsed_s") or 0) / max(1e-9, w1 - w0)
+        r["cpu_s_second"] = second
+        if r.get("cpu_s") is not None:
+            r["cpu_s"] += second
+            r["cpu_us_per_req"] = (r["cpu_s"] * 1e6 / r["completed"]
+                                   if r.get("completed") else None)
+    return r
 
 
 def median(xs):
@@ -472,25 +551,47 @@ def fmt_ratio(r):
     return "-" if r is None else f"{r:.2f}x"
 
 
-def report(rows: dict, order_sizes, order_conc, configs, dead: dict) -> str:
+def verdict_line(label: str, checks: list) -> list[str]:
+    """A target's two lines: [MET] / [NOT MET] / [n/a] and the label, then each
+    measured ratio against its limit. checks: (what, ratio, limit)."""
+    ok = [r <= limit for _, r, limit in checks if r is not None]
+    missing = any(r is None for _, r, _ in checks) or not checks
+    if ok and not all(ok):
+        v = "NOT MET"
+    elif missing:
+        v = "n/a: not (all) measured"
+    else:
+        v = "MET"
+    cells = ", ".join(f"{what} {fmt_ratio(r)}" + ("" if r is None or r <= limit else " (over)")
+                      for what, r, limit in checks) or "(its body sizes were not measured)"
+    return [f"  [{v}] {label}", f"      {cells}"]
+
+
+def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
+           wall_min: float | None = None) -> str:
     """The table and the ratio summary. rows[(size, conc, config)] = aggregated dict."""
     out = []
     w = out.append
     w("Medians over repetitions. cpu_us/req = router CPU (utime+stime, /proc/PID/stat) per "
-      "completed request;")
-    w("vs (b) = ratio to envoy-mirror (Envoy forwarding twice, no filter); vs peer = ratio to the "
-      "best peer in the cell")
-    w("(lowest cpu_us/req for the cpu ratio, highest req/s for the req/s ratio). ! = errors in "
-      "the cell.")
+      "completed request")
+    w("(envoy+<peer>: both processes' CPU, summed). vs (b) = ratio to envoy-mirror (Envoy "
+      "forwarding twice, no filter);")
+    w("vs min = ratio to min-pd (the minimal PD wasm filter); vs buf = ratio to "
+      "envoy-buffer-mirror ((b) + the buffer filter);")
+    w("vs peer = ratio to the best standalone peer in the cell (lowest cpu_us/req for the cpu "
+      "ratio, highest req/s for")
+    w("the req/s ratio). ! = errors in the cell.")
     w("")
-    hdr = (f"{'body':<5} {'conc':>4}  {'config':<14} {'cpu_us/req':>10} {'req/s':>9} "
+    hdr = (f"{'body':<5} {'conc':>4}  {'config':<20} {'cpu_us/req':>10} {'req/s':>9} "
            f"{'p50_ms':>7} {'p99_ms':>7}  {'cpu vs(b)':>9} {'rps vs(b)':>9}  "
-           f"{'cpu vs peer':>11} {'rps vs peer':>11}")
+           f"{'cpu vs min':>10} {'cpu vs buf':>10}  {'cpu vs peer':>11} {'rps vs peer':>11}")
     w(hdr)
     w("-" * len(hdr))
     for size in order_sizes:
         for conc in order_conc:
             floor = rows.get((size, conc, FLOOR), {})
+            mfloor = rows.get((size, conc, MIN_PD), {})
+            bfloor = rows.get((size, conc, BUFFER_FLOOR), {})
             peers = [rows.get((size, conc, p), {}) for p in PEERS]
             peer_cpu = [p["cpu_us"] for p in peers if p.get("cpu_us") is not None]
             peer_rps = [p["rps"] for p in peers if p.get("rps") is not None]
@@ -499,13 +600,15 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict) -> str:
             for c in configs:
                 r = rows.get((size, conc, c))
                 if r is None:
-                    w(f"{size:<5} {conc:>4}  {c:<14} {'(not measured: ' + dead.get(c, 'skipped') + ')'}"[:150])
+                    w(f"{size:<5} {conc:>4}  {c:<20} {'(not measured: ' + dead.get(c, 'skipped') + ')'}"[:160])
                     continue
                 flag = "!" if r["errors"] else " "
-                w(f"{size:<5} {conc:>4}  {c:<14} {fmt(r['cpu_us']):>10}{flag}{fmt(r['rps'], '{:.0f}'):>8} "
+                w(f"{size:<5} {conc:>4}  {c:<20} {fmt(r['cpu_us']):>10}{flag}{fmt(r['rps'], '{:.0f}'):>8} "
                   f"{fmt(r['p50'], '{:.2f}'):>7} {fmt(r['p99'], '{:.2f}'):>7}  "
                   f"{fmt_ratio(ratio(r['cpu_us'], floor.get('cpu_us'))):>9} "
                   f"{fmt_ratio(ratio(r['rps'], floor.get('rps'))):>9}  "
+                  f"{fmt_ratio(ratio(r['cpu_us'], mfloor.get('cpu_us'))):>10} "
+                  f"{fmt_ratio(ratio(r['cpu_us'], bfloor.get('cpu_us'))):>10}  "
                   f"{fmt_ratio(ratio(r['cpu_us'], best_cpu)):>11} "
                   f"{fmt_ratio(ratio(r['rps'], best_rps)):>11}")
             w("")
@@ -513,21 +616,48 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict) -> str:
     def get(size, conc, c, k):
         return rows.get((size, conc, c), {}).get(k)
 
+    def cpu_ratio(size, conc, a, b):
+        return ratio(get(size, conc, a, "cpu_us"), get(size, conc, b, "cpu_us"))
+
+    all_cols = [(s, c) for s in order_sizes for c in order_conc]
+
+    def col_head(label, cols, width=12):
+        return f"  {label:<36}" + "".join(f"{s + ' c=' + str(c):>{width}}" for s, c in cols)
+
+    def col_row(label, values, width=12):
+        return f"  {label:<36}" + "".join(f"{fmt_ratio(v):>{width}}" for v in values)
+
     w("Summary")
     w("-------")
     sizes = [s for s in ("1K", "512K") if s in order_sizes]
     w("pd-router CPU per request vs the floor (b) envoy-mirror:")
     cols = [(s, c) for s in sizes for c in order_conc]
-    w(f"  {'engine':<12}" + "".join(f"{s + ' c=' + str(c):>12}" for s, c in cols))
-    for pd in PD:
-        w(f"  {pd:<12}" + "".join(
-            f"{fmt_ratio(ratio(get(s, c, pd, 'cpu_us'), get(s, c, FLOOR, 'cpu_us'))):>12}"
-            for s, c in cols))
+    w(col_head("engine", cols))
+    run_pd = [pd for pd in PD if pd in configs]
+    for pd in run_pd:
+        w(col_row(pd, [cpu_ratio(s, c, pd, FLOOR) for s, c in cols]))
+    w("")
+    w("The floors, CPU per request: what buffering the body costs Envoy, and what the minimal "
+      "PD wasm filter costs over that:")
+    w(col_head("ratio", all_cols))
+    w(col_row(f"{BUFFER_FLOOR} / {FLOOR}", [cpu_ratio(s, c, BUFFER_FLOOR, FLOOR)
+                                             for s, c in all_cols]))
+    w(col_row(f"{MIN_PD} / {BUFFER_FLOOR}", [cpu_ratio(s, c, MIN_PD, BUFFER_FLOOR)
+                                              for s, c in all_cols]))
+    w("")
+    w(f"pd-router CPU per request vs the minimal PD wasm filter ({MIN_PD}) and vs "
+      f"{BUFFER_FLOOR}:")
+    w(col_head("ratio", all_cols))
+    for pd in run_pd:
+        w(col_row(f"{pd} / {MIN_PD}", [cpu_ratio(s, c, pd, MIN_PD) for s, c in all_cols]))
+    for pd in run_pd:
+        w(col_row(f"{pd} / {BUFFER_FLOOR}", [cpu_ratio(s, c, pd, BUFFER_FLOOR)
+                                              for s, c in all_cols]))
     conc_hi = max(order_conc)
     w("")
     w(f"pd-router requests/s at concurrency {conc_hi} vs the best peer (named):")
     w(f"  {'engine':<12}" + "".join(f"{s:>26}" for s in sizes))
-    for pd in PD:
+    for pd in run_pd:
         cells = []
         for s in sizes:
             best = None
@@ -553,6 +683,61 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict) -> str:
               + "".join(f"{fmt_ratio(ratio(get(s, c, pd, 'rps'), get(s, c, peer, 'rps'))):>12}"
                         for c in order_conc))
     w("")
+    w("Against the gateway stack doing the same job, same mocks (pd-router / Envoy + peer, "
+      "both processes' CPU summed):")
+    w(f"  {'pair':<34}{'body':<6}" + "".join(f"{'cpu c=' + str(c):>11}" for c in order_conc)
+      + f"{'p50 c=1':>10}")
+    for pd, stack in STACKS.items():
+        for s in order_sizes:
+            w(f"  {pd + ' vs ' + stack:<34}{s:<6}"
+              + "".join(f"{fmt_ratio(cpu_ratio(s, c, pd, stack)):>11}" for c in order_conc)
+              + f"{fmt_ratio(ratio(get(s, 1, pd, 'p50'), get(s, 1, stack, 'p50'))):>10}")
+    w("")
+
+    w("Targets (issue 11): medians of this run, CPU per request unless noted, each at every "
+      "measured concurrency")
+    w("(the issue names none); a ratio is pd-router / the yardstick.")
+    tsizes = [s for s in ("1K", "64K", "512K") if s in order_sizes]
+    for pd in MIN_PD_TARGET:
+        out.extend(verdict_line(
+            f"{pd} <= 1.15x {MIN_PD} at 1K, 64K and 512K",
+            [(f"{s} c={c}", cpu_ratio(s, c, pd, MIN_PD), 1.15)
+             for s in tsizes for c in order_conc]))
+    out.extend(verdict_line(
+        "pd-trtllm at 512K <= 1.5x pd-vllm's",
+        [(f"512K c={c}", cpu_ratio("512K", c, "pd-trtllm", "pd-vllm"), 1.5)
+         for c in order_conc]))
+    for pd, stack in STACKS.items():
+        out.extend(verdict_line(
+            f"{pd} <= 1.0x {stack} at 1K",
+            [(f"1K c={c}", cpu_ratio("1K", c, pd, stack), 1.0) for c in order_conc]))
+        out.extend(verdict_line(
+            f"{pd} <= 0.5x {stack} at 512K",
+            [(f"512K c={c}", cpu_ratio("512K", c, pd, stack), 0.5) for c in order_conc]))
+        out.extend(verdict_line(
+            f"{pd} latency p50 at concurrency 1 <= {stack}'s, every size",
+            [(f"{s} p50", ratio(get(s, 1, pd, "p50"), get(s, 1, stack, "p50")), 1.0)
+             for s in order_sizes]))
+    for pd, peer in HEAD_TO_HEAD.items():
+        out.extend(verdict_line(
+            f"{pd} <= 1.0x {peer} (standalone) from 64K up",
+            [(f"{s} c={c}", cpu_ratio(s, c, pd, peer), 1.0)
+             for s in ("64K", "512K") if s in order_sizes for c in order_conc]))
+    w("  [info] at 1K vs the standalone peer, and how much of it the minimal wasm filter "
+      "already costs:")
+    for pd, peer in HEAD_TO_HEAD.items():
+        for c in order_conc:
+            r, m = cpu_ratio("1K", c, pd, peer), cpu_ratio("1K", c, MIN_PD, peer)
+            share = "" if r is None or m is None else f" ({m / r:.0%} of {pd}'s)"
+            w(f"      1K c={c}: {pd} / {peer} {fmt_ratio(r)}; {MIN_PD} / {peer} "
+              f"{fmt_ratio(m)}{share}")
+    w(f"  [info] vs {BUFFER_FLOOR}: in the ratio table above; {MIN_PD} / {BUFFER_FLOOR}: "
+      + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, MIN_PD, BUFFER_FLOOR))}"
+                  for s, c in all_cols))
+    if wall_min is not None:
+        w(f"  [info] this script took {wall_min:.1f} min (`just bench` as a whole, fresh machine "
+          "with installs and the native benches: target < 12 min)")
+    w("")
     w("Core 1 (mocks + load generator) busy fraction, median: high values mean req/s is bound "
       "by the mocks, not the router.")
     for size in order_sizes:
@@ -568,14 +753,17 @@ def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, len(concs), figsize=(7 * len(concs), 9), squeeze=False)
+    fig, axes = plt.subplots(2, len(concs), figsize=(8 * len(concs), 9), squeeze=False)
     width = 0.8 / len(configs)
     # Floors grey, pd-router blues and greens, peers warm.
-    palette = {"envoy-forward": "#c8c8c8", "envoy-mirror": "#7f7f7f", "pd-vllm": "#1f4e9c",
+    palette = {"envoy-forward": "#dcdcdc", "envoy-mirror": "#a8a8a8",
+               "envoy-buffer-mirror": "#6e6e6e", "min-pd": "#333333", "pd-vllm": "#1f4e9c",
                "pd-sglang": "#3a86d4", "pd-trtllm": "#2e9e6a", "pd-default": "#8fd19e",
-               "sglang-router": "#e8731a", "vllm-router": "#c0282d"}
+               "sglang-router": "#f2a65a", "vllm-router": "#e06a6e",
+               "envoy+sglang-router": "#b8560f", "envoy+vllm-router": "#8c1c20"}
     for col, conc in enumerate(concs):
-        for row, (key, label) in enumerate([("cpu_us", "router CPU µs / request"),
+        for row, (key, label) in enumerate([("cpu_us", "router CPU µs / request "
+                                                       "(envoy+peer: both)"),
                                             ("rps", "requests / s")]):
             ax = axes[row][col]
             for i, c in enumerate(configs):
@@ -603,8 +791,8 @@ def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--duration", type=float, default=2.0,
-                    help="measured seconds per cell (default 2)")
+    ap.add_argument("--duration", type=float, default=1.5,
+                    help="measured seconds per cell (default 1.5)")
     ap.add_argument("--warmup", type=float, default=0.3,
                     help="unmeasured seconds of load before each window (default 0.3)")
     ap.add_argument("--sizes", default="1K,64K,512K")
@@ -615,6 +803,9 @@ def main() -> int:
                     default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
     ap.add_argument("--wasm", type=Path, default=Path(os.environ.get(
         "PD_ROUTER_WASM", REPO / "target/wasm32-wasip1/release/pd_router.wasm")))
+    ap.add_argument("--min-wasm", type=Path, default=Path(os.environ.get(
+        "MIN_PD_WASM", BENCH / "min-pd-filter/target/wasm32-wasip1/release/min_pd_filter.wasm")),
+        help="the minimal PD filter (min-pd)")
     ap.add_argument("--mock", type=Path, default=REPO / "target/release/mock-engine")
     ap.add_argument("--loadgen", type=Path, default=REPO / "target/release/loadgen")
     ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
@@ -631,19 +822,23 @@ def main() -> int:
     for c in configs:
         if c not in known:
             ap.error(f"unknown config {c} (one of {', '.join(sorted(known))})")
-    for what, p in [("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock),
-                    ("loadgen", a.loadgen)]:
+    need_files = [("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock),
+                  ("loadgen", a.loadgen)]
+    if MIN_PD in configs:
+        need_files.append(("min-wasm", a.min_wasm))
+    for what, p in need_files:
         if not p.exists():
             ap.error(f"{what} not found at {p} (run `./just bench-e2e`, which builds everything)")
     if (os.cpu_count() or 1) < 2:
         ap.error("needs 2 cores: the router is pinned to core 0, the load to core 1")
     a.wasm = a.wasm.resolve()
+    a.min_wasm = a.min_wasm.resolve()
 
     t_start = time.time()
     cells = len(sizes) * len(concs) * len(configs)
     log(f"bench: {len(configs)} configurations x {len(sizes)} sizes x {len(concs)} concurrencies"
         f" = {cells} cells x {a.reps} repetitions, {a.warmup + a.duration:.1f} s each: about "
-        f"{cells * a.reps * (a.warmup + a.duration + 0.15) / 60:.1f} min of load")
+        f"{cells * a.reps * (a.warmup + a.duration + 0.05) / 60:.1f} min of load")
 
     scratch = Path(tempfile.mkdtemp(prefix="pd-bench-"))
     procs = Procs(scratch)
@@ -685,15 +880,21 @@ def main() -> int:
                     log(f"    {line}")
 
         log("starting routers (core 0)")
-        if "envoy-forward" in need or "envoy-mirror" in need:
+        if need & {"envoy-forward", "envoy-mirror", BUFFER_FLOOR}:
             fa = mock("fwd-a", "--engine", "default", "--role", "decode")
             fb = mock("fwd-b", "--engine", "default", "--role", "decode")
             if "envoy-forward" in need:
                 add("envoy-forward", lambda: Target("envoy-forward", *start_envoy(
-                    procs, a.envoy, "envoy-forward", forward_envoy(a.wasm, fa, None)), [fa]))
+                    procs, a.envoy, "envoy-forward", forward_envoy(a.wasm, fa.http, None)),
+                    [fa]))
             if "envoy-mirror" in need:
                 add("envoy-mirror", lambda: Target("envoy-mirror", *start_envoy(
-                    procs, a.envoy, "envoy-mirror", forward_envoy(a.wasm, fa, fb)), [fa, fb]))
+                    procs, a.envoy, "envoy-mirror", forward_envoy(a.wasm, fa.http, fb.http)),
+                    [fa, fb]))
+            if BUFFER_FLOOR in need:
+                add(BUFFER_FLOOR, lambda: Target(BUFFER_FLOOR, *start_envoy(
+                    procs, a.envoy, BUFFER_FLOOR,
+                    forward_envoy(a.wasm, fa.http, fb.http, buffer=True)), [fa, fb]))
 
         engines = {
             "vllm": (["--engine", "vllm", "--role", "prefill", "--connector", "nixl",
@@ -727,15 +928,38 @@ def main() -> int:
             add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv: Target(
                 name, *start_envoy(procs, a.envoy, name, pd_envoy(a.wasm, plugin)), [pm, dm], kv))
 
-        if "sglang-router" in need:
-            pm, dm = engine_mocks("sglang")
-            add("sglang-router", lambda: Target(
-                "sglang-router", *start_sglang_router(procs, a.peer_venv, pm, dm), [pm, dm],
-                "pulled"))
-        if "vllm-router" in need:
-            pm, dm = engine_mocks("vllm")
-            add("vllm-router", lambda: Target(
-                "vllm-router", *start_vllm_router(procs, a.peer_venv, pm, dm), [pm, dm], "pulled"))
+        if MIN_PD in need:
+            # Default-engine mocks of its own: the strict default prefill
+            # wants `max_tokens: 1`, and min-pd sends the body unchanged.
+            pm = mock("min-prefill", "--engine", "default", "--role", "prefill",
+                      "--lenient-prefill")
+            dm = mock("min-decode", "--engine", "default", "--role", "decode")
+            add(MIN_PD, lambda: Target(MIN_PD, *start_envoy(
+                procs, a.envoy, MIN_PD, min_pd_envoy(a.min_wasm, pm, dm)), [pm, dm], "none"))
+
+        # Each peer runs once; its standalone config and its gateway stack
+        # (e) share it (only the one being measured gets traffic).
+        peer_starts = {"sglang-router": ("sglang", start_sglang_router),
+                       "vllm-router": ("vllm", start_vllm_router)}
+        for peer, (engine, start) in peer_starts.items():
+            stack = f"envoy+{peer}"
+            if peer not in need and stack not in need:
+                continue
+            pm, dm = engine_mocks(engine)
+            try:
+                peer_proc, peer_port = start(procs, a.peer_venv, pm, dm)
+            except Exception as e:  # noqa: BLE001 - reported, the rest go on
+                for name in (peer, stack):
+                    if name in need:
+                        dead[name] = f"did not start: {str(e).splitlines()[0][:200]}"
+                        log(f"  {name}: {dead[name]}")
+                continue
+            if peer in need:
+                targets[peer] = Target(peer, peer_proc, peer_port, [pm, dm], "pulled")
+            if stack in need:
+                add(stack, lambda stack=stack, pp=peer_proc, port=peer_port, pm=pm, dm=dm: Target(
+                    stack, *start_envoy(procs, a.envoy, stack, forward_envoy(a.wasm, port, None)),
+                    [pm, dm], "pulled", second=pp))
 
         log("checking each configuration with one request")
         for name in list(targets):
@@ -750,16 +974,13 @@ def main() -> int:
                     break
             else:
                 threads = len(os.listdir(f"/proc/{t.proc.pid}/task"))
-                log(f"  {name}: ok (pid {t.proc.pid}, {threads} threads, port {t.port})")
+                also = f", + {t.second.pid}" if t.second else ""
+                log(f"  {name}: ok (pid {t.proc.pid}{also}, {threads} threads, port {t.port})")
 
         # What the routers cost while idle (scrapes, timers, health checks):
         # they all share core 0 with the one being measured.
-        def ticks(pid):
-            try:
-                f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-                return int(f[11]) + int(f[12])
-            except (OSError, IndexError, ValueError):
-                return 0
+        def ticks(t):
+            return proc_ticks(t.proc.pid) + (proc_ticks(t.second.pid) if t.second else 0)
 
         def core_ticks():
             out = {}
@@ -770,11 +991,11 @@ def main() -> int:
             return out
 
         def idle_check(when):
-            t0 = {n: ticks(t.proc.pid) for n, t in targets.items()}
+            t0 = {n: ticks(t) for n, t in targets.items()}
             c0 = core_ticks()
             time.sleep(2)
             c1 = core_ticks()
-            idle = {n: (ticks(t.proc.pid) - t0[n]) * 10 / 2 for n, t in targets.items()}
+            idle = {n: (ticks(t) - t0[n]) * 1000 / CLK_TCK / 2 for n, t in targets.items()}
             busy = {k: (c1[k][0] - c0[k][0]) / max(1, c1[k][1] - c0[k][1])
                     for k in c1 if k in c0}
             notes.append(f"Idle check {when} (2 s, nothing sent): routers' own CPU ms/s: "
@@ -803,8 +1024,9 @@ def main() -> int:
                         t = targets[name]
                         if t.dead:
                             continue
-                        if t.proc.poll() is not None:
-                            t.dead = f"exited with {t.proc.returncode} during the run"
+                        gone = [q for q in (t.proc, t.second) if q and q.poll() is not None]
+                        if gone:
+                            t.dead = f"exited with {gone[0].returncode} during the run"
                             dead[name] = t.dead
                             log(f"  {name}: {t.dead}\n{procs.log_tail(name, 5)}")
                             continue
@@ -819,14 +1041,15 @@ def main() -> int:
                             "concurrency": conc, "config": name,
                             "completed": r.get("completed"), "errors": r.get("errors"),
                             "elapsed_s": r.get("elapsed_s"), "rps": r.get("rps"),
-                            "cpu_s": r.get("cpu_s"), "cpu_us_per_req": r.get("cpu_us_per_req"),
+                            "cpu_s": r.get("cpu_s"), "cpu_s_second": r.get("cpu_s_second"),
+                            "cpu_us_per_req": r.get("cpu_us_per_req"),
                             "p50_ms": r.get("p50_ms"), "p99_ms": r.get("p99_ms"),
                             "core0_busy": core[0] if len(core) > 0 else None,
                             "core1_busy": core[1] if len(core) > 1 else None,
                             "first_error": r.get("first_error") or "",
                         })
                         bad = "" if r.get("errors") == 0 else f"  ERRORS {r.get('errors')}: {r.get('first_error')}"
-                        log(f"  [{done:>3}/{total}] rep {rep + 1} {s:>4} c={conc:<2} {name:<14} "
+                        log(f"  [{done:>3}/{total}] rep {rep + 1} {s:>4} c={conc:<2} {name:<19} "
                             f"{fmt(r.get('cpu_us_per_req')):>8} us/req {fmt(r.get('rps'), '{:.0f}'):>6} req/s"
                             f"{bad[:240]}")
         if targets:
@@ -869,7 +1092,8 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "latest-raw.csv", "w", newline="") as f:
         fields = ["rep", "body", "body_bytes", "concurrency", "config", "completed", "errors",
-                  "elapsed_s", "rps", "cpu_s", "cpu_us_per_req", "p50_ms", "p99_ms",
+                  "elapsed_s", "rps", "cpu_s", "cpu_s_second", "cpu_us_per_req", "p50_ms",
+                  "p99_ms",
                   "core0_busy", "core1_busy", "first_error"]
         wr = csv.DictWriter(f, fieldnames=fields)
         wr.writeheader()
@@ -878,10 +1102,13 @@ def main() -> int:
         wr = csv.writer(f)
         wr.writerow(["body", "body_bytes", "concurrency", "config", "cpu_us_per_req", "rps",
                      "p50_ms", "p99_ms", "cpu_vs_floor_b", "rps_vs_floor_b",
-                     "cpu_vs_best_peer", "rps_vs_best_peer", "core1_busy", "errors", "reps"])
+                     "cpu_vs_best_peer", "rps_vs_best_peer", "cpu_vs_min_pd",
+                     "cpu_vs_buffer_mirror", "core1_busy", "errors", "reps"])
         for s in sizes:
             for conc in concs:
                 floor = rows.get((s, conc, FLOOR), {})
+                mfloor = rows.get((s, conc, MIN_PD), {})
+                bfloor = rows.get((s, conc, BUFFER_FLOOR), {})
                 pc = [rows[(s, conc, p)]["cpu_us"] for p in PEERS if (s, conc, p) in rows]
                 pr = [rows[(s, conc, p)]["rps"] for p in PEERS if (s, conc, p) in rows]
                 for c in configs:
@@ -899,8 +1126,10 @@ def main() -> int:
                                  num(ratio(r["rps"], floor.get("rps"))),
                                  num(ratio(r["cpu_us"], min(pc) if pc else None)),
                                  num(ratio(r["rps"], max(pr) if pr else None)),
+                                 num(ratio(r["cpu_us"], mfloor.get("cpu_us"))),
+                                 num(ratio(r["cpu_us"], bfloor.get("cpu_us"))),
                                  num(r["core1"], "{:.3f}"), r["errors"], r["reps"]])
-    text = report(rows, sizes, concs, configs, dead)
+    text = report(rows, sizes, concs, configs, dead, (time.time() - t_start) / 60)
     if notes:
         text += "\n\n" + "\n".join(notes)
     if warnings:

@@ -135,7 +135,10 @@ fn trtllm_merge() {
     let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
     println!();
     println!("TensorRT-LLM merge: context answer (token ids) into the generation request (µs)");
-    println!("{:>8} {:>12} {:>10}", "body", "answer", "merge");
+    println!(
+        "{:>8} {:>12} {:>10} {:>10}",
+        "body", "answer", "merge", "of it: parse"
+    );
     for size in [1024usize, 64 * 1024, 512 * 1024] {
         let b = body(size);
         let answer = trt_answer(size);
@@ -148,7 +151,14 @@ fn trtllm_merge() {
         let merge = per_call(iters, || {
             black_box(split::merge(&view, &mut planner.entropy, &plan, &answer).ok());
         });
-        println!("{:>7}K {:>11}B {merge:>10.2}", size / 1024, answer.len());
+        let parse = per_call(iters, || {
+            black_box(pd_router::body::TopLevel::parse(&answer).ok());
+        });
+        println!(
+            "{:>7}K {:>11}B {merge:>10.2} {parse:>10.2}",
+            size / 1024,
+            answer.len()
+        );
     }
 }
 

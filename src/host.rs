@@ -174,7 +174,7 @@ pub trait Telemetry {
 pub trait Host: SharedStore + Telemetry {
     /// Every request header (name, raw value), fetched in one host call
     /// rather than one per header.
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)>;
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError>;
     /// Sets (or, with `None`, removes) a request header.
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError>;
     /// The buffered request body (`len` bytes).

@@ -121,8 +121,8 @@ impl Telemetry for FakeHost {
 }
 
 impl Host for FakeHost {
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
-        self.request_headers.clone()
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
+        Ok(self.request_headers.clone())
     }
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
         if self.refuse_header_writes {

@@ -69,7 +69,9 @@ impl Flow {
         // Envoy does not fix content-length after a body change; a stale one
         // corrupts the upstream connection.
         host.set_request_header("content-length", Some(&body.len().to_string()))?;
-        host.set_request_header("transfer-encoding", None)?;
+        if self.head.chunked {
+            host.set_request_header("transfer-encoding", None)?;
+        }
         host.set_request_header(&self.router.config.routing_header, Some(decode_address))?;
         Ok(())
     }

@@ -26,6 +26,8 @@ pub(super) struct RequestHead {
     pub path: String,
     pub authority: String,
     pub forwarded: Vec<(&'static str, String)>,
+    /// The client sent `transfer-encoding` (a new body needs it gone).
+    pub chunked: bool,
 }
 
 /// The client headers that go to the prefill leg too, as sent.

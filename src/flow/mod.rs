@@ -161,19 +161,27 @@ impl Flow {
     pub fn on_request_headers<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Action {
         let router = Rc::clone(&self.router);
         let config = &router.config;
+        let headers = match host.request_headers() {
+            Ok(h) => h,
+            Err(e) => return self.fail(host, e.into()),
+        };
         // Whatever happens next, the client never picks the upstream; a
         // header that cannot be stripped ends the request. Both routing
-        // modes' headers go: a cluster of the other kind may be reachable too.
+        // modes' headers go: a cluster of the other kind may be reachable
+        // too. Only those present cost a host call.
         for header in [
             config.routing_header.as_str(),
             Routing::OriginalDst.default_header(),
             Routing::OverrideHost.default_header(),
         ] {
+            if !headers.iter().any(|(k, _)| k == header) {
+                continue;
+            }
             if let Err(e) = host.set_request_header(header, None) {
                 return self.fail(host, e.into());
             }
         }
-        let headers = host.request_headers();
+        self.head.chunked = headers.iter().any(|(k, _)| k == "transfer-encoding");
         let header = |name: &str| {
             headers
                 .iter()

@@ -17,4 +17,4 @@ pub use load::{update_load, LoadTable, PodCounters};
 pub use scraped::{
     decode_scraped, encode_scraped, update_scraped, PodMetrics, ScrapedTable, StoredMetrics,
 };
-pub use store::{cas_update, MemoryStore, SetError, SharedStore};
+pub use store::{cas_update, CallbackReads, MemoryStore, SetError, SharedStore};

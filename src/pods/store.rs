@@ -48,6 +48,52 @@ where
     ))
 }
 
+/// What one host callback has read: Envoy's clock (milliseconds do not
+/// move within a callback) and shared-data records. A request reads its
+/// model's load table to place itself and again to hold load, in the same
+/// callback; the second read is served from here. Another worker changing
+/// the record meanwhile makes the CAS write fail, which drops the entry, so
+/// the retry reads afresh. Cleared at each callback.
+#[derive(Debug, Default)]
+pub struct CallbackReads {
+    clock_ms: std::cell::Cell<Option<u64>>,
+    records: std::cell::RefCell<std::collections::HashMap<String, Record>>,
+}
+
+/// A shared-data value and its CAS token, as read.
+type Record = (Option<Vec<u8>>, Option<u32>);
+
+impl CallbackReads {
+    /// A new callback: what was read in the last one may be stale.
+    pub fn clear(&mut self) {
+        self.clock_ms.set(None);
+        self.records.get_mut().clear();
+    }
+
+    pub fn clock_ms(&self, read: impl FnOnce() -> u64) -> u64 {
+        if let Some(t) = self.clock_ms.get() {
+            return t;
+        }
+        let t = read();
+        self.clock_ms.set(Some(t));
+        t
+    }
+
+    pub fn get(&self, key: &str, read: impl FnOnce() -> Record) -> Record {
+        if let Some(v) = self.records.borrow().get(key) {
+            return v.clone();
+        }
+        let v = read();
+        self.records.borrow_mut().insert(key.to_owned(), v.clone());
+        v
+    }
+
+    /// A write to `key` (whatever its outcome, its CAS moved or is not ours).
+    pub fn wrote(&mut self, key: &str) {
+        self.records.get_mut().remove(key);
+    }
+}
+
 /// An in-memory store with proxy-wasm's CAS semantics, for tests and benches.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
@@ -98,6 +144,58 @@ mod tests {
         assert_eq!(cas_update(&mut s, "k", count, enc, |v| *v += 1), Ok(2));
         s.contend = 100;
         assert!(cas_update(&mut s, "k", count, enc, |_| {}).is_err());
+    }
+
+    /// A store read through [`CallbackReads`], as the shell's stream host.
+    struct Cached<'a> {
+        store: &'a mut MemoryStore,
+        reads: CallbackReads,
+        sets: u32,
+    }
+
+    impl SharedStore for Cached<'_> {
+        fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            self.reads.get(key, || self.store.shared_get(key))
+        }
+        fn shared_set(
+            &mut self,
+            key: &str,
+            value: &[u8],
+            cas: Option<u32>,
+        ) -> Result<(), SetError> {
+            self.reads.wrote(key);
+            self.sets += 1;
+            self.store.shared_set(key, value, cas)
+        }
+    }
+
+    #[test]
+    fn a_record_read_twice_in_a_callback_is_read_once_and_a_stale_one_is_read_again() {
+        let mut store = MemoryStore::default();
+        store.shared_set("k", &[1], None).unwrap();
+        let mut c = Cached {
+            store: &mut store,
+            reads: CallbackReads::default(),
+            sets: 0,
+        };
+        assert_eq!(c.shared_get("k").0, Some(vec![1]));
+        // Another worker writes meanwhile: the cached CAS is stale.
+        c.store.shared_set("k", &[5], None).unwrap();
+        assert_eq!(
+            c.shared_get("k").0,
+            Some(vec![1]),
+            "served from the callback's reads"
+        );
+        let out = cas_update(&mut c, "k", count, |v| vec![*v as u8], |v| *v += 1).unwrap();
+        assert_eq!(
+            out, 6,
+            "the CAS failed on the stale read, the retry read afresh"
+        );
+        assert_eq!(c.sets, 2, "one failed write, one that held");
+        assert_eq!(c.reads.clock_ms(|| 7), 7);
+        assert_eq!(c.reads.clock_ms(|| 9), 7, "one clock read per callback");
+        c.reads.clear();
+        assert_eq!(c.reads.clock_ms(|| 9), 9);
     }
 
     #[test]

@@ -3,7 +3,7 @@ use super::stats::Stats;
 use crate::error::HostError;
 use crate::flow::Flow;
 use crate::host::{Action, Counter, Histogram, Host, Level, PodEvent, Telemetry};
-use crate::pods::{SetError, SharedStore};
+use crate::pods::{CallbackReads, SetError, SharedStore};
 use crate::router::Router;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -22,13 +22,25 @@ pub(super) struct Stream {
 /// The host calls of one stream.
 pub(super) struct HostIo {
     stats: Rc<Stats>,
+    reads: CallbackReads,
+}
+
+impl HostIo {
+    /// A new host callback: what was read in the last one may be stale.
+    fn callback(&mut self) -> &mut HostIo {
+        self.reads.clear();
+        self
+    }
 }
 
 impl Stream {
     pub(super) fn new(router: Rc<Router>, stats: Rc<Stats>) -> Stream {
         Stream {
             flow: Flow::new(router),
-            io: HostIo { stats },
+            io: HostIo {
+                stats,
+                reads: CallbackReads::default(),
+            },
         }
     }
 }
@@ -51,19 +63,22 @@ impl Context for Stream {
         // A reset before any header arrives with no headers at all.
         let status = shared::call_status(num_headers);
         self.flow
-            .on_prefill_response(&mut self.io, token, status, body_size);
+            .on_prefill_response(self.io.callback(), token, status, body_size);
     }
 }
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        to_wasm(self.flow.on_request_headers(&mut self.io, end_of_stream))
+        to_wasm(
+            self.flow
+                .on_request_headers(self.io.callback(), end_of_stream),
+        )
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
         to_wasm(
             self.flow
-                .on_request_body(&mut self.io, body_size, end_of_stream),
+                .on_request_body(self.io.callback(), body_size, end_of_stream),
         )
     }
 
@@ -72,29 +87,30 @@ impl HttpContext for Stream {
         _num_headers: usize,
         _end_of_stream: bool,
     ) -> WasmAction {
-        to_wasm(self.flow.on_response_headers(&mut self.io))
+        to_wasm(self.flow.on_response_headers(self.io.callback()))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
         to_wasm(
             self.flow
-                .on_response_body(&mut self.io, body_size, end_of_stream),
+                .on_response_body(self.io.callback(), body_size, end_of_stream),
         )
     }
 
     // Called once at the end of every stream, however it ended (client
     // abort and local replies included): the flow gives back its load here.
     fn on_log(&mut self) {
-        self.flow.on_stream_end(&mut self.io);
+        self.flow.on_stream_end(self.io.callback());
     }
 }
 
 impl SharedStore for HostIo {
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        shared::get(key)
+        self.reads.get(key, || shared::get(key))
     }
 
     fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.reads.wrote(key);
         shared::set(key, value, cas)
     }
 }
@@ -137,7 +153,7 @@ impl Telemetry for HostIo {
     }
 
     fn now_ms(&self) -> u64 {
-        shared::now_ms()
+        self.reads.clock_ms(shared::now_ms)
     }
 
     fn now_us(&self) -> u64 {
@@ -154,8 +170,9 @@ impl Telemetry for HostIo {
 }
 
 impl Host for HostIo {
-    fn request_headers(&self) -> Vec<(String, Vec<u8>)> {
-        hostcalls::get_map_bytes(MapType::HttpRequestHeaders).unwrap_or_default()
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
+        hostcalls::get_map_bytes(MapType::HttpRequestHeaders)
+            .map_err(|e| HostError::new("reading the request headers", e))
     }
 
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {

@@ -1,0 +1,342 @@
+//! What one request costs in host calls: the shipped [`Flow`] runs against a
+//! host that counts every call it makes, by kind, and the bytes copied into
+//! and out of the VM, for each engine. Inside Envoy each of these is a
+//! crossing between V8 and Envoy, the wasm layer's fixed cost per request
+//! (the e2e bench measures what they cost together).
+//!
+//! Run with `just bench`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use pd_router::config::Config;
+use pd_router::error::HostError;
+use pd_router::flow::Flow;
+use pd_router::host::{Action, Counter, Histogram, Host, Level, PodEvent, Telemetry};
+use pd_router::pods::{CallbackReads, MemoryStore, SetError, SharedStore};
+use pd_router::router::Router;
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+#[derive(Default)]
+struct Counts {
+    calls: BTreeMap<&'static str, u64>,
+    bytes_in: u64,
+    bytes_out: u64,
+}
+
+/// A host that answers like Envoy would and counts.
+#[derive(Default)]
+struct CountingHost {
+    counts: RefCell<Counts>,
+    headers: Vec<(String, Vec<u8>)>,
+    body: Vec<u8>,
+    call_body: Vec<u8>,
+    response_headers: Vec<(String, String)>,
+    response: Vec<u8>,
+    shared: RefCell<MemoryStore>,
+    tick: std::cell::Cell<u64>,
+    /// What the shell keeps per callback, as it ships.
+    reads: CallbackReads,
+}
+
+impl CountingHost {
+    fn callback(&mut self) -> &mut CountingHost {
+        self.reads.clear();
+        self
+    }
+
+    fn count(&self, what: &'static str) {
+        *self.counts.borrow_mut().calls.entry(what).or_default() += 1;
+    }
+    fn copied_in(&self, n: usize) {
+        self.counts.borrow_mut().bytes_in += n as u64;
+    }
+    fn copied_out(&self, n: usize) {
+        self.counts.borrow_mut().bytes_out += n as u64;
+    }
+}
+
+impl SharedStore for CountingHost {
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.reads.get(key, || {
+            self.count("shared data get");
+            let v = self.shared.borrow().shared_get(key);
+            self.copied_in(v.0.as_ref().map_or(0, Vec::len));
+            v
+        })
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.count("shared data set");
+        self.reads.wrote(key);
+        self.copied_out(value.len());
+        self.shared.borrow_mut().shared_set(key, value, cas)
+    }
+}
+
+impl Telemetry for CountingHost {
+    fn log(&self, _level: Level, message: &str) {
+        self.count("log");
+        self.copied_out(message.len());
+    }
+    fn log_enabled(&self, _level: Level) -> bool {
+        false
+    }
+    fn increment(&self, _counter: Counter) {
+        self.count("stat increment");
+    }
+    fn count_pod(&self, _pod: &str, _event: PodEvent) {
+        self.count("stat increment");
+    }
+    fn now_ms(&self) -> u64 {
+        self.reads.clock_ms(|| self.now_us() / 1000)
+    }
+    fn now_us(&self) -> u64 {
+        self.count("clock (reads)");
+        self.tick.set(self.tick.get() + 150);
+        1_764_000_000_000_000 + self.tick.get()
+    }
+    fn record(&self, _h: Histogram, _model: &str, _value: u64) {
+        self.count("histogram record");
+    }
+    fn count_reply(&self, _status: u16) {
+        self.count("stat increment");
+    }
+}
+
+impl Host for CountingHost {
+    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
+        self.count("get request headers");
+        self.copied_in(self.headers.iter().map(|(k, v)| k.len() + v.len()).sum());
+        Ok(self.headers.clone())
+    }
+    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        self.count(if value.is_some() {
+            "set request header"
+        } else {
+            "remove request header"
+        });
+        self.copied_out(name.len() + value.map_or(0, str::len));
+        Ok(())
+    }
+    fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
+        self.count("get request body");
+        self.copied_in(len);
+        Ok(self.body[..len].to_vec())
+    }
+    fn replace_request_body(&mut self, _old_len: usize, body: &[u8]) -> Result<(), HostError> {
+        self.count("set request body");
+        self.copied_out(body.len());
+        Ok(())
+    }
+    fn dispatch(
+        &mut self,
+        _c: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        _t: u64,
+    ) -> Result<u32, HostError> {
+        self.count("dispatch_http_call");
+        self.copied_out(
+            body.len()
+                + headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>(),
+        );
+        Ok(1)
+    }
+    fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
+        self.count("get call response body");
+        self.copied_in(len);
+        Ok(self.call_body[..len].to_vec())
+    }
+    fn resume_request(&mut self) -> Result<(), HostError> {
+        self.count("resume request");
+        Ok(())
+    }
+    fn send_reply(&mut self, _s: u16, _h: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
+        self.count("send local reply");
+        self.copied_out(body.len());
+        Ok(())
+    }
+    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
+        self.count(if value.is_some() {
+            "set response header"
+        } else {
+            "remove response header"
+        });
+        self.copied_out(name.len() + value.map_or(0, str::len));
+        Ok(())
+    }
+    fn response_header(&self, name: &str) -> Option<String> {
+        self.count("get response header");
+        self.response_headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+    }
+    fn response_body(&self) -> Result<Vec<u8>, HostError> {
+        self.count("get response body");
+        self.copied_in(self.response.len());
+        Ok(self.response.clone())
+    }
+    fn replace_response_body(&mut self, _old: usize, body: &[u8]) -> Result<(), HostError> {
+        self.count("set response body");
+        self.copied_out(body.len());
+        Ok(())
+    }
+    fn resume_response(&mut self) -> Result<(), HostError> {
+        self.count("resume response");
+        Ok(())
+    }
+    fn upstream_address(&self) -> Option<String> {
+        self.count("get property");
+        None
+    }
+    fn random_u64(&mut self) -> Result<u64, String> {
+        self.count("random");
+        Ok(7)
+    }
+}
+
+const CONFIG: &str = r#"{"models":[
+  {"name":"vllm","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]},
+  {"name":"sglang","engine":"sglang","rolesets":[{"prefill":["10.0.0.3:8000"],"decode":["10.0.0.4:8000"]}]},
+  {"name":"trtllm","engine":"trtllm","rolesets":[{"prefill":["10.0.0.5:8000"],"decode":["10.0.0.6:8000"]}]},
+  {"name":"default","engine":"default","rolesets":[{"prefill":["10.0.0.7:8000"],"decode":["10.0.0.8:8000"]}]}
+]}"#;
+
+fn prefill_answer(engine: &str) -> &'static str {
+    match engine {
+        "vllm" => {
+            r#"{"id":"p","choices":[{"index":0,"message":{"content":"A"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1,"prompt_tokens_details":null},"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"10.0.0.1","remote_port":5600}}"#
+        }
+        "trtllm" => {
+            r#"{"id":"p","choices":[{"index":0,"message":{"content":"A"},"finish_reason":"length","disaggregated_params":{"request_type":"context_only","ctx_request_id":1,"disagg_request_id":4398046511104123}}],"prompt_token_ids":[1,2,3,4,5,6,7,8,9]}"#
+        }
+        _ => {
+            r#"{"id":"p","choices":[{"index":0,"message":{"content":"A"},"finish_reason":"length"}]}"#
+        }
+    }
+}
+
+/// One non-streamed chat request of 1 KB through the flow, as Envoy would
+/// call it: headers, the body in one callback, the prefill's answer,
+/// response headers, the body in one callback, the stream's end.
+fn one_request(router: &Rc<Router>, engine: &str) -> Counts {
+    let content = "x".repeat(900);
+    let body = format!(
+        r#"{{"model":"{engine}","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4}}"#
+    );
+    let mut host = CountingHost {
+        headers: [
+            (":method", "POST"),
+            (":path", "/v1/chat/completions"),
+            (":authority", "gateway"),
+            ("content-type", "application/json"),
+            ("x-request-id", "r-1"),
+            ("content-length", "1024"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+        .collect(),
+        body: body.into_bytes(),
+        call_body: prefill_answer(engine).as_bytes().to_vec(),
+        response_headers: vec![
+            (":status".into(), "200".into()),
+            ("content-type".into(), "application/json".into()),
+        ],
+        response: br#"{"id":"d","choices":[{"index":0,"message":{"content":"A b c d"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"total_tokens":13,"completion_tokens":4,"prompt_tokens_details":null}}"#.to_vec(),
+        ..CountingHost::default()
+    };
+    let mut flow = Flow::new(Rc::clone(router));
+    let mut callbacks = 0;
+    callbacks += 1;
+    assert_eq!(
+        flow.on_request_headers(host.callback(), false),
+        Action::Pause
+    );
+    callbacks += 1;
+    let len = host.body.len();
+    let sent = flow.on_request_body(host.callback(), len, true);
+    if sent == Action::Pause {
+        callbacks += 1;
+        let n = host.call_body.len();
+        flow.on_prefill_response(host.callback(), 1, Some(200), n);
+    }
+    callbacks += 2;
+    flow.on_response_headers(host.callback());
+    let n = host.response.len();
+    flow.on_response_body(host.callback(), n, true);
+    if sent == Action::Continue {
+        // Concurrent engines: the prefill answers while the decode streams.
+        callbacks += 1;
+        let n = host.call_body.len();
+        flow.on_prefill_response(host.callback(), 1, Some(200), n);
+    }
+    callbacks += 1;
+    flow.on_stream_end(host.callback());
+    // Envoy also creates the context and calls on_done/on_delete: 3 more.
+    callbacks += 3;
+    let mut counts = host.counts.into_inner();
+    counts
+        .calls
+        .insert(" wasm callbacks (into the VM)", callbacks);
+    counts
+}
+
+fn main() {
+    let router =
+        Rc::new(Router::new(Config::parse(CONFIG.as_bytes()).expect("config"), 0).expect("router"));
+    let engines = ["vllm", "sglang", "trtllm", "default"];
+    let counts: Vec<Counts> = engines.iter().map(|e| one_request(&router, e)).collect();
+    let mut kinds: Vec<&str> = counts
+        .iter()
+        .flat_map(|c| c.calls.keys().copied())
+        .collect();
+    kinds.sort();
+    kinds.dedup();
+    println!(
+        "host calls per request, 1 KB chat, not streamed (the shipped flow, counted natively)"
+    );
+    print!("{:<34}", "");
+    for e in engines {
+        print!("{e:>9}");
+    }
+    println!();
+    for k in &kinds {
+        print!("{:<34}", k.trim_start());
+        for c in &counts {
+            print!("{:>9}", c.calls.get(k).copied().unwrap_or(0));
+        }
+        println!();
+    }
+    let total = |c: &Counts| {
+        c.calls
+            .iter()
+            .filter(|(k, _)| !k.starts_with(' '))
+            .map(|(_, v)| v)
+            .sum::<u64>()
+    };
+    print!("{:<34}", "host calls (total)");
+    for c in &counts {
+        print!("{:>9}", total(c));
+    }
+    println!();
+    print!("{:<34}", "bytes into the VM");
+    for c in &counts {
+        print!("{:>9}", c.bytes_in);
+    }
+    println!();
+    print!("{:<34}", "bytes out of the VM");
+    for c in &counts {
+        print!("{:>9}", c.bytes_out);
+    }
+    println!();
+    println!("Not counted: the SDK's own calls around each callback (e.g. reading a callback's arguments).");
+}
