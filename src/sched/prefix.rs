@@ -13,7 +13,7 @@
 //! match a handful). A 32 KB prompt stores 20 entries instead of 256.
 
 use crate::codec::{RecordReader, RecordWriter};
-use crate::fleet::{fnv1a_extend, PodId};
+use crate::fleet::PodId;
 
 /// One slot's content.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +52,9 @@ pub fn block_hashes(prompt: &[u8], seed: u64, block_bytes: usize, max_blocks: us
     let mut out = Vec::with_capacity((prompt.len() / block_bytes).min(max_blocks));
     let mut h = seed;
     for block in prompt.chunks_exact(block_bytes).take(max_blocks) {
-        // fnv1a(h as little-endian bytes ++ block), without the copy.
-        h = fnv1a_extend(fnv1a_extend(0xcbf2_9ce4_8422_2325, &h.to_le_bytes()), block);
+        // Chained: a block's hash names the whole prefix up to it. XXH3 is a
+        // fixed algorithm, so every replica and VM computes the same value.
+        h = xxhash_rust::xxh3::xxh3_64_with_seed(block, h);
         out.push(h);
     }
     out
