@@ -86,8 +86,10 @@ demo_request "TensorRT-LLM (context_only / generation_only): completions" /v1/co
 bold "A client error: unknown model"
 curl -s -w '\nHTTP %{http_code}\n' "$URL/v1/completions" -H 'content-type: application/json' -d '{"model":"nope","prompt":"x"}'
 
-bold "pd-router counters (Envoy stats)"
-curl -s "$ADMIN/stats?filter=wasmcustom"
+bold "pd-router stats as Prometheus scrapes them (labels from envoy.yaml's stats_tags)"
+# Histograms reach the exporter at Envoy's next stats flush (5 s by default).
+sleep 5
+curl -s "$ADMIN/stats/prometheus" | grep -E '^pd_router_(split|unsplit|local_reply|replies|pod_selected|prefill_duration_count|first_byte_duration_count|routing_duration_(count|sum))' 
 
 if [ "${1:-}" = "--serve" ]; then
   bold "Serving on $URL until Ctrl-C"
