@@ -172,6 +172,9 @@ pub enum AfterPrefill {
         headers: Vec<(String, String)>,
         /// Something the engine usually hands over was missing.
         degraded: Option<Degraded>,
+        /// What the prefill's answer says that the decode's answer lacks,
+        /// when the plan rewrites it (read from the parse done here).
+        facts: Option<Box<crate::answer::PrefillFacts>>,
     },
     /// The prefill's answer already is the client's (TensorRT-LLM finished
     /// in the context phase).
@@ -418,10 +421,18 @@ pub fn merge(
                 .map_err(internal)?,
         )
     };
+    let facts = plan.answer.as_ref().map(|a| {
+        Box::new(crate::answer::PrefillFacts::of_parsed(
+            a,
+            answer,
+            &answer_top,
+        ))
+    });
     Ok(AfterPrefill::Decode {
         body,
         headers: decode.headers,
         degraded,
+        facts,
     })
 }
 
@@ -467,7 +478,7 @@ mod tests {
     use crate::config::Config;
     use crate::engine::FixedEntropy;
 
-    fn setup(engine: &str) -> (Fleet, Registry, Scheduling) {
+    fn setup(engine: &str) -> (Config, Fleet, Registry) {
         let c = Config::parse(
             format!(
                 r#"{{"models":[{{"name":"m","engine":"{engine}","rolesets":[{{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}}]}}]}}"#
@@ -475,7 +486,8 @@ mod tests {
             .as_bytes(),
         )
         .expect("config");
-        (c.fleet(), Registry::builtin(), c.scheduling.clone())
+        let fleet = c.fleet();
+        (c, fleet, Registry::builtin())
     }
 
     fn planner(fleet: &Fleet) -> FixedPlanner {
@@ -484,15 +496,8 @@ mod tests {
 
     #[test]
     fn a_vllm_request_is_split_and_merged() {
-        let (fleet, registry, s) = setup("vllm");
-        let view = RouterView {
-            fleet: &fleet,
-            registry: &registry,
-            default_connector: Connector::Nixl,
-            scheduling: &s,
-            learned: &NothingLearned,
-            trt_auth_key: None,
-        };
+        let (c, fleet, registry) = setup("vllm");
+        let view = RouterView::of_config(&c, &fleet, &registry);
         let mut p = planner(&fleet);
         let body = br#"{"model":"m","prompt":"hi","stream":true}"#.to_vec();
         let Plan::Split(plan) = plan(&view, &mut p, Api::Completions, "r", body).expect("plan")
@@ -511,7 +516,8 @@ mod tests {
                     br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec()
                 ),
                 headers: Vec::new(),
-                degraded: None
+                degraded: None,
+                facts: None
             }
         );
         let bad = merge(&view, &mut p.entropy, &plan, b"[]").expect_err("not an object");
@@ -520,15 +526,8 @@ mod tests {
 
     #[test]
     fn checks_come_before_placement() {
-        let (fleet, registry, s) = setup("sglang");
-        let view = RouterView {
-            fleet: &fleet,
-            registry: &registry,
-            default_connector: Connector::Nixl,
-            scheduling: &s,
-            learned: &NothingLearned,
-            trt_auth_key: None,
-        };
+        let (c, fleet, registry) = setup("sglang");
+        let view = RouterView::of_config(&c, &fleet, &registry);
         let mut p = planner(&fleet);
         let mut status = |body: &[u8]| {
             plan(&view, &mut p, Api::Completions, "r", body.to_vec())

@@ -56,7 +56,11 @@ impl PromptPart {
     /// Reads the prompt part of the prefill's answer; `None` when it has
     /// nothing of what was asked.
     pub fn of(answer: &[u8], asked: &PromptLogprobs) -> Option<PromptPart> {
-        let top = TopLevel::parse(answer).ok()?;
+        PromptPart::of_parsed(answer, &TopLevel::parse(answer).ok()?, asked)
+    }
+
+    /// [`PromptPart::of`] an answer already parsed.
+    pub fn of_parsed(answer: &[u8], top: &TopLevel, asked: &PromptLogprobs) -> Option<PromptPart> {
         let raw = |t: &TopLevel, src: &[u8], k: &str| {
             t.raw_non_null(src, k)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
@@ -68,7 +72,7 @@ impl PromptPart {
             .filter(|c| c.first() == Some(&b'{'));
         let ctop = choice0.and_then(|c| TopLevel::parse(c).ok());
         let mut part = PromptPart {
-            top: raw(&top, answer, "prompt_logprobs"),
+            top: raw(top, answer, "prompt_logprobs"),
             choice: match (&ctop, choice0) {
                 (Some(t), Some(c)) => raw(t, c, "prompt_logprobs"),
                 _ => None,
@@ -76,7 +80,7 @@ impl PromptPart {
             echo: None,
         };
         if let (PromptLogprobs::Echo { prompt_text }, Some(t), Some(c)) = (asked, &ctop, choice0) {
-            let generated = object_member(&top, answer, "usage")
+            let generated = object_member(top, answer, "usage")
                 .and_then(|u| u64_member(&TopLevel::parse(u).ok()?, u, "completion_tokens"))
                 .unwrap_or(1) as usize;
             part.echo = echo_part(t, c, prompt_text, part.choice.as_deref(), generated);

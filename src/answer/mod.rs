@@ -101,17 +101,26 @@ pub struct PrefillFacts {
 }
 
 impl PrefillFacts {
+    /// What the prefill's `answer` says (parsed here).
     pub fn of(plan: &AnswerPlan, answer: &[u8]) -> PrefillFacts {
+        match TopLevel::parse(answer) {
+            Ok(top) => PrefillFacts::of_parsed(plan, answer, &top),
+            Err(_) => PrefillFacts::default(),
+        }
+    }
+
+    /// What the prefill's `answer`, already parsed as `top`, says.
+    pub fn of_parsed(plan: &AnswerPlan, answer: &[u8], top: &TopLevel) -> PrefillFacts {
         PrefillFacts {
             cached_tokens: if plan.usage {
-                prefill_cached_tokens(answer)
+                usage::prefill_cached_tokens_in(answer, top)
             } else {
                 None
             },
             prompt: plan
                 .logprobs
                 .as_ref()
-                .and_then(|asked| PromptPart::of(answer, asked)),
+                .and_then(|asked| PromptPart::of_parsed(answer, top, asked)),
         }
     }
 
@@ -134,8 +143,6 @@ pub struct Rewrite {
     tail: Vec<u8>,
     /// Echo: choice indexes that already got the prompt.
     led: Vec<u64>,
-    /// Events or bodies changed.
-    pub rewrote: bool,
 }
 
 impl Rewrite {
@@ -146,7 +153,6 @@ impl Rewrite {
             facts,
             tail: Vec::new(),
             led: Vec::new(),
-            rewrote: false,
         }
     }
 
@@ -154,6 +160,11 @@ impl Rewrite {
     /// they hold something to put in.
     pub fn needed(&self) -> bool {
         self.facts.as_ref().is_none_or(|f| !f.is_empty())
+    }
+
+    /// No part of an unfinished event is held.
+    pub fn holds_nothing(&self) -> bool {
+        self.tail.is_empty()
     }
 
     pub fn knows_facts(&self) -> bool {
@@ -204,7 +215,6 @@ impl Rewrite {
                 out = Some(new);
             }
         }
-        self.rewrote |= out.is_some();
         Ok(out)
     }
 

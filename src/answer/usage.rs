@@ -33,11 +33,15 @@ fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
 /// The prefill pod's real prefix-cache hits, from its answer; bounded by
 /// its prompt length (a count above it is nobody's truth).
 pub fn prefill_cached_tokens(answer: &[u8]) -> Option<u64> {
-    let top = TopLevel::parse(answer).ok()?;
-    let from_usage = object_member(&top, answer, "usage").and_then(usage_counts);
+    prefill_cached_tokens_in(answer, &TopLevel::parse(answer).ok()?)
+}
+
+/// [`prefill_cached_tokens`] of an answer already parsed.
+pub fn prefill_cached_tokens_in(answer: &[u8], top: &TopLevel) -> Option<u64> {
+    let from_usage = object_member(top, answer, "usage").and_then(usage_counts);
     let prompt = from_usage.and_then(|(_, p)| p);
     let cached = from_usage.map(|(c, _)| c).or_else(|| {
-        let params = object_member(&top, answer, "kv_transfer_params")?;
+        let params = object_member(top, answer, "kv_transfer_params")?;
         let ptop = TopLevel::parse(params).ok()?;
         u64_member(&ptop, params, "remote_prefill_cached_tokens")
     })?;

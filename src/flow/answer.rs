@@ -11,7 +11,9 @@
 
 use super::{Flow, Phase};
 use crate::answer::{PrefillFacts, Rewrite};
+use crate::fleet::Model;
 use crate::host::{Action, Counter, Histogram, Host, Level};
+use std::rc::Rc;
 
 /// The response's progress through a rewrite.
 #[derive(Debug, Default)]
@@ -24,7 +26,8 @@ pub(super) struct Answering {
 /// The PD timings of one request (wall clock).
 #[derive(Debug, Default)]
 pub(super) struct Timing {
-    pub model: String,
+    /// The request's model, once it is known (its name labels the histograms).
+    pub model: Option<Rc<Model>>,
     pub started_ms: u64,
     pub body_done_us: u64,
     pub prefill_sent_ms: u64,
@@ -39,7 +42,9 @@ impl Flow {
         t.prefill_sent_ms = host.now_ms();
         let us = host.now_us().saturating_sub(t.body_done_us);
         t.routing_us = Some(us);
-        host.record(Histogram::RoutingDuration, &t.model, us);
+        if let Some(m) = &t.model {
+            host.record(Histogram::RoutingDuration, &m.name, us);
+        }
     }
 
     /// The prefill answered (whatever it said).
@@ -47,7 +52,9 @@ impl Flow {
         let t = &mut self.timing;
         let ms = host.now_ms().saturating_sub(t.prefill_sent_ms);
         t.prefill_ms = Some(ms);
-        host.record(Histogram::PrefillDuration, &t.model, ms);
+        if let Some(m) = &t.model {
+            host.record(Histogram::PrefillDuration, &m.name, ms);
+        }
     }
 
     /// The prefill's answer arrived for a rewrite that waited for it; a
@@ -61,6 +68,11 @@ impl Flow {
         }
         rw.set_facts(PrefillFacts::of(rw.plan(), answer));
         let Some(ended) = self.answering.held.take() else {
+            // Nothing to put in and nothing half-read: the rest of the
+            // answer takes the pass-through path.
+            if !rw.needed() && rw.holds_nothing() {
+                self.answering.rewrite = None;
+            }
             return;
         };
         let body = match host.response_body() {
@@ -103,9 +115,9 @@ impl Flow {
     /// change. Records the time to the decode's first byte.
     pub(super) fn answer_headers<H: Host>(&mut self, host: &mut H) {
         // Requests of a model: split, or sent whole to one of its pods.
-        if !self.timing.model.is_empty() {
+        if let Some(m) = &self.timing.model {
             let ms = host.now_ms().saturating_sub(self.timing.started_ms);
-            host.record(Histogram::FirstByteDuration, &self.timing.model, ms);
+            host.record(Histogram::FirstByteDuration, &m.name, ms);
         }
         if self.router.config.timing_headers {
             let t = &self.timing;
@@ -204,13 +216,11 @@ impl Flow {
     /// The prefill failed while the response waited for it: what already
     /// reached the client shows the hand-off worked, so the rest goes on
     /// as the decode wrote it.
-    pub(super) fn release_unrewritten<H: Host>(&mut self, host: &mut H) -> bool {
+    pub(super) fn release_unrewritten<H: Host>(&mut self, host: &mut H) {
         self.answering.rewrite = None;
         if self.answering.held.take().is_some() {
             self.resume_response(host);
-            return true;
         }
-        false
     }
 
     pub(super) fn is_held(&self) -> bool {

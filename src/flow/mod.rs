@@ -296,10 +296,10 @@ impl Flow {
         attempt: Attempt,
     ) -> Result<Sent, PdError> {
         let model = match &plan {
-            Plan::Whole { request, .. } => &request.model.name,
-            Plan::Split(p) => &p.request.model.name,
+            Plan::Whole { request, .. } => &request.model,
+            Plan::Split(p) => &p.request.model,
         };
-        self.timing.model.clone_from(model);
+        self.timing.model = Some(Rc::clone(model));
         let plan = match plan {
             Plan::Whole { request, pod, why } => {
                 match why {

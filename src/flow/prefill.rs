@@ -283,10 +283,10 @@ impl Flow {
                 body,
                 headers,
                 degraded,
+                facts,
             } => {
-                if let Some(plan) = &p.plan.answer {
-                    let facts = crate::answer::PrefillFacts::of(plan, &answer);
-                    let rw = crate::answer::Rewrite::new(plan.clone(), Some(facts));
+                if let (Some(plan), Some(facts)) = (&p.plan.answer, facts) {
+                    let rw = crate::answer::Rewrite::new(plan.clone(), Some(*facts));
                     self.answering.rewrite = rw.needed().then_some(rw);
                 }
                 if let Some(degraded) = degraded {

@@ -135,13 +135,9 @@ impl Bootstrap {
             Some(s) => Err(format!("status {s}")),
             None => Err("no answer".to_owned()),
         };
-        let pods: Vec<PodId> = router
-            .mooncake_prefill_pods()
-            .iter()
-            .map(|p| p.id)
-            .collect();
-        let name = router
-            .mooncake_prefill_pods()
+        let prefills = router.mooncake_prefill_pods();
+        let pods: Vec<PodId> = prefills.iter().map(|p| p.id).collect();
+        let name = prefills
             .iter()
             .find(|p| p.id == id)
             .map(|p| p.name.clone())

@@ -33,7 +33,8 @@ pub(super) struct Stats {
     pods: RefCell<HashMap<String, PodStats>>,
     labels: RefCell<HashMap<String, PodLabels>>,
     max_pod_stats: usize,
-    histograms: RefCell<HashMap<(Histogram, String), Option<u32>>>,
+    /// Per model, its histograms in [`Histogram::ALL`] order.
+    histograms: RefCell<HashMap<String, [Option<u32>; 3]>>,
     replies: RefCell<HashMap<u16, Option<u32>>>,
     /// This VM's linear memory, to see leaks under load; defined at the
     /// first tick, so a VM that never ticks (Envoy's base VM) shows none.
@@ -117,25 +118,27 @@ impl Stats {
     }
 
     pub(super) fn record(&self, h: Histogram, model: &str, value: u64) {
+        let slot = Histogram::ALL.iter().position(|x| *x == h).unwrap_or(0);
         let mut hs = self.histograms.borrow_mut();
-        let key = (h, model.to_owned());
-        let id = match hs.get(&key) {
-            Some(id) => *id,
-            None => {
-                let label = if hs.len() < MAX_MODEL_STATS * Histogram::ALL.len() {
-                    model
-                } else {
-                    "other"
-                };
-                let id = define(
+        // Looked up by the borrowed name: no allocation once a model is known.
+        if !hs.contains_key(model) {
+            let label = if hs.len() < MAX_MODEL_STATS {
+                model
+            } else {
+                "other"
+            };
+            let ids = Histogram::ALL.map(|h| {
+                define(
                     MetricType::Histogram,
                     &tagged(h.name(), &[("pd_model", label)]),
-                );
-                hs.insert(key, id);
-                id
-            }
-        };
-        if let Some(id) = id {
+                )
+            });
+            hs.insert(model.to_owned(), ids);
+        }
+        if let Some(id) = hs
+            .get(model)
+            .and_then(|ids| ids.get(slot).copied().flatten())
+        {
             let _ = hostcalls::record_metric(id, value);
         }
     }

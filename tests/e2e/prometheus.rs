@@ -167,6 +167,15 @@ fn prometheus_sees_per_pod_labels_histograms_and_every_dashboard_query() {
         ));
     }
     prom.wait_for(r#"pd_router_replies{pd_status="404"}"#);
+    // A histogram series is born with its first flush, so when all six
+    // samples land in that flush Prometheus has no "before" for `rate`. A
+    // second batch after the series is scraped gives it one.
+    for i in 0..4 {
+        let body = json!({"model": "test/vllm", "prompt": format!("q{i}"), "max_tokens": 3});
+        let a = post(&envoy.url("/v1/completions"), body.to_string(), &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+    }
+    prom.wait_for(r#"pd_router_routing_duration_count{pd_model="test/vllm"} == 10"#);
     prom.wait_for(
         "histogram_quantile(0.5, sum by (le) (rate(pd_router_routing_duration_bucket[1m]))) > 0",
     );
