@@ -500,13 +500,39 @@ def proc_ticks(pid: int) -> int:
         return 0
 
 
+def perf_shares(data: Path) -> list[tuple[float, str]]:
+    """(percent, where) of a `perf record` file's samples by shared object;
+    V8's generated code (the wasm module, compiled) has no object: `[JIT]`."""
+    out = subprocess.run(["perf", "report", "-i", str(data), "--sort", "dso", "--stdio", "-q"],
+                         capture_output=True, text=True, timeout=120).stdout
+    shares = []
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].endswith("%"):
+            where = " ".join(parts[1:])
+            if where.startswith("[JIT]") or where == "[unknown]" or where.startswith("//anon"):
+                where = "[JIT]"
+            shares.append((float(parts[0].rstrip("%")), where))
+    merged: dict[str, float] = {}
+    for pct, where in shares:
+        merged[where] = merged.get(where, 0.0) + pct
+    return sorted(((v, k) for k, v in merged.items()), reverse=True)
+
+
 def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: float,
-             warmup: float) -> dict:
+             warmup: float, perf_data: Path | None = None) -> dict:
     argv = ["taskset", "-c", LOAD_CORE, str(loadgen), "--url", t.url, "--body", str(body_file),
             "--concurrency", str(conc), "--duration", str(duration), "--warmup", str(warmup),
             "--cpu-pid", str(t.proc.pid), "--timeout", "30"]
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
+    if perf_data is not None:
+        # Sampling the router over the measured window, from the load core.
+        time.sleep(warmup)
+        subprocess.run(["taskset", "-c", LOAD_CORE, "perf", "record", "-q", "-F", "2000",
+                        "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep",
+                        str(duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=duration + 60)
     if t.second is not None:
         # The load generator reads one PID: read the second process here over
         # the same window (it opens `warmup` after the start, to a few ms,
@@ -810,6 +836,9 @@ def main() -> int:
     ap.add_argument("--loadgen", type=Path, default=REPO / "target/release/loadgen")
     ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    ap.add_argument("--perf", type=Path, default=None,
+                    help="also sample each router with `perf record` in the first repetition "
+                         "(files into this directory) and print where its CPU went by object")
     a = ap.parse_args()
 
     sizes = [s for s in a.sizes.split(",") if s]
@@ -848,6 +877,9 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     raw: list[dict] = []
+    profiles: dict[tuple, list] = {}
+    if a.perf:
+        a.perf.mkdir(parents=True, exist_ok=True)
     dead: dict[str, str] = {}
     warnings: list[str] = []
     notes: list[str] = []
@@ -1031,7 +1063,15 @@ def main() -> int:
                             log(f"  {name}: {t.dead}\n{procs.log_tail(name, 5)}")
                             continue
                         try:
-                            r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup)
+                            perf_data = (a.perf / f"{name}-{s}-c{conc}.data"
+                                         if a.perf and rep == 0 else None)
+                            r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup,
+                                         perf_data)
+                            if perf_data is not None and perf_data.exists():
+                                shares = perf_shares(perf_data)
+                                profiles[(name, s, conc)] = shares
+                                log(f"      perf {name} {s} c={conc}: " + ", ".join(
+                                    f"{where} {pct:.1f}%" for pct, where in shares[:6]))
                         except Exception as e:  # noqa: BLE001 - keep the rest going
                             r = {"completed": 0, "errors": None, "first_error": str(e)[:300]}
                         done += 1

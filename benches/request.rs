@@ -55,7 +55,9 @@ fn per_call(iters: u32, mut f: impl FnMut()) -> f64 {
 /// The filter runs on dlmalloc in wasm linear memory, which never hands
 /// pages back; glibc trims and re-maps large blocks between iterations, and
 /// the page faults that follow (hundreds of µs at 512 KB) are no cost an
-/// Envoy request pays. Keep glibc's heap where it is.
+/// Envoy request pays. Keep glibc's heap where it is. (Inside wasm, as
+/// `just bench` also runs it, the allocator is the filter's own.)
+#[cfg(not(target_family = "wasm"))]
 fn steady_allocator() {
     // SAFETY: mallopt only sets allocator parameters; called before any
     // other thread exists.
@@ -64,6 +66,9 @@ fn steady_allocator() {
         libc::mallopt(libc::M_MMAP_THRESHOLD, i32::MAX);
     }
 }
+
+#[cfg(target_family = "wasm")]
+fn steady_allocator() {}
 
 fn main() {
     steady_allocator();
@@ -146,8 +151,8 @@ fn trtllm_merge() {
     println!();
     println!("TensorRT-LLM merge: context answer (token ids) into the generation request (µs)");
     println!(
-        "{:>8} {:>12} {:>10} {:>10}",
-        "body", "answer", "merge", "of it: parse"
+        "{:>8} {:>12} {:>10} {:>13} {:>11} {:>11}",
+        "body", "answer", "merge", "of it: parse", "UTF-8 check", "answer copy"
     );
     for size in [1024usize, 64 * 1024, 512 * 1024] {
         let b = body(size);
@@ -164,8 +169,16 @@ fn trtllm_merge() {
         let parse = per_call(iters, || {
             black_box(pd_router::body::TopLevel::parse(&answer).ok());
         });
+        // Yardsticks for the parse: validating the bytes as UTF-8, and one
+        // copy of them (what moving the token ids costs at the least).
+        let utf8 = per_call(iters, || {
+            black_box(std::str::from_utf8(black_box(&answer)).is_ok());
+        });
+        let copy = per_call(iters, || {
+            black_box(black_box(&answer).to_vec());
+        });
         println!(
-            "{:>7}K {:>11}B {merge:>10.2} {parse:>10.2}",
+            "{:>7}K {:>11}B {merge:>10.2} {parse:>13.2} {utf8:>11.2} {copy:>11.2}",
             size / 1024,
             answer.len()
         );

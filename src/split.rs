@@ -417,7 +417,7 @@ pub fn merge(
         Some(
             request
                 .top
-                .render(&request.body, &decode.body)
+                .render_with(&request.body, &decode.body, answer)
                 .map_err(internal)?,
         )
     };

@@ -112,18 +112,23 @@ impl EngineHandler for TrtllmHandler {
         // Older chat endpoints do not echo the prompt's token ids; the
         // generation server then tokenises the prompt itself (TensorRT-LLM's
         // own orchestrator forwards without them too).
-        let Some(tokens) = answer.top.raw_non_null(answer.body, "prompt_token_ids") else {
+        let Some(tokens) = answer
+            .top
+            .span("prompt_token_ids")
+            .filter(|s| answer.body.get(s.clone()) != Some(b"null"))
+        else {
             return Ok(Merged::ForwardWithoutTokenIds);
         };
-        if tokens.first() != Some(&b'[') {
+        if answer.body.get(tokens.start) != Some(&b'[') {
             return Err(bad(
                 "prompt_token_ids in the context response is not an array",
             ));
         }
-        let tokens = String::from_utf8_lossy(tokens).into_owned();
+        // Hundreds of KB for a long prompt: copied from the answer into the
+        // generation request once, when it is rendered.
         match ctx.facts.api {
-            Api::Completions => decode.body.set_raw("prompt", tokens),
-            _ => decode.body.set_raw("prompt_token_ids", tokens),
+            Api::Completions => decode.body.copy_from("prompt", tokens),
+            _ => decode.body.copy_from("prompt_token_ids", tokens),
         }
         Ok(Merged::Forward)
     }

@@ -111,107 +111,14 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
-/// The top level's members found by a scan that skips arrays of integers
-/// byte by byte: TensorRT-LLM's context answers carry the prompt's token
-/// ids (131 000 of them for a 512 KB prompt), and serde_json's generic
-/// value walk costs about 4 ns a byte on them, two thirds of the merge.
-/// Keys and every other value still go through serde_json.
-mod scan {
-    use super::{is_ws, Key};
-    use serde_json::value::RawValue;
-    use std::ops::Range;
-
-    fn skip_ws(b: &[u8], mut i: usize) -> usize {
-        while b.get(i).is_some_and(|c| is_ws(*c)) {
-            i += 1;
-        }
-        i
-    }
-
-    /// One value at `at` by serde_json; where it ends.
-    fn value_end<'de, T: serde::Deserialize<'de>>(text: &'de str, at: usize) -> Option<(T, usize)> {
-        let rest = text.get(at..)?;
-        let mut stream = serde_json::Deserializer::from_str(rest).into_iter::<T>();
-        let v = stream.next()?.ok()?;
-        Some((v, at + stream.byte_offset()))
-    }
-
-    /// Where a JSON array of integers (no fractions or exponents) starting
-    /// at `at` ends; `None` when it is anything else.
-    pub(super) fn int_array_end(b: &[u8], at: usize) -> Option<usize> {
-        if b.get(at) != Some(&b'[') {
-            return None;
-        }
-        let mut i = skip_ws(b, at + 1);
-        if b.get(i) == Some(&b']') {
-            return Some(i + 1);
-        }
-        loop {
-            if b.get(i) == Some(&b'-') {
-                i += 1;
-            }
-            match b.get(i) {
-                Some(b'0') => i += 1,
-                Some(b'1'..=b'9') => {
-                    while b.get(i).is_some_and(u8::is_ascii_digit) {
-                        i += 1;
-                    }
-                }
-                _ => return None,
-            }
-            i = skip_ws(b, i);
-            match b.get(i) {
-                Some(b',') => i = skip_ws(b, i + 1),
-                Some(b']') => return Some(i + 1),
-                _ => return None,
-            }
-        }
-    }
-
-    /// The members of the object starting at `open`, or `None` to let
-    /// serde_json decide (anything unusual, every error).
-    pub(super) fn members(text: &str, open: usize) -> Option<Vec<(Key<'_>, Range<usize>)>> {
-        let b = text.as_bytes();
-        let mut out = Vec::with_capacity(16);
-        let mut i = skip_ws(b, open + 1);
-        if b.get(i) == Some(&b'}') {
-            return (skip_ws(b, i + 1) == b.len()).then_some(out);
-        }
-        loop {
-            if b.get(i) != Some(&b'"') {
-                return None;
-            }
-            let (key, end) = value_end::<Key>(text, i)?;
-            i = skip_ws(b, end);
-            if b.get(i) != Some(&b':') {
-                return None;
-            }
-            i = skip_ws(b, i + 1);
-            let end = match int_array_end(b, i) {
-                Some(end) => end,
-                None => value_end::<&RawValue>(text, i)?.1,
-            };
-            out.push((key, i..end));
-            i = skip_ws(b, end);
-            match b.get(i) {
-                Some(b',') => i = skip_ws(b, i + 1),
-                Some(b'}') => break,
-                _ => return None,
-            }
-        }
-        (skip_ws(b, i + 1) == b.len()).then_some(out)
-    }
-}
+mod scan;
 
 impl TopLevel {
-    /// Parses `src` as a JSON object, validating all of it (nesting is limited by
-    /// serde_json's recursion limit, so hostile depth is an error, not a crash).
-    pub fn parse(src: &[u8]) -> Result<TopLevel, BodyError> {
+    /// serde_json's walk of the top level, and its verdict on what the
+    /// scan would not take.
+    fn walk(src: &[u8], first: Option<usize>) -> Result<Vec<(Key<'_>, Range<usize>)>, BodyError> {
         let text = std::str::from_utf8(src).map_err(|_| BodyError::NotUtf8)?;
-        let first = src
-            .iter()
-            .position(|b| !is_ws(*b))
-            .ok_or(BodyError::Empty)?;
+        let first = first.ok_or(BodyError::Empty)?;
         if src.get(first) != Some(&b'{') {
             // Tell a valid non-object apart from garbage: both are 400, but the
             // message should say which.
@@ -220,25 +127,36 @@ impl TopLevel {
                 Err(e) => BodyError::Invalid(e.to_string()),
             });
         }
-        // The fast scan handles bodies it fully understands; anything else
-        // (and every error, for serde_json's message) takes serde_json's walk.
-        let spans = match scan::members(text, first) {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let raw = de
+            .deserialize_map(MembersVisitor)
+            .map_err(|e| BodyError::Invalid(e.to_string()))?;
+        de.end().map_err(|e| BodyError::Invalid(e.to_string()))?;
+        let base = text.as_ptr() as usize;
+        Ok(raw
+            .into_iter()
+            .map(|(key, value)| {
+                let start = value.get().as_ptr() as usize - base;
+                (key, start..start + value.get().len())
+            })
+            .collect())
+    }
+
+    /// Parses `src` as a JSON object, validating all of it (nesting is limited by
+    /// serde_json's recursion limit, so hostile depth is an error, not a crash).
+    pub fn parse(src: &[u8]) -> Result<TopLevel, BodyError> {
+        let first = src.iter().position(|b| !is_ws(*b));
+        // The fast scan handles bodies it fully understands (checking their
+        // UTF-8 as it goes); anything else, and every error for serde_json's
+        // message, takes serde_json's walk.
+        let scanned = first
+            .filter(|f| src.get(*f) == Some(&b'{'))
+            .and_then(|f| scan::members(src, f));
+        let spans = match scanned {
             Some(spans) => spans,
-            None => {
-                let mut de = serde_json::Deserializer::from_str(text);
-                let raw = de
-                    .deserialize_map(MembersVisitor)
-                    .map_err(|e| BodyError::Invalid(e.to_string()))?;
-                de.end().map_err(|e| BodyError::Invalid(e.to_string()))?;
-                let base = text.as_ptr() as usize;
-                raw.into_iter()
-                    .map(|(key, value)| {
-                        let start = value.get().as_ptr() as usize - base;
-                        (key, start..start + value.get().len())
-                    })
-                    .collect()
-            }
+            None => Self::walk(src, first)?,
         };
+        let first = first.ok_or(BodyError::Empty)?;
         let close = src
             .iter()
             .rposition(|b| !is_ws(*b))
@@ -272,10 +190,15 @@ impl TopLevel {
 
     /// The raw text of the first member named `key`.
     pub fn raw<'s>(&self, src: &'s [u8], key: &str) -> Option<&'s [u8]> {
+        src.get(self.span(key)?)
+    }
+
+    /// Where the value of the first member named `key` sits in the source.
+    pub fn span(&self, key: &str) -> Option<Range<usize>> {
         self.members
             .iter()
             .find(|m| m.key == key)
-            .and_then(|m| src.get(m.value.clone()))
+            .map(|m| m.value.clone())
     }
 
     /// The raw text of `key`, treating an explicit `null` as absent (OpenAI
@@ -311,20 +234,28 @@ impl TopLevel {
     /// source would splice at meaningless offsets, so that is an error, never
     /// a silently wrong body.
     pub fn render(&self, src: &[u8], edits: &Edits) -> Result<Vec<u8>, SourceMismatch> {
+        self.render_with(src, edits, &[])
+    }
+
+    /// [`TopLevel::render`], with [`Op::Copy`] values taken from `other`
+    /// (the prefill's answer): copied once, straight into the new body.
+    pub fn render_with(
+        &self,
+        src: &[u8],
+        edits: &Edits,
+        other: &[u8],
+    ) -> Result<Vec<u8>, SourceMismatch> {
         if src.len() != self.src_len {
             return Err(SourceMismatch);
         }
         if edits.is_empty() {
             return Ok(src.to_vec());
         }
-        let extra: usize = edits
-            .ops
-            .iter()
-            .map(|(k, op)| match op {
-                Op::Set(v) => k.len() + v.len() + 4,
-                Op::Remove => 0,
-            })
-            .sum();
+        let value = |op| op_value(op, other);
+        let mut extra = 0;
+        for (k, op) in &edits.ops {
+            extra += k.len() + value(op)?.len() + 4;
+        }
         let mut splices: Vec<(Range<usize>, &[u8])> = Vec::with_capacity(edits.ops.len() + 2);
 
         let kept: Vec<bool> = self
@@ -336,7 +267,9 @@ impl TopLevel {
 
         for (i, m) in self.members.iter().enumerate() {
             match edits.get(&m.key) {
-                Some(Op::Set(v)) => splices.push((m.value.clone(), v.as_bytes())),
+                Some(op @ (Op::Set(_) | Op::Copy(_))) => {
+                    splices.push((m.value.clone(), value(op)?));
+                }
                 Some(Op::Remove) => {
                     if matches!(first_kept, Some(fk) if fk < i) {
                         splices.push((m.lead_start..m.value.end, b""));
@@ -365,16 +298,14 @@ impl TopLevel {
         let mut appended = Vec::new();
         let mut any = first_kept.is_some();
         for (key, op) in &edits.ops {
-            if let Op::Set(v) = op {
-                if !self.contains(key) {
-                    if any {
-                        appended.push(b',');
-                    }
-                    push_json_str(&mut appended, key);
-                    appended.push(b':');
-                    appended.extend_from_slice(v.as_bytes());
-                    any = true;
+            if !matches!(op, Op::Remove) && !self.contains(key) {
+                if any {
+                    appended.push(b',');
                 }
+                push_json_str(&mut appended, key);
+                appended.push(b':');
+                appended.extend_from_slice(value(op)?);
+                any = true;
             }
         }
         let insert_at = self
@@ -404,6 +335,15 @@ impl TopLevel {
     }
 }
 
+/// The bytes an edit puts in place of a value.
+fn op_value<'a>(op: &'a Op, other: &'a [u8]) -> Result<&'a [u8], SourceMismatch> {
+    match op {
+        Op::Set(v) => Ok(v.as_bytes()),
+        Op::Copy(span) => other.get(span.clone()).ok_or(SourceMismatch),
+        Op::Remove => Ok(b""),
+    }
+}
+
 /// [`TopLevel::render`] was given bytes other than those it parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceMismatch;
@@ -419,6 +359,10 @@ impl fmt::Display for SourceMismatch {
 pub enum Op {
     /// Replace (or append) with this raw JSON text.
     Set(String),
+    /// Replace (or append) with the raw JSON text at this span of the
+    /// second source given to [`TopLevel::render_with`]: large values (the
+    /// prompt's token ids) move from the answer to the body in one copy.
+    Copy(Range<usize>),
     Remove,
 }
 
@@ -440,6 +384,12 @@ impl Edits {
     /// Sets `key` to raw JSON `value`; the caller guarantees it is valid JSON.
     pub fn set_raw(&mut self, key: &str, value: impl Into<String>) {
         self.put(key, Op::Set(value.into()));
+    }
+
+    /// Sets `key` to the raw JSON at `span` of the source that
+    /// [`TopLevel::render_with`] will be given beside the body.
+    pub fn copy_from(&mut self, key: &str, span: Range<usize>) {
+        self.put(key, Op::Copy(span));
     }
 
     pub fn set_str(&mut self, key: &str, value: &str) {
@@ -625,6 +575,27 @@ mod tests {
             top.render(br#"{"a":1}"#, &e).as_deref(),
             Ok(&br#"{"a":1,"b":2}"#[..])
         );
+    }
+
+    #[test]
+    fn copied_values_come_from_the_second_source_or_fail() {
+        let src = br#"{"a":1,"ids":null}"#;
+        let answer = br#"{"prompt_token_ids":[5,6,7]}"#;
+        let at = TopLevel::parse(answer)
+            .expect("answer")
+            .span("prompt_token_ids")
+            .expect("span");
+        let top = TopLevel::parse(src).expect("parse");
+        let mut e = Edits::new();
+        e.copy_from("ids", at.clone());
+        e.copy_from("more", at);
+        assert_eq!(
+            top.render_with(src, &e, answer).as_deref(),
+            Ok(&br#"{"a":1,"ids":[5,6,7],"more":[5,6,7]}"#[..])
+        );
+        // Without the answer, or with a shorter one, nothing is guessed.
+        assert_eq!(top.render(src, &e), Err(SourceMismatch));
+        assert_eq!(top.render_with(src, &e, b"{}"), Err(SourceMismatch));
     }
 
     #[test]
