@@ -78,6 +78,8 @@ CONFIGS = [
     ("envoy-mirror", "floor", "(b) Envoy, two upstream requests (mirror), no filter"),
     ("envoy-buffer-mirror", "floor", "(b') (b) + the buffer filter: the floor inside Envoy"),
     ("min-pd", "min", "(m) minimal PD wasm filter, default mocks: the proxy-wasm floor"),
+    ("min-pd+json", "bisect", "(m) + serde_json validates the body and the prefill's answer"),
+    ("min-pd+edit", "bisect", "(m) + json + new prefill and decode bodies, as a hand-off"),
     ("pd-vllm", "pd", "(c) pd-router, vllm (nixl)"),
     ("pd-sglang", "pd", "(c) pd-router, sglang"),
     ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
@@ -294,7 +296,7 @@ def pd_envoy(wasm: Path, plugin_config: dict) -> dict:
     return cfg
 
 
-def min_pd_envoy(min_wasm: Path, prefill: Mock, decode: Mock) -> dict:
+def min_pd_envoy(min_wasm: Path, prefill: Mock, decode: Mock, steps: str = "") -> dict:
     """(m): the shipped configuration with the module replaced by the minimal
     PD filter (bench/min-pd-filter) and its configuration."""
     cfg = base_envoy(min_wasm)
@@ -302,7 +304,8 @@ def min_pd_envoy(min_wasm: Path, prefill: Mock, decode: Mock) -> dict:
     wasm["name"] = wasm["root_id"] = wasm["vm_config"]["vm_id"] = "min-pd"
     wasm["configuration"] = {
         "@type": "type.googleapis.com/google.protobuf.StringValue",
-        "value": json.dumps({"prefill": prefill.address, "decode": decode.address}),
+        "value": json.dumps({"prefill": prefill.address, "decode": decode.address,
+                             "steps": steps}),
     }
     return cfg
 
@@ -526,21 +529,25 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
             "--cpu-pid", str(t.proc.pid), "--timeout", "30"]
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
-    if perf_data is not None:
-        # Sampling the router over the measured window, from the load core.
+    perf = None
+    if t.second is not None or perf_data is not None:
         time.sleep(warmup)
-        subprocess.run(["taskset", "-c", LOAD_CORE, "perf", "record", "-q", "-F", "2000",
-                        "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep",
-                        str(duration)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=duration + 60)
+    if perf_data is not None:
+        # Sampling the router (the first process) over the measured window,
+        # from the load core.
+        perf = subprocess.Popen(
+            ["taskset", "-c", LOAD_CORE, "perf", "record", "-q", "-F", "2000",
+             "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep", str(duration)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     if t.second is not None:
         # The load generator reads one PID: read the second process here over
         # the same window (it opens `warmup` after the start, to a few ms,
         # and the load is steady by then), scaled to the window's exact length.
-        time.sleep(warmup)
         c0, w0 = proc_ticks(t.second.pid), time.monotonic()
         time.sleep(duration)
         c1, w1 = proc_ticks(t.second.pid), time.monotonic()
+    if perf is not None:
+        perf.wait(timeout=duration + 60)
     try:
         out, err = p.communicate(timeout=warmup + duration + 60)
     except subprocess.TimeoutExpired:
@@ -823,7 +830,9 @@ def main() -> int:
                     help="unmeasured seconds of load before each window (default 0.3)")
     ap.add_argument("--sizes", default="1K,64K,512K")
     ap.add_argument("--concurrency", default="1,32")
-    ap.add_argument("--configs", default=",".join(c for c, _, _ in CONFIGS))
+    # The bisect rows run on demand (`--configs min-pd,min-pd+json,...`):
+    # `just bench` stays within its time budget.
+    ap.add_argument("--configs", default=",".join(c for c, k, _ in CONFIGS if k != "bisect"))
     ap.add_argument("--out", type=Path, default=BENCH / "results")
     ap.add_argument("--envoy", type=Path,
                     default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
@@ -960,14 +969,17 @@ def main() -> int:
             add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv: Target(
                 name, *start_envoy(procs, a.envoy, name, pd_envoy(a.wasm, plugin)), [pm, dm], kv))
 
-        if MIN_PD in need:
+        for name, steps in ((MIN_PD, ""), ("min-pd+json", "json"), ("min-pd+edit", "edit")):
+            if name not in need:
+                continue
             # Default-engine mocks of its own: the strict default prefill
             # wants `max_tokens: 1`, and min-pd sends the body unchanged.
             pm = mock("min-prefill", "--engine", "default", "--role", "prefill",
                       "--lenient-prefill")
             dm = mock("min-decode", "--engine", "default", "--role", "decode")
-            add(MIN_PD, lambda: Target(MIN_PD, *start_envoy(
-                procs, a.envoy, MIN_PD, min_pd_envoy(a.min_wasm, pm, dm)), [pm, dm], "none"))
+            add(name, lambda name=name, steps=steps, pm=pm, dm=dm: Target(name, *start_envoy(
+                procs, a.envoy, name, min_pd_envoy(a.min_wasm, pm, dm, steps)), [pm, dm],
+                "none"))
 
         # Each peer runs once; its standalone config and its gateway stack
         # (e) share it (only the one being measured gets traffic).

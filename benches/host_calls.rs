@@ -339,4 +339,22 @@ fn main() {
     }
     println!();
     println!("Not counted: the SDK's own calls around each callback (e.g. reading a callback's arguments).");
+    // The same request end to end through the flow, timed: the VM's share
+    // of a request when this runs inside wasm (`just bench` runs it there
+    // too), the host's side of each call excluded.
+    print!("{:<34}", "flow µs/request (counting host)");
+    for e in engines {
+        let mut rounds: Vec<f64> = (0..5)
+            .map(|_| {
+                let start = std::time::Instant::now();
+                for _ in 0..2000 {
+                    std::hint::black_box(one_request(&router, e));
+                }
+                start.elapsed().as_secs_f64() * 1e6 / 2000.0
+            })
+            .collect();
+        rounds.sort_by(f64::total_cmp);
+        print!("{:>9.2}", rounds[2]);
+    }
+    println!();
 }

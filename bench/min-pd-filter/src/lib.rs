@@ -3,6 +3,12 @@
 //! unchanged to the prefill pod (`dispatch_http_call`), and when that answers
 //! point the request at the decode pod, set its body (the same bytes) and
 //! resume. Configuration: `{"prefill":"IP:PORT","decode":"IP:PORT"}`.
+//!
+//! `"steps"` adds pd-router's work one piece at a time, to bisect the gap
+//! between this floor and pd-router (bench/README.md): `json` validates the
+//! request body and the prefill's answer with serde_json; `json,edit` also
+//! sends new bodies, as an engine's hand-off does: the prefill's with two
+//! members appended, the decode's with the prefill's answer appended.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
@@ -17,9 +23,16 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
+#[derive(Default, Clone, Copy)]
+struct Steps {
+    json: bool,
+    edit: bool,
+}
+
 #[derive(Default)]
 struct Root {
     pods: Rc<(String, String)>,
+    steps: Steps,
 }
 
 impl Context for Root {}
@@ -34,12 +47,19 @@ impl RootContext for Root {
             (Some(p), Some(d)) => self.pods = Rc::new((p, d)),
             _ => return false,
         }
+        let steps = cfg.remove("steps").unwrap_or_default();
+        let has = |s: &str| steps.split(',').any(|x| x == s);
+        self.steps = Steps {
+            json: has("json") || has("edit"),
+            edit: has("edit"),
+        };
         true
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Stream {
             pods: self.pods.clone(),
+            steps: self.steps,
             body: Vec::new(),
         }))
     }
@@ -51,7 +71,27 @@ impl RootContext for Root {
 
 struct Stream {
     pods: Rc<(String, String)>,
+    steps: Steps,
     body: Vec<u8>,
+}
+
+fn valid_json(b: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(b).is_ok()
+}
+
+/// `object` with `members` (`,"k":v...`) appended before its closing brace.
+fn appended(object: &[u8], members: &[&[u8]]) -> Vec<u8> {
+    let close = object
+        .iter()
+        .rposition(|b| *b == b'}')
+        .unwrap_or(object.len());
+    let mut out = Vec::with_capacity(object.len() + members.iter().map(|m| m.len()).sum::<usize>());
+    out.extend_from_slice(&object[..close]);
+    for m in members {
+        out.extend_from_slice(m);
+    }
+    out.extend_from_slice(&object[close..]);
+    out
 }
 
 impl Stream {
@@ -77,6 +117,19 @@ impl HttpContext for Stream {
             return Action::Pause; // Envoy buffers until the end of the stream
         }
         self.body = self.get_http_request_body(0, size).unwrap_or_default();
+        if self.steps.json && !valid_json(&self.body) {
+            return self.fail("the body is not JSON");
+        }
+        let prefill = if self.steps.edit {
+            appended(&self.body, &[br#","user":"min-pd","seed":1"#])
+        } else {
+            Vec::new()
+        };
+        let prefill_body = if self.steps.edit {
+            &prefill
+        } else {
+            &self.body
+        };
         let path = self.get_http_request_header(":path").unwrap_or_default();
         let authority = self
             .get_http_request_header(":authority")
@@ -91,7 +144,7 @@ impl HttpContext for Stream {
         match self.dispatch_http_call(
             "pd_prefill",
             headers,
-            Some(&self.body),
+            Some(prefill_body),
             vec![],
             Duration::from_secs(30),
         ) {
@@ -102,13 +155,25 @@ impl HttpContext for Stream {
 }
 
 impl Context for Stream {
-    fn on_http_call_response(&mut self, _token: u32, n: usize, _body: usize, _trailers: usize) {
+    fn on_http_call_response(&mut self, _token: u32, n: usize, size: usize, _trailers: usize) {
         let status = self.get_http_call_response_header(":status");
         if n == 0 || status.as_deref() != Some("200") {
             self.fail(&format!("prefill answered {status:?}"));
             return;
         }
-        let body = std::mem::take(&mut self.body);
+        let mut body = std::mem::take(&mut self.body);
+        if self.steps.json {
+            let answer = self
+                .get_http_call_response_body(0, size)
+                .unwrap_or_default();
+            if !valid_json(&answer) {
+                self.fail("the prefill's answer is not JSON");
+                return;
+            }
+            if self.steps.edit {
+                body = appended(&body, &[br#","kv_transfer_params":"#, &answer]);
+            }
+        }
         self.set_http_request_body(0, body.len(), &body);
         self.set_http_request_header("content-length", Some(&body.len().to_string()));
         self.set_http_request_header(ROUTE, Some(self.pods.1.as_str()));
