@@ -45,6 +45,12 @@ struct CountingHost {
 }
 
 impl CountingHost {
+    fn read_clock(&self) -> u64 {
+        self.count("clock (reads)");
+        self.tick.set(self.tick.get() + 150);
+        1_764_000_000_000_000 + self.tick.get()
+    }
+
     fn callback(&mut self) -> &mut CountingHost {
         self.reads.clear();
         self
@@ -93,12 +99,12 @@ impl Telemetry for CountingHost {
         self.count("stat increment");
     }
     fn now_ms(&self) -> u64 {
-        self.reads.clock_ms(|| self.now_us() / 1000)
+        self.reads.clock_ms(|| self.read_clock())
     }
     fn now_us(&self) -> u64 {
-        self.count("clock (reads)");
-        self.tick.set(self.tick.get() + 150);
-        1_764_000_000_000_000 + self.tick.get()
+        let t = self.read_clock();
+        self.reads.saw_us(t);
+        t
     }
     fn record(&self, _h: Histogram, _model: &str, _value: u64) {
         self.count("histogram record");

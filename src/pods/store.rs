@@ -49,14 +49,15 @@ where
 }
 
 /// What one host callback has read: Envoy's clock (milliseconds do not
-/// move within a callback) and shared-data records. A request reads its
+/// move within a callback, so a reading in microseconds taken for a
+/// duration serves later millisecond reads too) and shared-data records. A request reads its
 /// model's load table to place itself and again to hold load, in the same
 /// callback; the second read is served from here. Another worker changing
 /// the record meanwhile makes the CAS write fail, which drops the entry, so
 /// the retry reads afresh. Cleared at each callback.
 #[derive(Debug, Default)]
 pub struct CallbackReads {
-    clock_ms: std::cell::Cell<Option<u64>>,
+    clock_us: std::cell::Cell<Option<u64>>,
     records: std::cell::RefCell<std::collections::HashMap<String, Record>>,
 }
 
@@ -66,17 +67,27 @@ type Record = (Option<Vec<u8>>, Option<u32>);
 impl CallbackReads {
     /// A new callback: what was read in the last one may be stale.
     pub fn clear(&mut self) {
-        self.clock_ms.set(None);
+        self.clock_us.set(None);
         self.records.get_mut().clear();
     }
 
-    pub fn clock_ms(&self, read: impl FnOnce() -> u64) -> u64 {
-        if let Some(t) = self.clock_ms.get() {
-            return t;
+    /// The callback's time in milliseconds; `read_us` reads the clock in
+    /// microseconds when nothing in this callback has yet.
+    pub fn clock_ms(&self, read_us: impl FnOnce() -> u64) -> u64 {
+        if let Some(t) = self.clock_us.get() {
+            return t / 1000;
         }
-        let t = read();
-        self.clock_ms.set(Some(t));
-        t
+        let t = read_us();
+        self.clock_us.set(Some(t));
+        t / 1000
+    }
+
+    /// A reading of the clock in microseconds (durations read afresh): the
+    /// first of a callback also answers its millisecond reads.
+    pub fn saw_us(&self, us: u64) {
+        if self.clock_us.get().is_none() {
+            self.clock_us.set(Some(us));
+        }
     }
 
     pub fn get(&self, key: &str, read: impl FnOnce() -> Record) -> Record {
@@ -192,10 +203,16 @@ mod tests {
             "the CAS failed on the stale read, the retry read afresh"
         );
         assert_eq!(c.sets, 2, "one failed write, one that held");
-        assert_eq!(c.reads.clock_ms(|| 7), 7);
-        assert_eq!(c.reads.clock_ms(|| 9), 7, "one clock read per callback");
+        assert_eq!(c.reads.clock_ms(|| 7_400), 7);
+        assert_eq!(c.reads.clock_ms(|| 9_000), 7, "one clock read per callback");
         c.reads.clear();
-        assert_eq!(c.reads.clock_ms(|| 9), 9);
+        c.reads.saw_us(9_100);
+        c.reads.saw_us(12_000);
+        assert_eq!(
+            c.reads.clock_ms(|| 15_000),
+            9,
+            "the callback's first microsecond reading serves"
+        );
     }
 
     #[test]

@@ -153,11 +153,13 @@ impl Telemetry for HostIo {
     }
 
     fn now_ms(&self) -> u64 {
-        self.reads.clock_ms(shared::now_ms)
+        self.reads.clock_ms(shared::now_us)
     }
 
     fn now_us(&self) -> u64 {
-        shared::now_us()
+        let t = shared::now_us();
+        self.reads.saw_us(t);
+        t
     }
 
     fn record(&self, histogram: Histogram, model: &str, value: u64) {
