@@ -530,30 +530,40 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
     p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, preexec_fn=_die_with_parent)
     perf = None
-    if t.second is not None or perf_data is not None:
-        time.sleep(warmup)
-    if perf_data is not None:
-        # Sampling the router (the first process) over the measured window,
-        # from the load core.
-        perf = subprocess.Popen(
-            ["taskset", "-c", LOAD_CORE, "perf", "record", "-q", "-F", "2000",
-             "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep", str(duration)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-    if t.second is not None:
-        # The load generator reads one PID: read the second process here over
-        # the same window (it opens `warmup` after the start, to a few ms,
-        # and the load is steady by then), scaled to the window's exact length.
-        c0, w0 = proc_ticks(t.second.pid), time.monotonic()
-        time.sleep(duration)
-        c1, w1 = proc_ticks(t.second.pid), time.monotonic()
-    if perf is not None:
-        perf.wait(timeout=duration + 60)
     try:
+        if t.second is not None or perf_data is not None:
+            time.sleep(warmup)
+        if perf_data is not None:
+            # Sampling the router (the first process) over the measured
+            # window, from the load core; a file from an earlier run must not
+            # pass for this one's.
+            perf_data.unlink(missing_ok=True)
+            perf = subprocess.Popen(
+                ["taskset", "-c", LOAD_CORE, "perf", "record", "-q", "-F", "2000",
+                 "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep", str(duration)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                preexec_fn=_die_with_parent)
+        if t.second is not None:
+            # The load generator reads one PID: read the second process here
+            # over the same window (it opens `warmup` after the start, to a
+            # few ms, and the load is steady by then), scaled to the window's
+            # exact length.
+            c0, w0 = proc_ticks(t.second.pid), time.monotonic()
+            time.sleep(duration)
+            c1, w1 = proc_ticks(t.second.pid), time.monotonic()
+        if perf is not None:
+            _, perf_err = perf.communicate(timeout=duration + 60)
+            if perf.returncode != 0:
+                perf_data.unlink(missing_ok=True)
+                log(f"      perf record failed ({perf.returncode}): {perf_err.strip()[-200:]}")
         out, err = p.communicate(timeout=warmup + duration + 60)
     except subprocess.TimeoutExpired:
-        p.kill()
-        p.communicate()
-        raise RuntimeError("loadgen did not finish") from None
+        raise RuntimeError("loadgen or perf did not finish") from None
+    finally:
+        for q in (p, perf):
+            if q is not None and q.poll() is None:
+                q.kill()
+                q.communicate()
     if p.returncode != 0:
         raise RuntimeError(f"loadgen exited {p.returncode}: {err.strip()[-300:]}")
     r = json.loads(out.strip().splitlines()[-1])
@@ -1075,15 +1085,18 @@ def main() -> int:
                             log(f"  {name}: {t.dead}\n{procs.log_tail(name, 5)}")
                             continue
                         try:
-                            perf_data = (a.perf / f"{name}-{s}-c{conc}.data"
-                                         if a.perf and rep == 0 else None)
-                            r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup,
-                                         perf_data)
-                            if perf_data is not None and perf_data.exists():
-                                shares = perf_shares(perf_data)
-                                profiles[(name, s, conc)] = shares
-                                log(f"      perf {name} {s} c={conc}: " + ", ".join(
-                                    f"{where} {pct:.1f}%" for pct, where in shares[:6]))
+                            if a.perf and rep == 0:
+                                # An extra, unrecorded cell: sampling costs the
+                                # router CPU, so it stays out of the medians.
+                                perf_data = a.perf / f"{name}-{s}-c{conc}.data"
+                                run_cell(a.loadgen, t, body_files[s], conc, a.duration,
+                                         a.warmup, perf_data)
+                                if perf_data.exists():
+                                    shares = perf_shares(perf_data)
+                                    profiles[(name, s, conc)] = shares
+                                    log(f"      perf {name} {s} c={conc}: " + ", ".join(
+                                        f"{where} {pct:.1f}%" for pct, where in shares[:6]))
+                            r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup)
                         except Exception as e:  # noqa: BLE001 - keep the rest going
                             r = {"completed": 0, "errors": None, "first_error": str(e)[:300]}
                         done += 1

@@ -267,7 +267,7 @@ impl TopLevel {
 
         for (i, m) in self.members.iter().enumerate() {
             match edits.get(&m.key) {
-                Some(op @ (Op::Set(_) | Op::Copy(_))) => {
+                Some(op @ (Op::Set(_) | Op::Copy { .. })) => {
                     splices.push((m.value.clone(), value(op)?));
                 }
                 Some(Op::Remove) => {
@@ -339,7 +339,10 @@ impl TopLevel {
 fn op_value<'a>(op: &'a Op, other: &'a [u8]) -> Result<&'a [u8], SourceMismatch> {
     match op {
         Op::Set(v) => Ok(v.as_bytes()),
-        Op::Copy(span) => other.get(span.clone()).ok_or(SourceMismatch),
+        Op::Copy { span, source_len } if *source_len == other.len() => {
+            other.get(span.clone()).ok_or(SourceMismatch)
+        }
+        Op::Copy { .. } => Err(SourceMismatch),
         Op::Remove => Ok(b""),
     }
 }
@@ -362,7 +365,12 @@ pub enum Op {
     /// Replace (or append) with the raw JSON text at this span of the
     /// second source given to [`TopLevel::render_with`]: large values (the
     /// prompt's token ids) move from the answer to the body in one copy.
-    Copy(Range<usize>),
+    Copy {
+        span: Range<usize>,
+        /// The length of the source the span was taken from: rendering
+        /// against another is an error, as for the body itself.
+        source_len: usize,
+    },
     Remove,
 }
 
@@ -386,10 +394,11 @@ impl Edits {
         self.put(key, Op::Set(value.into()));
     }
 
-    /// Sets `key` to the raw JSON at `span` of the source that
-    /// [`TopLevel::render_with`] will be given beside the body.
-    pub fn copy_from(&mut self, key: &str, span: Range<usize>) {
-        self.put(key, Op::Copy(span));
+    /// Sets `key` to the raw JSON at `span` of `source`, which
+    /// [`TopLevel::render_with`] must then be given beside the body.
+    pub fn copy_from(&mut self, key: &str, source: &[u8], span: Range<usize>) {
+        let source_len = source.len();
+        self.put(key, Op::Copy { span, source_len });
     }
 
     pub fn set_str(&mut self, key: &str, value: &str) {
@@ -587,8 +596,8 @@ mod tests {
             .expect("span");
         let top = TopLevel::parse(src).expect("parse");
         let mut e = Edits::new();
-        e.copy_from("ids", at.clone());
-        e.copy_from("more", at);
+        e.copy_from("ids", answer, at.clone());
+        e.copy_from("more", answer, at);
         assert_eq!(
             top.render_with(src, &e, answer).as_deref(),
             Ok(&br#"{"a":1,"ids":[5,6,7],"more":[5,6,7]}"#[..])
@@ -596,6 +605,12 @@ mod tests {
         // Without the answer, or with a shorter one, nothing is guessed.
         assert_eq!(top.render(src, &e), Err(SourceMismatch));
         assert_eq!(top.render_with(src, &e, b"{}"), Err(SourceMismatch));
+        let longer = br#"{"prompt_token_ids":[5,6,7],"x":1}"#;
+        assert_eq!(
+            top.render_with(src, &e, longer),
+            Err(SourceMismatch),
+            "a span is only good for the source it was taken from"
+        );
     }
 
     #[test]

@@ -127,8 +127,10 @@ impl EngineHandler for TrtllmHandler {
         // Hundreds of KB for a long prompt: copied from the answer into the
         // generation request once, when it is rendered.
         match ctx.facts.api {
-            Api::Completions => decode.body.copy_from("prompt", tokens),
-            _ => decode.body.copy_from("prompt_token_ids", tokens),
+            Api::Completions => decode.body.copy_from("prompt", answer.body, tokens),
+            _ => decode
+                .body
+                .copy_from("prompt_token_ids", answer.body, tokens),
         }
         Ok(Merged::Forward)
     }

@@ -39,8 +39,11 @@ impl Flow {
     /// The prefill left: the router's own time is known.
     pub(super) fn prefill_left<H: Host>(&mut self, host: &H) {
         let t = &mut self.timing;
-        t.prefill_sent_ms = host.now_ms();
-        let us = host.now_us().saturating_sub(t.body_done_us);
+        // One fresh reading for both: the callback's cached milliseconds
+        // date from when the body was read, before the routing work.
+        let now = host.now_us();
+        t.prefill_sent_ms = now / 1000;
+        let us = now.saturating_sub(t.body_done_us);
         t.routing_us = Some(us);
         if let Some(m) = &t.model {
             host.record(Histogram::RoutingDuration, &m.name, us);
