@@ -110,6 +110,18 @@ pub async fn handle(
     }
 }
 
+/// The decode's prompt is the one the prefill computed the KV for: the KV a
+/// decode is handed belongs to one prompt, and a router that mixes up legs
+/// must be caught here.
+fn same_prompt(prefill_hash: &str, own_hash: &str) -> Checked<()> {
+    if prefill_hash != own_hash {
+        return Err(Fail::contract(format!(
+            "prompt differs from the prefilled prompt (prefill hashed {prefill_hash}, decode hashes {own_hash})"
+        )));
+    }
+    Ok(())
+}
+
 /// The pod's own prefix-cache hits for a prompt of `prompt_tokens`:
 /// `--cached-tokens`, at most the prompt; none when the request makes the
 /// engine compute the whole prompt (vLLM prompt logprobs skip reading the

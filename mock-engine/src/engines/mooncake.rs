@@ -221,12 +221,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     }
     let pulled: Pulled = serde_json::from_slice(&resp.body)
         .map_err(|e| Fail::kv_load(format!("bad side-channel body from {worker}: {e}")))?;
-    if pulled.prompt_hash != own_hash {
-        return Err(Fail::contract(format!(
-            "prompt differs from the prefilled prompt (prefill hashed {}, decode hashes {own_hash})",
-            pulled.prompt_hash
-        )));
-    }
+    super::same_prompt(&pulled.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

@@ -246,12 +246,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
     }
     let pushed: Pushed = serde_json::from_slice(&resp.body)
         .map_err(|e| Fail::kv_load(format!("bad side-channel body from {at}: {e}")))?;
-    if pushed.prompt_hash != own_hash {
-        return Err(Fail::contract(format!(
-            "prompt differs from the prefilled prompt (prefill hashed {}, decode hashes {own_hash})",
-            pushed.prompt_hash
-        )));
-    }
+    super::same_prompt(&pushed.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

@@ -168,12 +168,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
              names ___prefill_addr_{p_host}:{p_port}"
         )));
     }
-    if kv.prompt_hash != own_hash {
-        return Err(Fail::contract(format!(
-            "prompt differs from the prefilled prompt (prefill hashed {}, decode hashes {own_hash})",
-            kv.prompt_hash
-        )));
-    }
+    super::same_prompt(&kv.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

@@ -173,12 +173,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     }
     let pulled: Pulled = serde_json::from_slice(&resp.body)
         .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
-    if pulled.prompt_hash != own_hash {
-        return Err(Fail::contract(format!(
-            "prompt differs from the prefilled prompt (prefill hashed {}, decode hashes {own_hash})",
-            pulled.prompt_hash
-        )));
-    }
+    super::same_prompt(&pulled.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
 }
 
@@ -213,10 +208,6 @@ pub fn neuron_decode(req: &Request<'_>) -> Checked<DecodeOut> {
         )));
     }
     let hash = str_member(&resp, P, "mock_prompt_hash")?;
-    if hash != own_hash {
-        return Err(Fail::contract(format!(
-            "prompt differs from the prefilled prompt (prefill hashed {hash}, decode hashes {own_hash})"
-        )));
-    }
+    super::same_prompt(hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
