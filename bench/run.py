@@ -72,14 +72,24 @@ LOAD_CORE = "1"
 
 SIZES = {"1K": 1024, "64K": 64 * 1024, "512K": 512 * 1024}
 
+# The min-pd+N<kind> rows: N extra host calls of one kind per request, so one
+# call's cost is (their CPU per request - min-pd's) / N, well above the noise.
+CALLS_PER_REQUEST = 100
 # name, kind, description
 CONFIGS = [
     ("envoy-forward", "floor", "(a) Envoy, one upstream, no filter"),
     ("envoy-mirror", "floor", "(b) Envoy, two upstream requests (mirror), no filter"),
     ("envoy-buffer-mirror", "floor", "(b') (b) + the buffer filter: the floor inside Envoy"),
     ("min-pd", "min", "(m) minimal PD wasm filter, default mocks: the proxy-wasm floor"),
+    ("min-pd-vllm", "min-engine", "(m) the least a vLLM NIXL filter does, on pd-vllm's mocks"),
     ("min-pd+json", "bisect", "(m) + serde_json validates the body and the prefill's answer"),
     ("min-pd+edit", "bisect", "(m) + json + new prefill and decode bodies, as a hand-off"),
+    *((f"min-pd+{CALLS_PER_REQUEST}{kind}", "bisect",
+       f"(m) + {CALLS_PER_REQUEST} host calls per request: {what}")
+      for kind, what in (("clock", "the time"), ("get", "shared-data read, 56 B"),
+                         ("set", "shared-data write, 56 B"), ("counter", "counter increment"),
+                         ("histogram", "histogram record"), ("header", "request header write"),
+                         ("headers", "request header map read"))),
     ("pd-vllm", "pd", "(c) pd-router, vllm (nixl)"),
     ("pd-sglang", "pd", "(c) pd-router, sglang"),
     ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
@@ -92,6 +102,7 @@ CONFIGS = [
 FLOOR = "envoy-mirror"
 BUFFER_FLOOR = "envoy-buffer-mirror"
 MIN_PD = "min-pd"
+MIN_PD_VLLM = "min-pd-vllm"
 PEERS = [c for c, k, _ in CONFIGS if k == "peer"]
 PD = [c for c, k, _ in CONFIGS if k == "pd"]
 # pd-router engine -> the peer doing the same PD job on the same mocks.
@@ -522,8 +533,22 @@ def perf_shares(data: Path) -> list[tuple[float, str]]:
     return sorted(((v, k) for k, v in merged.items()), reverse=True)
 
 
+# What `--syscalls` counts in the router over a cell (perf tracepoints).
+SYSCALL_EVENTS = "raw_syscalls:sys_enter,context-switches"
+
+
+def perf_counts(out: Path) -> dict[str, float]:
+    """`perf stat -x,` output: event -> count."""
+    counts = {}
+    for line in out.read_text().splitlines():
+        f = line.split(",")
+        if len(f) > 2 and f[0].replace(".", "", 1).isdigit():
+            counts[f[2]] = float(f[0])
+    return counts
+
+
 def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: float,
-             warmup: float, perf_data: Path | None = None) -> dict:
+             warmup: float, perf_data: Path | None = None, stat: bool = False) -> dict:
     argv = ["taskset", "-c", LOAD_CORE, str(loadgen), "--url", t.url, "--body", str(body_file),
             "--concurrency", str(conc), "--duration", str(duration), "--warmup", str(warmup),
             "--cpu-pid", str(t.proc.pid), "--timeout", "30"]
@@ -538,8 +563,10 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
             # window, from the load core; a file from an earlier run must not
             # pass for this one's.
             perf_data.unlink(missing_ok=True)
+            what = (["stat", "-x,", "-e", SYSCALL_EVENTS] if stat
+                    else ["record", "-q", "-F", "2000"])
             perf = subprocess.Popen(
-                ["taskset", "-c", LOAD_CORE, "perf", "record", "-q", "-F", "2000",
+                ["taskset", "-c", LOAD_CORE, "perf", *what,
                  "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep", str(duration)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                 preexec_fn=_die_with_parent)
@@ -696,6 +723,13 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
     for pd in run_pd:
         w(col_row(f"{pd} / {BUFFER_FLOOR}", [cpu_ratio(s, c, pd, BUFFER_FLOOR)
                                               for s, c in all_cols]))
+    # The same job on the same mocks: what pd-router adds to the least a
+    # vLLM filter must do (its mocks pull KV, so both cells share their load).
+    if "pd-vllm" in run_pd:
+        w(col_row(f"pd-vllm / {MIN_PD_VLLM}", [cpu_ratio(s, c, "pd-vllm", MIN_PD_VLLM)
+                                               for s, c in all_cols]))
+        w(col_row(f"{MIN_PD_VLLM} / {MIN_PD}", [cpu_ratio(s, c, MIN_PD_VLLM, MIN_PD)
+                                               for s, c in all_cols]))
     conc_hi = max(order_conc)
     w("")
     w(f"pd-router requests/s at concurrency {conc_hi} vs the best peer (named):")
@@ -746,6 +780,9 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
             f"{pd} <= 1.15x {MIN_PD} at 1K, 64K and 512K",
             [(f"{s} c={c}", cpu_ratio(s, c, pd, MIN_PD), 1.15)
              for s in tsizes for c in order_conc]))
+    w(f"  [info] pd-vllm / {MIN_PD_VLLM} (the same hand-off on the same mocks): "
+      + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, 'pd-vllm', MIN_PD_VLLM))}"
+                  for s in tsizes for c in order_conc))
     out.extend(verdict_line(
         "pd-trtllm at 512K <= 1.5x pd-vllm's",
         [(f"512K c={c}", cpu_ratio("512K", c, "pd-trtllm", "pd-vllm"), 1.5)
@@ -774,6 +811,18 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
             share = "" if r is None or m is None else f" ({m / r:.0%} of {pd}'s)"
             w(f"      1K c={c}: {pd} / {peer} {fmt_ratio(r)}; {MIN_PD} / {peer} "
               f"{fmt_ratio(m)}{share}")
+    calls = [(c, c.removeprefix(f"{MIN_PD}+{CALLS_PER_REQUEST}")) for c in configs
+             if c.startswith(f"{MIN_PD}+{CALLS_PER_REQUEST}")]
+    if calls:
+        w(f"  [info] one host call, µs of router CPU (({MIN_PD}+{CALLS_PER_REQUEST}<kind>"
+          f" - {MIN_PD}) / {CALLS_PER_REQUEST}):")
+        for c, kind in calls:
+            costs = []
+            for s, cc in all_cols:
+                x, m = get(s, cc, c, "cpu_us"), get(s, cc, MIN_PD, "cpu_us")
+                costs.append(f"{s} c={cc} " + ("-" if x is None or m is None
+                                              else f"{(x - m) / CALLS_PER_REQUEST:.2f}"))
+            w(f"      {kind:<10} " + ", ".join(costs))
     w(f"  [info] vs {BUFFER_FLOOR}: in the ratio table above; {MIN_PD} / {BUFFER_FLOOR}: "
       + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, MIN_PD, BUFFER_FLOOR))}"
                   for s, c in all_cols))
@@ -855,6 +904,10 @@ def main() -> int:
     ap.add_argument("--loadgen", type=Path, default=REPO / "target/release/loadgen")
     ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    ap.add_argument("--syscalls", action="store_true",
+                    help="also count each router's system calls and context switches per "
+                         "request (`perf stat` tracepoints) in an extra cell of the first "
+                         "repetition")
     ap.add_argument("--perf", type=Path, default=None,
                     help="also sample each router with `perf record` in the first repetition "
                          "(files into this directory) and print where its CPU went by object")
@@ -872,7 +925,7 @@ def main() -> int:
             ap.error(f"unknown config {c} (one of {', '.join(sorted(known))})")
     need_files = [("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock),
                   ("loadgen", a.loadgen)]
-    if MIN_PD in configs:
+    if any(c.startswith(MIN_PD) for c in configs):
         need_files.append(("min-wasm", a.min_wasm))
     for what, p in need_files:
         if not p.exists():
@@ -979,7 +1032,11 @@ def main() -> int:
             add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv: Target(
                 name, *start_envoy(procs, a.envoy, name, pd_envoy(a.wasm, plugin)), [pm, dm], kv))
 
-        for name, steps in ((MIN_PD, ""), ("min-pd+json", "json"), ("min-pd+edit", "edit")):
+        min_steps = [(MIN_PD, ""), ("min-pd+json", "json"), ("min-pd+edit", "edit")]
+        calls_prefix = f"min-pd+{CALLS_PER_REQUEST}"
+        min_steps += [(c, f"{c.removeprefix(calls_prefix)}*{CALLS_PER_REQUEST}")
+                      for c, _, _ in CONFIGS if c.startswith(calls_prefix)]
+        for name, steps in min_steps:
             if name not in need:
                 continue
             # Default-engine mocks of its own: the strict default prefill
@@ -990,6 +1047,13 @@ def main() -> int:
             add(name, lambda name=name, steps=steps, pm=pm, dm=dm: Target(name, *start_envoy(
                 procs, a.envoy, name, min_pd_envoy(a.min_wasm, pm, dm, steps)), [pm, dm],
                 "none"))
+        if MIN_PD_VLLM in need:
+            # pd-vllm's own mocks: the same pulls and side channel, so the
+            # pair differs only in the filter.
+            pm, dm = engine_mocks("vllm")
+            add(MIN_PD_VLLM, lambda pm=pm, dm=dm: Target(MIN_PD_VLLM, *start_envoy(
+                procs, a.envoy, MIN_PD_VLLM, min_pd_envoy(a.min_wasm, pm, dm, "vllm")),
+                [pm, dm], "pulled"))
 
         # Each peer runs once; its standalone config and its gateway stack
         # (e) share it (only the one being measured gets traffic).
@@ -1096,6 +1160,16 @@ def main() -> int:
                                     profiles[(name, s, conc)] = shares
                                     log(f"      perf {name} {s} c={conc}: " + ", ".join(
                                         f"{where} {pct:.1f}%" for pct, where in shares[:6]))
+                            if a.syscalls and rep == 0:
+                                # Also an extra cell: the tracepoints cost
+                                # the router CPU.
+                                out = scratch / f"stat-{name}-{s}-c{conc}.txt"
+                                r0 = run_cell(a.loadgen, t, body_files[s], conc, a.duration,
+                                              a.warmup, out, stat=True)
+                                n = r0.get("completed") or 0
+                                if out.exists() and n:
+                                    log(f"      per request, {name} {s} c={conc}: " + ", ".join(
+                                        f"{k} {v / n:.2f}" for k, v in perf_counts(out).items()))
                             r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup)
                         except Exception as e:  # noqa: BLE001 - keep the rest going
                             r = {"completed": 0, "errors": None, "first_error": str(e)[:300]}

@@ -9,9 +9,19 @@
 //! request body and the prefill's answer with serde_json; `json,edit` also
 //! sends new bodies, as an engine's hand-off does: the prefill's with two
 //! members appended, the decode's with the prefill's answer appended.
+//! `vllm` is the least a vLLM (NIXL) PD filter must do, for the vLLM
+//! mocks: `kv_transfer_params` with `do_remote_decode` on the prefill, and
+//! the prefill answer's `kv_transfer_params` (found by parsing the answer)
+//! on the decode.
+//! `KIND*N` (e.g. `clock*100`) makes N extra host calls of one kind per
+//! request, at the body: what one call of that kind costs Envoy and V8, read
+//! as (CPU per request - min-pd's) / N. Kinds: `clock` (the time), `get` and
+//! `set` (a 56-byte shared-data record, as pd-router's load table), `counter`
+//! and `histogram` (one stat update), `header` (a request header written),
+//! `headers` (the request header map read whole).
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -23,16 +33,47 @@ proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(Root::default()) });
 }}
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct Steps {
     json: bool,
     edit: bool,
+    vllm: bool,
+    calls: Vec<(Call, u32)>,
 }
+
+#[derive(Clone, Copy)]
+enum Call {
+    Clock,
+    Get,
+    Set,
+    Counter,
+    Histogram,
+    Header,
+    Headers,
+}
+
+impl Call {
+    fn of(name: &str) -> Option<Call> {
+        Some(match name {
+            "clock" => Call::Clock,
+            "get" => Call::Get,
+            "set" => Call::Set,
+            "counter" => Call::Counter,
+            "histogram" => Call::Histogram,
+            "header" => Call::Header,
+            "headers" => Call::Headers,
+            _ => return None,
+        })
+    }
+}
+
+const SHARED_KEY: &str = "min_pd.record";
 
 #[derive(Default)]
 struct Root {
     pods: Rc<(String, String)>,
-    steps: Steps,
+    steps: Rc<Steps>,
+    metrics: Rc<(u32, u32)>,
 }
 
 impl Context for Root {}
@@ -49,17 +90,36 @@ impl RootContext for Root {
         }
         let steps = cfg.remove("steps").unwrap_or_default();
         let has = |s: &str| steps.split(',').any(|x| x == s);
-        self.steps = Steps {
+        let mut calls = Vec::new();
+        for item in steps.split(',').filter(|x| x.contains('*')) {
+            let (kind, n) = item.split_once('*').unwrap_or_default();
+            match (Call::of(kind), n.parse::<u32>()) {
+                (Some(c), Ok(n)) => calls.push((c, n)),
+                _ => return false,
+            }
+        }
+        if !calls.is_empty() {
+            let define = |t, name| proxy_wasm::hostcalls::define_metric(t, name).unwrap_or(0);
+            self.metrics = Rc::new((
+                define(MetricType::Counter, "min_pd.calls"),
+                define(MetricType::Histogram, "min_pd.values"),
+            ));
+            let _ = self.set_shared_data(SHARED_KEY, Some(&[7u8; 56]), None);
+        }
+        self.steps = Rc::new(Steps {
             json: has("json") || has("edit"),
             edit: has("edit"),
-        };
+            vllm: has("vllm"),
+            calls,
+        });
         true
     }
 
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Stream {
             pods: self.pods.clone(),
-            steps: self.steps,
+            steps: self.steps.clone(),
+            metrics: self.metrics.clone(),
             body: Vec::new(),
         }))
     }
@@ -71,7 +131,8 @@ impl RootContext for Root {
 
 struct Stream {
     pods: Rc<(String, String)>,
-    steps: Steps,
+    steps: Rc<Steps>,
+    metrics: Rc<(u32, u32)>,
     body: Vec<u8>,
 }
 
@@ -95,6 +156,41 @@ fn appended(object: &[u8], members: &[&[u8]]) -> Vec<u8> {
 }
 
 impl Stream {
+    /// The extra host calls of `KIND*N` steps; what they return is dropped
+    /// (black-boxed so the calls stay).
+    fn extra_calls(&mut self) {
+        use proxy_wasm::hostcalls as h;
+        for (call, n) in self.steps.calls.iter() {
+            for i in 0..*n {
+                match call {
+                    Call::Clock => {
+                        std::hint::black_box(h::get_current_time().ok());
+                    }
+                    Call::Get => {
+                        std::hint::black_box(h::get_shared_data(SHARED_KEY).ok());
+                    }
+                    Call::Set => {
+                        std::hint::black_box(h::set_shared_data(SHARED_KEY, Some(&[i as u8; 56]), None).ok());
+                    }
+                    Call::Counter => {
+                        std::hint::black_box(h::increment_metric(self.metrics.0, 1).ok());
+                    }
+                    Call::Histogram => {
+                        std::hint::black_box(h::record_metric(self.metrics.1, u64::from(i)).ok());
+                    }
+                    Call::Header => {
+                        std::hint::black_box(
+                            h::set_map_value(MapType::HttpRequestHeaders, "x-min-pd", Some("1")).ok(),
+                        );
+                    }
+                    Call::Headers => {
+                        std::hint::black_box(h::get_map_bytes(MapType::HttpRequestHeaders).ok());
+                    }
+                }
+            }
+        }
+    }
+
     fn fail(&self, why: &str) -> Action {
         let body = format!("min-pd: {why}");
         self.send_http_response(502, vec![], Some(body.as_bytes()));
@@ -116,16 +212,19 @@ impl HttpContext for Stream {
         if !end_of_stream {
             return Action::Pause; // Envoy buffers until the end of the stream
         }
+        self.extra_calls();
         self.body = self.get_http_request_body(0, size).unwrap_or_default();
         if self.steps.json && !valid_json(&self.body) {
             return self.fail("the body is not JSON");
         }
-        let prefill = if self.steps.edit {
+        let prefill = if self.steps.vllm {
+            appended(&self.body, &[br#","kv_transfer_params":{"do_remote_decode":true}"#])
+        } else if self.steps.edit {
             appended(&self.body, &[br#","user":"min-pd","seed":1"#])
         } else {
             Vec::new()
         };
-        let prefill_body = if self.steps.edit {
+        let prefill_body = if self.steps.edit || self.steps.vllm {
             &prefill
         } else {
             &self.body
@@ -162,7 +261,20 @@ impl Context for Stream {
             return;
         }
         let mut body = std::mem::take(&mut self.body);
-        if self.steps.json {
+        if self.steps.vllm {
+            let answer = self
+                .get_http_call_response_body(0, size)
+                .unwrap_or_default();
+            let params = serde_json::from_slice::<serde_json::Value>(&answer)
+                .ok()
+                .and_then(|mut v| v.get_mut("kv_transfer_params").map(|p| p.take()))
+                .and_then(|p| serde_json::to_vec(&p).ok());
+            let Some(params) = params else {
+                self.fail("the prefill's answer has no kv_transfer_params");
+                return;
+            };
+            body = appended(&body, &[br#","kv_transfer_params":"#, &params]);
+        } else if self.steps.json {
             let answer = self
                 .get_http_call_response_body(0, size)
                 .unwrap_or_default();
