@@ -18,15 +18,83 @@ use pd_router::flow::Flow;
 use pd_router::host::{Action, Counter, Histogram, Host, Level, PodEvent, Telemetry};
 use pd_router::pods::{CallbackReads, MemoryStore, SetError, SharedStore};
 use pd_router::router::Router;
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-#[derive(Default)]
+/// Counts the VM's allocations (and reallocations) while `COUNTING` is set:
+/// the flow's, and the buffers the SDK would allocate for what a host call
+/// returns (here the counting host's copies), but not the host's own state.
+struct CountingAlloc;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static ALLOC_BYTES: AtomicU64 = AtomicU64::new(0);
+
+fn counted(bytes: usize) {
+    if COUNTING.load(Relaxed) {
+        ALLOCS.fetch_add(1, Relaxed);
+        ALLOC_BYTES.fetch_add(bytes as u64, Relaxed);
+    }
+}
+
+// SAFETY: every call goes straight to the system allocator; counting
+// touches only atomics.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        counted(layout.size());
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        counted(new_size);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: CountingAlloc = CountingAlloc;
+
+/// Runs host-side work (Envoy's shared-data store) uncounted.
+fn host_side<T>(f: impl FnOnce() -> T) -> T {
+    let was = COUNTING.swap(false, Relaxed);
+    let v = f();
+    COUNTING.store(was, Relaxed);
+    v
+}
+
 struct Counts {
-    calls: BTreeMap<&'static str, u64>,
+    /// By kind; room for every kind made up front, so counting allocates
+    /// nothing while the flow runs.
+    calls: Vec<(&'static str, u64)>,
     bytes_in: u64,
     bytes_out: u64,
+    allocs: u64,
+    alloc_bytes: u64,
+}
+
+impl Default for Counts {
+    fn default() -> Counts {
+        Counts {
+            calls: Vec::with_capacity(64),
+            bytes_in: 0,
+            bytes_out: 0,
+            allocs: 0,
+            alloc_bytes: 0,
+        }
+    }
+}
+
+impl Counts {
+    fn get(&self, what: &str) -> Option<u64> {
+        self.calls.iter().find(|(k, _)| *k == what).map(|(_, n)| *n)
+    }
 }
 
 /// A host that answers like Envoy would and counts.
@@ -57,7 +125,11 @@ impl CountingHost {
     }
 
     fn count(&self, what: &'static str) {
-        *self.counts.borrow_mut().calls.entry(what).or_default() += 1;
+        let mut c = self.counts.borrow_mut();
+        match c.calls.iter_mut().find(|(k, _)| *k == what) {
+            Some((_, n)) => *n += 1,
+            None => c.calls.push((what, 1)),
+        }
     }
     fn copied_in(&self, n: usize) {
         self.counts.borrow_mut().bytes_in += n as u64;
@@ -71,6 +143,7 @@ impl SharedStore for CountingHost {
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         self.reads.get(key, || {
             self.count("shared data get");
+            // The value as the SDK hands it over: one buffer in the VM.
             let v = self.shared.borrow().shared_get(key);
             self.copied_in(v.0.as_ref().map_or(0, Vec::len));
             v
@@ -80,7 +153,7 @@ impl SharedStore for CountingHost {
         self.count("shared data set");
         self.reads.wrote(key);
         self.copied_out(value.len());
-        self.shared.borrow_mut().shared_set(key, value, cas)
+        host_side(|| self.shared.borrow_mut().shared_set(key, value, cas))
     }
 }
 
@@ -260,6 +333,9 @@ fn one_request(router: &Rc<Router>, engine: &str) -> Counts {
         response: br#"{"id":"d","choices":[{"index":0,"message":{"content":"A b c d"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"total_tokens":13,"completion_tokens":4,"prompt_tokens_details":null}}"#.to_vec(),
         ..CountingHost::default()
     };
+    ALLOCS.store(0, Relaxed);
+    ALLOC_BYTES.store(0, Relaxed);
+    COUNTING.store(true, Relaxed);
     let mut flow = Flow::new(Rc::clone(router));
     let mut callbacks = 0;
     callbacks += 1;
@@ -287,12 +363,16 @@ fn one_request(router: &Rc<Router>, engine: &str) -> Counts {
     }
     callbacks += 1;
     flow.on_stream_end(host.callback());
+    drop(flow);
+    COUNTING.store(false, Relaxed);
     // Envoy also creates the context and calls on_done/on_delete: 3 more.
     callbacks += 3;
     let mut counts = host.counts.into_inner();
     counts
         .calls
-        .insert(" wasm callbacks (into the VM)", callbacks);
+        .push((" wasm callbacks (into the VM)", callbacks));
+    counts.allocs = ALLOCS.load(Relaxed);
+    counts.alloc_bytes = ALLOC_BYTES.load(Relaxed);
     counts
 }
 
@@ -303,7 +383,7 @@ fn main() {
     let counts: Vec<Counts> = engines.iter().map(|e| one_request(&router, e)).collect();
     let mut kinds: Vec<&str> = counts
         .iter()
-        .flat_map(|c| c.calls.keys().copied())
+        .flat_map(|c| c.calls.iter().map(|(k, _)| *k))
         .collect();
     kinds.sort();
     kinds.dedup();
@@ -318,7 +398,7 @@ fn main() {
     for k in &kinds {
         print!("{:<34}", k.trim_start());
         for c in &counts {
-            print!("{:>9}", c.calls.get(k).copied().unwrap_or(0));
+            print!("{:>9}", c.get(k).unwrap_or(0));
         }
         println!();
     }
@@ -342,6 +422,16 @@ fn main() {
     print!("{:<34}", "bytes out of the VM");
     for c in &counts {
         print!("{:>9}", c.bytes_out);
+    }
+    println!();
+    print!("{:<34}", "VM allocations");
+    for c in &counts {
+        print!("{:>9}", c.allocs);
+    }
+    println!();
+    print!("{:<34}", "bytes allocated in the VM");
+    for c in &counts {
+        print!("{:>9}", c.alloc_bytes);
     }
     println!();
     println!("Not counted: the SDK's own calls around each callback (e.g. reading a callback's arguments).");

@@ -81,7 +81,7 @@ fn derive_edits(
             _ => u.arbitrary::<String>()?,
         };
         if u.ratio(1, 3)? {
-            edits.remove(&key);
+            edits.remove(key.clone());
             put(model, key, None);
             continue;
         }
@@ -99,18 +99,18 @@ fn derive_edits(
         // the member must end up with.
         let stored = match value.as_str() {
             "true" | "false" => {
-                edits.set_bool(&key, value == "true");
+                edits.set_bool(key.clone(), value == "true");
                 value
             }
             v if v.parse::<u64>().is_ok_and(|n| n.to_string() == v) => {
-                edits.set_u64(&key, v.parse().unwrap());
+                edits.set_u64(key.clone(), v.parse().unwrap());
                 value
             }
             // A string serde_json can decode (an existing member's may hold
             // a lone surrogate escape, which the router's parse lets through).
             v if v.starts_with('"') && serde_json::from_str::<String>(v).is_ok() => {
                 let s: String = serde_json::from_str(v).unwrap();
-                edits.set_str(&key, &s);
+                edits.set_str(key.clone(), &s);
                 let mut out = Vec::new();
                 push_json_str(&mut out, &s);
                 let out = String::from_utf8(out).expect("push_json_str keeps UTF-8");
@@ -121,7 +121,7 @@ fn derive_edits(
                 out
             }
             _ => {
-                edits.set_raw(&key, value.clone());
+                edits.set_raw(key.clone(), value.clone());
                 value
             }
         };
@@ -161,7 +161,7 @@ fuzz_target!(|data: &[u8]| {
         &mut model,
     );
     for (k, op) in &model {
-        let want = op.clone().map(Op::Set).unwrap_or(Op::Remove);
+        let want = op.clone().map(|v| Op::Set(v.into())).unwrap_or(Op::Remove);
         assert_eq!(edits.get(k), Some(&want), "Edits::get({k:?})");
     }
 

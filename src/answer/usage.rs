@@ -82,7 +82,7 @@ fn set_in_usage(usage: &[u8], cached: u64) -> Option<Vec<u8>> {
             }
             Some(())
         })?;
-        edits.set_raw(details, String::from_utf8(new).ok()?);
+        edits.set_raw(*details, String::from_utf8(new).ok()?);
         Some(())
     })
 }

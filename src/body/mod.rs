@@ -361,7 +361,7 @@ impl fmt::Display for SourceMismatch {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
     /// Replace (or append) with this raw JSON text.
-    Set(String),
+    Set(Cow<'static, str>),
     /// Replace (or append) with the raw JSON text at this span of the
     /// second source given to [`TopLevel::render_with`]: large values (the
     /// prompt's token ids) move from the answer to the body in one copy.
@@ -377,7 +377,8 @@ pub enum Op {
 /// Top-level edits for one leg, applied by [`TopLevel::render`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edits {
-    ops: Vec<(String, Op)>,
+    /// Keys and values are mostly literals: borrowed, not allocated.
+    ops: Vec<(Cow<'static, str>, Op)>,
 }
 
 impl Edits {
@@ -390,33 +391,42 @@ impl Edits {
     }
 
     /// Sets `key` to raw JSON `value`; the caller guarantees it is valid JSON.
-    pub fn set_raw(&mut self, key: &str, value: impl Into<String>) {
+    pub fn set_raw(
+        &mut self,
+        key: impl Into<Cow<'static, str>>,
+        value: impl Into<Cow<'static, str>>,
+    ) {
         self.put(key, Op::Set(value.into()));
     }
 
     /// Sets `key` to the raw JSON at `span` of `source`, which
     /// [`TopLevel::render_with`] must then be given beside the body.
-    pub fn copy_from(&mut self, key: &str, source: &[u8], span: Range<usize>) {
+    pub fn copy_from(
+        &mut self,
+        key: impl Into<Cow<'static, str>>,
+        source: &[u8],
+        span: Range<usize>,
+    ) {
         let source_len = source.len();
         self.put(key, Op::Copy { span, source_len });
     }
 
-    pub fn set_str(&mut self, key: &str, value: &str) {
+    pub fn set_str(&mut self, key: impl Into<Cow<'static, str>>, value: &str) {
         let mut v = Vec::with_capacity(value.len() + 2);
         push_json_str(&mut v, value);
         // push_json_str only emits valid UTF-8 from valid UTF-8 input.
         self.set_raw(key, String::from_utf8_lossy(&v).into_owned());
     }
 
-    pub fn set_u64(&mut self, key: &str, value: u64) {
+    pub fn set_u64(&mut self, key: impl Into<Cow<'static, str>>, value: u64) {
         self.set_raw(key, value.to_string());
     }
 
-    pub fn set_bool(&mut self, key: &str, value: bool) {
+    pub fn set_bool(&mut self, key: impl Into<Cow<'static, str>>, value: bool) {
         self.set_raw(key, if value { "true" } else { "false" });
     }
 
-    pub fn remove(&mut self, key: &str) {
+    pub fn remove(&mut self, key: impl Into<Cow<'static, str>>) {
         self.put(key, Op::Remove);
     }
 
@@ -424,10 +434,11 @@ impl Edits {
         self.ops.iter().find(|(k, _)| k == key).map(|(_, op)| op)
     }
 
-    fn put(&mut self, key: &str, op: Op) {
-        match self.ops.iter_mut().find(|(k, _)| k == key) {
+    fn put(&mut self, key: impl Into<Cow<'static, str>>, op: Op) {
+        let key = key.into();
+        match self.ops.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = op,
-            None => self.ops.push((key.to_owned(), op)),
+            None => self.ops.push((key, op)),
         }
     }
 }

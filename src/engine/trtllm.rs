@@ -105,9 +105,10 @@ impl EngineHandler for TrtllmHandler {
                 decode.set_header(super::trt_auth::HEADER, signature);
             }
         }
-        decode
-            .body
-            .set_raw("disaggregated_params", String::from_utf8_lossy(&params));
+        decode.body.set_raw(
+            "disaggregated_params",
+            String::from_utf8_lossy(&params).into_owned(),
+        );
 
         // Older chat endpoints do not echo the prompt's token ids; the
         // generation server then tokenises the prompt itself (TensorRT-LLM's

@@ -182,27 +182,31 @@ impl Flow {
             }
         }
         self.head.chunked = headers.iter().any(|(k, _)| k == "transfer-encoding");
-        let header = |name: &str| {
+        let raw = |name: &str| {
             headers
                 .iter()
                 .find(|(k, _)| k == name)
-                .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+                .map(|(_, v)| v.as_slice())
         };
+        let header = |name: &str| raw(name).map(|v| String::from_utf8_lossy(v).into_owned());
         self.timing.started_ms = host.now_ms();
         self.head.id = header("x-request-id").unwrap_or_default();
         self.head.path = header(":path").unwrap_or_default();
-        let method = header(":method").unwrap_or_default();
+        let method = raw(":method").unwrap_or_default();
 
         let Some(api) = Api::from_path(&self.head.path) else {
             return self.forward_unsplit(host);
         };
-        if method != "POST" {
+        if method != b"POST" {
+            let method = String::from_utf8_lossy(method).into_owned();
             return self.fail(host, ClientError::MethodNotAllowed(method).into());
         }
         if end_of_stream {
             return self.fail(host, BodyError::Empty.into());
         }
-        let declared = header("content-length").and_then(|l| l.trim().parse::<u64>().ok());
+        let declared = raw("content-length")
+            .and_then(|l| std::str::from_utf8(l).ok())
+            .and_then(|l| l.trim().parse::<u64>().ok());
         if declared.is_some_and(|n| n > config.max_body_bytes as u64) {
             let limit = config.max_body_bytes;
             return self.fail(host, ClientError::TooLarge { limit }.into());

@@ -15,9 +15,14 @@ impl SharedKeys {
         }
     }
 
-    /// One model's pod load and health.
-    pub fn load(&self, model: ModelId) -> String {
-        format!("{}.load.{model}", self.prefix)
+    /// One model's pod load and health (read and written on every request:
+    /// built without allocating).
+    pub fn load(&self, model: ModelId) -> Key {
+        let mut k = Key::new();
+        k.push(self.prefix.as_bytes());
+        k.push(b".load.");
+        k.push_hex16(model.0);
+        k
     }
 
     /// Every pod's scraped metrics.
@@ -57,9 +62,100 @@ impl SharedKeys {
         format!("{}.bootstrap_lease", self.prefix)
     }
 
-    /// One slot of the prefix table.
-    pub fn prefix_slot(&self, slot: u32) -> String {
-        format!("{}.pfx.{slot}", self.prefix)
+    /// One slot of the prefix table (several per request: built without
+    /// allocating).
+    pub fn prefix_slot(&self, slot: u32) -> Key {
+        let mut k = Key::new();
+        k.push(self.prefix.as_bytes());
+        k.push(b".pfx.");
+        k.push_decimal(slot);
+        k
+    }
+}
+
+/// Longest key kept inline: the prefix (`pd_router.` and a 16-digit
+/// fingerprint) and the longest suffix fit with room to spare.
+const INLINE: usize = 64;
+
+/// A shared-data key built on the stack, on the heap only if it outgrows
+/// [`INLINE`] bytes. Always ASCII.
+pub struct Key {
+    inline: [u8; INLINE],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl Key {
+    fn new() -> Key {
+        Key {
+            inline: [0; INLINE],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() {
+            if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
+                room.copy_from_slice(bytes);
+                self.len += bytes.len();
+                return;
+            }
+            self.heap
+                .extend_from_slice(self.inline.get(..self.len).unwrap_or_default());
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+
+    /// As `{:016x}`.
+    fn push_hex16(&mut self, v: u64) {
+        let mut digits = [0u8; 16];
+        for (i, d) in digits.iter_mut().enumerate() {
+            let nibble = (v >> (60 - 4 * i)) & 0xf;
+            *d = b"0123456789abcdef"
+                .get(nibble as usize)
+                .copied()
+                .unwrap_or(b'0');
+        }
+        self.push(&digits);
+    }
+
+    /// As `{}`.
+    fn push_decimal(&mut self, v: u32) {
+        let mut digits = [0u8; 10];
+        let mut n = v;
+        let mut start = digits.len();
+        loop {
+            start -= 1;
+            if let Some(d) = digits.get_mut(start) {
+                *d = b'0' + (n % 10) as u8;
+            }
+            n /= 10;
+            if n == 0 || start == 0 {
+                break;
+            }
+        }
+        self.push(digits.get(start..).unwrap_or_default());
+    }
+}
+
+impl std::ops::Deref for Key {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        let bytes = if self.heap.is_empty() {
+            self.inline.get(..self.len).unwrap_or_default()
+        } else {
+            &self.heap
+        };
+        // Only ASCII is ever pushed (the prefix is `pd_router.` and hex).
+        std::str::from_utf8(bytes).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self)
     }
 }
 
@@ -67,3 +163,38 @@ impl SharedKeys {
 /// configuration: a reload must not hand a new VM the slot of one still
 /// running.
 pub const WORKER_SLOTS_KEY: &str = "pd_router.worker_slots";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_read_as_their_formatted_names() {
+        let k = SharedKeys::new("00ff00ff00ff00ff");
+        assert_eq!(
+            &*k.load(ModelId(0x2a35_a700_dfc7_594c)),
+            "pd_router.00ff00ff00ff00ff.load.2a35a700dfc7594c"
+        );
+        assert_eq!(
+            &*k.load(ModelId(1)),
+            "pd_router.00ff00ff00ff00ff.load.0000000000000001"
+        );
+        for slot in [0u32, 7, 10, 468, 13370, u32::MAX] {
+            assert_eq!(
+                &*k.prefix_slot(slot),
+                format!("pd_router.00ff00ff00ff00ff.pfx.{slot}")
+            );
+        }
+    }
+
+    #[test]
+    fn a_long_prefix_goes_to_the_heap_intact() {
+        let fp = "f".repeat(80);
+        let k = SharedKeys::new(&fp);
+        assert_eq!(&*k.prefix_slot(42), format!("pd_router.{fp}.pfx.42"));
+        assert_eq!(
+            &*k.load(ModelId(u64::MAX)),
+            format!("pd_router.{fp}.load.ffffffffffffffff")
+        );
+    }
+}

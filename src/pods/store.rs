@@ -58,7 +58,9 @@ where
 #[derive(Debug, Default)]
 pub struct CallbackReads {
     clock_us: std::cell::Cell<Option<u64>>,
-    records: std::cell::RefCell<std::collections::HashMap<String, Record>>,
+    /// At most a few per callback: a list, searched in order, keeps its
+    /// room from one callback to the next and hashes nothing.
+    records: std::cell::RefCell<Vec<(String, Record)>>,
 }
 
 /// A shared-data value and its CAS token, as read.
@@ -91,17 +93,17 @@ impl CallbackReads {
     }
 
     pub fn get(&self, key: &str, read: impl FnOnce() -> Record) -> Record {
-        if let Some(v) = self.records.borrow().get(key) {
+        if let Some((_, v)) = self.records.borrow().iter().find(|(k, _)| k == key) {
             return v.clone();
         }
         let v = read();
-        self.records.borrow_mut().insert(key.to_owned(), v.clone());
+        self.records.borrow_mut().push((key.to_owned(), v.clone()));
         v
     }
 
     /// A write to `key` (whatever its outcome, its CAS moved or is not ours).
     pub fn wrote(&mut self, key: &str) {
-        self.records.get_mut().remove(key);
+        self.records.get_mut().retain(|(k, _)| k != key);
     }
 }
 

@@ -40,9 +40,10 @@ impl KvTransferAgent for Nixl {
         match kv_transfer_params(answer, answer_top)? {
             None => Ok(Handoff::Missing),
             Some(raw) => {
-                decode
-                    .body
-                    .set_raw("kv_transfer_params", String::from_utf8_lossy(raw));
+                decode.body.set_raw(
+                    "kv_transfer_params",
+                    String::from_utf8_lossy(raw).into_owned(),
+                );
                 Ok(Handoff::Relayed)
             }
         }

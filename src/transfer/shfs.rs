@@ -43,9 +43,10 @@ impl KvTransferAgent for Shfs {
         let rewritten = params
             .render(raw, &edit)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        decode
-            .body
-            .set_raw("kv_transfer_params", String::from_utf8_lossy(&rewritten));
+        decode.body.set_raw(
+            "kv_transfer_params",
+            String::from_utf8_lossy(&rewritten).into_owned(),
+        );
         Ok(Handoff::Relayed)
     }
 }
