@@ -22,6 +22,7 @@ pub mod fleet;
 pub mod flow;
 pub mod handoff;
 pub mod host;
+pub mod inline_str;
 pub mod metrics;
 pub mod pods;
 pub mod router;

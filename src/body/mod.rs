@@ -8,6 +8,7 @@
 //! members, and a new body is produced by splicing: kept members are copied
 //! verbatim, edited members get a new value in place, new members are appended.
 
+use crate::inline_str::InlineStr;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::borrow::Cow;
@@ -48,7 +49,8 @@ impl fmt::Display for BodyError {
 /// One top-level member: where its key and value sit in the source.
 #[derive(Debug, Clone)]
 struct Member {
-    key: String,
+    /// Member names are short: kept inline, not allocated.
+    key: InlineStr<32>,
     /// Just after the previous member's value (or after `{`): removing a
     /// non-first member deletes from here, taking its leading comma with it.
     lead_start: usize,
@@ -174,7 +176,7 @@ impl TopLevel {
                     .and_then(|gap| gap.iter().position(|b| *b == b'"'))
                     .unwrap_or(0);
             members.push(Member {
-                key: key.0.into_owned(),
+                key: InlineStr::from(key.0.as_ref()),
                 lead_start,
                 key_start,
                 value: start..end,

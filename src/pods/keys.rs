@@ -2,6 +2,7 @@
 //! fingerprint, so a reloaded configuration never reads another one's state.
 
 use crate::fleet::ModelId;
+use crate::inline_str::InlineStr;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedKeys {
@@ -18,9 +19,8 @@ impl SharedKeys {
     /// One model's pod load and health (read and written on every request:
     /// built without allocating).
     pub fn load(&self, model: ModelId) -> Key {
-        let mut k = Key::new();
-        k.push(self.prefix.as_bytes());
-        k.push(b".load.");
+        let mut k = Key::from(self.prefix.as_str());
+        k.push_str(".load.");
         k.push_hex16(model.0);
         k
     }
@@ -65,99 +65,16 @@ impl SharedKeys {
     /// One slot of the prefix table (several per request: built without
     /// allocating).
     pub fn prefix_slot(&self, slot: u32) -> Key {
-        let mut k = Key::new();
-        k.push(self.prefix.as_bytes());
-        k.push(b".pfx.");
-        k.push_decimal(slot);
+        let mut k = Key::from(self.prefix.as_str());
+        k.push_str(".pfx.");
+        k.push_decimal(u64::from(slot));
         k
     }
 }
 
-/// Longest key kept inline: the prefix (`pd_router.` and a 16-digit
-/// fingerprint) and the longest suffix fit with room to spare.
-const INLINE: usize = 64;
-
-/// A shared-data key built on the stack, on the heap only if it outgrows
-/// [`INLINE`] bytes. Always ASCII.
-pub struct Key {
-    inline: [u8; INLINE],
-    len: usize,
-    heap: Vec<u8>,
-}
-
-impl Key {
-    fn new() -> Key {
-        Key {
-            inline: [0; INLINE],
-            len: 0,
-            heap: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        if self.heap.is_empty() {
-            if let Some(room) = self.inline.get_mut(self.len..self.len + bytes.len()) {
-                room.copy_from_slice(bytes);
-                self.len += bytes.len();
-                return;
-            }
-            self.heap
-                .extend_from_slice(self.inline.get(..self.len).unwrap_or_default());
-        }
-        self.heap.extend_from_slice(bytes);
-    }
-
-    /// As `{:016x}`.
-    fn push_hex16(&mut self, v: u64) {
-        let mut digits = [0u8; 16];
-        for (i, d) in digits.iter_mut().enumerate() {
-            let nibble = (v >> (60 - 4 * i)) & 0xf;
-            *d = b"0123456789abcdef"
-                .get(nibble as usize)
-                .copied()
-                .unwrap_or(b'0');
-        }
-        self.push(&digits);
-    }
-
-    /// As `{}`.
-    fn push_decimal(&mut self, v: u32) {
-        let mut digits = [0u8; 10];
-        let mut n = v;
-        let mut start = digits.len();
-        loop {
-            start -= 1;
-            if let Some(d) = digits.get_mut(start) {
-                *d = b'0' + (n % 10) as u8;
-            }
-            n /= 10;
-            if n == 0 || start == 0 {
-                break;
-            }
-        }
-        self.push(digits.get(start..).unwrap_or_default());
-    }
-}
-
-impl std::ops::Deref for Key {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        let bytes = if self.heap.is_empty() {
-            self.inline.get(..self.len).unwrap_or_default()
-        } else {
-            &self.heap
-        };
-        // Only ASCII is ever pushed (the prefix is `pd_router.` and hex).
-        std::str::from_utf8(bytes).unwrap_or_default()
-    }
-}
-
-impl std::fmt::Debug for Key {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self)
-    }
-}
+/// A key built on the stack: the prefix (`pd_router.` and a 16-digit
+/// fingerprint) and the longest suffix fit in 64 bytes with room to spare.
+pub type Key = InlineStr<64>;
 
 /// The counter that hands each worker VM its TensorRT-LLM id slot. Not per
 /// configuration: a reload must not hand a new VM the slot of one still
