@@ -52,9 +52,10 @@ pub fn block_hashes(prompt: &[u8], seed: u64, block_bytes: usize, max_blocks: us
     let mut out = Vec::with_capacity((prompt.len() / block_bytes).min(max_blocks));
     let mut h = seed;
     for block in prompt.chunks_exact(block_bytes).take(max_blocks) {
-        // Chained: a block's hash names the whole prefix up to it. XXH3 is a
-        // fixed algorithm, so every replica and VM computes the same value.
-        h = xxhash_rust::xxh3::xxh3_64_with_seed(block, h);
+        // Chained: a block's hash names the whole prefix up to it. XXH64 is a
+        // fixed algorithm, so every replica and VM of one release computes
+        // the same value (a release that changes it moves prefixes once).
+        h = xxhash_rust::xxh64::xxh64(block, h);
         out.push(h);
     }
     out
