@@ -582,7 +582,7 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
             _, perf_err = perf.communicate(timeout=duration + 60)
             if perf.returncode != 0:
                 perf_data.unlink(missing_ok=True)
-                log(f"      perf record failed ({perf.returncode}): {perf_err.strip()[-200:]}")
+                log(f"      perf {what[0]} failed ({perf.returncode}): {perf_err.strip()[-200:]}")
         out, err = p.communicate(timeout=warmup + duration + 60)
     except subprocess.TimeoutExpired:
         raise RuntimeError("loadgen or perf did not finish") from None
@@ -907,7 +907,7 @@ def main() -> int:
     ap.add_argument("--syscalls", action="store_true",
                     help="also count each router's system calls and context switches per "
                          "request (`perf stat` tracepoints) in an extra cell of the first "
-                         "repetition")
+                         "repetition; for envoy+<peer>, Envoy's alone")
     ap.add_argument("--perf", type=Path, default=None,
                     help="also sample each router with `perf record` in the first repetition "
                          "(files into this directory) and print where its CPU went by object")
