@@ -215,8 +215,10 @@ fn vllm_mooncake_pins_the_prefill_rank_and_names_its_engine() {
 
 #[test]
 fn mooncake_prefill_waits_until_its_query_answers_and_others_serve_meanwhile() {
-    // `late` answers /query with 503 for its first 3 s, as a bootstrap
-    // server whose engines have not registered yet.
+    // `late` answers /query with 503 for its first 8 s, as a bootstrap
+    // server whose engines have not registered yet. The window must outlast
+    // Envoy's start and the first requests on a loaded machine (3 s did
+    // not, once in CI).
     let late = Mock::start(
         "late",
         &[
@@ -227,7 +229,7 @@ fn mooncake_prefill_waits_until_its_query_answers_and_others_serve_meanwhile() {
             "--connector",
             "mooncake",
             "--query-unavailable-ms",
-            "3000",
+            "8000",
         ],
     );
     let ready = Mock::start(
