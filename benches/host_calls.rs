@@ -409,31 +409,18 @@ fn main() {
             .map(|(_, v)| v)
             .sum::<u64>()
     };
-    print!("{:<34}", "host calls (total)");
-    for c in &counts {
-        print!("{:>9}", total(c));
-    }
-    println!();
-    print!("{:<34}", "bytes into the VM");
-    for c in &counts {
-        print!("{:>9}", c.bytes_in);
-    }
-    println!();
-    print!("{:<34}", "bytes out of the VM");
-    for c in &counts {
-        print!("{:>9}", c.bytes_out);
-    }
-    println!();
-    print!("{:<34}", "VM allocations");
-    for c in &counts {
-        print!("{:>9}", c.allocs);
-    }
-    println!();
-    print!("{:<34}", "bytes allocated in the VM");
-    for c in &counts {
-        print!("{:>9}", c.alloc_bytes);
-    }
-    println!();
+    let row = |label: &str, value: &dyn Fn(&Counts) -> u64| {
+        print!("{label:<34}");
+        for c in &counts {
+            print!("{:>9}", value(c));
+        }
+        println!();
+    };
+    row("host calls (total)", &total);
+    row("bytes into the VM", &|c| c.bytes_in);
+    row("bytes out of the VM", &|c| c.bytes_out);
+    row("VM allocations", &|c| c.allocs);
+    row("bytes allocated in the VM", &|c| c.alloc_bytes);
     println!("Not counted: the SDK's own calls around each callback (e.g. reading a callback's arguments).");
     // The same request end to end through the flow, timed: the VM's share
     // of a request when this runs inside wasm (`just bench` runs it there

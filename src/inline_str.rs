@@ -3,7 +3,6 @@
 //! keys) cost no allocation. A quarter of the flow's time inside wasm was
 //! the allocator (`benches/host_calls.rs` counts allocations per request).
 
-use std::borrow::Borrow;
 use std::fmt;
 use std::ops::Deref;
 
@@ -115,12 +114,6 @@ impl<const N: usize> Deref for InlineStr<N> {
     }
 }
 
-impl<const N: usize> Borrow<str> for InlineStr<N> {
-    fn borrow(&self) -> &str {
-        self.as_str()
-    }
-}
-
 impl<const N: usize> PartialEq for InlineStr<N> {
     fn eq(&self, other: &InlineStr<N>) -> bool {
         self.as_bytes() == other.as_bytes()
@@ -144,12 +137,6 @@ impl<const N: usize> PartialEq<&str> for InlineStr<N> {
 impl<const N: usize> fmt::Debug for InlineStr<N> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self.as_str(), f)
-    }
-}
-
-impl<const N: usize> fmt::Display for InlineStr<N> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
     }
 }
 
