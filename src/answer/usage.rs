@@ -19,12 +19,35 @@ const SHAPES: [(&str, &str); 2] = [
     ("input_tokens_details", "input_tokens"),
 ];
 
+/// Every member name a usage object's counts are read from or written to.
+const USAGE_KEYS: [&str; 4] = [
+    "prompt_tokens_details",
+    "prompt_tokens",
+    "input_tokens_details",
+    "input_tokens",
+];
+
+/// Whether an object names one of `keys` twice. Clients' JSON parsers
+/// disagree on which duplicate wins (most take the last, the scanner here
+/// the first), so a count read from or written to such an object could be
+/// a different one from what the client reads: the router then leaves it
+/// alone. No engine writes duplicates; a fuzzed stream found the case.
+fn ambiguous(top: &TopLevel, keys: &[&str]) -> bool {
+    top.first_duplicate(keys).is_some()
+}
+
 /// The cached-token count a usage object states, and its prompt length.
 fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
     let top = TopLevel::parse(usage).ok()?;
+    if ambiguous(&top, &USAGE_KEYS) {
+        return None;
+    }
     SHAPES.iter().find_map(|(details, prompt)| {
         let d = object_member(&top, usage, details)?;
         let dtop = TopLevel::parse(d).ok()?;
+        if ambiguous(&dtop, &["cached_tokens"]) {
+            return None;
+        }
         let cached = u64_member(&dtop, d, "cached_tokens")?;
         Some((cached, u64_member(&top, usage, prompt)))
     })
@@ -38,11 +61,17 @@ pub fn prefill_cached_tokens(answer: &[u8]) -> Option<u64> {
 
 /// [`prefill_cached_tokens`] of an answer already parsed.
 pub fn prefill_cached_tokens_in(answer: &[u8], top: &TopLevel) -> Option<u64> {
+    if ambiguous(top, &["usage", "kv_transfer_params"]) {
+        return None;
+    }
     let from_usage = object_member(top, answer, "usage").and_then(usage_counts);
     let prompt = from_usage.and_then(|(_, p)| p);
     let cached = from_usage.map(|(c, _)| c).or_else(|| {
         let params = object_member(top, answer, "kv_transfer_params")?;
         let ptop = TopLevel::parse(params).ok()?;
+        if ambiguous(&ptop, &["remote_prefill_cached_tokens"]) {
+            return None;
+        }
         u64_member(&ptop, params, "remote_prefill_cached_tokens")
     })?;
     Some(prompt.map_or(cached, |p| cached.min(p)))
@@ -54,6 +83,9 @@ pub fn prefill_cached_tokens_in(answer: &[u8], top: &TopLevel) -> Option<u64> {
 /// without the details option reports none). `None`: nothing to change.
 pub fn set_cached_tokens(obj: &[u8], cached: u64) -> Option<Vec<u8>> {
     edit_object(obj, |top, edits| {
+        if ambiguous(top, &["usage", "response"]) {
+            return None;
+        }
         if let Some(usage) = object_member(top, obj, "usage") {
             edits.set_raw(
                 "usage",
@@ -70,12 +102,18 @@ pub fn set_cached_tokens(obj: &[u8], cached: u64) -> Option<Vec<u8>> {
 
 fn set_in_usage(usage: &[u8], cached: u64) -> Option<Vec<u8>> {
     edit_object(usage, |top, edits| {
+        if ambiguous(top, &USAGE_KEYS) {
+            return None;
+        }
         let (details, prompt) = SHAPES
             .iter()
             .find(|(d, _)| object_member(top, usage, d).is_some())?;
         let d = object_member(top, usage, details)?;
         let bound = u64_member(top, usage, prompt).map_or(cached, |p| cached.min(p));
         let new = edit_object(d, |dtop, dedits| {
+            if ambiguous(dtop, &["cached_tokens"]) {
+                return None;
+            }
             let old = u64_member(dtop, d, "cached_tokens")?;
             if old != bound {
                 dedits.set_u64("cached_tokens", bound);
@@ -140,6 +178,28 @@ mod tests {
         assert_eq!(
             out,
             r#"{"type":"response.completed","sequence_number":9,"response":{"id":"r","output":[{"x":1.50}],"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":3},"output_tokens":2}}}"#
+        );
+    }
+
+    #[test]
+    fn counts_behind_a_duplicated_name_are_left_as_the_engine_wrote_them() {
+        // Found by fuzz/sse_rewrite: the scanner read the first
+        // `prompt_tokens` as the bound, a client's parser the last.
+        let dup_prompt = br#"{"usage":{"prompt_tokens":8,"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        assert_eq!(set_cached_tokens(dup_prompt, 10), None);
+        assert_eq!(prefill_cached_tokens(dup_prompt), None);
+        let dup_cached = br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4,"cached_tokens":5}}}"#;
+        assert_eq!(set_cached_tokens(dup_cached, 2), None);
+        assert_eq!(prefill_cached_tokens(dup_cached), None);
+        let dup_usage = br#"{"usage":{"prompt_tokens":9,"prompt_tokens_details":{"cached_tokens":4}},"usage":null}"#;
+        assert_eq!(set_cached_tokens(dup_usage, 2), None);
+        assert_eq!(prefill_cached_tokens(dup_usage), None);
+        let dup_params = br#"{"kv_transfer_params":{"remote_prefill_cached_tokens":3,"remote_prefill_cached_tokens":4}}"#;
+        assert_eq!(prefill_cached_tokens(dup_params), None);
+        let unrelated = br#"{"usage":{"prompt_tokens":9,"x":1,"x":2,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        assert!(
+            set_cached_tokens(unrelated, 2).is_some(),
+            "other names may repeat"
         );
     }
 }
