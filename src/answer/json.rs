@@ -48,6 +48,15 @@ pub fn join_array<'a>(items: impl IntoIterator<Item = &'a [u8]>) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// Whether an object names one of `keys` twice. Clients' JSON parsers
+/// disagree on which duplicate wins (most take the last, the scanner here
+/// the first), so a value read from or written to such an object could be
+/// another one than the client reads: the router then leaves the object
+/// alone. No engine writes duplicates; fuzz/sse_rewrite found the case.
+pub fn ambiguous(top: &TopLevel, keys: &[&str]) -> bool {
+    top.first_duplicate(keys).is_some()
+}
+
 /// A non-negative integer member.
 pub fn u64_member(top: &TopLevel, src: &[u8], key: &str) -> Option<u64> {
     serde_json::from_slice(top.raw_non_null(src, key)?).ok()

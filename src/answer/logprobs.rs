@@ -10,7 +10,7 @@
 //! choice's own, offsets moved past the prompt (as vLLM's test proxy and
 //! vllm-router merge them, but in code points, as vLLM counts offsets).
 
-use super::json::{array_items, edit_object, join_array, object_member, u64_member};
+use super::json::{ambiguous, array_items, edit_object, join_array, object_member, u64_member};
 use crate::body::{json_string, TopLevel};
 
 /// What the client asked for.
@@ -61,6 +61,9 @@ impl PromptPart {
 
     /// [`PromptPart::of`] an answer already parsed.
     pub fn of_parsed(answer: &[u8], top: &TopLevel, asked: &PromptLogprobs) -> Option<PromptPart> {
+        if ambiguous(top, &["choices", "prompt_logprobs", "usage"]) {
+            return None;
+        }
         let raw = |t: &TopLevel, src: &[u8], k: &str| {
             t.raw_non_null(src, k)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
@@ -71,6 +74,12 @@ impl PromptPart {
             .and_then(|c| c.first().copied())
             .filter(|c| c.first() == Some(&b'{'));
         let ctop = choice0.and_then(|c| TopLevel::parse(c).ok());
+        if ctop
+            .as_ref()
+            .is_some_and(|t| ambiguous(t, &["prompt_logprobs", "logprobs"]))
+        {
+            return None;
+        }
         let mut part = PromptPart {
             top: raw(top, answer, "prompt_logprobs"),
             choice: match (&ctop, choice0) {
@@ -89,6 +98,9 @@ impl PromptPart {
     }
 }
 
+/// The members of a completions `logprobs` object an echo reads and writes.
+const LOGPROBS_KEYS: [&str; 4] = ["tokens", "token_logprobs", "top_logprobs", "text_offset"];
+
 fn echo_part(
     choice: &TopLevel,
     src: &[u8],
@@ -98,6 +110,9 @@ fn echo_part(
 ) -> Option<EchoPart> {
     let lp = object_member(choice, src, "logprobs")?;
     let lt = TopLevel::parse(lp).ok()?;
+    if ambiguous(&lt, &LOGPROBS_KEYS) {
+        return None;
+    }
     let items = |k: &str| lt.raw_non_null(lp, k).and_then(array_items);
     let tokens = items("tokens")?;
     // vLLM: one prompt_logprobs entry per prompt token; else all but the
@@ -131,6 +146,9 @@ pub fn merge(
     first: &mut dyn FnMut(u64) -> bool,
 ) -> Option<Vec<u8>> {
     edit_object(obj, |top, edits| {
+        if ambiguous(top, &["prompt_logprobs", "choices"]) {
+            return None;
+        }
         if let (Some(p), true) = (&part.top, whole) {
             if top
                 .raw_non_null(obj, "prompt_logprobs")
@@ -169,6 +187,9 @@ fn merge_choice(
     position: u64,
 ) -> Option<Vec<u8>> {
     edit_object(choice, |top, edits| {
+        if ambiguous(top, &["index", "prompt_logprobs", "text", "logprobs"]) {
+            return None;
+        }
         let index = u64_member(top, choice, "index").unwrap_or(position);
         let lead = first(index);
         if let (Some(p), true, true) = (&part.choice, whole, lead) {
@@ -195,6 +216,9 @@ fn merge_choice(
 
 fn merge_logprobs(lp: &[u8], echo: &EchoPart, lead: bool) -> Option<Vec<u8>> {
     edit_object(lp, |top, edits| {
+        if ambiguous(top, &LOGPROBS_KEYS) {
+            return None;
+        }
         if lead {
             for (key, prompt) in [
                 ("tokens", Some(&echo.tokens)),
@@ -262,6 +286,26 @@ mod tests {
             String::from_utf8(out).unwrap(),
             r#"{"id":"cmpl-d","choices":[{"index":0,"text":"Hi there! Ok","logprobs":{"text_offset":[0,2,8,9],"token_logprobs":[null,-0.5,-1.25,-2.0e-5],"tokens":["Hi"," there","!"," Ok"],"top_logprobs":[null,{" there":-0.5},{"!":-1.25},{" Ok":-2.0e-5}]},"finish_reason":"length","prompt_logprobs":[null,{"11":{"logprob":-0.5,"rank":1,"decoded_token":" there"}}]}],"usage":{"prompt_tokens":2,"completion_tokens":2}}"#
         );
+    }
+
+    #[test]
+    fn a_choice_or_answer_with_a_duplicated_name_it_reads_is_left_alone() {
+        let part = PromptPart::of(P_ECHO, &echo()).expect("part");
+        let dup_text = br#"{"choices":[{"index":0,"text":"! Ok","text":"!","logprobs":null}]}"#;
+        assert_eq!(merge(dup_text, &part, true, &mut |_| true), None);
+        let dup_tokens = br#"{"choices":[{"index":0,"logprobs":{"text_offset":[0],"tokens":["!"],"tokens":[" Ok"],"token_logprobs":[-1.25]}}]}"#;
+        let out = merge(dup_tokens, &part, true, &mut |_| true).expect("text merged");
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .contains(r#""tokens":["!"],"tokens":[" Ok"]"#),
+            "the logprobs object is kept as it was"
+        );
+        let dup_choices = br#"{"choices":[{"index":0,"text":"A"}],"choices":[]}"#;
+        assert_eq!(merge(dup_choices, &part, true, &mut |_| true), None);
+        let p =
+            String::from_utf8_lossy(P_ECHO).replace(r#""choices""#, r#""choices":[],"choices""#);
+        assert!(PromptPart::of(p.as_bytes(), &echo()).is_none());
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! `--enable-cache-report`). `/v1/responses` names them
 //! `input_tokens_details` and `input_tokens`.
 
-use super::json::{edit_object, object_member, u64_member};
+use super::json::{ambiguous, edit_object, object_member, u64_member};
 use crate::body::TopLevel;
 
 /// `(details, prompt count)` member names of a usage object.
@@ -26,15 +26,6 @@ const USAGE_KEYS: [&str; 4] = [
     "input_tokens_details",
     "input_tokens",
 ];
-
-/// Whether an object names one of `keys` twice. Clients' JSON parsers
-/// disagree on which duplicate wins (most take the last, the scanner here
-/// the first), so a count read from or written to such an object could be
-/// a different one from what the client reads: the router then leaves it
-/// alone. No engine writes duplicates; a fuzzed stream found the case.
-fn ambiguous(top: &TopLevel, keys: &[&str]) -> bool {
-    top.first_duplicate(keys).is_some()
-}
 
 /// The cached-token count a usage object states, and its prompt length.
 fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
