@@ -533,8 +533,16 @@ def perf_shares(data: Path) -> list[tuple[float, str]]:
     return sorted(((v, k) for k, v in merged.items()), reverse=True)
 
 
-# What `--syscalls` counts in the router over a cell (perf tracepoints).
-SYSCALL_EVENTS = "raw_syscalls:sys_enter,context-switches"
+# What `--syscalls` counts in the router over a cell (perf tracepoints and
+# software events), besides the bytes it reads and writes (/proc/PID/io).
+SYSCALL_EVENTS = "raw_syscalls:sys_enter,context-switches,page-faults"
+
+
+def io_bytes(pid: int) -> dict[str, int]:
+    """Bytes the process has read and written through system calls (sockets
+    included: Envoy moves them with readv/writev)."""
+    fields = dict(line.split(": ") for line in Path(f"/proc/{pid}/io").read_text().splitlines())
+    return {"bytes read": int(fields["rchar"]), "bytes written": int(fields["wchar"])}
 
 
 def perf_counts(out: Path) -> dict[str, float]:
@@ -570,6 +578,7 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
                  "-p", str(t.proc.pid), "-o", str(perf_data), "--", "sleep", str(duration)],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                 preexec_fn=_die_with_parent)
+            io0 = io_bytes(t.proc.pid) if stat else None
         if t.second is not None:
             # The load generator reads one PID: read the second process here
             # over the same window (it opens `warmup` after the start, to a
@@ -580,6 +589,9 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
             c1, w1 = proc_ticks(t.second.pid), time.monotonic()
         if perf is not None:
             _, perf_err = perf.communicate(timeout=duration + 60)
+            if io0 is not None:
+                io1 = io_bytes(t.proc.pid)
+                io = {k: io1[k] - io0[k] for k in io0}
             if perf.returncode != 0:
                 perf_data.unlink(missing_ok=True)
                 log(f"      perf {what[0]} failed ({perf.returncode}): {perf_err.strip()[-200:]}")
@@ -594,6 +606,8 @@ def run_cell(loadgen: Path, t: Target, body_file: Path, conc: int, duration: flo
     if p.returncode != 0:
         raise RuntimeError(f"loadgen exited {p.returncode}: {err.strip()[-300:]}")
     r = json.loads(out.strip().splitlines()[-1])
+    if perf is not None and stat:
+        r["io"] = io
     if t.second is not None:
         second = (c1 - c0) / CLK_TCK * (r.get("elapsed_s") or 0) / max(1e-9, w1 - w0)
         r["cpu_s_second"] = second
@@ -1168,8 +1182,9 @@ def main() -> int:
                                               a.warmup, out, stat=True)
                                 n = r0.get("completed") or 0
                                 if out.exists() and n:
+                                    counts = perf_counts(out) | r0.get("io", {})
                                     log(f"      per request, {name} {s} c={conc}: " + ", ".join(
-                                        f"{k} {v / n:.2f}" for k, v in perf_counts(out).items()))
+                                        f"{k} {v / n:.2f}" for k, v in counts.items()))
                             r = run_cell(a.loadgen, t, body_files[s], conc, a.duration, a.warmup)
                         except Exception as e:  # noqa: BLE001 - keep the rest going
                             r = {"completed": 0, "errors": None, "first_error": str(e)[:300]}
