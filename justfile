@@ -80,6 +80,10 @@ bench-e2e *ARGS: setup
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/run.py {{ARGS}}
 
+# The flow's code and data footprint per request (cachegrind; installs valgrind).
+footprint:
+    bench/footprint.sh
+
 # The full soak: 100 000 mixed requests at concurrency 64 through Envoy.
 soak: build
     PD_SOAK_REQUESTS=100000 PD_SOAK_CONCURRENCY=64 cargo test --release --test e2e soak -- --nocapture

@@ -308,6 +308,11 @@ fn prefill_answer(engine: &str) -> &'static str {
 /// call it: headers, the body in one callback, the prefill's answer,
 /// response headers, the body in one callback, the stream's end.
 fn one_request(router: &Rc<Router>, engine: &str) -> Counts {
+    request_with(router, engine, &mut |_| {})
+}
+
+/// [`one_request`], calling `before` ahead of each callback with its name.
+fn request_with(router: &Rc<Router>, engine: &str, before: &mut dyn FnMut(&'static str)) -> Counts {
     let content = "x".repeat(900);
     let body = format!(
         r#"{{"model":"{engine}","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4}}"#
@@ -339,30 +344,38 @@ fn one_request(router: &Rc<Router>, engine: &str) -> Counts {
     let mut flow = Flow::new(Rc::clone(router));
     let mut callbacks = 0;
     callbacks += 1;
+    before("request headers");
     assert_eq!(
         flow.on_request_headers(host.callback(), false),
         Action::Pause
     );
     callbacks += 1;
     let len = host.body.len();
+    before("request body");
     let sent = flow.on_request_body(host.callback(), len, true);
     if sent == Action::Pause {
         callbacks += 1;
         let n = host.call_body.len();
+        before("prefill answer");
         flow.on_prefill_response(host.callback(), 1, Some(200), n);
     }
     callbacks += 2;
+    before("response headers");
     flow.on_response_headers(host.callback());
     let n = host.response.len();
+    before("response body");
     flow.on_response_body(host.callback(), n, true);
     if sent == Action::Continue {
         // Concurrent engines: the prefill answers while the decode streams.
         callbacks += 1;
         let n = host.call_body.len();
+        before("prefill answer");
         flow.on_prefill_response(host.callback(), 1, Some(200), n);
     }
     callbacks += 1;
+    before("stream end");
     flow.on_stream_end(host.callback());
+    before("end");
     drop(flow);
     COUNTING.store(false, Relaxed);
     // Envoy also creates the context and calls on_done/on_delete: 3 more.
@@ -426,18 +439,105 @@ fn main() {
     // of a request when this runs inside wasm (`just bench` runs it there
     // too), the host's side of each call excluded.
     print!("{:<34}", "flow µs/request (counting host)");
+    let warm = knob("WARM_ITERS", 2000).max(1);
     for e in engines {
         let mut rounds: Vec<f64> = (0..5)
             .map(|_| {
                 let start = std::time::Instant::now();
-                for _ in 0..2000 {
+                for _ in 0..warm {
                     std::hint::black_box(one_request(&router, e));
                 }
-                start.elapsed().as_secs_f64() * 1e6 / 2000.0
+                start.elapsed().as_secs_f64() * 1e6 / warm as f64
             })
             .collect();
         rounds.sort_by(f64::total_cmp);
         print!("{:>9.2}", rounds[2]);
     }
     println!();
+    // The same with the caches overwritten before each callback, as a
+    // request may find them at concurrency 1, where every callback follows
+    // a wait on the network: what the flow's code and data footprint costs
+    // cold, by callback.
+    let evict_mib = knob("EVICT_MB", 64);
+    let mut evictor = vec![0u8; evict_mib << 20];
+    let phases = [
+        "request headers",
+        "request body",
+        "prefill answer",
+        "response headers",
+        "response body",
+        "stream end",
+    ];
+    let mut cold: Vec<Vec<f64>> = Vec::new();
+    for e in engines {
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
+        for i in 0..knob("COLD_ITERS", 30) {
+            let mut at: Option<(&str, std::time::Instant)> = None;
+            request_with(&router, e, &mut |next| {
+                if let Some((name, start)) = at.take() {
+                    let t = start.elapsed().as_secs_f64() * 1e6;
+                    if let Some(k) = phases.iter().position(|p| *p == name) {
+                        samples[k].push(t);
+                    }
+                }
+                evict(&mut evictor, i as u8);
+                at = Some((next, std::time::Instant::now()));
+            });
+        }
+        cold.push(samples.iter_mut().map(|v| median(v)).collect());
+    }
+    println!(
+        "flow µs per callback, caches cold ({evict_mib} MiB written before each callback, past this machine's L3 of 32 MiB)"
+    );
+    for (k, p) in phases.iter().enumerate() {
+        print!("{:<34}", format!("  {p}"));
+        for c in &cold {
+            print!("{:>9.2}", c[k]);
+        }
+        println!();
+    }
+    print!("{:<34}", "  all callbacks");
+    for c in &cold {
+        print!("{:>9.2}", c.iter().sum::<f64>());
+    }
+    println!();
+    // The measurement's own floor: the clock read cold, nothing between.
+    let mut empty: Vec<f64> = (0..50u8)
+        .map(|i| {
+            evict(&mut evictor, i);
+            let start = std::time::Instant::now();
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    println!(
+        "{:<34}{:>9.2}",
+        "  (no callback: the clock alone)",
+        median(&mut empty)
+    );
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// A count from the environment: bench/footprint.sh runs this bench under
+/// cachegrind with fewer rounds and a smaller eviction (its simulated
+/// caches are small).
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Writes one byte in every cache line of `buf`, pushing whatever the
+/// caches held out of them.
+fn evict(buf: &mut [u8], v: u8) {
+    for line in buf.chunks_mut(64) {
+        if let Some(b) = line.first_mut() {
+            *b = v;
+        }
+    }
+    std::hint::black_box(&buf);
 }
