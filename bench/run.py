@@ -922,6 +922,11 @@ def main() -> int:
                     help="also count each router's system calls and context switches per "
                          "request (`perf stat` tracepoints) in an extra cell of the first "
                          "repetition; for envoy+<peer>, Envoy's alone")
+    ap.add_argument("--idle-thrash", action="store_true",
+                    help="run an idle-priority (SCHED_IDLE) process on the router core that "
+                         "overwrites a 64 MiB buffer over and over: the core never idles, "
+                         "and each wait costs the router its caches (an experiment on "
+                         "what c=1 costs)")
     ap.add_argument("--perf", type=Path, default=None,
                     help="also sample each router with `perf record` in the first repetition "
                          "(files into this directory) and print where its CPU went by object")
@@ -1144,6 +1149,18 @@ def main() -> int:
                 log(warning)
 
         idle_check("before the run")
+        thrash = None
+        if a.idle_thrash:
+            # Runs only when the router core would otherwise idle; between a
+            # router's requests it evicts every cache level.
+            thrash = procs.start("idle-thrash", [
+                "chrt", "-i", "0", sys.executable, "-c",
+                "b = bytearray(64 << 20)\nz = bytes(len(b[::64]))\n"
+                "while True:\n    b[::64] = z"], ROUTER_CORE)
+            notes.append("--idle-thrash: an idle-priority process overwrote 64 MiB on the "
+                         "router core throughout (the core never idled; its caches were overwritten "
+                         "in every wait)")
+            log(notes[-1])
 
         order = [c for c in configs if c in targets]
         done = 0
@@ -1206,6 +1223,9 @@ def main() -> int:
                         log(f"  [{done:>3}/{total}] rep {rep + 1} {s:>4} c={conc:<2} {name:<19} "
                             f"{fmt(r.get('cpu_us_per_req')):>8} us/req {fmt(r.get('rps'), '{:.0f}'):>6} req/s"
                             f"{bad[:240]}")
+        if thrash is not None:
+            thrash.terminate()
+            thrash.wait(timeout=10)
         if targets:
             idle_check("after the run")
         ok = True
