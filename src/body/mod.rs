@@ -413,11 +413,19 @@ impl Edits {
         self.put(key, Op::Copy { span, source_len });
     }
 
+    /// [`Edits::set_raw`] of raw JSON bytes the caller parsed (so UTF-8).
+    pub fn set_raw_bytes(&mut self, key: impl Into<Cow<'static, str>>, value: &[u8]) {
+        self.set_raw(key, String::from_utf8_lossy(value).into_owned());
+    }
+
     pub fn set_str(&mut self, key: impl Into<Cow<'static, str>>, value: &str) {
         let mut v = Vec::with_capacity(value.len() + 2);
         push_json_str(&mut v, value);
-        // push_json_str only emits valid UTF-8 from valid UTF-8 input.
-        self.set_raw(key, String::from_utf8_lossy(&v).into_owned());
+        // push_json_str only emits valid UTF-8 from valid UTF-8 input: the
+        // buffer becomes the value, not copied.
+        let v = String::from_utf8(v)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        self.set_raw(key, v);
     }
 
     pub fn set_u64(&mut self, key: impl Into<Cow<'static, str>>, value: u64) {

@@ -105,10 +105,7 @@ impl EngineHandler for TrtllmHandler {
                 decode.set_header(super::trt_auth::HEADER, signature);
             }
         }
-        decode.body.set_raw(
-            "disaggregated_params",
-            String::from_utf8_lossy(&params).into_owned(),
-        );
+        decode.body.set_raw_bytes("disaggregated_params", &params);
 
         // Older chat endpoints do not echo the prompt's token ids; the
         // generation server then tokenises the prompt itself (TensorRT-LLM's

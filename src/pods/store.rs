@@ -60,7 +60,7 @@ pub struct CallbackReads {
     clock_us: std::cell::Cell<Option<u64>>,
     /// At most a few per callback: a list, searched in order, keeps its
     /// room from one callback to the next and hashes nothing.
-    records: std::cell::RefCell<Vec<(String, Record)>>,
+    records: std::cell::RefCell<Vec<(super::keys::Key, Record)>>,
 }
 
 /// A shared-data value and its CAS token, as read.
@@ -97,7 +97,7 @@ impl CallbackReads {
             return v.clone();
         }
         let v = read();
-        self.records.borrow_mut().push((key.to_owned(), v.clone()));
+        self.records.borrow_mut().push((key.into(), v.clone()));
         v
     }
 

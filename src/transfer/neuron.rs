@@ -31,10 +31,7 @@ impl KvTransferAgent for Neuron {
     ) -> Result<Handoff, EngineError> {
         // The answer was parsed as an object before the agent was called, so
         // it is valid JSON and safe to embed as is.
-        decode.body.set_raw(
-            "disagg_prefill_resp",
-            String::from_utf8_lossy(answer).into_owned(),
-        );
+        decode.body.set_raw_bytes("disagg_prefill_resp", answer);
         Ok(Handoff::Relayed)
     }
 }

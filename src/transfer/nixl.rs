@@ -40,10 +40,7 @@ impl KvTransferAgent for Nixl {
         match kv_transfer_params(answer, answer_top)? {
             None => Ok(Handoff::Missing),
             Some(raw) => {
-                decode.body.set_raw(
-                    "kv_transfer_params",
-                    String::from_utf8_lossy(raw).into_owned(),
-                );
+                decode.body.set_raw_bytes("kv_transfer_params", raw);
                 Ok(Handoff::Relayed)
             }
         }

@@ -43,10 +43,7 @@ impl KvTransferAgent for Shfs {
         let rewritten = params
             .render(raw, &edit)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
-        decode.body.set_raw(
-            "kv_transfer_params",
-            String::from_utf8_lossy(&rewritten).into_owned(),
-        );
+        decode.body.set_raw_bytes("kv_transfer_params", &rewritten);
         Ok(Handoff::Relayed)
     }
 }
