@@ -10,6 +10,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Number, Value};
 
 use crate::cli::{Config, Flavor};
@@ -179,6 +180,10 @@ pub struct PrefillOut {
     pub prompt_tokens: u64,
     /// Extra top-level members (e.g. kv_transfer_params).
     pub top: Map<String, Value>,
+    /// Extra top-level members already serialised, written after all the
+    /// others: TRT-LLM's `prompt_token_ids` (131 000 ids at 512 KB) cost the
+    /// mock several times the router's whole work as a `Value` tree.
+    pub top_raw: Vec<(&'static str, Box<RawValue>)>,
     /// Extra members of every choice (e.g. TRT-LLM disaggregated_params).
     pub choice: Map<String, Value>,
     /// The pod's prefix-cache hits for this prompt (set by the dispatcher).
@@ -192,6 +197,7 @@ impl PrefillOut {
             finish_reason: "length",
             prompt_tokens,
             top: Map::new(),
+            top_raw: Vec::new(),
             choice: Map::new(),
             cached_tokens: Number::from(0u64),
         }
@@ -660,8 +666,16 @@ pub fn prefill_response(
     api: Api,
     params: &GenParams,
     look: Look,
-    out: PrefillOut,
+    mut out: PrefillOut,
 ) -> Response {
+    // Only a plain JSON answer splices serialised members; the rarer
+    // shapes (streamed with --lenient-prefill, Responses) take them as values.
+    if api == Api::Responses || params.stream {
+        for (name, raw) in std::mem::take(&mut out.top_raw) {
+            let value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+            out.top.insert(name.into(), value);
+        }
+    }
     if api == Api::Responses {
         state.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let length_capped = out.finish_reason == "length";
@@ -702,7 +716,34 @@ pub fn prefill_response(
     if params.stream {
         return with_kv(sse_response(Body::from(answer.sse())), Kv::None);
     }
-    with_kv(axum::Json(answer.body()).into_response(), Kv::None)
+    if out.top_raw.is_empty() {
+        return with_kv(axum::Json(answer.body()).into_response(), Kv::None);
+    }
+    let body = with_raw_members(answer.body(), &out.top_raw);
+    let resp = ([(header::CONTENT_TYPE, "application/json")], body).into_response();
+    with_kv(resp, Kv::None)
+}
+
+/// `object` serialised, with `members` added at its end.
+fn with_raw_members(object: Value, members: &[(&'static str, Box<RawValue>)]) -> String {
+    let mut object = object.to_string();
+    let extra: usize = members
+        .iter()
+        .map(|(n, r)| n.len() + r.get().len() + 4)
+        .sum();
+    object.reserve(extra);
+    let closing = object.pop();
+    debug_assert_eq!(closing, Some('}'), "an answer is a JSON object");
+    for (name, raw) in members {
+        if !object.ends_with('{') {
+            object.push(',');
+        }
+        object.push_str(&Value::from(*name).to_string());
+        object.push(':');
+        object.push_str(raw.get());
+    }
+    object.push('}');
+    object
 }
 
 /// The decode's answer: `max_tokens` tokens per choice.
@@ -807,6 +848,21 @@ mod tests {
             look: Look::default(),
             starts: OnceLock::new(),
         }
+    }
+
+    #[test]
+    fn raw_members_come_last_and_verbatim() {
+        let raw = |s: &str| RawValue::from_string(s.to_string()).expect("raw");
+        let members = [
+            ("ids", raw("[1,2, 3]")),
+            ("big", raw("18446744073709551615")),
+        ];
+        let body = with_raw_members(json!({"a": 1}), &members);
+        assert_eq!(body, r#"{"a":1,"ids":[1,2, 3],"big":18446744073709551615}"#);
+        assert_eq!(
+            with_raw_members(json!({}), &members[..1]),
+            r#"{"ids":[1,2, 3]}"#
+        );
     }
 
     fn events(c: &Completion) -> Vec<String> {
