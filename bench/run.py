@@ -93,6 +93,7 @@ CONFIGS = [
     ("pd-vllm", "pd", "(c) pd-router, vllm (nixl)"),
     ("pd-sglang", "pd", "(c) pd-router, sglang"),
     ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
+    ("pd-trtllm-b64", "pd", "(c) pd-router, trtllm, chat ids as base64 (trt_token_ids_b64)"),
     ("pd-default", "pd", "(c) pd-router, default"),
     ("sglang-router", "peer", "(d) sglang-router 0.3.2, PD mode, SGLang mocks"),
     ("vllm-router", "peer", "(d) vllm-router 0.1.17, PD mode, vLLM NIXL mocks"),
@@ -801,6 +802,10 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
         "pd-trtllm at 512K <= 1.5x pd-vllm's",
         [(f"512K c={c}", cpu_ratio("512K", c, "pd-trtllm", "pd-vllm"), 1.5)
          for c in order_conc]))
+    if "pd-trtllm-b64" in configs:
+        w("  [info] pd-trtllm-b64 / pd-vllm at 512K (the ids as TensorRT-LLM's base64 form): "
+          + ", ".join(f"c={c} {fmt_ratio(cpu_ratio('512K', c, 'pd-trtllm-b64', 'pd-vllm'))}"
+                      for c in order_conc))
     for pd, stack in STACKS.items():
         out.extend(verdict_line(
             f"{pd} <= 1.0x {stack} at 1K",
@@ -864,7 +869,7 @@ def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
     # Floors grey, pd-router blues and greens, peers warm.
     palette = {"envoy-forward": "#dcdcdc", "envoy-mirror": "#a8a8a8",
                "envoy-buffer-mirror": "#6e6e6e", "min-pd": "#333333", "pd-vllm": "#1f4e9c",
-               "pd-sglang": "#3a86d4", "pd-trtllm": "#2e9e6a", "pd-default": "#8fd19e",
+               "pd-sglang": "#3a86d4", "pd-trtllm": "#2e9e6a", "pd-trtllm-b64": "#1b6b47", "pd-default": "#8fd19e",
                "sglang-router": "#f2a65a", "vllm-router": "#e06a6e",
                "envoy+sglang-router": "#b8560f", "envoy+vllm-router": "#8c1c20"}
     for col, conc in enumerate(concs):
@@ -1037,15 +1042,19 @@ def main() -> int:
                 pair[engine] = (mock(f"{engine}-prefill", *p_args), mock(f"{engine}-decode", *d_args))
             return pair[engine]
 
-        for engine, (_, _, kv) in engines.items():
-            name = f"pd-{engine}"
+        # pd-<engine>[-b64]: -b64 is TensorRT-LLM's base64 form of the ids,
+        # on the same mocks.
+        for name, engine in [(f"pd-{e}", e) for e in engines] + [("pd-trtllm-b64", "trtllm")]:
             if name not in need:
                 continue
+            kv = engines[engine][2]
             pm, dm = engine_mocks(engine)
             plugin = {"prefill_timeout_ms": 30000, "models": [{
                 "name": MODEL, "engine": engine,
                 "rolesets": [{"name": "rs0", "prefill": [pm.endpoint()],
                               "decode": [dm.endpoint()]}]}]}
+            if name.endswith("-b64"):
+                plugin["models"][0]["trt_token_ids_b64"] = True
             if engine == "vllm":
                 plugin["kv_connector"] = "nixl"
             add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv: Target(

@@ -190,6 +190,8 @@ struct RawModel {
     #[serde(default)]
     decode_policy: Option<String>,
     #[serde(default)]
+    trt_token_ids_b64: bool,
+    #[serde(default)]
     rolesets: Vec<RawRoleset>,
     #[serde(default)]
     combined: Vec<RawEndpoint>,
@@ -510,6 +512,15 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
     if m.name.is_empty() {
         return Err(err(format!("{mp}.name"), "must not be empty"));
     }
+    if m.trt_token_ids_b64 && m.engine != "trtllm" {
+        return Err(err(
+            format!("{mp}.trt_token_ids_b64"),
+            format!(
+                "is a TensorRT-LLM hand-off; this model's engine is {:?}",
+                m.engine
+            ),
+        ));
+    }
     let settings = ModelSettings {
         kv_connector: m
             .kv_connector
@@ -528,6 +539,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
             DecodePolicy::from_name,
             &DecodePolicy::NAMES,
         )?,
+        trt_token_ids_b64: m.trt_token_ids_b64,
         name: m.name,
         engine: m.engine,
     };
@@ -713,6 +725,22 @@ mod tests {
         Config::parse(json.as_bytes())
             .expect_err("should be rejected")
             .to_string()
+    }
+
+    #[test]
+    fn base64_token_ids_are_a_tensorrt_llm_setting() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"trtllm","trt_token_ids_b64":true,"rolesets":[]}]}"#,
+        )
+        .expect("valid");
+        assert!(c.model("m").expect("model").trt_token_ids_b64);
+        let e = parse_err(
+            r#"{"models":[{"name":"m","engine":"vllm","trt_token_ids_b64":true,"rolesets":[]}]}"#,
+        );
+        assert!(
+            e.contains("models[0].trt_token_ids_b64") && e.contains("\"vllm\""),
+            "{e}"
+        );
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub struct PdContext<'a> {
     pub learned: &'a dyn LearnedPods,
     /// TensorRT-LLM's `internal_request_auth_key`, when configured.
     pub trt_auth_key: Option<&'a [u8]>,
+    /// The model's `trt_token_ids_b64`.
+    pub trt_token_ids_b64: bool,
     pub entropy: &'a mut dyn Entropy,
 }
 

@@ -302,6 +302,7 @@ pub fn plan_request(
         decode_pod: &decode,
         learned: view.learned,
         trt_auth_key: view.trt_auth_key,
+        trt_token_ids_b64: request.model.trt_token_ids_b64,
         entropy: planner.entropy(),
     };
     if !handler.should_split(&ctx, &prefill) {
@@ -389,6 +390,7 @@ pub fn merge(
         decode_pod: &plan.decode_pod,
         learned: view.learned,
         trt_auth_key: view.trt_auth_key,
+        trt_token_ids_b64: request.model.trt_token_ids_b64,
         entropy,
     };
     let mut decode = edits.clone();

@@ -232,6 +232,7 @@ const CONFIG: &str = r#"{
     {"name": "shfs-m", "engine": "vllm", "kv_connector": "shfs", "rolesets": [{"prefill": ["10.0.0.1:8000"], "decode": ["10.0.0.2:8000"]}]},
     {"name": "sglang-m", "engine": "sglang", "rolesets": [{"prefill": [{"address":"10.0.0.3:30000","bootstrap_port":9000}], "decode": ["10.0.0.4:30000"]}]},
     {"name": "trt-m", "engine": "trtllm", "rolesets": [{"prefill": ["10.0.0.5:8000"], "decode": ["10.0.0.6:8000"]}]},
+    {"name": "trt-b64", "engine": "trtllm", "trt_token_ids_b64": true, "rolesets": [{"prefill": ["10.0.0.5:8000"], "decode": ["10.0.0.6:8000"]}]},
     {"name": "other-m", "engine": "mystery", "rolesets": [{"prefill": ["10.0.0.7:8000"], "decode": ["10.0.0.8:8000"]}]},
     {"name": "lonely-m", "engine": "vllm", "rolesets": [{"prefill": ["10.0.0.9:8000"]}]}
   ]
@@ -493,6 +494,113 @@ fn trtllm_relays_params_and_tokens_and_keeps_big_ids_exact() {
     );
 }
 
+const TRT_PARAMS: &str =
+    r#"{"request_type":"context_only","ctx_request_id":7,"disagg_request_id":7}"#;
+const TRT_GEN_PARAMS: &str =
+    r#"{"request_type":"generation_only","ctx_request_id":7,"disagg_request_id":7}"#;
+
+/// A TensorRT-LLM split of `client` on `path`, answered with the top-level
+/// members `ids` beside a pending context; the request the decode gets.
+fn trt_split(path: &str, client: &str, ids: &str) -> (String, FakeHost) {
+    let mut flow = Flow::new(router());
+    let mut host = post(path, client);
+    send_request(&mut flow, &mut host);
+    let prefill = String::from_utf8_lossy(&host.dispatched[0].body).into_owned();
+    let choice = if path.contains("chat") {
+        r#""message":{"role":"assistant","content":"x"}"#
+    } else {
+        r#""text":"x""#
+    };
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        &format!(
+            r#"{{"choices":[{{"index":0,{choice},"finish_reason":"length","disaggregated_params":{TRT_PARAMS}}}],{ids}}}"#
+        ),
+    );
+    (prefill, host)
+}
+
+#[test]
+fn trtllm_b64_chat_asks_for_and_relays_the_base64_ids_verbatim() {
+    let client = r#"{"model":"trt-b64","messages":[{"role":"user","content":"hi"}]}"#;
+    let (prefill, host) = trt_split(
+        "/v1/chat/completions",
+        client,
+        r#""usage":{"prompt_tokens":2},"prompt_token_ids":null,"prompt_token_ids_b64":"AQAAAAIAAAA=""#,
+    );
+    assert!(
+        prefill.contains(r#""return_prompt_token_ids_b64":true}"#),
+        "{prefill}"
+    );
+    assert_eq!(host.resumed, 1);
+    assert_eq!(
+        host.body_str(),
+        format!(
+            r#"{{"model":"trt-b64","messages":[{{"role":"user","content":"hi"}}],"disaggregated_params":{TRT_GEN_PARAMS},"prompt_token_ids_b64":"AQAAAAIAAAA="}}"#
+        )
+    );
+}
+
+#[test]
+fn trtllm_b64_falls_back_to_the_id_array_a_worker_answers() {
+    // A context worker that ignores the request still answers the array.
+    let client = r#"{"model":"trt-b64","messages":[]}"#;
+    let (_, host) = trt_split(
+        "/v1/chat/completions",
+        client,
+        r#""prompt_token_ids":[1,2]"#,
+    );
+    assert_eq!(
+        host.body_str(),
+        format!(
+            r#"{{"model":"trt-b64","messages":[],"disaggregated_params":{TRT_GEN_PARAMS},"prompt_token_ids":[1,2]}}"#
+        )
+    );
+    // Completions: TensorRT-LLM answers base64 ids on chat only, so the
+    // router does not ask, and relays the array as the prompt.
+    let client = r#"{"model":"trt-b64","prompt":"hi"}"#;
+    let (prefill, host) = trt_split("/v1/completions", client, r#""prompt_token_ids":[1,2]"#);
+    assert!(
+        !prefill.contains("return_prompt_token_ids_b64"),
+        "{prefill}"
+    );
+    assert_eq!(
+        host.body_str(),
+        format!(r#"{{"model":"trt-b64","prompt":[1,2],"disaggregated_params":{TRT_GEN_PARAMS}}}"#)
+    );
+    // Without the setting the context is not asked.
+    let (prefill, _) = trt_split(
+        "/v1/chat/completions",
+        r#"{"model":"trt-m","messages":[]}"#,
+        r#""prompt_token_ids":[1]"#,
+    );
+    assert!(
+        !prefill.contains("return_prompt_token_ids_b64"),
+        "{prefill}"
+    );
+}
+
+#[test]
+fn trtllm_b64_that_is_not_a_string_is_a_bad_context_answer() {
+    let client = r#"{"model":"trt-b64","messages":[]}"#;
+    let (_, host) = trt_split(
+        "/v1/chat/completions",
+        client,
+        r#""prompt_token_ids_b64":[1]"#,
+    );
+    let (code, v) = host.reply();
+    assert_eq!(code, 502, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("prompt_token_ids_b64")),
+        "{v}"
+    );
+    assert_eq!(host.resumed, 0);
+}
+
 #[test]
 fn trtllm_finished_context_answers_the_client_directly() {
     let mut flow = Flow::new(router());
@@ -603,6 +711,12 @@ fn client_errors_reply_once_and_reach_no_upstream() {
             r#"{"model":"trt-m","prompt":["a","b"]}"#,
             400,
             "single prompt",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"trt-m","messages":[],"prompt_token_ids_b64":"AQAAAA=="}"#,
+            400,
+            "prompt_token_ids_b64",
         ),
     ];
     for (path, body, status, needle) in cases {

@@ -592,3 +592,54 @@ async fn sglang_echo_logprobs_under_pd() {
     assert_eq!(dc["logprobs"]["tokens"], json!(["tok0", " tok1"]));
     assert_eq!(da.kv, "pulled");
 }
+
+/// A TensorRT-LLM chat context asked for base64 ids, and the generation
+/// request an orchestrator builds from its answer.
+async fn trtllm_b64_pair(context: &Pod) -> (Value, Value) {
+    let client =
+        json!({"model": "m", "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3});
+    let mut ctx = client.clone();
+    ctx["max_tokens"] = json!(1);
+    ctx["disaggregated_params"] = json!({
+        "request_type": "context_only",
+        "disagg_request_id": (1u64 << 60) + 7,
+        "return_prompt_token_ids_b64": true,
+    });
+    let c = post(context, CHAT, &ctx, &[]).await;
+    assert_eq!(c.status, 200, "{}", c.text);
+    let cj = c.json();
+    let mut gen = client;
+    gen["disaggregated_params"] = cj["choices"][0]["disaggregated_params"].clone();
+    gen["disaggregated_params"]["request_type"] = json!("generation_only");
+    gen["prompt_token_ids_b64"] = cj["prompt_token_ids_b64"].clone();
+    (cj, gen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trtllm_generation_checks_base64_ids() {
+    let context = pod("--engine trtllm --role prefill").await;
+    let generation = pod("--engine trtllm --role decode").await;
+    let (cj, gen) = trtllm_b64_pair(&context).await;
+    assert_eq!(cj["prompt_token_ids"], Value::Null, "{cj}");
+    assert!(cj["prompt_token_ids_b64"].is_string(), "{cj}");
+    let g = post(&generation, CHAT, &gen, &[]).await;
+    assert_eq!((g.status, g.kv.as_str()), (200, "pulled"), "{}", g.text);
+
+    // One id changed (the first int32's low byte): the generation says so.
+    let (_, mut gen) = trtllm_b64_pair(&context).await;
+    let b64 = gen["prompt_token_ids_b64"]
+        .as_str()
+        .expect("string")
+        .to_string();
+    let first = if b64.starts_with('A') { 'B' } else { 'A' };
+    gen["prompt_token_ids_b64"] = json!(format!("{first}{}", &b64[1..]));
+    let g = post(&generation, CHAT, &gen, &[]).await;
+    assert_ne!(g.status, 200, "{}", g.text);
+    assert!(g.text.contains("differ from the context's"), "{}", g.text);
+
+    // Both forms at once is not what an orchestrator sends.
+    let (_, mut gen) = trtllm_b64_pair(&context).await;
+    gen["prompt_token_ids"] = json!([1]);
+    let g = post(&generation, CHAT, &gen, &[]).await;
+    assert!(g.text.contains("both"), "{}", g.text);
+}

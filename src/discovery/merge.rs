@@ -45,6 +45,7 @@ pub fn build_fleet(configured: &[Model], pods: &[DiscoveredPod]) -> (Fleet, Vec<
                 kv_connector: None,
                 prefill_policy: PrefillPolicy::default(),
                 decode_policy: DecodePolicy::default(),
+                trt_token_ids_b64: false,
             },
             Vec::new(),
             Vec::new(),

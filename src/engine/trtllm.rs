@@ -7,8 +7,14 @@ use serde_json::{json, Value};
 
 /// TensorRT-LLM's disaggregated serving: a `context_only` request with a
 /// snowflake id, then a `generation_only` request carrying the context
-/// phase's `disaggregated_params` and the prompt as token ids.
+/// phase's `disaggregated_params` and the prompt as token ids: an array of
+/// integers, or for chat with `trt_token_ids_b64` one base64 string of
+/// little-endian int32s (`prompt_token_ids_b64`), which the router relays
+/// without reading a single id.
 pub struct TrtllmHandler;
+
+const IDS: &str = "prompt_token_ids";
+const IDS_B64: &str = "prompt_token_ids_b64";
 
 impl EngineHandler for TrtllmHandler {
     fn name(&self) -> &'static str {
@@ -20,7 +26,7 @@ impl EngineHandler for TrtllmHandler {
     }
 
     fn owned_keys(&self) -> &'static [&'static str] {
-        &["disaggregated_params", "prompt_token_ids"]
+        &["disaggregated_params", IDS, IDS_B64]
     }
 
     fn augment_prefill_request(
@@ -45,9 +51,15 @@ impl EngineHandler for TrtllmHandler {
         // The context phase rejects max_completion_tokens next to max_tokens.
         legs.prefill.body.remove("max_completion_tokens");
         let id = ctx.entropy.disagg_request_id();
+        // TensorRT-LLM's context workers answer base64 ids on chat only.
+        let b64 = if ctx.trt_token_ids_b64 && ctx.facts.api == Api::ChatCompletions {
+            r#","return_prompt_token_ids_b64":true"#
+        } else {
+            ""
+        };
         legs.prefill.body.set_raw(
             "disaggregated_params",
-            format!(r#"{{"request_type":"context_only","disagg_request_id":{id}}}"#),
+            format!(r#"{{"request_type":"context_only","disagg_request_id":{id}{b64}}}"#),
         );
         Ok(())
     }
@@ -107,14 +119,30 @@ impl EngineHandler for TrtllmHandler {
         }
         decode.body.set_raw_bytes("disaggregated_params", &params);
 
+        let present = |name: &str| {
+            answer
+                .top
+                .span(name)
+                .filter(|s| answer.body.get(s.clone()) != Some(b"null"))
+        };
+        // The base64 form is relayed as it came, as TensorRT-LLM's
+        // orchestrator does; its generation worker decodes it, and only
+        // for chat.
+        if ctx.facts.api == Api::ChatCompletions {
+            if let Some(b64) = present(IDS_B64) {
+                if answer.body.get(b64.start) != Some(&b'"') {
+                    return Err(bad(
+                        "prompt_token_ids_b64 in the context response is not a string",
+                    ));
+                }
+                decode.body.copy_from(IDS_B64, answer.body, b64);
+                return Ok(Merged::Forward);
+            }
+        }
         // Older chat endpoints do not echo the prompt's token ids; the
         // generation server then tokenises the prompt itself (TensorRT-LLM's
         // own orchestrator forwards without them too).
-        let Some(tokens) = answer
-            .top
-            .span("prompt_token_ids")
-            .filter(|s| answer.body.get(s.clone()) != Some(b"null"))
-        else {
+        let Some(tokens) = present(IDS) else {
             return Ok(Merged::ForwardWithoutTokenIds);
         };
         if answer.body.get(tokens.start) != Some(&b'[') {
@@ -126,9 +154,7 @@ impl EngineHandler for TrtllmHandler {
         // generation request once, when it is rendered.
         match ctx.facts.api {
             Api::Completions => decode.body.copy_from("prompt", answer.body, tokens),
-            _ => decode
-                .body
-                .copy_from("prompt_token_ids", answer.body, tokens),
+            _ => decode.body.copy_from(IDS, answer.body, tokens),
         }
         Ok(Merged::Forward)
     }
@@ -152,10 +178,11 @@ fn first_choice<'a>(answer: &PrefillAnswer<'a>) -> Result<Option<&'a RawValue>, 
 /// chunk, and `[DONE]`.
 fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, EngineError> {
     if !ctx.facts.stream {
-        // prompt_token_ids is a hand-off field, possibly large; the client
-        // did not ask for it.
+        // The ids are a hand-off field, possibly large; the client did not
+        // ask for them.
         let mut strip = Edits::new();
-        strip.remove("prompt_token_ids");
+        strip.remove(IDS);
+        strip.remove(IDS_B64);
         return Ok(Merged::Answer {
             body: answer.top.render(answer.body, &strip).map_err(internal)?,
             content_type: "application/json",

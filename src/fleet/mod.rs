@@ -123,6 +123,9 @@ pub struct ModelSettings {
     pub kv_connector: Option<Connector>,
     pub prefill_policy: PrefillPolicy,
     pub decode_policy: DecodePolicy,
+    /// TensorRT-LLM chat: the context phase answers the prompt's ids as one
+    /// base64 string (`gen_tokids_ctxbytes` in TensorRT-LLM's orchestrator).
+    pub trt_token_ids_b64: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -133,6 +136,7 @@ pub struct Model {
     pub kv_connector: Option<Connector>,
     pub prefill_policy: PrefillPolicy,
     pub decode_policy: DecodePolicy,
+    pub trt_token_ids_b64: bool,
     pub rolesets: Vec<Roleset>,
     /// Pods that serve both phases: no prefill call.
     pub combined: Vec<Rc<Endpoint>>,
@@ -176,6 +180,7 @@ impl Model {
             kv_connector: settings.kv_connector,
             prefill_policy: settings.prefill_policy,
             decode_policy: settings.decode_policy,
+            trt_token_ids_b64: settings.trt_token_ids_b64,
             rolesets,
             combined,
             pods,
@@ -213,6 +218,7 @@ impl Model {
             kv_connector: self.kv_connector,
             prefill_policy: self.prefill_policy,
             decode_policy: self.decode_policy,
+            trt_token_ids_b64: self.trt_token_ids_b64,
         }
     }
 }
@@ -275,6 +281,7 @@ mod tests {
             kv_connector: None,
             prefill_policy: PrefillPolicy::default(),
             decode_policy: DecodePolicy::default(),
+            trt_token_ids_b64: false,
         }
     }
 

@@ -354,6 +354,50 @@ fn trtllm() {
 }
 
 #[test]
+fn trtllm_chat_token_ids_can_travel_as_base64() {
+    // TensorRT-LLM's gen_tokids_ctxbytes: a chat context asked for it answers
+    // the ids as one base64 string; the generation worker decodes it, and the
+    // mock checks the ids are still the context's.
+    let prefill = Mock::start(
+        "trtllm-prefill",
+        &["--engine", "trtllm", "--role", "prefill"],
+    );
+    let decode = Mock::start("trtllm-decode", &["--engine", "trtllm", "--role", "decode"]);
+    let model = "test/trtllm".to_string();
+    let mut config = plugin_config(&[(&model, "trtllm", None, &[&prefill], &[&decode])]);
+    config["models"][0]["trt_token_ids_b64"] = json!(true);
+    let s = Setup {
+        envoy: Envoy::start(&config),
+        prefill,
+        decode,
+        model,
+    };
+    check_engine(&s, "pulled");
+    let (prefills, decodes) = (s.prefill.requests(), s.decode.requests());
+    assert_eq!(decodes.len(), 4);
+    for (p, d) in prefills.iter().zip(&decodes) {
+        let asked = p
+            .raw("disaggregated_params")
+            .is_some_and(|v| v.contains(r#""return_prompt_token_ids_b64":true"#));
+        let b64 = d.raw("prompt_token_ids_b64");
+        if d.path == "/v1/chat/completions" {
+            assert!(asked, "{}", p.body);
+            assert!(b64.is_some_and(|v| v.starts_with('"')), "{}", d.body);
+            assert_eq!(d.raw("prompt_token_ids"), None, "{}", d.body);
+        } else {
+            // Completions keep the array (TensorRT-LLM encodes chat only).
+            assert!(!asked, "{}", p.body);
+            assert_eq!(b64, None, "{}", d.body);
+            assert!(
+                d.raw("prompt").is_some_and(|v| v.starts_with('[')),
+                "{}",
+                d.body
+            );
+        }
+    }
+}
+
+#[test]
 fn trtllm_context_answers_without_token_ids_still_hand_off() {
     // Older TensorRT-LLM chat endpoints do not echo prompt_token_ids; the
     // generation server then tokenises the prompt itself, and the mock checks

@@ -12,7 +12,11 @@
 //! also checks TensorRT-LLM's `x-trtllm-disagg-auth` signature of it and of
 //! `ctx_info_endpoint` (see [`crate::disagg_auth`]).
 
+use std::borrow::Cow;
+
 use axum::http::{HeaderMap, StatusCode};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
 use super::{object_field, prefill_constraints, str_member, u64_member};
@@ -25,27 +29,31 @@ use crate::request::{short, token_ids, u64_array, Api, Request};
 use crate::sidechannel::CtxEntry;
 use crate::state::Shared;
 
-/// Standard base64 with padding (RFC 4648), for `encoded_opaque_state`.
+/// Standard base64 with padding (RFC 4648), as Python's `b64encode`.
 fn base64(bytes: &[u8]) -> String {
-    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let b = [
-            chunk.first().copied().unwrap_or(0),
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                let idx = ((n >> (18 - 6 * i)) & 63) as usize;
-                out.push(char::from(ABC.get(idx).copied().unwrap_or(b'A')));
-            } else {
-                out.push('=');
-            }
-        }
+    STANDARD.encode(bytes)
+}
+
+/// `prompt_token_ids_b64`: the ids as little-endian int32s, base64, as
+/// TensorRT-LLM's context worker encodes them (numpy `int32` `tobytes`).
+fn ids_b64(ids: &[u64]) -> String {
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| (id as i32).to_le_bytes())
+        .collect();
+    base64(&bytes)
+}
+
+/// The ids a generation worker decodes from `prompt_token_ids_b64`.
+fn ids_from_b64(s: &str) -> Option<Vec<u64>> {
+    let bytes = STANDARD.decode(s).ok()?;
+    if bytes.len() % 4 != 0 {
+        return None;
     }
-    out
+    bytes
+        .chunks_exact(4)
+        .map(|w| u64::try_from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])).ok())
+        .collect()
 }
 
 /// TRT-LLM's disaggregated request ids live above 2^42 (below are ordinary
@@ -71,6 +79,16 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
     prefill_constraints(req, false, state.config.lenient_prefill)?;
     let params = disagg_params(req)?;
     expect_request_type(&params, "context_only")?;
+    let b64 = match params.get("return_prompt_token_ids_b64") {
+        None => false,
+        Some(Value::Bool(b)) => *b,
+        Some(v) => {
+            return Err(Fail::contract(format!(
+                "`{P}.return_prompt_token_ids_b64` must be a boolean, got {}",
+                short(v)
+            )))
+        }
+    };
     let id = u64_member(&params, P, "disagg_request_id")?;
     if id < MIN_DISAGG_ID {
         return Err(Fail::contract(format!(
@@ -101,8 +119,17 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
     opaque.extend_from_slice(&id.to_be_bytes());
     opaque.extend_from_slice(&state.random_u64().to_le_bytes());
     let encoded_opaque_state = base64(&opaque);
-    let token_ids = serde_json::value::to_raw_value(&tokens)
-        .map_err(|e| Fail::internal(format!("token ids: {e}")))?;
+    // What the answer carries of the ids; TensorRT-LLM answers the base64
+    // form on chat only.
+    let ids = if faults.contains(&Fault::NoTokenIds) {
+        None
+    } else if b64 && req.api == Api::Chat {
+        Some(Err(ids_b64(&tokens)))
+    } else {
+        let raw = serde_json::value::to_raw_value(&tokens)
+            .map_err(|e| Fail::internal(format!("token ids: {e}")))?;
+        Some(Ok(raw))
+    };
     let prompt_tokens = tokens.len() as u64;
     let entry = CtxEntry {
         token_ids: tokens,
@@ -142,8 +169,15 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
             }),
         );
     }
-    if !faults.contains(&Fault::NoTokenIds) {
-        out.top_raw.push(("prompt_token_ids", token_ids));
+    match ids {
+        None => {}
+        Some(Ok(array)) => out.top_raw.push(("prompt_token_ids", array)),
+        // As TensorRT-LLM's chat handler: the string, the array nulled.
+        Some(Err(b64)) => {
+            out.top.insert("prompt_token_ids".into(), Value::Null);
+            out.top
+                .insert("prompt_token_ids_b64".into(), Value::String(b64));
+        }
     }
     Ok(out)
 }
@@ -224,6 +258,46 @@ fn int_array(req: &Request<'_>, name: &str) -> Checked<Option<Vec<u64>>> {
     }
 }
 
+/// A chat generation's ids: the array, or the base64 string the
+/// orchestrator relays instead (never both: it sends one form).
+fn chat_ids(req: &Request<'_>) -> Checked<Option<Vec<u64>>> {
+    let ids = int_array(req, "prompt_token_ids")?;
+    let name = "prompt_token_ids_b64";
+    // Base64 needs no escapes, so the string is read in place; anything
+    // else takes the `Value` path, which words the error.
+    let text = match req
+        .raw(name)
+        .map(|r| serde_json::from_str::<Option<&str>>(r.get()))
+    {
+        None => None,
+        Some(Ok(s)) => s.map(Cow::Borrowed),
+        Some(Err(_)) => match req.value(name)? {
+            Some(Value::String(s)) => Some(Cow::Owned(s)),
+            Some(v) => {
+                return Err(Fail::contract(format!(
+                    "generation request `{name}` must be a string, got {}",
+                    short(&v)
+                )))
+            }
+            None => None,
+        },
+    };
+    let Some(text) = text else {
+        return Ok(ids);
+    };
+    let decoded = ids_from_b64(&text).ok_or_else(|| {
+        Fail::contract(format!(
+            "generation request `{name}` is not base64 of little-endian non-negative int32s"
+        ))
+    })?;
+    if ids.is_some() {
+        return Err(Fail::contract(format!(
+            "generation request carries both `prompt_token_ids` and `{name}`"
+        )));
+    }
+    Ok(Some(decoded))
+}
+
 pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> Checked<DecodeOut> {
     if !req.has(P) {
         // No hand-off at all: TensorRT-LLM runs it as a full request, the
@@ -263,7 +337,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             if !req.has("messages") {
                 return Err(Fail::contract("generation chat request has no `messages`"));
             }
-            int_array(req, "prompt_token_ids")?
+            chat_ids(req)?
         }
         Api::Responses => {
             return Err(Fail::contract(
@@ -333,6 +407,17 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn b64_ids_are_little_endian_int32s() {
+        // numpy.asarray([1, 151935], dtype=np.int32).tobytes(), base64.
+        assert_eq!(ids_b64(&[1, 151_935]), "AQAAAH9RAgA=");
+        assert_eq!(ids_from_b64("AQAAAH9RAgA="), Some(vec![1, 151_935]));
+        assert_eq!(ids_from_b64(""), Some(vec![]));
+        assert_eq!(ids_from_b64("AQAA"), None, "3 bytes is no int32");
+        assert_eq!(ids_from_b64("/////w=="), None, "-1 is no token id");
+        assert_eq!(ids_from_b64("not base64!"), None);
+    }
 
     #[test]
     fn base64_rfc4648() {
