@@ -33,8 +33,13 @@ const ANSWER: &[u8] = br#"{"id":"cmpl-1","object":"chat.completion","choices":[{
 
 /// One model of `engine`, with one prefill and one decode pod.
 fn one_model(engine: &str) -> Config {
+    model_with(engine, "")
+}
+
+/// Like [`one_model`], with `extra` model members (`,"key":value`).
+fn model_with(engine: &str, extra: &str) -> Config {
     let json = format!(
-        r#"{{"models":[{{"name":"m","engine":"{engine}","rolesets":[{{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}}]}}]}}"#
+        r#"{{"models":[{{"name":"m","engine":"{engine}"{extra},"rolesets":[{{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}}]}}]}}"#
     );
     Config::parse(json.as_bytes()).expect("config")
 }
@@ -128,35 +133,52 @@ fn main() {
 }
 
 /// A TensorRT-LLM context answer for a prompt of `bytes` bytes: one token
-/// id per 4 bytes, as the mock (and about a real tokenizer) makes them.
-fn trt_answer(bytes: usize) -> Vec<u8> {
-    let ids: Vec<String> = (0..bytes / 4)
-        .map(|i| (1000 + i % 150_000).to_string())
-        .collect();
+/// id per 4 bytes, as the mock (and about a real tokenizer) makes them; as
+/// an array, or (`b64`) as the base64 string of little-endian int32s.
+fn trt_answer(bytes: usize, b64: bool) -> Vec<u8> {
+    use base64::Engine as _;
+    let ids = (0..bytes / 4).map(|i| 1000 + (i % 150_000) as u32);
+    let ids = if b64 {
+        let raw: Vec<u8> = ids.flat_map(u32::to_le_bytes).collect();
+        let text = base64::engine::general_purpose::STANDARD.encode(raw);
+        format!(r#""prompt_token_ids":null,"prompt_token_ids_b64":"{text}""#)
+    } else {
+        let list: Vec<String> = ids.map(|i| i.to_string()).collect();
+        format!(r#""prompt_token_ids":[{}]"#, list.join(","))
+    };
     format!(
-        r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"A"}},"finish_reason":"length","disaggregated_params":{{"request_type":"context_only","first_gen_tokens":[319],"ctx_request_id":4398046511104123,"disagg_request_id":4398046511104123,"encoded_opaque_state":"b3BhcXVl","draft_tokens":null}}}}],"prompt_token_ids":[{}]}}"#,
-        ids.join(",")
+        r#"{{"id":"c","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"A"}},"finish_reason":"length","disaggregated_params":{{"request_type":"context_only","first_gen_tokens":[319],"ctx_request_id":4398046511104123,"disagg_request_id":4398046511104123,"encoded_opaque_state":"b3BhcXVl","draft_tokens":null}}}}],{ids}}}"#
     )
     .into_bytes()
 }
 
 /// TensorRT-LLM: the context answer's token ids into the generation request.
 fn trtllm_merge() {
-    let config = one_model("trtllm");
-    let fleet = config.fleet();
-    let registry = Registry::builtin();
-    let view = RouterView::of_config(&config, &fleet, &registry);
-    let entropy = FixedEntropy::new(vec![1], 1 << 50);
-    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
     println!();
     println!("TensorRT-LLM merge: context answer (token ids) into the generation request (µs)");
     println!(
-        "{:>8} {:>12} {:>10} {:>13} {:>11} {:>11}",
-        "body", "answer", "merge", "of it: parse", "UTF-8 check", "answer copy"
+        "{:>8} {:>7} {:>12} {:>10} {:>13} {:>11} {:>11}",
+        "body", "ids", "answer", "merge", "of it: parse", "UTF-8 check", "answer copy"
     );
+    for b64 in [false, true] {
+        let extra = if b64 {
+            r#","trt_token_ids_b64":true"#
+        } else {
+            ""
+        };
+        trtllm_merge_rows(&model_with("trtllm", extra), b64);
+    }
+}
+
+fn trtllm_merge_rows(config: &Config, b64: bool) {
+    let fleet = config.fleet();
+    let registry = Registry::builtin();
+    let view = RouterView::of_config(config, &fleet, &registry);
+    let entropy = FixedEntropy::new(vec![1], 1 << 50);
+    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
     for size in [1024usize, 64 * 1024, 512 * 1024] {
         let b = body(size);
-        let answer = trt_answer(size);
+        let answer = trt_answer(size, b64);
         let Ok(Plan::Split(plan)) =
             split::plan(&view, &mut planner, Api::ChatCompletions, "r", b.clone())
         else {
@@ -178,8 +200,9 @@ fn trtllm_merge() {
             black_box(black_box(&answer).to_vec());
         });
         println!(
-            "{:>7}K {:>11}B {merge:>10.2} {parse:>13.2} {utf8:>11.2} {copy:>11.2}",
+            "{:>7}K {:>7} {:>11}B {merge:>10.2} {parse:>13.2} {utf8:>11.2} {copy:>11.2}",
             size / 1024,
+            if b64 { "base64" } else { "array" },
             answer.len()
         );
     }
