@@ -66,6 +66,11 @@ fn build_cases() -> Vec<Case> {
             if let Some(c) = connector {
                 model["kv_connector"] = c.into();
             }
+            // TensorRT-LLM has no connectors: its cases that name one take
+            // the base64 ids instead.
+            if engine == "trtllm" && connector.is_some() {
+                model["trt_token_ids_b64"] = true.into();
+            }
             let json = serde_json::json!({ "models": [model] }).to_string();
             let config = Config::parse(json.as_bytes()).expect("harness config");
             out.push(Case {
