@@ -516,7 +516,8 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         return Err(err(
             format!("{mp}.trt_token_ids_b64"),
             format!(
-                "is a TensorRT-LLM hand-off; this model's engine is {:?}",
+                "is a TensorRT-LLM hand-off, and this model's engine is {:?}: remove it, or \
+                 set \"engine\": \"trtllm\"",
                 m.engine
             ),
         ));

@@ -585,20 +585,46 @@ fn trtllm_b64_falls_back_to_the_id_array_a_worker_answers() {
 #[test]
 fn trtllm_b64_that_is_not_a_string_is_a_bad_context_answer() {
     let client = r#"{"model":"trt-b64","messages":[]}"#;
-    let (_, host) = trt_split(
-        "/v1/chat/completions",
-        client,
+    for ids in [
         r#""prompt_token_ids_b64":[1]"#,
+        r#""prompt_token_ids_b64":"""#,
+    ] {
+        let (_, host) = trt_split("/v1/chat/completions", client, ids);
+        let (code, v) = host.reply();
+        assert_eq!(code, 502, "{ids}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("prompt_token_ids_b64")),
+            "{v}"
+        );
+        assert_eq!(host.resumed, 0);
+    }
+}
+
+#[test]
+fn trtllm_finished_context_answers_without_the_ids() {
+    // The ids are a hand-off field; the client did not ask for them, in
+    // either form (TensorRT-LLM's answers carry the other one as null).
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/chat/completions",
+        r#"{"model":"trt-b64","messages":[]}"#,
     );
-    let (code, v) = host.reply();
-    assert_eq!(code, 502, "{v}");
-    assert!(
-        v["error"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("prompt_token_ids_b64")),
-        "{v}"
+    send_request(&mut flow, &mut host);
+    answer(
+        &mut flow,
+        &mut host,
+        Some(200),
+        r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"."},"finish_reason":"stop"}],"usage":{"total_tokens":2},"prompt_token_ids":null,"prompt_token_ids_b64":"AQAAAA=="}"#,
     );
     assert_eq!(host.resumed, 0);
+    let (status, _, body) = &host.replies[0];
+    assert_eq!(*status, 200);
+    assert_eq!(
+        String::from_utf8_lossy(body),
+        r#"{"id":"c1","choices":[{"index":0,"message":{"role":"assistant","content":"."},"finish_reason":"stop"}],"usage":{"total_tokens":2}}"#
+    );
 }
 
 #[test]

@@ -672,7 +672,10 @@ pub fn prefill_response(
     // shapes (streamed with --lenient-prefill, Responses) take them as values.
     if api == Api::Responses || params.stream {
         for (name, raw) in std::mem::take(&mut out.top_raw) {
-            let value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+            // A RawValue holds valid JSON, so this cannot fail; if it ever
+            // did, the answer says so rather than carry a quiet null.
+            let value = serde_json::from_str(raw.get())
+                .unwrap_or_else(|e| Value::String(format!("mock-engine: member {name}: {e}")));
             out.top.insert(name.into(), value);
         }
     }

@@ -637,6 +637,50 @@ async fn trtllm_generation_checks_base64_ids() {
     assert_ne!(g.status, 200, "{}", g.text);
     assert!(g.text.contains("differ from the context's"), "{}", g.text);
 
+    // Dropped: TensorRT-LLM would tokenise again, but an orchestrator
+    // relays what the context answered.
+    let (_, mut gen) = trtllm_b64_pair(&context).await;
+    gen.as_object_mut()
+        .expect("object")
+        .remove("prompt_token_ids_b64");
+    let g = post(&generation, CHAT, &gen, &[]).await;
+    assert!(
+        g.text.contains("as the context answered them"),
+        "{}",
+        g.text
+    );
+
+    // The array where the context answered base64 is refused too.
+    let (cj, mut gen) = trtllm_b64_pair(&context).await;
+    gen.as_object_mut()
+        .expect("object")
+        .remove("prompt_token_ids_b64");
+    let b64 = cj["prompt_token_ids_b64"].as_str().expect("string");
+    let bytes = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .expect("base64")
+    };
+    let ids: Vec<i32> = bytes
+        .chunks_exact(4)
+        .map(|w| i32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect();
+    gen["prompt_token_ids"] = json!(ids);
+    let g = post(&generation, CHAT, &gen, &[]).await;
+    assert!(
+        g.text.contains("as the context answered them"),
+        "{}",
+        g.text
+    );
+
+    // Completions never take the string (TensorRT-LLM reads it on chat).
+    let gen = json!({"model": "m", "prompt": [1], "prompt_token_ids_b64": "AQAAAA==",
+        "disaggregated_params": {"request_type": "generation_only", "ctx_request_id": 5,
+            "disagg_request_id": 5, "ctx_info_endpoint": "127.0.0.1:1"}});
+    let g = post(&generation, COMPLETIONS, &gen, &[]).await;
+    assert!(g.text.contains("reads it on chat only"), "{}", g.text);
+
     // Both forms at once is not what an orchestrator sends.
     let (_, mut gen) = trtllm_b64_pair(&context).await;
     gen["prompt_token_ids"] = json!([1]);

@@ -30,22 +30,54 @@ pub struct KvEntry {
     pub prompt_hash: String,
 }
 
+/// The form in which a TRT-LLM context answered the prompt's ids; the
+/// generation request must carry them in that form (an orchestrator relays
+/// what it got, and drops nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdsForm {
+    /// Not answered (older chat endpoints, `--fault no-token-ids`).
+    Absent,
+    /// `prompt_token_ids`.
+    Array,
+    /// `prompt_token_ids_b64`.
+    Base64,
+}
+
+impl IdsForm {
+    fn tag(self) -> u8 {
+        match self {
+            IdsForm::Absent => b'-',
+            IdsForm::Array => b'a',
+            IdsForm::Base64 => b'b',
+        }
+    }
+
+    fn from_tag(tag: u8) -> Option<IdsForm> {
+        [IdsForm::Absent, IdsForm::Array, IdsForm::Base64]
+            .into_iter()
+            .find(|f| f.tag() == tag)
+    }
+}
+
 /// What a TRT-LLM context leaves for its generation request.
 #[derive(Debug, PartialEq, Eq)]
 pub struct CtxEntry {
     pub token_ids: Vec<u64>,
     /// The `encoded_opaque_state` the context answered.
     pub encoded_opaque_state: String,
+    pub answered: IdsForm,
 }
 
 impl CtxEntry {
-    /// The body of `GET /ctx/{id}`: the opaque state (base64, so no
-    /// newline), a newline, then the ids as little-endian u64s. Binary, as
+    /// The body of `GET /ctx/{id}`: the form's tag byte, the opaque state
+    /// (base64, so no newline), a newline, then the ids as little-endian
+    /// u64s. Binary, as
     /// the cache transfer it stands in for: 131 000 ids as JSON made the
     /// mocks, not the router, bind the bench's 512 KB rate.
     pub fn encode(&self) -> Vec<u8> {
         let mut out =
-            Vec::with_capacity(self.encoded_opaque_state.len() + 1 + 8 * self.token_ids.len());
+            Vec::with_capacity(self.encoded_opaque_state.len() + 2 + 8 * self.token_ids.len());
+        out.push(self.answered.tag());
         out.extend_from_slice(self.encoded_opaque_state.as_bytes());
         out.push(b'\n');
         for id in &self.token_ids {
@@ -55,6 +87,9 @@ impl CtxEntry {
     }
 
     pub fn decode(body: &[u8]) -> Result<CtxEntry, String> {
+        let (&tag, body) = body.split_first().ok_or("empty body")?;
+        let answered =
+            IdsForm::from_tag(tag).ok_or_else(|| format!("unknown ids form {tag:#x}"))?;
         let newline = body
             .iter()
             .position(|b| *b == b'\n')
@@ -76,6 +111,7 @@ impl CtxEntry {
         Ok(CtxEntry {
             token_ids,
             encoded_opaque_state,
+            answered,
         })
     }
 }
@@ -272,18 +308,23 @@ mod tests {
 
     #[test]
     fn ctx_body_round_trips() {
-        let ctx = CtxEntry {
-            token_ids: vec![0, 151_935, u64::MAX],
-            encoded_opaque_state: "bW9jaw+/=".into(),
-        };
-        assert_eq!(CtxEntry::decode(&ctx.encode()), Ok(ctx));
+        for answered in [IdsForm::Absent, IdsForm::Array, IdsForm::Base64] {
+            let ctx = CtxEntry {
+                token_ids: vec![0, 151_935, u64::MAX],
+                encoded_opaque_state: "bW9jaw+/=".into(),
+                answered,
+            };
+            assert_eq!(CtxEntry::decode(&ctx.encode()), Ok(ctx));
+        }
     }
 
     #[test]
     fn ctx_body_must_be_whole() {
-        assert!(CtxEntry::decode(b"no newline").is_err());
-        assert!(CtxEntry::decode(b"state\n1234567").is_err());
-        let empty = CtxEntry::decode(b"\n").expect("no ids is well formed");
+        assert!(CtxEntry::decode(b"").is_err());
+        assert!(CtxEntry::decode(b"ano newline").is_err());
+        assert!(CtxEntry::decode(b"astate\n1234567").is_err());
+        assert!(CtxEntry::decode(b"?state\n").is_err(), "unknown form");
+        let empty = CtxEntry::decode(b"-\n").expect("no ids is well formed");
         assert!(empty.token_ids.is_empty() && empty.encoded_opaque_state.is_empty());
     }
 }

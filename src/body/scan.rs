@@ -89,9 +89,10 @@ fn digit_bytes(w: u64) -> u64 {
     !(((x & LOW7) + splat(0x80 - 10)) | x) & HIGH
 }
 
-/// Where a JSON string of printable ASCII without escapes, starting at
+/// Where a JSON string of ASCII 0x20–0x7F without escapes, starting at
 /// `at`, ends (just after its closing quote), eight bytes at a time;
-/// `None` for any other string (escapes, non-ASCII: serde_json reads those).
+/// `None` for any other string (escapes, non-ASCII: serde_json reads those,
+/// from the string's start).
 pub(super) fn plain_string_end(b: &[u8], at: usize) -> Option<usize> {
     if b.get(at) != Some(&b'"') {
         return None;
@@ -121,7 +122,7 @@ pub(super) fn plain_string_end(b: &[u8], at: usize) -> Option<usize> {
     for (i, c) in words.remainder().iter().enumerate() {
         match c {
             b'"' => return Some(start + tail_at + i + 1),
-            b' '..=b'~' if *c != b'\\' => {}
+            0x20..=0x7f if *c != b'\\' => {}
             _ => return None,
         }
     }
@@ -307,7 +308,7 @@ mod tests {
                             None => {
                                 let plain = t[1..serde.unwrap_or(t.len()) - 1]
                                     .iter()
-                                    .all(|c| (b' '..=b'~').contains(c) && *c != b'\\');
+                                    .all(|c| (0x20..=0x7f).contains(c) && *c != b'\\');
                                 assert!(serde.is_none() || !plain, "{shown}");
                             }
                         }

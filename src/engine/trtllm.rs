@@ -118,46 +118,56 @@ impl EngineHandler for TrtllmHandler {
             }
         }
         decode.body.set_raw_bytes("disaggregated_params", &params);
-
-        let present = |name: &str| {
-            answer
-                .top
-                .span(name)
-                .filter(|s| answer.body.get(s.clone()) != Some(b"null"))
-        };
-        // The base64 form is relayed as it came, as TensorRT-LLM's
-        // orchestrator does; its generation worker decodes it, and only
-        // for chat.
-        if ctx.facts.api == Api::ChatCompletions {
-            if let Some(b64) = present(IDS_B64) {
-                if answer.body.get(b64.start) != Some(&b'"') {
-                    return Err(bad(
-                        "prompt_token_ids_b64 in the context response is not a string",
-                    ));
-                }
-                decode.body.copy_from(IDS_B64, answer.body, b64);
-                return Ok(Merged::Forward);
-            }
-        }
-        // Older chat endpoints do not echo the prompt's token ids; the
-        // generation server then tokenises the prompt itself (TensorRT-LLM's
-        // own orchestrator forwards without them too).
-        let Some(tokens) = present(IDS) else {
-            return Ok(Merged::ForwardWithoutTokenIds);
-        };
-        if answer.body.get(tokens.start) != Some(&b'[') {
-            return Err(bad(
-                "prompt_token_ids in the context response is not an array",
-            ));
-        }
-        // Hundreds of KB for a long prompt: copied from the answer into the
-        // generation request once, when it is rendered.
-        match ctx.facts.api {
-            Api::Completions => decode.body.copy_from("prompt", answer.body, tokens),
-            _ => decode.body.copy_from(IDS, answer.body, tokens),
-        }
-        Ok(Merged::Forward)
+        relay_ids(ctx, answer, decode)
     }
+}
+
+/// The context answer's token ids into the generation request, in the form
+/// the context answered them.
+fn relay_ids(
+    ctx: &PdContext,
+    answer: &PrefillAnswer,
+    decode: &mut LegEdits,
+) -> Result<Merged, EngineError> {
+    let bad = |m: &str| EngineError::BadPrefillAnswer(m.to_owned());
+    let present = |name: &str| {
+        answer
+            .top
+            .span(name)
+            .filter(|s| answer.body.get(s.clone()) != Some(b"null"))
+    };
+    // The base64 form is relayed as it came, as TensorRT-LLM's orchestrator
+    // does; its generation worker decodes it, and only for chat.
+    if ctx.facts.api == Api::ChatCompletions {
+        if let Some(b64) = present(IDS_B64) {
+            // `""` would hand the generation a prompt of no tokens.
+            if answer.body.get(b64.start) != Some(&b'"') || b64.len() < 3 {
+                return Err(bad(
+                    "prompt_token_ids_b64 in the context response is not a non-empty string",
+                ));
+            }
+            decode.body.copy_from(IDS_B64, answer.body, b64);
+            return Ok(Merged::Forward);
+        }
+    }
+    // Older chat endpoints do not echo the prompt's token ids; the
+    // generation server then tokenises the prompt itself (TensorRT-LLM's own
+    // orchestrator forwards without them too).
+    let Some(tokens) = present(IDS) else {
+        return Ok(Merged::ForwardWithoutTokenIds);
+    };
+    if answer.body.get(tokens.start) != Some(&b'[') {
+        return Err(bad(
+            "prompt_token_ids in the context response is not an array",
+        ));
+    }
+    // Hundreds of KB for a long prompt: copied from the answer into the
+    // generation request once, when it is rendered.
+    match ctx.facts.api {
+        Api::Completions => decode.body.copy_from("prompt", answer.body, tokens),
+        _ => decode.body.copy_from(IDS, answer.body, tokens),
+    }
+    Ok(Merged::Forward)
 }
 
 fn internal(e: crate::body::SourceMismatch) -> EngineError {

@@ -2,10 +2,13 @@
 //! context (prefill) server, then a "generation_only" request on the
 //! generation (decode) server built from the context response: its
 //! `disaggregated_params` and, when the context echoed them, its
-//! `prompt_token_ids`. As in TensorRT-LLM, a generation request without
-//! token ids is tokenised by the generation server itself (the tokens must
-//! still be the context's), and a request without `disaggregated_params` is
-//! served as an ordinary full request.
+//! `prompt_token_ids` (or, for chat contexts asked with
+//! `return_prompt_token_ids_b64`, `prompt_token_ids_b64`: the ids as base64
+//! little-endian int32s, the array nulled), relayed in the form the context
+//! answered. As in TensorRT-LLM, a generation request without token ids
+//! (its context answered none) is tokenised by the generation server itself
+//! (the tokens must still be the context's), and a request without
+//! `disaggregated_params` is served as an ordinary full request.
 //!
 //! The context answers an `encoded_opaque_state` (base64) that the
 //! generation must get back unaltered; with `--auth-key` the generation
@@ -17,6 +20,7 @@ use std::borrow::Cow;
 use axum::http::{HeaderMap, StatusCode};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{object_field, prefill_constraints, str_member, u64_member};
@@ -26,7 +30,7 @@ use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::pct;
 use crate::request::{short, token_ids, u64_array, Api, Request};
-use crate::sidechannel::CtxEntry;
+use crate::sidechannel::{CtxEntry, IdsForm};
 use crate::state::Shared;
 
 /// Standard base64 with padding (RFC 4648), as Python's `b64encode`.
@@ -36,12 +40,20 @@ fn base64(bytes: &[u8]) -> String {
 
 /// `prompt_token_ids_b64`: the ids as little-endian int32s, base64, as
 /// TensorRT-LLM's context worker encodes them (numpy `int32` `tobytes`).
-fn ids_b64(ids: &[u64]) -> String {
-    let bytes: Vec<u8> = ids
-        .iter()
-        .flat_map(|&id| (id as i32).to_le_bytes())
-        .collect();
-    base64(&bytes)
+fn ids_b64(ids: &[u64]) -> Checked<String> {
+    let mut bytes = Vec::with_capacity(4 * ids.len());
+    for &id in ids {
+        let id =
+            i32::try_from(id).map_err(|_| Fail::internal(format!("token id {id} is no int32")))?;
+        bytes.extend_from_slice(&id.to_le_bytes());
+    }
+    Ok(base64(&bytes))
+}
+
+/// The ids a context answers, in the form it answers them.
+enum AnsweredIds {
+    Array(Box<RawValue>),
+    Base64(String),
 }
 
 /// The ids a generation worker decodes from `prompt_token_ids_b64`.
@@ -124,16 +136,21 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
     let ids = if faults.contains(&Fault::NoTokenIds) {
         None
     } else if b64 && req.api == Api::Chat {
-        Some(Err(ids_b64(&tokens)))
+        Some(AnsweredIds::Base64(ids_b64(&tokens)?))
     } else {
         let raw = serde_json::value::to_raw_value(&tokens)
             .map_err(|e| Fail::internal(format!("token ids: {e}")))?;
-        Some(Ok(raw))
+        Some(AnsweredIds::Array(raw))
     };
     let prompt_tokens = tokens.len() as u64;
     let entry = CtxEntry {
         token_ids: tokens,
         encoded_opaque_state: encoded_opaque_state.clone(),
+        answered: match ids {
+            None => IdsForm::Absent,
+            Some(AnsweredIds::Array(_)) => IdsForm::Array,
+            Some(AnsweredIds::Base64(_)) => IdsForm::Base64,
+        },
     };
     if !state.side.put_ctx(id, entry) {
         return Err(Fail::contract(format!(
@@ -171,9 +188,9 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
     }
     match ids {
         None => {}
-        Some(Ok(array)) => out.top_raw.push(("prompt_token_ids", array)),
+        Some(AnsweredIds::Array(array)) => out.top_raw.push(("prompt_token_ids", array)),
         // As TensorRT-LLM's chat handler: the string, the array nulled.
-        Some(Err(b64)) => {
+        Some(AnsweredIds::Base64(b64)) => {
             out.top.insert("prompt_token_ids".into(), Value::Null);
             out.top
                 .insert("prompt_token_ids_b64".into(), Value::String(b64));
@@ -240,6 +257,14 @@ fn ctx_endpoint(params: &Map<String, Value>) -> Checked<String> {
     Ok(endpoint)
 }
 
+fn form_name(form: IdsForm) -> &'static str {
+    match form {
+        IdsForm::Absent => "none",
+        IdsForm::Array => "an array (`prompt_token_ids`, or `prompt` on completions)",
+        IdsForm::Base64 => "a base64 string (`prompt_token_ids_b64`)",
+    }
+}
+
 /// The token ids a generation request carries in `name`, if any.
 fn int_array(req: &Request<'_>, name: &str) -> Checked<Option<Vec<u64>>> {
     // Read straight into integers: the `Value` tree below, built only to
@@ -248,19 +273,20 @@ fn int_array(req: &Request<'_>, name: &str) -> Checked<Option<Vec<u64>>> {
         return Ok(Some(ids));
     }
     match req.value(name)? {
+        // TensorRT-LLM's models read a null as absent.
+        None | Some(Value::Null) => Ok(None),
         Some(v) => u64_array(&v).map(Some).ok_or_else(|| {
             Fail::contract(format!(
                 "generation request `{name}` must be an array of token ids, got {}",
                 short(&v)
             ))
         }),
-        None => Ok(None),
     }
 }
 
 /// A chat generation's ids: the array, or the base64 string the
 /// orchestrator relays instead (never both: it sends one form).
-fn chat_ids(req: &Request<'_>) -> Checked<Option<Vec<u64>>> {
+fn chat_ids(req: &Request<'_>) -> Checked<(IdsForm, Option<Vec<u64>>)> {
     let ids = int_array(req, "prompt_token_ids")?;
     let name = "prompt_token_ids_b64";
     // Base64 needs no escapes, so the string is read in place; anything
@@ -283,7 +309,12 @@ fn chat_ids(req: &Request<'_>) -> Checked<Option<Vec<u64>>> {
         },
     };
     let Some(text) = text else {
-        return Ok(ids);
+        let form = if ids.is_some() {
+            IdsForm::Array
+        } else {
+            IdsForm::Absent
+        };
+        return Ok((form, ids));
     };
     let decoded = ids_from_b64(&text).ok_or_else(|| {
         Fail::contract(format!(
@@ -295,7 +326,7 @@ fn chat_ids(req: &Request<'_>) -> Checked<Option<Vec<u64>>> {
             "generation request carries both `prompt_token_ids` and `{name}`"
         )));
     }
-    Ok(Some(decoded))
+    Ok((IdsForm::Base64, Some(decoded)))
 }
 
 pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> Checked<DecodeOut> {
@@ -327,12 +358,20 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             )))
         }
     };
-    let sent = match req.api {
+    let (form, sent) = match req.api {
         // Completions carry the ids as the prompt, or the prompt text.
-        Api::Completions => match req.value("prompt")? {
-            Some(Value::String(_)) => None,
-            _ => int_array(req, "prompt")?,
-        },
+        Api::Completions => {
+            if req.has("prompt_token_ids_b64") {
+                return Err(Fail::contract(
+                    "generation completions request carries `prompt_token_ids_b64`: TensorRT-LLM \
+                     reads it on chat only (completions take the ids as `prompt`)",
+                ));
+            }
+            match req.value("prompt")? {
+                Some(Value::String(_)) => (IdsForm::Absent, None),
+                _ => (IdsForm::Array, int_array(req, "prompt")?),
+            }
+        }
         Api::Chat => {
             if !req.has("messages") {
                 return Err(Fail::contract("generation chat request has no `messages`"));
@@ -371,6 +410,14 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
     }
     let ctx = CtxEntry::decode(&resp.body)
         .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
+    if form != ctx.answered {
+        return Err(Fail::contract(format!(
+            "the context answered the prompt's ids as {}, but the generation request carries {}: \
+             relay them as the context answered them",
+            form_name(ctx.answered),
+            form_name(form)
+        )));
+    }
     match opaque {
         Some(o) if o == ctx.encoded_opaque_state => {}
         Some(o) => {
@@ -411,7 +458,7 @@ mod tests {
     #[test]
     fn b64_ids_are_little_endian_int32s() {
         // numpy.asarray([1, 151935], dtype=np.int32).tobytes(), base64.
-        assert_eq!(ids_b64(&[1, 151_935]), "AQAAAH9RAgA=");
+        assert_eq!(ids_b64(&[1, 151_935]).ok().as_deref(), Some("AQAAAH9RAgA="));
         assert_eq!(ids_from_b64("AQAAAH9RAgA="), Some(vec![1, 151_935]));
         assert_eq!(ids_from_b64(""), Some(vec![]));
         assert_eq!(ids_from_b64("AQAA"), None, "3 bytes is no int32");
