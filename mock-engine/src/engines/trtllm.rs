@@ -62,10 +62,11 @@ fn ids_from_b64(s: &str) -> Option<Vec<u64>> {
     if bytes.len() % 4 != 0 {
         return None;
     }
-    bytes
-        .chunks_exact(4)
-        .map(|w| u64::try_from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])).ok())
-        .collect()
+    let mut ids = Vec::with_capacity(bytes.len() / 4);
+    for w in bytes.chunks_exact(4) {
+        ids.push(u64::try_from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])).ok()?);
+    }
+    Some(ids)
 }
 
 /// TRT-LLM's disaggregated request ids live above 2^42 (below are ordinary
@@ -190,10 +191,15 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
         None => {}
         Some(AnsweredIds::Array(array)) => out.top_raw.push(("prompt_token_ids", array)),
         // As TensorRT-LLM's chat handler: the string, the array nulled.
+        // Both last, as TensorRT-LLM's response model orders them; base64
+        // needs no escaping, so the string goes in as it is.
         Some(AnsweredIds::Base64(b64)) => {
-            out.top.insert("prompt_token_ids".into(), Value::Null);
-            out.top
-                .insert("prompt_token_ids_b64".into(), Value::String(b64));
+            let raw = |json: String| {
+                RawValue::from_string(json).map_err(|e| Fail::internal(format!("token ids: {e}")))
+            };
+            out.top_raw.push(("prompt_token_ids", raw("null".into())?));
+            out.top_raw
+                .push(("prompt_token_ids_b64", raw(format!("\"{b64}\""))?));
         }
     }
     Ok(out)
