@@ -209,6 +209,13 @@ impl TopLevel {
         self.raw(src, key).filter(|v| *v != b"null")
     }
 
+    /// [`TopLevel::span`], treating an explicit `null` as absent, as
+    /// [`TopLevel::raw_non_null`] does.
+    pub fn span_non_null(&self, src: &[u8], key: &str) -> Option<Range<usize>> {
+        self.span(key)
+            .filter(|s| src.get(s.clone()) != Some(b"null"))
+    }
+
     /// Whether a member named `key` exists (even if `null`).
     pub fn contains(&self, key: &str) -> bool {
         self.members.iter().any(|m| m.key == key)

@@ -130,12 +130,7 @@ fn relay_ids(
     decode: &mut LegEdits,
 ) -> Result<Merged, EngineError> {
     let bad = |m: &str| EngineError::BadPrefillAnswer(m.to_owned());
-    let present = |name: &str| {
-        answer
-            .top
-            .span(name)
-            .filter(|s| answer.body.get(s.clone()) != Some(b"null"))
-    };
+    let present = |name: &str| answer.top.span_non_null(answer.body, name);
     // The base64 form is relayed as it came, as TensorRT-LLM's orchestrator
     // does; its generation worker decodes it, and only for chat.
     if ctx.facts.api == Api::ChatCompletions {
