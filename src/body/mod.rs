@@ -113,6 +113,7 @@ fn is_ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
 }
 
+mod blocks;
 mod scan;
 
 impl TopLevel {

@@ -1,16 +1,16 @@
-//! The top level's members found by a scan that reads arrays of integers
-//! and plain strings itself: TensorRT-LLM's context answers carry the
-//! prompt's token ids (131 000 of them for a 512 KB prompt, or one 700 KB
-//! base64 string), and serde_json's generic value walk costs about 4 ns a
-//! byte on the array and 0.2 on the string inside wasm; a completions
-//! `prompt` is one long string too. Keys and every other value still go
-//! through serde_json, which validates their UTF-8 as it reads them; what
-//! the scan reads itself is ASCII by construction. So a body the scan
-//! accepts needs no separate UTF-8 pass.
+//! The top level's members found by a scan that reads values itself:
+//! TensorRT-LLM's context answers carry the prompt's token ids (131 000 of
+//! them for a 512 KB prompt, or one 700 KB base64 string), and a prompt is
+//! one long string inside `messages`, `prompt` or `input`. serde_json's
+//! skip reads four bytes at a time inside wasm and then checks the whole
+//! value's UTF-8 again; this scan reads strings and integer arrays a block
+//! at a time ([`super::blocks`]), checks UTF-8 only for values that hold
+//! non-ASCII, and allocates nothing. Keys still go through serde_json.
 //!
 //! The scan accepts exactly what serde_json accepts or stands aside (`None`);
 //! `TopLevel::parse` then asks serde_json for the verdict and its message.
 
+use super::blocks::{canonical_prefix, next_special};
 use super::{is_ws, Key};
 use serde_json::value::RawValue;
 use std::ops::Range;
@@ -69,115 +69,6 @@ fn ints_from(b: &[u8], mut i: usize) -> Option<usize> {
     }
 }
 
-const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
-const HIGH: u64 = 0x8080_8080_8080_8080;
-
-fn splat(byte: u8) -> u64 {
-    u64::from(byte) * 0x0101_0101_0101_0101
-}
-
-/// The high bit of each byte of `x` that is zero. Exact per byte: the sum
-/// of two 7-bit halves never carries into the next byte.
-fn zero_bytes(x: u64) -> u64 {
-    !(((x & LOW7) + LOW7) | x) & HIGH
-}
-
-/// The high bit of each byte of `w` that is an ASCII digit.
-fn digit_bytes(w: u64) -> u64 {
-    let x = w ^ splat(b'0');
-    // x < 10 exactly for digits: low 7 bits below 10, and no high bit.
-    !(((x & LOW7) + splat(0x80 - 10)) | x) & HIGH
-}
-
-/// Where a JSON string of ASCII 0x20–0x7F without escapes, starting at
-/// `at`, ends (just after its closing quote), eight bytes at a time;
-/// `None` for any other string (escapes, non-ASCII: serde_json reads those,
-/// from the string's start).
-pub(super) fn plain_string_end(b: &[u8], at: usize) -> Option<usize> {
-    if b.get(at) != Some(&b'"') {
-        return None;
-    }
-    let start = at + 1;
-    let rest = b.get(start..)?;
-    let mut words = rest.chunks_exact(8);
-    for (n, chunk) in words.by_ref().enumerate() {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(word);
-        // Borrows may flag bytes after the first special one, never before
-        // it, and only the first is read.
-        let quote = w ^ splat(b'"');
-        let backslash = w ^ splat(b'\\');
-        let special = (quote.wrapping_sub(splat(1)) & !quote)
-            | (backslash.wrapping_sub(splat(1)) & !backslash)
-            | w.wrapping_sub(splat(0x20))
-            | w;
-        let special = special & HIGH;
-        if special != 0 {
-            let i = n * 8 + special.trailing_zeros() as usize / 8;
-            return (rest.get(i) == Some(&b'"')).then_some(start + i + 1);
-        }
-    }
-    let tail_at = rest.len() - words.remainder().len();
-    for (i, c) in words.remainder().iter().enumerate() {
-        match c {
-            b'"' => return Some(start + tail_at + i + 1),
-            0x20..=0x7f if *c != b'\\' => {}
-            _ => return None,
-        }
-    }
-    None
-}
-
-/// Where the canonical run of integers that starts at `start` (a number's
-/// start, just after `[` or a comma) stops being canonical: digits and
-/// single commas only, no leading zeros, eight bytes at a time. Every byte
-/// before the returned position is a valid part of the array, and the
-/// position is `start` or just after a comma, so [`ints_from`] can go on
-/// from there with no state.
-///
-/// Masks hold the high bit of each byte; the word is little-endian, so
-/// "the previous byte" is a shift left by 8, with the last byte of the
-/// previous word carried in.
-fn canonical_prefix(b: &[u8], start: usize) -> usize {
-    let mut resume = start;
-    // What the byte before `start` was: a separator, so `start` begins a
-    // number (a comma there would make `,,`, and a zero then a digit `01`).
-    let (mut prev_comma, mut prev_zero, mut prev_start) = (true, false, false);
-    let Some(rest) = b.get(start..) else {
-        return start;
-    };
-    for (n, chunk) in rest.chunks_exact(8).enumerate() {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        let w = u64::from_le_bytes(word);
-        let comma = zero_bytes(w ^ splat(b','));
-        let digit = digit_bytes(w);
-        if comma | digit != HIGH {
-            break;
-        }
-        let zero = zero_bytes(w ^ splat(b'0'));
-        let carry = |prev: bool| if prev { 0x80 } else { 0 };
-        // A byte that starts a number: the one after a comma.
-        let starts = (comma << 8) | carry(prev_comma);
-        let double_comma = comma & starts;
-        let leading_zero =
-            digit & ((zero << 8) | carry(prev_zero)) & ((starts << 8) | carry(prev_start));
-        if double_comma | leading_zero != 0 {
-            break;
-        }
-        if comma != 0 {
-            // Just after the word's last comma.
-            let last = (63 - comma.leading_zeros() as usize) / 8;
-            resume = start + n * 8 + last + 1;
-        }
-        prev_comma = comma >> 63 != 0;
-        prev_zero = zero >> 63 != 0;
-        prev_start = starts >> 63 != 0;
-    }
-    resume
-}
-
 /// The members of the object starting at `open`, or `None` to let
 /// serde_json decide (anything unusual, every error).
 pub(super) fn members(b: &[u8], open: usize) -> Option<Vec<(Key<'_>, Range<usize>)>> {
@@ -197,9 +88,9 @@ pub(super) fn members(b: &[u8], open: usize) -> Option<Vec<(Key<'_>, Range<usize
         }
         i = skip_ws(b, i + 1);
         let fast = match b.get(i) {
-            Some(b'[') => int_array_end(b, i),
-            Some(b'"') => plain_string_end(b, i),
-            _ => None,
+            Some(b'[') => int_array_end(b, i).or_else(|| skip_value(b, i)),
+            Some(_) => skip_value(b, i),
+            None => None,
         };
         let end = match fast {
             Some(end) => end,
@@ -216,24 +107,169 @@ pub(super) fn members(b: &[u8], open: usize) -> Option<Vec<(Key<'_>, Range<usize
     (skip_ws(b, i + 1) == b.len()).then_some(out)
 }
 
+/// Where the string starting at the quote at `at` ends (just after its
+/// closing quote), escapes checked as serde_json's skip checks them (any
+/// `\u` with four hex digits: a lone surrogate is the reader's business).
+/// Sets `non_ascii` when the string holds bytes from 0x80, whose UTF-8 the
+/// caller checks.
+fn string_end(b: &[u8], at: usize, non_ascii: &mut bool) -> Option<usize> {
+    let mut i = at + 1;
+    loop {
+        i = if *non_ascii {
+            next_special::<false>(b, i)
+        } else {
+            next_special::<true>(b, i)
+        };
+        match *b.get(i)? {
+            b'"' => return Some(i + 1),
+            b'\\' => match *b.get(i + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => i += 2,
+                b'u' if b.get(i + 2..i + 6)?.iter().all(u8::is_ascii_hexdigit) => i += 6,
+                _ => return None,
+            },
+            0x80.. => *non_ascii = true,
+            _ => return None,
+        }
+    }
+}
+
+/// Where the number starting at `at` ends, by JSON's grammar (what
+/// serde_json's skip accepts: no leading zeros, digits after `.` and `e`).
+fn number_end(b: &[u8], at: usize) -> Option<usize> {
+    let digits_from = |i: usize| {
+        i + b
+            .get(i..)
+            .map_or(0, |r| r.iter().take_while(|c| c.is_ascii_digit()).count())
+    };
+    let mut i = at + usize::from(b.get(at) == Some(&b'-'));
+    match *b.get(i)? {
+        b'0' => i += 1,
+        b'1'..=b'9' => i = digits_from(i + 1),
+        _ => return None,
+    }
+    if b.get(i) == Some(&b'.') {
+        let end = digits_from(i + 1);
+        if end == i + 1 {
+            return None;
+        }
+        i = end;
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1 + usize::from(matches!(b.get(i + 1), Some(b'+' | b'-')));
+        let end = digits_from(i);
+        if end == i {
+            return None;
+        }
+        i = end;
+    }
+    Some(i)
+}
+
+/// Open arrays and objects, one bit each (set: an object), as deep as
+/// this scan goes; deeper values are serde_json's, whose skip keeps its
+/// own stack.
+struct Nesting {
+    bits: u128,
+    depth: u32,
+}
+
+impl Nesting {
+    fn push(&mut self, object: bool) -> Option<()> {
+        if self.depth == u128::BITS {
+            return None;
+        }
+        self.bits = (self.bits << 1) | u128::from(object);
+        self.depth += 1;
+        Some(())
+    }
+
+    /// Whether the innermost open value is an object, or `None` at the top.
+    fn top(&self) -> Option<bool> {
+        (self.depth > 0).then_some(self.bits & 1 == 1)
+    }
+
+    fn pop(&mut self) {
+        self.bits >>= 1;
+        self.depth = self.depth.saturating_sub(1);
+    }
+}
+
+/// An object's key and its colon, from `at`; where its value starts.
+fn key_end(b: &[u8], at: usize, non_ascii: &mut bool) -> Option<usize> {
+    let at = skip_ws(b, at);
+    if b.get(at) != Some(&b'"') {
+        return None;
+    }
+    let i = skip_ws(b, string_end(b, at, non_ascii)?);
+    (b.get(i) == Some(&b':')).then_some(i + 1)
+}
+
+/// Where the value starting at `at` ends, read by this scan: strings a
+/// block at a time ([`next_special`]), everything else byte by byte with
+/// no allocation. `None` for anything serde_json's skip would not accept
+/// and for nesting deeper than 128 (serde_json then decides); every
+/// `Some` is where serde_json's skip ends too, and its text is UTF-8.
+pub(super) fn skip_value(b: &[u8], at: usize) -> Option<usize> {
+    let mut open = Nesting { bits: 0, depth: 0 };
+    let mut non_ascii = false;
+    let mut i = at;
+    'value: loop {
+        i = skip_ws(b, i);
+        match *b.get(i)? {
+            b'"' => i = string_end(b, i, &mut non_ascii)?,
+            b'-' | b'0'..=b'9' => i = number_end(b, i)?,
+            c @ (b't' | b'f' | b'n') => {
+                let word: &[u8] = match c {
+                    b't' => b"true",
+                    b'f' => b"false",
+                    _ => b"null",
+                };
+                if !b.get(i..)?.starts_with(word) {
+                    return None;
+                }
+                i += word.len();
+            }
+            c @ (b'[' | b'{') => {
+                let object = c == b'{';
+                open.push(object)?;
+                i = skip_ws(b, i + 1);
+                if b.get(i) == Some(if object { &b'}' } else { &b']' }) {
+                    open.pop();
+                    i += 1;
+                } else {
+                    if object {
+                        i = key_end(b, i, &mut non_ascii)?;
+                    }
+                    continue 'value;
+                }
+            }
+            _ => return None,
+        }
+        // After a value: close what it ends, or go on after a comma.
+        while let Some(object) = open.top() {
+            i = skip_ws(b, i);
+            match *b.get(i)? {
+                b',' => {
+                    i += 1;
+                    if object {
+                        i = key_end(b, i, &mut non_ascii)?;
+                    }
+                    continue 'value;
+                }
+                b']' if !object => open.pop(),
+                b'}' if object => open.pop(),
+                _ => return None,
+            }
+            i += 1;
+        }
+        let utf8 = !non_ascii || std::str::from_utf8(b.get(at..i)?).is_ok();
+        return utf8.then_some(i);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_masks_are_exact_for_every_byte() {
-        for v in 0..=255u8 {
-            let w = u64::from_le_bytes([v, b'5', v, 0, 0xff, v, b',', v]);
-            let lanes = |m: u64| m.to_le_bytes().map(|x| x == 0x80);
-            let want = |f: fn(u8) -> bool| w.to_le_bytes().map(f);
-            assert_eq!(lanes(digit_bytes(w)), want(|x| x.is_ascii_digit()), "{v}");
-            assert_eq!(
-                lanes(zero_bytes(w ^ splat(b','))),
-                want(|x| x == b','),
-                "{v}"
-            );
-        }
-    }
 
     /// Arrays made of a canonical run of every length up to a word, then
     /// every window of up to 6 bytes of digits, commas, zeros, spaces and
@@ -272,53 +308,210 @@ mod tests {
         assert!(cases > 500_000, "{cases}");
     }
 
-    /// Strings of every window of up to 5 bytes from quotes, backslashes,
-    /// control characters, DEL, non-ASCII (valid and invalid UTF-8) and
-    /// plain letters, after every lead up to a word: the scan accepts
-    /// exactly the plain ones serde_json accepts, and ends where it does.
+    /// Strings of every window of up to 4 bytes (5 after two leads) from
+    /// quotes, backslashes, escape letters, hex digits, control
+    /// characters, DEL, non-ASCII (valid and invalid UTF-8) and plain
+    /// letters, after every lead up to past a SIMD block: the scan accepts
+    /// exactly what serde_json's skip accepts, and ends where it does.
     #[test]
     fn the_string_scan_agrees_with_serde_json() {
-        let alphabet: [&[u8]; 8] = [
+        let alphabet: [&[u8]; 9] = [
             b"a",
             b"\"",
             b"\\",
+            b"u",
+            b"F",
             b"\n",
-            b"\x1f",
             b"\x7f",
             "é".as_bytes(),
             b"\xff",
         ];
         let mut cases = 0;
-        for lead in 0..=9 {
+        let mut accepted = 0;
+        for lead in 0..=17 {
             for len in 0..=5u32 {
-                for mut code in 0..8u64.pow(len) {
+                if len == 5 && lead != 0 && lead != 11 {
+                    continue;
+                }
+                for mut code in 0..9u64.pow(len) {
                     let mut t = b"\"".to_vec();
-                    t.extend_from_slice(&b"abcdefghi"[..lead]);
+                    t.extend_from_slice(&b"abcdefghijklmnopq"[..lead]);
                     for _ in 0..len {
-                        t.extend_from_slice(alphabet[(code % 8) as usize]);
-                        code /= 8;
+                        t.extend_from_slice(alphabet[(code % 9) as usize]);
+                        code /= 9;
                     }
-                    for tail in [&b"\""[..], b"xyz\"", b"0123456789\""] {
+                    for tail in [&b"\""[..], b"0\"", b"0123456789abcdef\""] {
                         let mut t = t.clone();
                         t.extend_from_slice(tail);
                         let serde = value_end::<&RawValue>(&t, 0).map(|v| v.1);
                         let shown = String::from_utf8_lossy(&t).into_owned();
-                        match plain_string_end(&t, 0) {
-                            Some(end) => assert_eq!(Some(end), serde, "{shown}"),
-                            None => {
-                                let plain = t[1..serde.unwrap_or(t.len()) - 1]
-                                    .iter()
-                                    .all(|c| (0x20..=0x7f).contains(c) && *c != b'\\');
-                                assert!(serde.is_none() || !plain, "{shown}");
-                            }
-                        }
+                        let scanned = skip_value(&t, 0);
+                        assert_eq!(scanned, serde, "{shown}");
+                        accepted += usize::from(scanned.is_some());
                         cases += 1;
                     }
                 }
             }
         }
-        assert!(cases > 500_000, "{cases}");
-        assert_eq!(plain_string_end(b"\"abc", 0), None, "unterminated");
+        assert!(cases > 600_000, "{cases}");
+        assert!(accepted > cases / 10, "{accepted} of {cases}");
+        assert_eq!(skip_value(b"\"abc", 0), None, "unterminated");
+        assert_eq!(skip_value(b"\"\\u12\"", 0), None, "short \\u");
+    }
+
+    /// A small deterministic generator (xorshift) of JSON-ish objects:
+    /// nested values, tricky numbers and literals, strings with escapes
+    /// and non-ASCII, random whitespace, and one in two mangled by a byte
+    /// edit. Whatever the scan reads agrees with serde_json's walk, member
+    /// for member; and valid bodies are the scan's (not serde_json's).
+    #[test]
+    fn the_value_scan_agrees_with_serde_json() {
+        struct Gen(u64);
+        impl Gen {
+            fn next(&mut self) -> u64 {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                self.0
+            }
+            fn pick<'a>(&mut self, from: &[&'a str]) -> &'a str {
+                from[(self.next() % from.len() as u64) as usize]
+            }
+            /// One in sixteen from `bad`.
+            fn some_bad<'a>(&mut self, good: &[&'a str], bad: &[&'a str]) -> &'a str {
+                if self.next() % 16 == 0 {
+                    self.pick(bad)
+                } else {
+                    self.pick(good)
+                }
+            }
+            fn ws(&mut self, out: &mut String) {
+                out.push_str(self.pick(&["", "", "", " ", "\n\t", "\r "]));
+            }
+            fn value(&mut self, out: &mut String, depth: u32) {
+                let kind = self.next() % if depth > 4 { 3 } else { 5 };
+                match kind {
+                    0 => out.push_str(self.some_bad(
+                        &[
+                            "0", "-0", "12", "1.5", "-3e7", "2E+1", "4e-0", "true", "false", "null",
+                        ],
+                        &[
+                            "01", "1.", "-", "1e", ".5", "+1", "1.2.3", "tru", "nul", "nan",
+                        ],
+                    )),
+                    1 | 2 => {
+                        out.push('"');
+                        for _ in 0..self.next() % 40 {
+                            out.push_str(self.some_bad(
+                                &[
+                                    "a",
+                                    "The quick brown fox ",
+                                    "\\n",
+                                    "\\\"",
+                                    "\\\\",
+                                    "\\/",
+                                    "\\u00e9",
+                                    "\\uD83D\\uDE00",
+                                    "\\ud800",
+                                    "é",
+                                    "日本語",
+                                    "😀",
+                                    "\u{7f}",
+                                    "'",
+                                ],
+                                &["\\x", "\\u12G4", "\t"],
+                            ));
+                        }
+                        out.push('"');
+                    }
+                    3 => {
+                        out.push('[');
+                        for n in 0..self.next() % 4 {
+                            if n > 0 {
+                                out.push(',');
+                            }
+                            self.ws(out);
+                            self.value(out, depth + 1);
+                            self.ws(out);
+                        }
+                        out.push(']');
+                    }
+                    _ => {
+                        out.push('{');
+                        for n in 0..self.next() % 4 {
+                            if n > 0 {
+                                out.push(',');
+                            }
+                            self.ws(out);
+                            out.push_str(
+                                self.some_bad(&["\"k\"", "\"\"", "\"é\\n\""], &["k", "1"]),
+                            );
+                            self.ws(out);
+                            out.push(':');
+                            self.ws(out);
+                            self.value(out, depth + 1);
+                        }
+                        out.push('}');
+                    }
+                }
+            }
+        }
+        let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+        let (mut fast, mut valid) = (0, 0);
+        for _ in 0..60_000 {
+            let mut text = String::from("{\"a\":");
+            g.value(&mut text, 0);
+            text.push_str(",\"b\":");
+            g.value(&mut text, 0);
+            text.push('}');
+            let mut bytes = text.into_bytes();
+            if g.next() % 2 == 0 {
+                let at = (g.next() % bytes.len() as u64) as usize;
+                let byte = [
+                    b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', 0x1f, 0xc3, b'0',
+                ];
+                let byte = byte[(g.next() % byte.len() as u64) as usize];
+                match g.next() % 3 {
+                    0 => bytes[at] = byte,
+                    1 => bytes.insert(at, byte),
+                    _ => {
+                        bytes.remove(at);
+                    }
+                }
+            }
+            let walked = super::super::TopLevel::walk(&bytes, Some(0)).ok();
+            let walked: Option<Vec<Range<usize>>> =
+                walked.map(|m| m.into_iter().map(|(_, r)| r).collect());
+            // As `TopLevel::parse` calls it: on an object.
+            let scanned: Option<Vec<Range<usize>>> = (bytes[0] == b'{')
+                .then(|| members(&bytes, 0))
+                .flatten()
+                .map(|m| m.into_iter().map(|(_, r)| r).collect());
+            let shown = String::from_utf8_lossy(&bytes).into_owned();
+            if let Some(spans) = &scanned {
+                assert_eq!(Some(spans), walked.as_ref(), "{shown}");
+                fast += 1;
+            }
+            if walked.is_some() {
+                valid += 1;
+                assert!(scanned.is_some(), "valid, yet not the scan's: {shown}");
+            }
+        }
+        assert!(
+            valid > 8_000 && fast == valid,
+            "{fast} scanned, {valid} valid"
+        );
+    }
+
+    #[test]
+    fn nesting_deeper_than_the_scan_goes_is_serde_jsons() {
+        for depth in [127, 128, 129, 1000] {
+            let text = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let serde = value_end::<&RawValue>(text.as_bytes(), 0).map(|v| v.1);
+            assert_eq!(serde, Some(text.len()), "{depth}");
+            let want = (depth <= 128).then_some(text.len());
+            assert_eq!(skip_value(text.as_bytes(), 0), want, "{depth}");
+        }
     }
 
     #[test]
