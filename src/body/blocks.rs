@@ -6,10 +6,12 @@
 //! Inside wasm (what ships) a block is sixteen bytes, read with SIMD128:
 //! inside wasmtime a 512 KB prompt's string takes 17 µs, against 61 µs
 //! eight bytes at a time in integer registers and 59 µs by serde_json's
-//! skip, which reads four (`usize` is 32 bits in wasm32). V8, wasmtime and
-//! WAMR have all run SIMD128 since 2021; a runtime without it refuses the
-//! module when it loads, never a request. Natively (tests, benches) a
-//! block is eight bytes in a `u64`, and the unit tests run on both.
+//! skip, which reads four (`usize` is 32 bits in wasm32). SIMD128 is part
+//! of WebAssembly 2.0; Envoy's V8 (the end-to-end tests) and wasmtime (the
+//! unit tests inside wasm) run it, and a runtime without it would refuse
+//! the module when it loads, never fail a request. Natively (tests,
+//! benches) a block is eight bytes in a `u64`, and the unit tests run on
+//! both.
 
 /// The index of the first byte at or after `from` that is `"`, `\`, below
 /// 0x20, or (with `ASCII_ONLY`) 0x80 or above; `b.len()` if none is.
