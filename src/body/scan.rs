@@ -515,12 +515,12 @@ mod tests {
     }
 
     #[test]
-    fn long_canonical_arrays_are_read_by_words() {
+    fn long_canonical_arrays_are_read_by_blocks() {
         let ids: Vec<String> = (0..1000).map(|i| (i * 37 % 150_001).to_string()).collect();
         let text = format!("[{}]", ids.join(","));
         let b = text.as_bytes();
         assert_eq!(int_array_end(b, 0), Some(b.len()));
-        // All but the tail (the last word with `]`) without the byte loop.
+        // All but the tail (the last block with `]`) without the byte loop.
         assert!(canonical_prefix(b, 1) > b.len() - 16);
         for bad in ["[1,01]", "[1,,2]", "[1,2,]"] {
             let long = format!("[{},{}", ids.join(","), &bad[1..]);
