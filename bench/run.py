@@ -89,7 +89,10 @@ CONFIGS = [
       for kind, what in (("clock", "the time"), ("get", "shared-data read, 56 B"),
                          ("set", "shared-data write, 56 B"), ("counter", "counter increment"),
                          ("histogram", "histogram record"), ("header", "request header write"),
-                         ("headers", "request header map read"))),
+                         ("headers", "request header map read"),
+                         ("code", "KiB of distinct code run (no host call)"),
+                         ("hotcode", "the first KiB of that code run N times: the same work"),
+                         ("data", "KiB of filter memory read, a byte a line (no host call)"))),
     ("pd-vllm", "pd", "(c) pd-router, vllm (nixl)"),
     ("pd-sglang", "pd", "(c) pd-router, sglang"),
     ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
@@ -833,8 +836,8 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
     calls = [(c, c.removeprefix(f"{MIN_PD}+{CALLS_PER_REQUEST}")) for c in configs
              if c.startswith(f"{MIN_PD}+{CALLS_PER_REQUEST}")]
     if calls:
-        w(f"  [info] one host call, µs of router CPU (({MIN_PD}+{CALLS_PER_REQUEST}<kind>"
-          f" - {MIN_PD}) / {CALLS_PER_REQUEST}):")
+        w(f"  [info] one host call (code, data: one KiB touched), µs of router CPU "
+          f"(({MIN_PD}+{CALLS_PER_REQUEST}<kind> - {MIN_PD}) / {CALLS_PER_REQUEST}):")
         for c, kind in calls:
             costs = []
             for s, cc in all_cols:

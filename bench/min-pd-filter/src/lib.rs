@@ -19,6 +19,15 @@
 //! `set` (a 56-byte shared-data record, as pd-router's load table), `counter`
 //! and `histogram` (one stat update), `header` (a request header written),
 //! `headers` (the request header map read whole).
+//! Three kinds measure the cache footprint instead of a host call:
+//! `code*N` runs N KiB of distinct code per request (16·N of the 64-byte
+//! functions `build.rs` generates, called in a scattered order), `hotcode*N`
+//! the first of those KiB N times (the same instructions, no footprint), and
+//! `data*N` reads one byte of each 64-byte line of N KiB of the filter's
+//! memory, scattered (N at most 256): what a KiB of a request's code or data
+//! costs when Envoy's own work between two callbacks evicts it, read as
+//! (CPU per request - min-pd's) / N. The generated functions are in every
+//! build; without these steps nothing calls them.
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType};
@@ -27,6 +36,11 @@ use std::rc::Rc;
 use std::time::Duration;
 
 const ROUTE: &str = "x-envoy-original-dst-host";
+
+include!(concat!(env!("OUT_DIR"), "/code_blocks.rs"));
+
+/// The memory `data*N` reads: 256 KiB, allocated at configuration.
+const DATA_KIB: usize = 256;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Warn);
@@ -39,6 +53,7 @@ struct Steps {
     edit: bool,
     vllm: bool,
     calls: Vec<(Call, u32)>,
+    data: Vec<u8>,
 }
 
 #[derive(Clone, Copy)]
@@ -50,6 +65,9 @@ enum Call {
     Histogram,
     Header,
     Headers,
+    Code,
+    HotCode,
+    Data,
 }
 
 impl Call {
@@ -62,6 +80,9 @@ impl Call {
             "histogram" => Call::Histogram,
             "header" => Call::Header,
             "headers" => Call::Headers,
+            "code" => Call::Code,
+            "hotcode" => Call::HotCode,
+            "data" => Call::Data,
             _ => return None,
         })
     }
@@ -94,6 +115,9 @@ impl RootContext for Root {
         for item in steps.split(',').filter(|x| x.contains('*')) {
             let (kind, n) = item.split_once('*').unwrap_or_default();
             match (Call::of(kind), n.parse::<u32>()) {
+                (Some(Call::Code | Call::HotCode | Call::Data), Ok(n)) if n as usize > DATA_KIB => {
+                    return false
+                }
                 (Some(c), Ok(n)) => calls.push((c, n)),
                 _ => return false,
             }
@@ -106,11 +130,19 @@ impl RootContext for Root {
             ));
             let _ = self.set_shared_data(SHARED_KEY, Some(&[7u8; 56]), None);
         }
+        let data = if calls.iter().any(|(c, _)| matches!(c, Call::Data)) {
+            (0..DATA_KIB * 1024)
+                .map(|i| (i * 131 % 251) as u8)
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.steps = Rc::new(Steps {
             json: has("json") || has("edit"),
             edit: has("edit"),
             vllm: has("vllm"),
             calls,
+            data,
         });
         true
     }
@@ -170,7 +202,9 @@ impl Stream {
                         std::hint::black_box(h::get_shared_data(SHARED_KEY).ok());
                     }
                     Call::Set => {
-                        std::hint::black_box(h::set_shared_data(SHARED_KEY, Some(&[i as u8; 56]), None).ok());
+                        std::hint::black_box(
+                            h::set_shared_data(SHARED_KEY, Some(&[i as u8; 56]), None).ok(),
+                        );
                     }
                     Call::Counter => {
                         std::hint::black_box(h::increment_metric(self.metrics.0, 1).ok());
@@ -180,11 +214,39 @@ impl Stream {
                     }
                     Call::Header => {
                         std::hint::black_box(
-                            h::set_map_value(MapType::HttpRequestHeaders, "x-min-pd", Some("1")).ok(),
+                            h::set_map_value(MapType::HttpRequestHeaders, "x-min-pd", Some("1"))
+                                .ok(),
                         );
                     }
                     Call::Headers => {
                         std::hint::black_box(h::get_map_bytes(MapType::HttpRequestHeaders).ok());
+                    }
+                    Call::Code | Call::HotCode => {
+                        // `hotcode`: the same instructions, the same first
+                        // KiB every time: what `code` costs without its
+                        // footprint.
+                        let kib = if matches!(call, Call::Code) {
+                            i as usize
+                        } else {
+                            0
+                        };
+                        let mut x = u64::from(i);
+                        for f in &BLOCKS[kib * 16..][..16] {
+                            x = f(std::hint::black_box(x));
+                        }
+                        std::hint::black_box(x);
+                    }
+                    Call::Data => {
+                        // The 16 lines of one KiB out of the N, scattered
+                        // over them as `code`'s calls are (no stream for the
+                        // prefetcher to follow).
+                        let lines = *n as usize * 16;
+                        let data = &self.steps.data;
+                        let sum = (0..16).fold(0u8, |a, k| {
+                            let line = (i as usize * 16 + k) * 1237 % lines;
+                            a.wrapping_add(data[line * 64])
+                        });
+                        std::hint::black_box(sum);
                     }
                 }
             }
@@ -218,7 +280,10 @@ impl HttpContext for Stream {
             return self.fail("the body is not JSON");
         }
         let prefill = if self.steps.vllm {
-            appended(&self.body, &[br#","kv_transfer_params":{"do_remote_decode":true}"#])
+            appended(
+                &self.body,
+                &[br#","kv_transfer_params":{"do_remote_decode":true}"#],
+            )
         } else if self.steps.edit {
             appended(&self.body, &[br#","user":"min-pd","seed":1"#])
         } else {
