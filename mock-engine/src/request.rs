@@ -2,6 +2,7 @@
 //! router sent, so checks can be byte-exact and numbers are never rounded.
 
 use std::fmt;
+use std::sync::Mutex;
 
 use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 use serde::Deserialize;
@@ -20,7 +21,20 @@ pub enum Api {
 
 pub struct Request<'a> {
     pub api: Api,
-    fields: Vec<(String, &'a RawValue)>,
+    fields: Vec<(String, Raw<'a>)>,
+    /// The top-level `prompt_token_ids`, when [`cut_ids`] read them before
+    /// serde_json read the rest; taken once by [`Request::take_token_ids`].
+    token_ids: Mutex<Option<Vec<u64>>>,
+}
+
+/// A member's JSON text exactly as the body holds it.
+#[derive(Clone, Copy, Debug)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(&self) -> &'a str {
+        self.0
+    }
 }
 
 /// Top-level members in order. Duplicate keys are rejected: real engines keep
@@ -53,20 +67,40 @@ impl<'de> Deserialize<'de> for Fields<'de> {
 
 impl<'a> Request<'a> {
     pub fn parse(api: Api, body: &'a [u8]) -> Checked<Self> {
+        if let Some(req) = cut_ids(api, body) {
+            return Ok(req);
+        }
         let fields: Fields<'a> = serde_json::from_slice(body)
             .map_err(|e| Fail::contract(format!("body is not a valid JSON object: {e}")))?;
-        // A JSON null means "not given" to the real engines (pydantic
-        // Optional fields), so it is treated exactly like an absent member.
-        let fields = fields
-            .0
-            .into_iter()
-            .filter(|(_, v)| v.get().trim() != "null")
-            .collect();
-        Ok(Request { api, fields })
+        let fields = fields.0.into_iter().map(|(k, v)| (k, Raw(v.get())));
+        Ok(Request::of_fields(api, fields, None))
     }
 
-    pub fn raw(&self, name: &str) -> Option<&'a RawValue> {
+    fn of_fields(
+        api: Api,
+        fields: impl Iterator<Item = (String, Raw<'a>)>,
+        token_ids: Option<Vec<u64>>,
+    ) -> Self {
+        // A JSON null means "not given" to the real engines (pydantic
+        // Optional fields), so it is treated exactly like an absent member.
+        let fields = fields.filter(|(_, v)| v.get().trim() != "null").collect();
+        Request {
+            api,
+            fields,
+            token_ids: Mutex::new(token_ids),
+        }
+    }
+
+    pub fn raw(&self, name: &str) -> Option<Raw<'a>> {
         self.fields.iter().find(|(k, _)| k == name).map(|(_, v)| *v)
+    }
+
+    /// The top-level `prompt_token_ids` if the parse already read them
+    /// (a plain integer array); `None` otherwise, or once taken.
+    pub fn take_token_ids(&self) -> Option<Vec<u64>> {
+        // A poisoned lock only means a panicking reader: the ids are
+        // read again from the member's text.
+        self.token_ids.lock().ok()?.take()
     }
 
     pub fn has(&self, name: &str) -> bool {
@@ -210,9 +244,153 @@ pub fn u64_array(v: &Value) -> Option<Vec<u64>> {
     v.as_array()?.iter().map(Value::as_u64).collect()
 }
 
+const TOKEN_IDS: &[u8] = br#""prompt_token_ids":["#;
+
+/// A TensorRT-LLM generation request whose `prompt_token_ids` is a plain
+/// integer array, read without serde_json walking the array: cut out, read
+/// by [`compact_ids`], the rest of the body parsed by serde_json with `[]`
+/// in its place and every member's text mapped back to the body. For the
+/// bench's 131 000 ids, serde_json's walk over them to find the member's
+/// end was a fifth of the load core. `None` (the whole body then goes to
+/// serde_json, which decides and words any error) unless the key appears
+/// once, its array is compact and the rest parses with the key at the top.
+fn cut_ids(api: Api, body: &[u8]) -> Option<Request<'_>> {
+    let at = find(body, TOKEN_IDS)?;
+    if find(&body[at + 1..], TOKEN_IDS).is_some() {
+        return None;
+    }
+    let open = at + TOKEN_IDS.len() - 1;
+    let close = open + body[open..].iter().position(|b| *b == b']')?;
+    let ids = compact_ids(&body[open..=close])?;
+    let cut = close - open - 1;
+    let mut rest = Vec::with_capacity(body.len() - cut);
+    rest.extend_from_slice(&body[..=open]);
+    rest.extend_from_slice(&body[close..]);
+    let fields: Fields<'_> = serde_json::from_slice(&rest).ok()?;
+    // A position in `rest` is the same in the body up to the `[`, and `cut`
+    // bytes later after it.
+    let base = rest.as_ptr() as usize;
+    let back = |p: usize| if p <= open { p } else { p + cut };
+    let mut out = Vec::with_capacity(fields.0.len());
+    let mut at_top = false;
+    for (k, v) in fields.0 {
+        let start = v.get().as_ptr() as usize - base;
+        let (start, end) = (back(start), back(start + v.get().len()));
+        if k == "prompt_token_ids" {
+            at_top = start == open;
+        }
+        out.push((k, Raw(std::str::from_utf8(body.get(start..end)?).ok()?)));
+    }
+    at_top.then(|| Request::of_fields(api, out.into_iter(), Some(ids)))
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    memchr::memmem::find(hay, needle)
+}
+
+/// `[1,2,3]` as the router relays TensorRT-LLM's answer (no spaces, no
+/// leading zeros, at most nine digits each) read by a plain loop: serde_json's
+/// number parser was a fifth of the bench's load core at 512 KB. Anything
+/// else is `None`, for serde_json to read or reject.
+pub fn compact_ids(raw: &[u8]) -> Option<Vec<u64>> {
+    let inner = raw.strip_prefix(b"[")?.strip_suffix(b"]")?;
+    let mut ids = Vec::with_capacity(inner.len() / 5 + 1);
+    if inner.is_empty() {
+        return Some(ids);
+    }
+    for digits in inner.split(|b| *b == b',') {
+        let leading_zero = digits.len() > 1 && digits[0] == b'0';
+        if digits.is_empty() || digits.len() > 9 || leading_zero {
+            return None;
+        }
+        let mut id = 0u64;
+        for d in digits {
+            if !d.is_ascii_digit() {
+                return None;
+            }
+            id = id * 10 + u64::from(d - b'0');
+        }
+        ids.push(id);
+    }
+    Some(ids)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compact_ids_read_what_serde_json_reads_or_stand_aside() {
+        for ok in ["[]", "[0]", "[1,22,333]", "[151935,0,7]", "[999999999]"] {
+            let want: Vec<u64> = serde_json::from_str(ok).unwrap();
+            assert_eq!(compact_ids(ok.as_bytes()), Some(want), "{ok}");
+        }
+        for other in [
+            "[1, 2]",
+            "[01]",
+            "[1,,2]",
+            "[1,]",
+            "[,1]",
+            "[-1]",
+            "[1.5]",
+            "[1000000000]",
+            "1",
+            "[1",
+        ] {
+            assert_eq!(compact_ids(other.as_bytes()), None, "{other}");
+        }
+    }
+
+    /// Every member and its text, as the parse kept them.
+    fn members<'a>(r: &Request<'a>) -> Vec<(String, &'a str)> {
+        r.fields.iter().map(|(k, v)| (k.clone(), v.get())).collect()
+    }
+
+    #[test]
+    fn cutting_the_ids_out_reads_what_serde_json_reads() {
+        let cut = [
+            r#"{"model":"m","prompt_token_ids":[1,22,333],"max_tokens":4}"#,
+            r#"{"prompt_token_ids":[],"x":{"a":[1,2]}}"#,
+            r#"{"a":"say \"hi\" ]","prompt_token_ids":[7],"b":null}"#,
+            r#" { "messages":[{"role":"user","content":"é ]"}], "prompt_token_ids":[0,5] } "#,
+        ];
+        for body in cut {
+            let fast = cut_ids(Api::Chat, body.as_bytes()).expect(body);
+            let fields: Fields<'_> = serde_json::from_str(body).expect(body);
+            let slow = Request::of_fields(
+                Api::Chat,
+                fields.0.into_iter().map(|(k, v)| (k, Raw(v.get()))),
+                None,
+            );
+            assert_eq!(members(&fast), members(&slow), "{body}");
+            let want: Vec<u64> =
+                serde_json::from_str(slow.raw("prompt_token_ids").expect("ids").get()).unwrap();
+            assert_eq!(fast.take_token_ids(), Some(want), "{body}");
+            assert_eq!(fast.take_token_ids(), None, "taken once: {body}");
+        }
+    }
+
+    #[test]
+    fn anything_else_is_left_to_serde_json() {
+        let left = [
+            // Not at the top, twice, not compact, not JSON around it.
+            r#"{"x":{"prompt_token_ids":[1,2]}}"#,
+            r#"{"prompt_token_ids":[1],"y":{"prompt_token_ids":[2]}}"#,
+            r#"{"prompt_token_ids":[1, 2]}"#,
+            r#"{"prompt_token_ids":[01]}"#,
+            r#"{"prompt_token_ids":[1],}"#,
+            r#"{"prompt_token_ids":[1]"#,
+            r#"{"a":"x"prompt_token_ids":[1]}"#,
+            r#"{"prompt_token_ids":[1],"prompt_token_ids":[1]}"#,
+        ];
+        for body in left {
+            assert!(cut_ids(Api::Chat, body.as_bytes()).is_none(), "{body}");
+        }
+        // The whole parse still answers as serde_json does.
+        assert!(Request::parse(Api::Chat, left[0].as_bytes()).is_ok());
+        assert!(Request::parse(Api::Chat, left[4].as_bytes()).is_err());
+        assert!(Request::parse(Api::Chat, left[7].as_bytes()).is_err());
+    }
 
     #[test]
     fn keeps_raw_bytes_and_big_ints() {
