@@ -74,7 +74,7 @@ bench: setup && bench-e2e
 # End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them (bench/README.md).
 bench-e2e *ARGS: setup
     cargo build --target wasm32-wasip1 --release
-    cargo build --release --target wasm32-wasip1 -j 1 --manifest-path bench/min-pd-filter/Cargo.toml
+    cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
     cargo build --release -p mock-engine
     [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
