@@ -905,8 +905,8 @@ def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
-    # 1.3 s: at 10 ms a tick, /proc's CPU time is within 1 % over a window
-    # that keeps a core half busy; this machine's noise is far larger, and
+    # 1.3 s: at 10 ms a tick, /proc's CPU time is within 1.5 % over a
+    # window that keeps a core half busy; this machine's noise is far larger, and
     # the repetitions (medians of 3) are what answers it.
     ap.add_argument("--duration", type=float, default=1.3,
                     help="measured seconds per cell (default 1.3)")
