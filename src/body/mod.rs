@@ -207,11 +207,10 @@ impl TopLevel {
     /// The raw text of `key`, treating an explicit `null` as absent (OpenAI
     /// clients send `"stream": null` to mean "not set").
     pub fn raw_non_null<'s>(&self, src: &'s [u8], key: &str) -> Option<&'s [u8]> {
-        self.raw(src, key).filter(|v| *v != b"null")
+        src.get(self.span_non_null(src, key)?)
     }
 
-    /// [`TopLevel::span`], treating an explicit `null` as absent, as
-    /// [`TopLevel::raw_non_null`] does.
+    /// [`TopLevel::span`], treating an explicit `null` as absent.
     pub fn span_non_null(&self, src: &[u8], key: &str) -> Option<Range<usize>> {
         self.span(key)
             .filter(|s| src.get(s.clone()) != Some(b"null"))
