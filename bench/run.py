@@ -82,6 +82,8 @@ CONFIGS = [
     ("envoy-buffer-mirror", "floor", "(b') (b) + the buffer filter: the floor inside Envoy"),
     ("min-pd", "min", "(m) minimal PD wasm filter, default mocks: the proxy-wasm floor"),
     ("min-pd-vllm", "min-engine", "(m) the least a vLLM NIXL filter does, on pd-vllm's mocks"),
+    ("min-pd-trtllm", "min-engine", "(m) the least a TensorRT-LLM filter does (the ids relayed "
+     "as bytes, unread), on pd-trtllm's mocks"),
     ("min-pd+json", "bisect", "(m) + serde_json validates the body and the prefill's answer"),
     ("min-pd+edit", "bisect", "(m) + json + new prefill and decode bodies, as a hand-off"),
     *((f"min-pd+{CALLS_PER_REQUEST}{kind}", "bisect",
@@ -107,6 +109,7 @@ FLOOR = "envoy-mirror"
 BUFFER_FLOOR = "envoy-buffer-mirror"
 MIN_PD = "min-pd"
 MIN_PD_VLLM = "min-pd-vllm"
+MIN_PD_TRTLLM = "min-pd-trtllm"
 PEERS = [c for c, k, _ in CONFIGS if k == "peer"]
 PD = [c for c, k, _ in CONFIGS if k == "pd"]
 # pd-router engine -> the peer doing the same PD job on the same mocks.
@@ -748,6 +751,15 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
                                                for s, c in all_cols]))
         w(col_row(f"{MIN_PD_VLLM} / {MIN_PD}", [cpu_ratio(s, c, MIN_PD_VLLM, MIN_PD)
                                                for s, c in all_cols]))
+    # TensorRT-LLM's floor: the same bytes through Envoy with nothing read,
+    # against pd-router's TensorRT-LLM path and against the vLLM floor.
+    if "pd-trtllm" in run_pd:
+        w(col_row(f"pd-trtllm / {MIN_PD_TRTLLM}", [cpu_ratio(s, c, "pd-trtllm", MIN_PD_TRTLLM)
+                                                   for s, c in all_cols]))
+        w(col_row(f"{MIN_PD_TRTLLM} / pd-vllm", [cpu_ratio(s, c, MIN_PD_TRTLLM, "pd-vllm")
+                                                 for s, c in all_cols]))
+        w(col_row(f"{MIN_PD_TRTLLM} / {MIN_PD_VLLM}", [cpu_ratio(s, c, MIN_PD_TRTLLM, MIN_PD_VLLM)
+                                                       for s, c in all_cols]))
     conc_hi = max(order_conc)
     w("")
     w(f"pd-router requests/s at concurrency {conc_hi} vs the best peer (named):")
@@ -805,6 +817,10 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
         "pd-trtllm at 512K <= 1.5x pd-vllm's",
         [(f"512K c={c}", cpu_ratio("512K", c, "pd-trtllm", "pd-vllm"), 1.5)
          for c in order_conc]))
+    w(f"  [info] {MIN_PD_TRTLLM} / pd-vllm at 512K (the least a TensorRT-LLM filter does, "
+      "the ids unread): "
+      + ", ".join(f"c={c} {fmt_ratio(cpu_ratio('512K', c, MIN_PD_TRTLLM, 'pd-vllm'))}"
+                  for c in order_conc))
     if "pd-trtllm-b64" in configs:
         w("  [info] pd-trtllm-b64 / pd-vllm at 512K (the ids as TensorRT-LLM's base64 form): "
           + ", ".join(f"c={c} {fmt_ratio(cpu_ratio('512K', c, 'pd-trtllm-b64', 'pd-vllm'))}"
@@ -825,6 +841,23 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
             f"{pd} <= 1.0x {peer} (standalone) from 64K up",
             [(f"{s} c={c}", cpu_ratio(s, c, pd, peer), 1.0)
              for s in ("64K", "512K") if s in order_sizes for c in order_conc]))
+    # Where a target sits against its floor: the same ratio for the least
+    # filter doing that engine's job (min-pd for SGLang, which has none of
+    # its own: its hand-off is two members on both legs).
+    floor_of = {"pd-vllm": MIN_PD_VLLM, "pd-sglang": MIN_PD, "pd-default": MIN_PD}
+    w("  [info] the floors on the same ratios (the least filter doing the engine's job "
+      "in place of pd-router):")
+    w(f"      {MIN_PD_VLLM} / {MIN_PD} (the 1.15x budget): "
+      + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, MIN_PD_VLLM, MIN_PD))}"
+                  for s, c in all_cols))
+    for pd, stack in STACKS.items():
+        w(f"      {floor_of[pd]} / {stack}: "
+          + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, floor_of[pd], stack))}"
+                      for s in ("1K", "512K") if s in order_sizes for c in order_conc))
+    for pd, peer in HEAD_TO_HEAD.items():
+        w(f"      {floor_of[pd]} / {peer}: "
+          + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, floor_of[pd], peer))}"
+                      for s in ("64K", "512K") if s in order_sizes for c in order_conc))
     w("  [info] at 1K vs the standalone peer, and how much of it the minimal wasm filter "
       "already costs:")
     for pd, peer in HEAD_TO_HEAD.items():
@@ -871,7 +904,8 @@ def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
     width = 0.8 / len(configs)
     # Floors grey, pd-router blues and greens, peers warm.
     palette = {"envoy-forward": "#dcdcdc", "envoy-mirror": "#a8a8a8",
-               "envoy-buffer-mirror": "#6e6e6e", "min-pd": "#333333", "pd-vllm": "#1f4e9c",
+               "envoy-buffer-mirror": "#6e6e6e", "min-pd": "#333333",
+               "min-pd-vllm": "#555555", "min-pd-trtllm": "#777777", "pd-vllm": "#1f4e9c",
                "pd-sglang": "#3a86d4", "pd-trtllm": "#2e9e6a", "pd-trtllm-b64": "#1b6b47", "pd-default": "#8fd19e",
                "sglang-router": "#f2a65a", "vllm-router": "#e06a6e",
                "envoy+sglang-router": "#b8560f", "envoy+vllm-router": "#8c1c20"}
@@ -1091,6 +1125,17 @@ def main() -> int:
             add(MIN_PD_VLLM, lambda pm=pm, dm=dm: Target(MIN_PD_VLLM, *start_envoy(
                 procs, a.envoy, MIN_PD_VLLM, min_pd_envoy(a.min_wasm, pm, dm, "vllm")),
                 [pm, dm], "pulled"))
+        if MIN_PD_TRTLLM in need:
+            # pd-trtllm's mocks, the context lenient about `max_tokens` (the
+            # minimal filter appends, it does not rewrite): the same
+            # tokenising, side channel and id check, so the pair differs in
+            # the filter alone.
+            p_args, d_args, kv = engines["trtllm"]
+            pm = mock("min-trtllm-prefill", *p_args, "--lenient-prefill")
+            dm = mock("min-trtllm-decode", *d_args)
+            add(MIN_PD_TRTLLM, lambda pm=pm, dm=dm, kv=kv: Target(MIN_PD_TRTLLM, *start_envoy(
+                procs, a.envoy, MIN_PD_TRTLLM, min_pd_envoy(a.min_wasm, pm, dm, "trtllm")),
+                [pm, dm], kv))
 
         # Each peer runs once; its standalone config and its gateway stack
         # (e) share it (only the one being measured gets traffic).

@@ -12,7 +12,14 @@
 //! `vllm` is the least a vLLM (NIXL) PD filter must do, for the vLLM
 //! mocks: `kv_transfer_params` with `do_remote_decode` on the prefill, and
 //! the prefill answer's `kv_transfer_params` (found by parsing the answer)
-//! on the decode.
+//! on the decode. `trtllm` is the least a TensorRT-LLM filter must do, for
+//! the TensorRT-LLM mocks (chat, the ids as an array): `disaggregated_params`
+//! with `context_only` and a fresh `disagg_request_id` on the context request;
+//! on the generation request the answer's `disaggregated_params` with
+//! `generation_only`, and its `prompt_token_ids` relayed as bytes, found by
+//! a byte search and never read (the answer's last member, as TensorRT-LLM
+//! and the mock order it). Its context mock is lenient about `max_tokens`,
+//! as min-pd's are, so the client's body goes out with the members appended.
 //! `KIND*N` (e.g. `clock*100`) makes N extra host calls of one kind per
 //! request, at the body: what one call of that kind costs Envoy and V8, read
 //! as (CPU per request - min-pd's) / N. Kinds: `clock` (the time), `get` and
@@ -31,6 +38,7 @@
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType, MetricType};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::Duration;
@@ -52,6 +60,7 @@ struct Steps {
     json: bool,
     edit: bool,
     vllm: bool,
+    trtllm: bool,
     calls: Vec<(Call, u32)>,
     data: Vec<u8>,
 }
@@ -95,6 +104,8 @@ struct Root {
     pods: Rc<(String, String)>,
     steps: Rc<Steps>,
     metrics: Rc<(u32, u32)>,
+    /// The next TensorRT-LLM `disagg_request_id` (the mock wants them from 2^42 and unique).
+    next_id: Rc<Cell<u64>>,
 }
 
 impl Context for Root {}
@@ -141,9 +152,17 @@ impl RootContext for Root {
             json: has("json") || has("edit"),
             edit: has("edit"),
             vllm: has("vllm"),
+            trtllm: has("trtllm"),
             calls,
             data,
         });
+        // Unique across restarts of this Envoy against the same mocks.
+        let now = self
+            .get_current_time()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0);
+        self.next_id = Rc::new(Cell::new((1 << 42) + (now & ((1 << 40) - 1)) * 1024));
         true
     }
 
@@ -152,6 +171,7 @@ impl RootContext for Root {
             pods: self.pods.clone(),
             steps: self.steps.clone(),
             metrics: self.metrics.clone(),
+            next_id: self.next_id.clone(),
             body: Vec::new(),
         }))
     }
@@ -165,7 +185,33 @@ struct Stream {
     pods: Rc<(String, String)>,
     steps: Rc<Steps>,
     metrics: Rc<(u32, u32)>,
+    next_id: Rc<Cell<u64>>,
     body: Vec<u8>,
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The generation request's members from a TensorRT-LLM context answer:
+/// its `disaggregated_params` (the first choice's) turned `generation_only`,
+/// and its `prompt_token_ids` array as bytes, taken to the answer's last `]`.
+fn trtllm_handoff(answer: &[u8]) -> Option<(Vec<u8>, &[u8])> {
+    const PARAMS: &[u8] = br#""disaggregated_params":"#;
+    const IDS: &[u8] = br#""prompt_token_ids":["#;
+    let at = find(answer, PARAMS)? + PARAMS.len();
+    let mut values = serde_json::Deserializer::from_slice(answer.get(at..)?)
+        .into_iter::<serde::de::IgnoredAny>();
+    values.next()?.ok()?;
+    let params = answer.get(at..at + values.byte_offset())?;
+    let kind = find(params, br#""context_only""#)?;
+    let mut generation = Vec::with_capacity(params.len() + 3);
+    generation.extend_from_slice(&params[..kind]);
+    generation.extend_from_slice(br#""generation_only""#);
+    generation.extend_from_slice(&params[kind + br#""context_only""#.len()..]);
+    let start = find(answer, IDS)? + IDS.len() - 1;
+    let end = answer.iter().rposition(|b| *b == b']')? + 1;
+    (end > start).then(|| (generation, &answer[start..end]))
 }
 
 fn valid_json(b: &[u8]) -> bool {
@@ -284,12 +330,19 @@ impl HttpContext for Stream {
                 &self.body,
                 &[br#","kv_transfer_params":{"do_remote_decode":true}"#],
             )
+        } else if self.steps.trtllm {
+            let id = self.next_id.get();
+            self.next_id.set(id + 1);
+            let params = format!(
+                r#","disaggregated_params":{{"request_type":"context_only","disagg_request_id":{id}}}"#
+            );
+            appended(&self.body, &[params.as_bytes()])
         } else if self.steps.edit {
             appended(&self.body, &[br#","user":"min-pd","seed":1"#])
         } else {
             Vec::new()
         };
-        let prefill_body = if self.steps.edit || self.steps.vllm {
+        let prefill_body = if self.steps.edit || self.steps.vllm || self.steps.trtllm {
             &prefill
         } else {
             &self.body
@@ -339,6 +392,23 @@ impl Context for Stream {
                 return;
             };
             body = appended(&body, &[br#","kv_transfer_params":"#, &params]);
+        } else if self.steps.trtllm {
+            let answer = self
+                .get_http_call_response_body(0, size)
+                .unwrap_or_default();
+            let Some((params, ids)) = trtllm_handoff(&answer) else {
+                self.fail("the context answer has no disaggregated_params or prompt_token_ids");
+                return;
+            };
+            body = appended(
+                &body,
+                &[
+                    br#","disaggregated_params":"#,
+                    &params,
+                    br#","prompt_token_ids":"#,
+                    ids,
+                ],
+            );
         } else if self.steps.json {
             let answer = self
                 .get_http_call_response_body(0, size)
