@@ -844,7 +844,7 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
     # Where a target sits against its floor: the same ratio for the least
     # filter doing that engine's job (min-pd for SGLang, which has none of
     # its own: its hand-off is two members on both legs).
-    floor_of = {"pd-vllm": MIN_PD_VLLM, "pd-sglang": MIN_PD, "pd-default": MIN_PD}
+    floor_of = {"pd-vllm": MIN_PD_VLLM, "pd-sglang": MIN_PD}
     w("  [info] the floors on the same ratios (the least filter doing the engine's job "
       "in place of pd-router):")
     w(f"      {MIN_PD_VLLM} / {MIN_PD} (the 1.15x budget): "

@@ -156,13 +156,15 @@ impl RootContext for Root {
             calls,
             data,
         });
-        // Unique across restarts of this Envoy against the same mocks.
-        let now = self
-            .get_current_time()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as u64)
-            .unwrap_or(0);
-        self.next_id = Rc::new(Cell::new((1 << 42) + (now & ((1 << 40) - 1)) * 1024));
+        if self.steps.trtllm {
+            // Unique across restarts of this Envoy against the same mocks.
+            let now = self
+                .get_current_time()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as u64)
+                .unwrap_or(0);
+            self.next_id = Rc::new(Cell::new((1 << 42) + (now & ((1 << 40) - 1)) * 1024));
+        }
         true
     }
 
