@@ -207,9 +207,9 @@ impl Host for CountingHost {
         self.copied_in(len);
         Ok(self.body[..len].to_vec())
     }
-    fn replace_request_body(&mut self, _old_len: usize, body: &[u8]) -> Result<(), HostError> {
+    fn replace_request_front(&mut self, _len: usize, head: &[u8]) -> Result<(), HostError> {
         self.count("set request body");
-        self.copied_out(body.len());
+        self.copied_out(head.len());
         Ok(())
     }
     fn dispatch(

@@ -179,8 +179,10 @@ pub trait Host: SharedStore + Telemetry {
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError>;
     /// The buffered request body (`len` bytes).
     fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError>;
-    /// Replaces the whole buffered body (`old_len` bytes) with `body`.
-    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError>;
+    /// Replaces the first `len` bytes of the buffered body with `head`,
+    /// leaving the rest in place (Envoy drains that front and prepends;
+    /// `len` the whole body replaces it all).
+    fn replace_request_front(&mut self, len: usize, head: &[u8]) -> Result<(), HostError>;
     /// Starts an HTTP call; the answer arrives via the flow's
     /// `on_prefill_response` with the returned token.
     fn dispatch(

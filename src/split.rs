@@ -9,7 +9,7 @@
 
 use crate::answer;
 use crate::api::{read_facts, Api, Facts};
-use crate::body::{Edits, SourceMismatch, TopLevel};
+use crate::body::{SourceMismatch, Spliced, TopLevel};
 use crate::engine::{
     build_legs, Entropy, LearnedPods, LegEdits, Merged, NothingLearned, PdContext, PrefillAnswer,
     Registry,
@@ -144,7 +144,7 @@ pub struct SplitPlan {
 pub enum DecodeLeg {
     /// Concurrent hand-offs: the decode body and headers, sent with the prefill.
     Ready {
-        body: Vec<u8>,
+        body: Spliced,
         headers: Vec<(String, String)>,
     },
     /// Sequential hand-offs: edits the prefill's answer completes.
@@ -167,7 +167,7 @@ pub enum AfterPrefill {
     /// Send the decode leg; `body` is `None` when it is the client's body as
     /// sent (nothing to copy into Envoy's buffer).
     Decode {
-        body: Option<Vec<u8>>,
+        body: Option<Spliced>,
         /// Request headers to set on the decode (they replace the client's).
         headers: Vec<(String, String)>,
         /// Something the engine usually hands over was missing.
@@ -183,6 +183,15 @@ pub enum AfterPrefill {
         content_type: &'static str,
     },
 }
+
+/// A decode body keeps the client's bytes in Envoy's buffer, its new
+/// members in front (`TopLevel::splice_with`), when at least this much of
+/// it is left untouched: below it the copy saved is a microsecond or two,
+/// and the body keeps the plain layout, the client's members then the
+/// hand-off's, that the golden fixtures hold byte for byte. JSON objects are
+/// unordered and no key is ever added twice, so engines read the same
+/// request either way.
+pub const FRONT_LAYOUT_MIN: usize = 4096;
 
 fn internal(e: SourceMismatch) -> PdError {
     PdError::Internal(e.to_string())
@@ -339,11 +348,16 @@ pub fn plan_request(
             }
         }
     }
-    let render = |edits: &Edits| request.top.render(&request.body, edits).map_err(internal);
-    let prefill_body = render(&legs.prefill.body)?;
+    let prefill_body = request
+        .top
+        .render(&request.body, &legs.prefill.body)
+        .map_err(internal)?;
     let decode_leg = if concurrent {
         DecodeLeg::Ready {
-            body: render(&legs.decode.body)?,
+            body: request
+                .top
+                .splice_with(&request.body, &legs.decode.body, &[], FRONT_LAYOUT_MIN)
+                .map_err(internal)?,
             headers: legs.decode.headers,
         }
     } else {
@@ -419,7 +433,7 @@ pub fn merge(
         Some(
             request
                 .top
-                .render_with(&request.body, &decode.body, answer)
+                .splice_with(&request.body, &decode.body, answer, FRONT_LAYOUT_MIN)
                 .map_err(internal)?,
         )
     };
@@ -514,9 +528,10 @@ mod tests {
         assert_eq!(
             after,
             AfterPrefill::Decode {
-                body: Some(
-                    br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec()
-                ),
+                body: Some(Spliced::whole(
+                    br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec(),
+                    plan.request.body.len()
+                )),
                 headers: Vec::new(),
                 degraded: None,
                 facts: None

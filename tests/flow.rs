@@ -53,6 +53,8 @@ struct FakeHost {
     upstream_headers: Vec<(String, String)>,
     response: Vec<u8>,
     response_resumed: usize,
+    /// How many bytes from the front each body replacement drained.
+    replaced: Vec<usize>,
 }
 
 impl FakeHost {
@@ -141,9 +143,11 @@ impl Host for FakeHost {
         }
         Ok(self.body[..len.min(self.body.len())].to_vec())
     }
-    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
-        assert_eq!(old_len, self.body.len(), "must replace the whole body");
-        self.body = body.to_vec();
+    // What Envoy does with `proxy_set_buffer_bytes` from offset 0.
+    fn replace_request_front(&mut self, len: usize, head: &[u8]) -> Result<(), HostError> {
+        assert!(len <= self.body.len(), "replacing past the body's end");
+        self.replaced.push(len);
+        self.body.splice(..len, head.iter().copied());
         Ok(())
     }
     fn dispatch(
@@ -336,6 +340,33 @@ fn vllm_sync_split_dispatches_prefill_then_resumes_with_the_handoff() {
     answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
     assert_eq!(host.resumed, 1);
     assert!(host.replies.is_empty());
+}
+
+#[test]
+fn long_bodies_stay_in_envoys_buffer_with_the_handoff_in_front() {
+    let prompt = "a long prompt, ".repeat(1000);
+    let client = format!(r#"{{"model":"vllm-m","prompt":"{prompt}","max_tokens":50}}"#);
+    let config = CONFIG.replace(r#""max_body_bytes": 4096"#, r#""max_body_bytes": 65536"#);
+    let router = Router::new(Config::parse(config.as_bytes()).expect("config"), 0).expect("router");
+    let mut flow = Flow::new(Rc::new(router));
+    let mut host = post("/v1/completions", &client);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    // Only `{` is replaced: the prompt never leaves Envoy's buffer.
+    assert_eq!(host.replaced, [1]);
+    assert_eq!(
+        host.body_str(),
+        format!(
+            r#"{{"kv_transfer_params":{{"do_remote_prefill":true,"remote_block_ids":[1,2],"remote_engine_id":"e","remote_host":"0.0.0.0","remote_port":5600,"future":{{"n":18446744073709551615}}}},{}"#,
+            &client[1..]
+        )
+    );
+    assert_eq!(
+        host.header("content-length"),
+        Some(host.body.len().to_string())
+    );
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
 }
 
 #[test]

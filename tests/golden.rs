@@ -154,7 +154,7 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     check_headers(dir, "prefill-headers.json", &plan.prefill_headers, failures);
 
     if let DecodeLeg::Ready { body, headers } = &plan.decode {
-        check(dir, "decode.json", body, failures);
+        check(dir, "decode.json", &body.assemble(&client), failures);
         check_headers(dir, "decode-headers.json", headers, failures);
         if let Some(answer) = read(dir, "answer.json") {
             check_client_answer(dir, &plan, &answer, failures);
@@ -169,7 +169,7 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
             check(
                 dir,
                 "decode.json",
-                body.as_deref().unwrap_or(&client),
+                &body.map_or_else(|| client.clone(), |b| b.assemble(&client)),
                 failures,
             );
             check_headers(dir, "decode-headers.json", &headers, failures);

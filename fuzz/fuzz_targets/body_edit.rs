@@ -198,4 +198,30 @@ fuzz_target!(|data: &[u8]| {
         String::from_utf8_lossy(body),
         String::from_utf8_lossy(&out)
     );
+
+    // The decode leg's front layout (new members first, the rest of the
+    // body kept in Envoy's buffer), forced for every body: the same members
+    // with the same values, the new ones moved to the front.
+    let spliced = top
+        .splice_with(body, &edits, &[], 0)
+        .expect("spliced against its own source");
+    let front = spliced.assemble(body);
+    assert_eq!(spliced.len(), front.len(), "Spliced::len");
+    common::assert_object("spliced body", &front, strict);
+    let added = expected.len()
+        - expected
+            .iter()
+            .filter(|(k, _)| input.iter().any(|(ik, _)| ik == k))
+            .count();
+    let mut expected_front = expected[expected.len() - added..].to_vec();
+    expected_front.extend_from_slice(&expected[..expected.len() - added]);
+    let got = common::members(&front).expect("spliced body is an object");
+    let got: Vec<(&str, &str)> = got.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
+    assert_eq!(
+        got,
+        expected_front,
+        "spliced members differ from the edits' intent\n  body:   {}\n  edits:  {edits:?}\n  output: {}",
+        String::from_utf8_lossy(body),
+        String::from_utf8_lossy(&front)
+    );
 });

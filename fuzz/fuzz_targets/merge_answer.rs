@@ -49,7 +49,7 @@ fn run(client: &[u8], answer: &[u8]) {
                 for h in &headers {
                     common::assert_header(&format!("decode leg ({what})"), h);
                 }
-                let body = body.unwrap_or_else(|| client.to_vec());
+                let body = body.map_or_else(|| client.to_vec(), |b| b.assemble(client));
                 common::assert_object(&format!("decode body ({what})"), &body, strict);
             }
             Ok(AfterPrefill::Reply { body, content_type }) => {

@@ -6,7 +6,9 @@
 //! whitespace and rounds integers above 2^53, all of which break prefix-cache hits
 //! or corrupt ids. So a body is parsed once into the byte spans of its top-level
 //! members, and a new body is produced by splicing: kept members are copied
-//! verbatim, edited members get a new value in place, new members are appended.
+//! verbatim, edited members get a new value in place, new members are appended
+//! (or, for a decode body whose long tail no edit touches, put in front, so
+//! Envoy keeps that tail in its own buffer: [`TopLevel::splice_with`]).
 
 use crate::inline_str::InlineStr;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -260,12 +262,60 @@ impl TopLevel {
         if edits.is_empty() {
             return Ok(src.to_vec());
         }
+        let plan = self.splices(edits, other, Layout::Append)?;
+        plan.apply(src, src.len())
+    }
+
+    /// The new body as Envoy can take it: when what `edits` change ends at
+    /// least `front_min` bytes before the body does, new members go first
+    /// (just after `{`) instead of last, and only the front up to the last
+    /// change is rendered: Envoy drains that front of its buffered copy and
+    /// prepends the new one, and the rest of the client's bytes (a long
+    /// prompt) never cross into the VM and back. Otherwise the whole body,
+    /// as [`TopLevel::render_with`] has it. Either way the same members with
+    /// the same values, and no key twice: a member is only added when the
+    /// body has none of that name.
+    pub fn splice_with(
+        &self,
+        src: &[u8],
+        edits: &Edits,
+        other: &[u8],
+        front_min: usize,
+    ) -> Result<Spliced, SourceMismatch> {
+        if src.len() != self.src_len {
+            return Err(SourceMismatch);
+        }
+        if !edits.is_empty() {
+            let front = self.splices(edits, other, Layout::Front)?;
+            if src.len().saturating_sub(front.end) >= front_min {
+                return Ok(Spliced {
+                    head: front.apply(src, front.end)?,
+                    replaced: front.end,
+                    kept: src.len() - front.end,
+                });
+            }
+        }
+        let whole = self.render_with(src, edits, other)?;
+        Ok(Spliced {
+            head: whole,
+            replaced: src.len(),
+            kept: 0,
+        })
+    }
+
+    /// Where each edit changes the source, in order.
+    fn splices<'a>(
+        &self,
+        edits: &'a Edits,
+        other: &'a [u8],
+        layout: Layout,
+    ) -> Result<Splices<'a>, SourceMismatch> {
         let value = |op| op_value(op, other);
         let mut extra = 0;
         for (k, op) in &edits.ops {
             extra += k.len() + value(op)?.len() + 4;
         }
-        let mut splices: Vec<(Range<usize>, &[u8])> = Vec::with_capacity(edits.ops.len() + 2);
+        let mut splices: Vec<(Range<usize>, &'a [u8])> = Vec::with_capacity(edits.ops.len() + 1);
 
         let kept: Vec<bool> = self
             .members
@@ -304,34 +354,87 @@ impl TopLevel {
             _ => {}
         }
 
-        let mut appended = Vec::new();
-        let mut any = first_kept.is_some();
+        // New members, each with the comma that joins it to its neighbour:
+        // before it when appended after kept members, after it when put in
+        // front of them.
+        let mut added = Vec::new();
+        let mut any = layout == Layout::Append && first_kept.is_some();
         for (key, op) in &edits.ops {
             if !matches!(op, Op::Remove) && !self.contains(key) {
                 if any {
-                    appended.push(b',');
+                    added.push(b',');
                 }
-                push_json_str(&mut appended, key);
-                appended.push(b':');
-                appended.extend_from_slice(value(op)?);
+                push_json_str(&mut added, key);
+                added.push(b':');
+                added.extend_from_slice(value(op)?);
                 any = true;
             }
         }
-        let insert_at = self
-            .members
-            .last()
-            .map(|m| m.value.end)
-            .unwrap_or(self.close);
-        if !appended.is_empty() {
-            splices.push((insert_at..insert_at, &appended));
+        if layout == Layout::Front && any && first_kept.is_some() {
+            added.push(b',');
         }
-
+        let add_at = match layout {
+            Layout::Append => self.members.last().map(|m| m.value.end),
+            Layout::Front => self.members.first().map(|m| m.lead_start),
+        }
+        .unwrap_or(self.close);
+        let end = splices
+            .iter()
+            .map(|(r, _)| r.end)
+            .max()
+            .unwrap_or(0)
+            .max(add_at);
         splices.sort_by_key(|(r, _)| (r.start, r.end));
-        let mut out = Vec::with_capacity(src.len() + extra);
+        Ok(Splices {
+            splices,
+            added,
+            add_at,
+            end,
+            extra,
+        })
+    }
+}
+
+/// Where new members go in a rendered body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Layout {
+    /// After the last member: the body reads as the client's plus the edits.
+    Append,
+    /// Just after `{`: everything past the last edited member is untouched.
+    Front,
+}
+
+/// The changes [`TopLevel::splices`] found.
+struct Splices<'a> {
+    /// Sorted by position; they never overlap (each member is named once).
+    splices: Vec<(Range<usize>, &'a [u8])>,
+    /// The new members, put in at `add_at`.
+    added: Vec<u8>,
+    add_at: usize,
+    /// Where the last change ends: the source is untouched from here on.
+    end: usize,
+    /// An upper bound on how much the edits lengthen the source.
+    extra: usize,
+}
+
+impl Splices<'_> {
+    /// `src[..upto]` with the changes applied (`upto` at or past `end`).
+    fn apply(&self, src: &[u8], upto: usize) -> Result<Vec<u8>, SourceMismatch> {
+        let src = src.get(..upto).ok_or(SourceMismatch)?;
+        let mut out = Vec::with_capacity(src.len() + self.extra);
         let mut cursor = 0;
-        for (range, text) in splices {
-            // Splices never overlap (each member is named once), but a
-            // cursor past a start would only skip bytes, never repeat them.
+        let mut added =
+            (!self.added.is_empty()).then_some((self.add_at..self.add_at, &self.added[..]));
+        let mut rest = self.splices.iter().cloned().peekable();
+        loop {
+            // The insertion goes before any change starting where it does.
+            let next = match (&added, rest.peek()) {
+                (Some(a), Some(s)) if (a.0.start, a.0.end) <= (s.0.start, s.0.end) => added.take(),
+                (Some(_), None) => added.take(),
+                _ => rest.next(),
+            };
+            let Some((range, text)) = next else { break };
+            // A cursor past a start would only skip bytes, never repeat them.
             let kept = src
                 .get(cursor..range.start.max(cursor))
                 .ok_or(SourceMismatch)?;
@@ -341,6 +444,45 @@ impl TopLevel {
         }
         out.extend_from_slice(src.get(cursor..).ok_or(SourceMismatch)?);
         Ok(out)
+    }
+}
+
+/// A new body in the form Envoy takes it (`proxy_set_buffer_bytes` from
+/// offset 0 drains that many bytes and prepends what it is given): `head`
+/// in place of the old body's first `replaced` bytes, the `kept` bytes
+/// after them left where they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Spliced {
+    pub head: Vec<u8>,
+    pub replaced: usize,
+    pub kept: usize,
+}
+
+impl Spliced {
+    /// A whole new body in place of an old one of `old_len` bytes.
+    pub fn whole(body: Vec<u8>, old_len: usize) -> Spliced {
+        Spliced {
+            head: body,
+            replaced: old_len,
+            kept: 0,
+        }
+    }
+
+    /// The new body's length.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.kept
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The new body, given the old one (what Envoy's buffer ends up
+    /// holding; for tests and fixtures, the flow never assembles it).
+    pub fn assemble(&self, old: &[u8]) -> Vec<u8> {
+        let mut out = self.head.clone();
+        out.extend_from_slice(old.get(self.replaced..).unwrap_or_default());
+        out
     }
 }
 
@@ -638,6 +780,91 @@ mod tests {
             top.render_with(src, &e, longer),
             Err(SourceMismatch),
             "a span is only good for the source it was taken from"
+        );
+    }
+
+    /// `src` spliced with the front layout forced (`front_min` 0), assembled.
+    fn front(src: &str, f: impl FnOnce(&mut Edits)) -> (String, Spliced) {
+        let top = TopLevel::parse(src.as_bytes()).expect("parse");
+        let mut e = Edits::new();
+        f(&mut e);
+        let s = top
+            .splice_with(src.as_bytes(), &e, &[], 0)
+            .expect("same source");
+        let out = String::from_utf8(s.assemble(src.as_bytes())).expect("utf8");
+        assert_eq!(s.len(), out.len());
+        (out, s)
+    }
+
+    #[test]
+    fn the_front_layout_puts_new_members_first_and_keeps_the_rest_in_place() {
+        let src = r#"{"model":"m", "messages":[{"role":"user","content":"long"}],"stream":true}"#;
+        let (out, s) = front(src, |e| {
+            e.set_raw("bootstrap_host", r#""10.0.0.1""#);
+            e.set_u64("bootstrap_room", 7);
+        });
+        assert_eq!(
+            out,
+            r#"{"bootstrap_host":"10.0.0.1","bootstrap_room":7,"model":"m", "messages":[{"role":"user","content":"long"}],"stream":true}"#
+        );
+        // Only `{` is replaced: the client's bytes stay in Envoy's buffer.
+        assert_eq!((s.replaced, s.kept), (1, src.len() - 1));
+        // An edit in place takes the front up to its end, no further.
+        let (out, s) = front(src, |e| {
+            e.set_str("model", "n");
+            e.set_u64("x", 1);
+        });
+        assert_eq!(
+            out,
+            r#"{"x":1,"model":"n", "messages":[{"role":"user","content":"long"}],"stream":true}"#
+        );
+        assert_eq!(s.replaced, r#"{"model":"m""#.len());
+    }
+
+    #[test]
+    fn the_front_layout_handles_removals_and_empty_objects() {
+        let src = r#"{"a":1, "b":2, "c":3}"#;
+        for (edit, want) in [
+            (&["-a", "+d"][..], r#"{"d":4,"b":2, "c":3}"#),
+            (&["-b", "+d"][..], r#"{"d":4,"a":1, "c":3}"#),
+            (&["-a", "-b", "-c", "+d"][..], r#"{"d":4}"#),
+            (&["-a", "-b", "-c"][..], r#"{}"#),
+        ] {
+            let (out, _) = front(src, |e| {
+                for op in edit {
+                    match op.split_at(1) {
+                        ("-", k) => e.remove(k.to_string()),
+                        (_, k) => e.set_u64(k.to_string(), 4),
+                    }
+                }
+            });
+            assert_eq!(out, want, "{edit:?}");
+            serde_json::from_str::<serde_json::Value>(&out).expect("valid JSON");
+        }
+        assert_eq!(front("{}", |e| e.set_u64("x", 1)).0, r#"{"x":1}"#);
+        assert_eq!(front(" { } ", |e| e.set_u64("x", 1)).0, r#" { "x":1} "#);
+    }
+
+    #[test]
+    fn short_tails_and_no_edits_keep_the_whole_layout() {
+        let src = r#"{"model":"m","prompt":"p"}"#;
+        let top = TopLevel::parse(src.as_bytes()).expect("parse");
+        let mut e = Edits::new();
+        e.set_u64("x", 1);
+        let s = top
+            .splice_with(src.as_bytes(), &e, &[], src.len())
+            .expect("same source");
+        assert_eq!(
+            s,
+            Spliced::whole(br#"{"model":"m","prompt":"p","x":1}"#.to_vec(), src.len())
+        );
+        let none = top
+            .splice_with(src.as_bytes(), &Edits::new(), &[], 0)
+            .expect("same source");
+        assert_eq!(none.assemble(src.as_bytes()), src.as_bytes());
+        assert_eq!(
+            top.splice_with(br#"{"model":"mm"}"#, &e, &[], 0),
+            Err(SourceMismatch)
         );
     }
 

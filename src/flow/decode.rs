@@ -1,6 +1,7 @@
 //! Pointing the paused request at its decode pod.
 
 use super::{Flow, Phase, Sent};
+use crate::body::Spliced;
 use crate::error::PdError;
 use crate::fleet::{Endpoint, ModelId};
 use crate::host::Host;
@@ -31,12 +32,7 @@ impl Flow {
             ));
         };
         set_headers(host, headers)?;
-        self.send_decode(
-            host,
-            plan.request.body.len(),
-            body,
-            &plan.decode_pod.address,
-        )
+        self.send_decode(host, body, &plan.decode_pod.address)
     }
 
     /// Sends the client's request unchanged to one pod (a combined pod, or
@@ -61,11 +57,10 @@ impl Flow {
     pub(super) fn send_decode<H: Host>(
         &self,
         host: &mut H,
-        old_len: usize,
-        body: &[u8],
+        body: &Spliced,
         decode_address: &str,
     ) -> Result<(), PdError> {
-        host.replace_request_body(old_len, body)?;
+        host.replace_request_front(body.replaced, &body.head)?;
         // Envoy does not fix content-length after a body change; a stale one
         // corrupts the upstream connection.
         host.set_request_header("content-length", Some(&body.len().to_string()))?;

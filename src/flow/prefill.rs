@@ -297,9 +297,7 @@ impl Flow {
                 match body {
                     // Envoy's buffer and content-length stay as the client sent them.
                     None => host.set_request_header(&router.config.routing_header, Some(decode))?,
-                    Some(body) => {
-                        self.send_decode(host, p.plan.request.body.len(), &body, decode)?
-                    }
+                    Some(body) => self.send_decode(host, &body, decode)?,
                 }
             }
         }

@@ -186,8 +186,8 @@ impl Host for HostIo {
         buffer(BufferType::HttpRequestBody, len, "reading the request body")
     }
 
-    fn replace_request_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
-        hostcalls::set_buffer(BufferType::HttpRequestBody, 0, old_len, body)
+    fn replace_request_front(&mut self, len: usize, head: &[u8]) -> Result<(), HostError> {
+        hostcalls::set_buffer(BufferType::HttpRequestBody, 0, len, head)
             .map_err(|e| HostError::new("replacing the request body", e))
     }
 

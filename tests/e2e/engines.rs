@@ -490,6 +490,80 @@ fn a_four_mib_prompt_goes_through() {
     assert_eq!(d[0].raw("prompt"), raw_member(body.as_bytes(), "prompt"));
 }
 
+/// The top-level keys of a logged body, in order.
+fn keys(body: &str) -> Vec<String> {
+    let top = pd_router::body::TopLevel::parse(body.as_bytes()).expect("logged body is an object");
+    top.keys().map(str::to_owned).collect()
+}
+
+#[test]
+fn long_prompts_keep_their_bytes_with_the_handoff_in_front() {
+    // Past a few KiB of untouched body the decode's hand-off goes in front,
+    // and Envoy keeps the client's bytes in its buffer (only `{` is
+    // replaced); each decode mock still checks its hand-off, and the prompt
+    // must arrive byte for byte.
+    let content = r#"lorem ipsum, dolor \"sit\" amet. "#.repeat(3300);
+    for (engine, connector, path, handoff) in [
+        ("sglang", None, "/v1/chat/completions", "bootstrap_host"),
+        (
+            "vllm",
+            Some("nixl"),
+            "/v1/chat/completions",
+            "kv_transfer_params",
+        ),
+        (
+            "trtllm",
+            None,
+            "/v1/chat/completions",
+            "disaggregated_params",
+        ),
+        // The ids take the prompt's place: an edit at the body's end, so the
+        // body is rendered whole, its new members last.
+        ("trtllm", None, "/v1/completions", "disaggregated_params"),
+    ] {
+        let s = Setup::start(engine, connector, &[], &[]);
+        let body = if path == "/v1/completions" {
+            format!(
+                r#"{{"model":"{}","prompt":"{content}","max_tokens":3}}"#,
+                s.model
+            )
+        } else {
+            format!(
+                r#"{{"model":"{}","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":3}}"#,
+                s.model
+            )
+        };
+        assert!(body.len() > 100_000);
+        let what = format!("{engine} {path}");
+        let a = post(&s.envoy.url(path), body.clone(), &[]);
+        assert_eq!(
+            a.status,
+            200,
+            "{what}: {}",
+            &a.body[..a.body.len().min(500)]
+        );
+        assert_eq!(a.header("x-mock-kv"), Some("pulled"), "{what}");
+        let d = s.decode.requests();
+        let got = keys(&d[0].body);
+        if path == "/v1/completions" {
+            assert_eq!(got[..2], ["model", "prompt"], "{what}: {got:?}");
+            assert_eq!(got.last().map(String::as_str), Some(handoff), "{what}");
+        } else {
+            assert_eq!(got[0], handoff, "{what}: {got:?}");
+            assert_eq!(
+                got[got.len() - 3..],
+                ["model", "messages", "max_tokens"],
+                "{what}"
+            );
+            assert_eq!(
+                d[0].raw("messages"),
+                raw_member(body.as_bytes(), "messages"),
+                "{what}"
+            );
+        }
+    }
+}
+
 #[test]
 fn decode_output_streams_through_chunk_by_chunk() {
     // 8 tokens 150 ms apart: buffered, the first byte would arrive with the
