@@ -308,12 +308,18 @@ fn prefill_answer(engine: &str) -> &'static str {
 /// call it: headers, the body in one callback, the prefill's answer,
 /// response headers, the body in one callback, the stream's end.
 fn one_request(router: &Rc<Router>, engine: &str) -> Counts {
-    request_with(router, engine, &mut |_| {})
+    request_with(router, engine, 900, &mut |_| {})
 }
 
-/// [`one_request`], calling `before` ahead of each callback with its name.
-fn request_with(router: &Rc<Router>, engine: &str, before: &mut dyn FnMut(&'static str)) -> Counts {
-    let content = "x".repeat(900);
+/// [`one_request`] with `content` bytes of message, calling `before` ahead
+/// of each callback with its name.
+fn request_with(
+    router: &Rc<Router>,
+    engine: &str,
+    content: usize,
+    before: &mut dyn FnMut(&'static str),
+) -> Counts {
+    let content = "x".repeat(content);
     let body = format!(
         r#"{{"model":"{engine}","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4}}"#
     );
@@ -324,7 +330,7 @@ fn request_with(router: &Rc<Router>, engine: &str, before: &mut dyn FnMut(&'stat
             (":authority", "gateway"),
             ("content-type", "application/json"),
             ("x-request-id", "r-1"),
-            ("content-length", "1024"),
+            ("content-length", &body.len().to_string()),
         ]
         .iter()
         .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
@@ -435,6 +441,27 @@ fn main() {
     row("VM allocations", &|c| c.allocs);
     row("bytes allocated in the VM", &|c| c.alloc_bytes);
     println!("Not counted: the SDK's own calls around each callback (e.g. reading a callback's arguments).");
+    // At 512 KB the bytes are the body's: what crosses into and out of the
+    // VM, and what the VM allocates (its linear memory never shrinks).
+    let big: Vec<Counts> = engines
+        .iter()
+        .map(|e| request_with(&router, e, 512 * 1024, &mut |_| {}))
+        .collect();
+    println!("the same request with a 512 KB message, in KB:");
+    for (label, value) in [
+        (
+            "  bytes into the VM",
+            &(|c: &Counts| c.bytes_in) as &dyn Fn(&Counts) -> u64,
+        ),
+        ("  bytes out of the VM", &|c: &Counts| c.bytes_out),
+        ("  bytes allocated in the VM", &|c: &Counts| c.alloc_bytes),
+    ] {
+        print!("{label:<34}");
+        for c in &big {
+            print!("{:>9}", value(c) / 1024);
+        }
+        println!();
+    }
     // The same request end to end through the flow, timed: the VM's share
     // of a request when this runs inside wasm (`just bench` runs it there
     // too), the host's side of each call excluded.
@@ -473,7 +500,7 @@ fn main() {
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); phases.len()];
         for i in 0..knob("COLD_ITERS", 30) {
             let mut at: Option<(&str, std::time::Instant)> = None;
-            request_with(&router, e, &mut |next| {
+            request_with(&router, e, 900, &mut |next| {
                 if let Some((name, start)) = at.take() {
                     let t = start.elapsed().as_secs_f64() * 1e6;
                     if let Some(k) = phases.iter().position(|p| *p == name) {
