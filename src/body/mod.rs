@@ -285,15 +285,21 @@ impl TopLevel {
         if src.len() != self.src_len {
             return Err(SourceMismatch);
         }
-        if !edits.is_empty() {
-            let front = self.splices(edits, other, Layout::Front)?;
-            if src.len().saturating_sub(front.end) >= front_min {
-                return Ok(Spliced {
-                    head: front.apply(src, front.end)?,
-                    replaced: front.end,
-                    kept: src.len() - front.end,
-                });
-            }
+        if edits.is_empty() {
+            // Nothing to change: nothing replaced, no copy.
+            return Ok(Spliced {
+                head: Vec::new(),
+                replaced: 0,
+                kept: src.len(),
+            });
+        }
+        let front = self.splices(edits, other, Layout::Front)?;
+        if src.len().saturating_sub(front.end) >= front_min {
+            return Ok(Spliced {
+                head: front.apply(src, front.end)?,
+                replaced: front.end,
+                kept: src.len() - front.end,
+            });
         }
         let whole = self.render_with(src, edits, other)?;
         Ok(Spliced {
@@ -846,7 +852,7 @@ mod tests {
     }
 
     #[test]
-    fn short_tails_and_no_edits_keep_the_whole_layout() {
+    fn short_tails_keep_the_append_layout_and_no_edits_replace_nothing() {
         let src = r#"{"model":"m","prompt":"p"}"#;
         let top = TopLevel::parse(src.as_bytes()).expect("parse");
         let mut e = Edits::new();
@@ -861,6 +867,7 @@ mod tests {
         let none = top
             .splice_with(src.as_bytes(), &Edits::new(), &[], 0)
             .expect("same source");
+        assert_eq!((none.head.len(), none.replaced), (0, 0));
         assert_eq!(none.assemble(src.as_bytes()), src.as_bytes());
         assert_eq!(
             top.splice_with(br#"{"model":"mm"}"#, &e, &[], 0),
