@@ -36,12 +36,19 @@ fn tail<const ASCII_ONLY: bool>(rest: &[u8], at: usize) -> usize {
         .unwrap_or(tail.len())
 }
 
-/// One block's commas, digits and zeros: bit `k` for byte `k`.
-#[derive(Clone, Copy)]
+/// The bytes the integer scan takes at a time: four SIMD blocks inside
+/// wasm, one `u64` natively.
+#[cfg(target_arch = "wasm32")]
+pub(super) const INT_GROUP: usize = 64;
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) const INT_GROUP: usize = 8;
+
+/// One group's commas, digits and zeros: bit `k` for byte `k`.
+#[derive(Clone, Copy, Default)]
 struct IntClasses {
-    comma: u32,
-    digit: u32,
-    zero: u32,
+    comma: u64,
+    digit: u64,
+    zero: u64,
 }
 
 /// Where the canonical run of integers that starts at `start` (a number's
@@ -57,13 +64,13 @@ pub(super) fn canonical_prefix(b: &[u8], start: usize) -> usize {
     start + imp::canonical_run(rest)
 }
 
-/// The run's logic on each block's classes; `W` bytes a block. "The
-/// previous byte" is a shift left by one, the block's last byte carried
-/// into the next.
+/// The run's logic on each block's classes; `W` bytes a block (at most
+/// 64). "The previous byte" is a shift left by one, the block's last byte
+/// carried into the next.
 #[inline(always)]
 fn canonical_run_by<const W: usize>(rest: &[u8], classes: impl Fn(&[u8]) -> IntClasses) -> usize {
-    let full = u32::MAX >> (32 - W);
-    let last_bit = |m: u32| (m >> (W - 1)) & 1;
+    let full = u64::MAX >> (64 - W);
+    let last_bit = |m: u64| (m >> (W - 1)) & 1;
     let mut resume = 0;
     // What the byte before the run was: a separator, so the run begins a
     // number (a comma there would make `,,`, and a zero then a digit `01`).
@@ -82,7 +89,7 @@ fn canonical_run_by<const W: usize>(rest: &[u8], classes: impl Fn(&[u8]) -> IntC
         }
         if comma != 0 {
             // Just after the block's last comma.
-            resume = n * W + (31 - comma.leading_zeros() as usize) + 1;
+            resume = n * W + (63 - comma.leading_zeros() as usize) + 1;
         }
         prev_comma = last_bit(comma);
         prev_zero = last_bit(zero);
@@ -152,17 +159,22 @@ mod imp {
         super::tail::<ASCII_ONLY>(rest, rest.len() - chunks.remainder().len())
     }
 
+    /// Four blocks' classes at a time: the run's logic, scalar, then
+    /// runs once per 64 bytes instead of per 16.
     #[target_feature(enable = "simd128")]
     pub(super) fn canonical_run(rest: &[u8]) -> usize {
         let (comma, zero, ten) = (u8x16_splat(b','), u8x16_splat(b'0'), u8x16_splat(10));
-        super::canonical_run_by::<16>(rest, |chunk| {
-            let v = load(chunk);
-            IntClasses {
-                comma: u32::from(u8x16_bitmask(u8x16_eq(v, comma))),
+        let mask = |m: v128, k: usize| u64::from(u8x16_bitmask(m)) << (16 * k);
+        super::canonical_run_by::<{ super::INT_GROUP }>(rest, |group| {
+            let mut c = IntClasses::default();
+            for k in 0..4 {
+                let v = load(group.get(16 * k..16 * (k + 1)).unwrap_or_default());
+                c.comma |= mask(u8x16_eq(v, comma), k);
                 // Wrapping: only '0'..='9' land below 10.
-                digit: u32::from(u8x16_bitmask(u8x16_lt(u8x16_sub(v, zero), ten))),
-                zero: u32::from(u8x16_bitmask(u8x16_eq(v, zero))),
+                c.digit |= mask(u8x16_lt(u8x16_sub(v, zero), ten), k);
+                c.zero |= mask(u8x16_eq(v, zero), k);
             }
+            c
         })
     }
 }
@@ -204,8 +216,8 @@ mod imp {
     }
 
     /// High bits per byte to bit `k` for byte `k`.
-    pub(super) fn bits(high: u64) -> u32 {
-        ((high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56) as u32
+    pub(super) fn bits(high: u64) -> u64 {
+        (high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
     }
 
     pub(super) fn first_special<const ASCII_ONLY: bool>(rest: &[u8]) -> usize {
@@ -230,7 +242,7 @@ mod imp {
     }
 
     pub(super) fn canonical_run(rest: &[u8]) -> usize {
-        super::canonical_run_by::<8>(rest, |chunk| {
+        super::canonical_run_by::<{ super::INT_GROUP }>(rest, |chunk| {
             let w = word(chunk);
             IntClasses {
                 comma: bits(zero_bytes(w ^ splat(b','))),
@@ -285,7 +297,7 @@ mod tests {
             let bytes = [v, b'5', v, 0, 0xff, v, b',', v];
             let w = u64::from_le_bytes(bytes);
             let want =
-                |f: fn(u8) -> bool| (0..8).fold(0u32, |m, k| m | (u32::from(f(bytes[k])) << k));
+                |f: fn(u8) -> bool| (0..8).fold(0u64, |m, k| m | (u64::from(f(bytes[k])) << k));
             assert_eq!(bits(digit_bytes(w)), want(|x| x.is_ascii_digit()), "{v}");
             let comma = 0x2c2c_2c2c_2c2c_2c2c;
             assert_eq!(bits(zero_bytes(w ^ comma)), want(|x| x == b','), "{v}");

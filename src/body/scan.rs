@@ -514,14 +514,52 @@ mod tests {
         }
     }
 
+    /// A fault at every number of an array long enough for several groups
+    /// of blocks (so at every offset of a group): the scan and serde_json
+    /// agree on whether it is an array of integers, and where it ends.
+    #[test]
+    fn faults_anywhere_in_long_arrays_agree_with_serde_json() {
+        let ids: Vec<String> = (0..90u64)
+            .map(|i| (i * 7919 % 100_000).to_string())
+            .collect();
+        let mut cases = 0;
+        for at in 0..ids.len() {
+            for fault in ["0{}", "{},", "{} ", "-{}", "{}.5", "{}e1", " {}", "{}x"] {
+                let mut t = b"[".to_vec();
+                for (i, id) in ids.iter().enumerate() {
+                    if i > 0 {
+                        t.push(b',');
+                    }
+                    let n = if i == at {
+                        fault.replace("{}", id)
+                    } else {
+                        id.clone()
+                    };
+                    t.extend_from_slice(n.as_bytes());
+                }
+                t.push(b']');
+                let serde = serde_json::from_slice::<Vec<i128>>(&t).is_ok();
+                t.extend_from_slice(b",9");
+                let scanned = int_array_end(&t, 0);
+                let shown = String::from_utf8_lossy(&t).into_owned();
+                assert_eq!(scanned.is_some(), serde, "{fault} at {at}: {shown}");
+                if let Some(end) = scanned {
+                    assert_eq!(end, t.len() - 2, "{fault} at {at}: {shown}");
+                }
+                cases += 1;
+            }
+        }
+        assert_eq!(cases, 90 * 8);
+    }
+
     #[test]
     fn long_canonical_arrays_are_read_by_blocks() {
         let ids: Vec<String> = (0..1000).map(|i| (i * 37 % 150_001).to_string()).collect();
         let text = format!("[{}]", ids.join(","));
         let b = text.as_bytes();
         assert_eq!(int_array_end(b, 0), Some(b.len()));
-        // All but the tail (the last block with `]`) without the byte loop.
-        assert!(canonical_prefix(b, 1) > b.len() - 16);
+        // All but the tail (the last group with `]`) without the byte loop.
+        assert!(canonical_prefix(b, 1) > b.len() - 2 * super::super::blocks::INT_GROUP);
         for bad in ["[1,01]", "[1,,2]", "[1,2,]"] {
             let long = format!("[{},{}", ids.join(","), &bad[1..]);
             assert_eq!(int_array_end(long.as_bytes(), 0), None, "{bad}");
