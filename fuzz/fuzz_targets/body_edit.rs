@@ -189,15 +189,18 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    let got = common::members(&out).expect("rendered body is an object");
-    let got: Vec<(&str, &str)> = got.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
-    assert_eq!(
-        got,
-        expected,
-        "rendered members differ from the edits' intent\n  body:   {}\n  edits:  {edits:?}\n  output: {}",
-        String::from_utf8_lossy(body),
-        String::from_utf8_lossy(&out)
-    );
+    let same_members = |what: &str, out: &[u8], expected: &[(&str, &str)]| {
+        let got = common::members(out).unwrap_or_else(|e| panic!("{what} is not an object: {e}"));
+        let got: Vec<(&str, &str)> = got.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
+        assert_eq!(
+            got,
+            expected,
+            "{what} members differ from the edits' intent\n  body:   {}\n  edits:  {edits:?}\n  output: {}",
+            String::from_utf8_lossy(body),
+            String::from_utf8_lossy(out)
+        );
+    };
+    same_members("rendered", &out, &expected);
 
     // The decode leg's front layout (new members first, the rest of the
     // body kept in Envoy's buffer), forced for every body: the same members
@@ -215,13 +218,5 @@ fuzz_target!(|data: &[u8]| {
             .count();
     let mut expected_front = expected[expected.len() - added..].to_vec();
     expected_front.extend_from_slice(&expected[..expected.len() - added]);
-    let got = common::members(&front).expect("spliced body is an object");
-    let got: Vec<(&str, &str)> = got.iter().map(|(k, v)| (k.as_str(), v.get())).collect();
-    assert_eq!(
-        got,
-        expected_front,
-        "spliced members differ from the edits' intent\n  body:   {}\n  edits:  {edits:?}\n  output: {}",
-        String::from_utf8_lossy(body),
-        String::from_utf8_lossy(&front)
-    );
+    same_members("spliced", &front, &expected_front);
 });

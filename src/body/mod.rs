@@ -293,13 +293,18 @@ impl TopLevel {
                 kept: src.len(),
             });
         }
-        let front = self.splices(edits, other, Layout::Front)?;
-        if src.len().saturating_sub(front.end) >= front_min {
-            return Ok(Spliced {
-                head: front.apply(src, front.end)?,
-                replaced: front.end,
-                kept: src.len() - front.end,
-            });
+        // Every change ends after `{`, so a body no longer than `front_min`
+        // never keeps enough: short bodies (most) skip the front layout's
+        // splices rather than building them to throw away.
+        if src.len() > front_min {
+            let front = self.splices(edits, other, Layout::Front)?;
+            if src.len() - front.end >= front_min {
+                return Ok(Spliced {
+                    head: front.apply(src, front.end)?,
+                    replaced: front.end,
+                    kept: src.len() - front.end,
+                });
+            }
         }
         let whole = self.render_with(src, edits, other)?;
         Ok(Spliced {

@@ -276,6 +276,20 @@ mod tests {
     /// minus signs, then an optional tail: so every pattern sits at every
     /// offset from the word boundary. The scan and serde_json agree on
     /// whether each is an array of integers, and the scan on where it ends.
+    /// `array` (text that may or may not be one) read by the scan, with
+    /// bytes after it: an array of integers exactly when serde_json says
+    /// so, ending where the text does.
+    fn agrees_with_serde_json(mut array: Vec<u8>, what: &str) {
+        let serde = serde_json::from_slice::<Vec<i128>>(&array).is_ok();
+        array.extend_from_slice(b",9");
+        let scanned = int_array_end(&array, 0);
+        let shown = String::from_utf8_lossy(&array).into_owned();
+        assert_eq!(scanned.is_some(), serde, "{what}{shown}");
+        if let Some(end) = scanned {
+            assert_eq!(end, array.len() - 2, "{what}{shown}");
+        }
+    }
+
     #[test]
     fn the_word_scan_agrees_with_serde_json() {
         let alphabet = [b'1', b'0', b',', b' ', b'-'];
@@ -292,14 +306,7 @@ mod tests {
                     for tail in [&b"]"[..], b",7]", b"5,66,777,8888]"] {
                         let mut t = text.clone();
                         t.extend_from_slice(tail);
-                        let serde = serde_json::from_slice::<Vec<i128>>(&t).is_ok();
-                        t.extend_from_slice(b",9");
-                        let scanned = int_array_end(&t, 0);
-                        let shown = String::from_utf8_lossy(&t).into_owned();
-                        assert_eq!(scanned.is_some(), serde, "{shown}");
-                        if let Some(end) = scanned {
-                            assert_eq!(end, t.len() - 2, "{shown}");
-                        }
+                        agrees_with_serde_json(t, "");
                         cases += 1;
                     }
                 }
@@ -538,14 +545,7 @@ mod tests {
                     t.extend_from_slice(n.as_bytes());
                 }
                 t.push(b']');
-                let serde = serde_json::from_slice::<Vec<i128>>(&t).is_ok();
-                t.extend_from_slice(b",9");
-                let scanned = int_array_end(&t, 0);
-                let shown = String::from_utf8_lossy(&t).into_owned();
-                assert_eq!(scanned.is_some(), serde, "{fault} at {at}: {shown}");
-                if let Some(end) = scanned {
-                    assert_eq!(end, t.len() - 2, "{fault} at {at}: {shown}");
-                }
+                agrees_with_serde_json(t, &format!("{fault} at {at}: "));
                 cases += 1;
             }
         }
