@@ -15,6 +15,9 @@ and 32, the router's CPU time per request and the requests/s of:
                   set the decode header and the body, resume) in the
                   shipped envoy.yaml, default mocks: the floor for any
                   proxy-wasm PD router on Envoy's V8
+  min-pd-vllm, min-pd-trtllm, min-pd-sglang  the same filter doing the     (m)
+                  least that engine's hand-off needs, on pd-<engine>'s
+                  mocks (min-pd-sglang on demand: --configs)
   pd-vllm ...     pd-router in Envoy (the shipped envoy.yaml, plugin       (c)
                   configuration replaced), one Envoy per engine: vllm
                   (nixl), sglang, trtllm, default
@@ -84,6 +87,9 @@ CONFIGS = [
     ("min-pd-vllm", "min-engine", "(m) the least a vLLM NIXL filter does, on pd-vllm's mocks"),
     ("min-pd-trtllm", "min-engine", "(m) the least a TensorRT-LLM filter does (the ids relayed "
      "as bytes, unread), on pd-trtllm's mocks"),
+    # On demand, as the bisect rows: `just bench` stays within its time.
+    ("min-pd-sglang", "min-extra", "(m) the least an SGLang filter does (bootstrap fields on "
+     "both legs, sent at once), on pd-sglang's mocks"),
     ("min-pd+json", "bisect", "(m) + serde_json validates the body and the prefill's answer"),
     ("min-pd+edit", "bisect", "(m) + json + new prefill and decode bodies, as a hand-off"),
     *((f"min-pd+{CALLS_PER_REQUEST}{kind}", "bisect",
@@ -92,6 +98,7 @@ CONFIGS = [
                          ("set", "shared-data write, 56 B"), ("counter", "counter increment"),
                          ("histogram", "histogram record"), ("header", "request header write"),
                          ("headers", "request header map read"),
+                         ("headermap", "request header map written whole, one call"),
                          ("code", "KiB of distinct code run (no host call)"),
                          ("hotcode", "the first KiB of that code run N times: the same work"),
                          ("data", "KiB of filter memory read, a byte a line (no host call)"))),
@@ -110,6 +117,7 @@ BUFFER_FLOOR = "envoy-buffer-mirror"
 MIN_PD = "min-pd"
 MIN_PD_VLLM = "min-pd-vllm"
 MIN_PD_TRTLLM = "min-pd-trtllm"
+MIN_PD_SGLANG = "min-pd-sglang"
 PEERS = [c for c, k, _ in CONFIGS if k == "peer"]
 PD = [c for c, k, _ in CONFIGS if k == "pd"]
 # pd-router engine -> the peer doing the same PD job on the same mocks.
@@ -320,10 +328,12 @@ def min_pd_envoy(min_wasm: Path, prefill: Mock, decode: Mock, steps: str = "") -
     cfg = base_envoy(min_wasm)
     wasm = find_wasm_filter(cfg)["typed_config"]["config"]
     wasm["name"] = wasm["root_id"] = wasm["vm_config"]["vm_id"] = "min-pd"
+    plugin = {"prefill": prefill.address, "decode": decode.address, "steps": steps}
+    if prefill.bootstrap is not None:
+        plugin["bootstrap_port"] = str(prefill.bootstrap)
     wasm["configuration"] = {
         "@type": "type.googleapis.com/google.protobuf.StringValue",
-        "value": json.dumps({"prefill": prefill.address, "decode": decode.address,
-                             "steps": steps}),
+        "value": json.dumps(plugin),
     }
     return cfg
 
@@ -751,6 +761,11 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
                                                for s, c in all_cols]))
         w(col_row(f"{MIN_PD_VLLM} / {MIN_PD}", [cpu_ratio(s, c, MIN_PD_VLLM, MIN_PD)
                                                for s, c in all_cols]))
+    if "pd-sglang" in run_pd and MIN_PD_SGLANG in configs:
+        w(col_row(f"pd-sglang / {MIN_PD_SGLANG}", [cpu_ratio(s, c, "pd-sglang", MIN_PD_SGLANG)
+                                                   for s, c in all_cols]))
+        w(col_row(f"{MIN_PD_SGLANG} / {MIN_PD}", [cpu_ratio(s, c, MIN_PD_SGLANG, MIN_PD)
+                                                  for s, c in all_cols]))
     # TensorRT-LLM's floor: the same bytes through Envoy with nothing read,
     # against pd-router's TensorRT-LLM path and against the vLLM floor.
     if "pd-trtllm" in run_pd:
@@ -842,14 +857,19 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
             [(f"{s} c={c}", cpu_ratio(s, c, pd, peer), 1.0)
              for s in ("64K", "512K") if s in order_sizes for c in order_conc]))
     # Where a target sits against its floor: the same ratio for the least
-    # filter doing that engine's job (min-pd for SGLang, which has none of
-    # its own: its hand-off is two members on both legs).
-    floor_of = {"pd-vllm": MIN_PD_VLLM, "pd-sglang": MIN_PD}
+    # filter doing that engine's job (for SGLang min-pd-sglang where it ran,
+    # on demand, else min-pd: SGLang's hand-off is three members on both legs).
+    floor_of = {"pd-vllm": MIN_PD_VLLM,
+                "pd-sglang": MIN_PD_SGLANG if MIN_PD_SGLANG in configs else MIN_PD}
     w("  [info] the floors on the same ratios (the least filter doing the engine's job "
       "in place of pd-router):")
     w(f"      {MIN_PD_VLLM} / {MIN_PD} (the 1.15x budget): "
       + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, MIN_PD_VLLM, MIN_PD))}"
                   for s, c in all_cols))
+    if MIN_PD_SGLANG in configs:
+        w(f"      {MIN_PD_SGLANG} / {MIN_PD} (the 1.15x budget): "
+          + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, MIN_PD_SGLANG, MIN_PD))}"
+                      for s, c in all_cols))
     for pd, stack in STACKS.items():
         w(f"      {floor_of[pd]} / {stack}: "
           + ", ".join(f"{s} c={c} {fmt_ratio(cpu_ratio(s, c, floor_of[pd], stack))}"
@@ -892,6 +912,27 @@ def report(rows: dict, order_sizes, order_conc, configs, dead: dict,
             parts = [f"{c}={fmt(rows[(size, conc, c)]['core1'], '{:.2f}')}" for c in configs
                      if (size, conc, c) in rows]
             w(f"  {size:<5} c={conc:<3} " + " ".join(parts))
+    return "\n".join(out)
+
+
+def paired_report(raw: list[dict], sizes, concs, names, wasm_a: Path, wasm_b: Path) -> str:
+    """--wasm-b: each twin against its pair, repetition by repetition (the two
+    ran in the same repetition, so a slow minute moves both)."""
+    out = [f"A/B (--wasm-b): CPU per request of b ({wasm_b}) / a ({wasm_a}), the pairs' median "
+           "and range over repetitions"]
+    cell = {(r["rep"], r["body"], r["concurrency"], r["config"]): r["cpu_us_per_req"]
+            for r in raw if (r["completed"] or 0) > 0}
+    for name in names:
+        parts = []
+        for s in sizes:
+            for c in concs:
+                pairs = [cell[(rep, s, c, name + "@b")] / cell[(rep, s, c, name)]
+                         for (rep, s2, c2, n) in cell
+                         if (s2, c2, n) == (s, c, name) and (rep, s, c, name + "@b") in cell]
+                if pairs:
+                    parts.append(f"{s} c={c} {median(pairs):.2f}x ({min(pairs):.2f}-"
+                                 f"{max(pairs):.2f}, {len(pairs)})")
+        out.append(f"  {name}: " + "; ".join(parts))
     return "\n".join(out)
 
 
@@ -951,14 +992,19 @@ def main() -> int:
                     help="unmeasured seconds of load before each window (default 0.2)")
     ap.add_argument("--sizes", default="1K,64K,512K")
     ap.add_argument("--concurrency", default="1,32")
-    # The bisect rows run on demand (`--configs min-pd,min-pd+json,...`):
-    # `just bench` stays within its time budget.
-    ap.add_argument("--configs", default=",".join(c for c, k, _ in CONFIGS if k != "bisect"))
+    # The bisect rows and min-pd-sglang run on demand (`--configs
+    # min-pd,min-pd+json,...`): `just bench` stays within its time budget.
+    ap.add_argument("--configs", default=",".join(c for c, k, _ in CONFIGS
+                                                  if k not in ("bisect", "min-extra")))
     ap.add_argument("--out", type=Path, default=BENCH / "results")
     ap.add_argument("--envoy", type=Path,
                     default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
     ap.add_argument("--wasm", type=Path, default=Path(os.environ.get(
         "PD_ROUTER_WASM", REPO / "target/wasm32-wasip1/release/pd_router.wasm")))
+    ap.add_argument("--wasm-b", type=Path, default=None,
+                    help="a second pd-router module: every pd-<engine> configuration gets a "
+                         "twin <name>@b running it on the same mocks, and the report adds "
+                         "their paired ratios (b / a, repetition by repetition)")
     ap.add_argument("--min-wasm", type=Path, default=Path(os.environ.get(
         "MIN_PD_WASM", BENCH / "min-pd-filter/target/wasm32-wasip1/release/min_pd_filter.wasm")),
         help="the minimal PD filter (min-pd)")
@@ -990,6 +1036,11 @@ def main() -> int:
     for c in configs:
         if c not in known:
             ap.error(f"unknown config {c} (one of {', '.join(sorted(known))})")
+    if a.wasm_b:
+        if not a.wasm_b.exists():
+            ap.error(f"--wasm-b: {a.wasm_b} not found")
+        a.wasm_b = a.wasm_b.resolve()
+        configs += [f"{c}@b" for c in configs if c in PD]
     need_files = [("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock),
                   ("loadgen", a.loadgen)]
     if any(c.startswith(MIN_PD) for c in configs):
@@ -1087,21 +1138,23 @@ def main() -> int:
 
         # pd-<engine>[-b64]: -b64 is TensorRT-LLM's base64 form of the ids,
         # on the same mocks.
-        for name, engine in [(f"pd-{e}", e) for e in engines] + [("pd-trtllm-b64", "trtllm")]:
+        pd_names = [(f"pd-{e}", e) for e in engines] + [("pd-trtllm-b64", "trtllm")]
+        for name, engine in pd_names + [(f"{n}@b", e) for n, e in pd_names]:
             if name not in need:
                 continue
+            module = a.wasm_b if name.endswith("@b") else a.wasm
             kv = engines[engine][2]
             pm, dm = engine_mocks(engine)
             plugin = {"prefill_timeout_ms": 30000, "models": [{
                 "name": MODEL, "engine": engine,
                 "rolesets": [{"name": "rs0", "prefill": [pm.endpoint()],
                               "decode": [dm.endpoint()]}]}]}
-            if name.endswith("-b64"):
+            if name.removesuffix("@b").endswith("-b64"):
                 plugin["models"][0]["trt_token_ids_b64"] = True
             if engine == "vllm":
                 plugin["kv_connector"] = "nixl"
-            add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv: Target(
-                name, *start_envoy(procs, a.envoy, name, pd_envoy(a.wasm, plugin)), [pm, dm], kv))
+            add(name, lambda name=name, plugin=plugin, pm=pm, dm=dm, kv=kv, module=module: Target(
+                name, *start_envoy(procs, a.envoy, name, pd_envoy(module, plugin)), [pm, dm], kv))
 
         min_steps = [(MIN_PD, ""), ("min-pd+json", "json"), ("min-pd+edit", "edit")]
         calls_prefix = f"min-pd+{CALLS_PER_REQUEST}"
@@ -1124,6 +1177,13 @@ def main() -> int:
             pm, dm = engine_mocks("vllm")
             add(MIN_PD_VLLM, lambda pm=pm, dm=dm: Target(MIN_PD_VLLM, *start_envoy(
                 procs, a.envoy, MIN_PD_VLLM, min_pd_envoy(a.min_wasm, pm, dm, "vllm")),
+                [pm, dm], "pulled"))
+        if MIN_PD_SGLANG in need:
+            # pd-sglang's own mocks: the same bootstrap exchange between
+            # them, so the pair differs only in the filter.
+            pm, dm = engine_mocks("sglang")
+            add(MIN_PD_SGLANG, lambda pm=pm, dm=dm: Target(MIN_PD_SGLANG, *start_envoy(
+                procs, a.envoy, MIN_PD_SGLANG, min_pd_envoy(a.min_wasm, pm, dm, "sglang")),
                 [pm, dm], "pulled"))
         if MIN_PD_TRTLLM in need:
             # pd-trtllm's mocks, the context lenient about `max_tokens` (the
@@ -1367,6 +1427,9 @@ def main() -> int:
                                  num(ratio(r["cpu_us"], bfloor.get("cpu_us"))),
                                  num(r["core1"], "{:.3f}"), r["errors"], r["reps"]])
     text = report(rows, sizes, concs, configs, dead, (time.time() - t_start) / 60)
+    if a.wasm_b:
+        text += "\n\n" + paired_report(raw, sizes, concs, [c for c in configs if c + "@b" in configs],
+                                       a.wasm, a.wasm_b)
     if notes:
         text += "\n\n" + "\n".join(notes)
     if warnings:

@@ -20,12 +20,22 @@
 //! a byte search and never read (the answer's last member, as TensorRT-LLM
 //! and the mock order it). Its context mock is lenient about `max_tokens`,
 //! as min-pd's are, so the client's body goes out with the members appended.
+//! `sglang` is the least an SGLang PD filter must do, for the SGLang mocks
+//! (configuration `"bootstrap_port"`, the prefill's bootstrap server):
+//! `bootstrap_host`, `bootstrap_port` and a fresh `bootstrap_room` on both
+//! legs, sent at once as SGLang's legs are: the prefill's body with them
+//! appended, the decode's by replacing the body's opening `{` in Envoy's
+//! buffer (the rest of it never leaves Envoy), and the decode resumed without
+//! waiting for the prefill's answer.
 //! `KIND*N` (e.g. `clock*100`) makes N extra host calls of one kind per
 //! request, at the body: what one call of that kind costs Envoy and V8, read
 //! as (CPU per request - min-pd's) / N. Kinds: `clock` (the time), `get` and
 //! `set` (a 56-byte shared-data record, as pd-router's load table), `counter`
 //! and `histogram` (one stat update), `header` (a request header written),
-//! `headers` (the request header map read whole).
+//! `headers` (the request header map read whole), `headermap` (the request
+//! header map written whole in one call, as a filter batching its header
+//! writes would: the map read once per request, then written back N times
+//! with one header added).
 //! Three kinds measure the cache footprint instead of a host call:
 //! `code*N` runs N KiB of distinct code per request (16·N of the 64-byte
 //! functions `build.rs` generates, called in a scattered order), `hotcode*N`
@@ -61,6 +71,7 @@ struct Steps {
     edit: bool,
     vllm: bool,
     trtllm: bool,
+    sglang: bool,
     calls: Vec<(Call, u32)>,
     data: Vec<u8>,
 }
@@ -74,6 +85,7 @@ enum Call {
     Histogram,
     Header,
     Headers,
+    HeaderMap,
     Code,
     HotCode,
     Data,
@@ -89,6 +101,7 @@ impl Call {
             "histogram" => Call::Histogram,
             "header" => Call::Header,
             "headers" => Call::Headers,
+            "headermap" => Call::HeaderMap,
             "code" => Call::Code,
             "hotcode" => Call::HotCode,
             "data" => Call::Data,
@@ -102,6 +115,8 @@ const SHARED_KEY: &str = "min_pd.record";
 #[derive(Default)]
 struct Root {
     pods: Rc<(String, String)>,
+    /// The SGLang prefill's bootstrap port (`sglang` steps).
+    bootstrap_port: Rc<str>,
     steps: Rc<Steps>,
     metrics: Rc<(u32, u32)>,
     /// The next TensorRT-LLM `disagg_request_id` (the mock wants them from 2^42 and unique).
@@ -153,10 +168,17 @@ impl RootContext for Root {
             edit: has("edit"),
             vllm: has("vllm"),
             trtllm: has("trtllm"),
+            sglang: has("sglang"),
             calls,
             data,
         });
-        if self.steps.trtllm {
+        if self.steps.sglang {
+            match cfg.remove("bootstrap_port") {
+                Some(p) if p.parse::<u16>().is_ok() => self.bootstrap_port = p.into(),
+                _ => return false,
+            }
+        }
+        if self.steps.trtllm || self.steps.sglang {
             // Unique across restarts of this Envoy against the same mocks.
             let now = self
                 .get_current_time()
@@ -171,10 +193,12 @@ impl RootContext for Root {
     fn create_http_context(&self, _id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(Stream {
             pods: self.pods.clone(),
+            bootstrap_port: self.bootstrap_port.clone(),
             steps: self.steps.clone(),
             metrics: self.metrics.clone(),
             next_id: self.next_id.clone(),
             body: Vec::new(),
+            sglang_front: String::new(),
         }))
     }
 
@@ -185,10 +209,13 @@ impl RootContext for Root {
 
 struct Stream {
     pods: Rc<(String, String)>,
+    bootstrap_port: Rc<str>,
     steps: Rc<Steps>,
     metrics: Rc<(u32, u32)>,
     next_id: Rc<Cell<u64>>,
     body: Vec<u8>,
+    /// `sglang`: the decode body's new front.
+    sglang_front: String,
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -240,6 +267,16 @@ impl Stream {
     /// (black-boxed so the calls stay).
     fn extra_calls(&mut self) {
         use proxy_wasm::hostcalls as h;
+        let mut header_map = Vec::new();
+        if self
+            .steps
+            .calls
+            .iter()
+            .any(|(c, _)| matches!(c, Call::HeaderMap))
+        {
+            header_map = h::get_map(MapType::HttpRequestHeaders).unwrap_or_default();
+            header_map.push(("x-min-pd".to_string(), "1".to_string()));
+        }
         for (call, n) in self.steps.calls.iter() {
             for i in 0..*n {
                 match call {
@@ -268,6 +305,12 @@ impl Stream {
                     }
                     Call::Headers => {
                         std::hint::black_box(h::get_map_bytes(MapType::HttpRequestHeaders).ok());
+                    }
+                    Call::HeaderMap => {
+                        let pairs = header_map.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+                        std::hint::black_box(
+                            h::set_map(MapType::HttpRequestHeaders, pairs.collect()).ok(),
+                        );
                     }
                     Call::Code | Call::HotCode => {
                         // `hotcode`: the same instructions, the same first
@@ -299,6 +342,20 @@ impl Stream {
                 }
             }
         }
+    }
+
+    /// SGLang's decode leg, sent with the prefill: the body's `{` in
+    /// Envoy's buffer replaced by `{` and the bootstrap members.
+    fn send_sglang_decode(&mut self) -> Action {
+        if self.body.first() != Some(&b'{') {
+            return self.fail("the body does not start with {");
+        }
+        let len = self.body.len() - 1 + self.sglang_front.len();
+        self.set_http_request_body(0, 1, self.sglang_front.as_bytes());
+        self.set_http_request_header("content-length", Some(&len.to_string()));
+        self.set_http_request_header(ROUTE, Some(self.pods.1.as_str()));
+        self.body = Vec::new();
+        Action::Continue
     }
 
     fn fail(&self, why: &str) -> Action {
@@ -339,16 +396,28 @@ impl HttpContext for Stream {
                 r#","disaggregated_params":{{"request_type":"context_only","disagg_request_id":{id}}}"#
             );
             appended(&self.body, &[params.as_bytes()])
+        } else if self.steps.sglang {
+            let room = self.next_id.get();
+            self.next_id.set(room + 1);
+            let host = self.pods.0.rsplit_once(':').map_or("", |(h, _)| h);
+            let port = &self.bootstrap_port;
+            let members = format!(
+                r#","bootstrap_host":"{host}","bootstrap_port":{port},"bootstrap_room":{room}"#
+            );
+            let prefill = appended(&self.body, &[members.as_bytes()]);
+            self.sglang_front = format!("{{{},", &members[1..]);
+            prefill
         } else if self.steps.edit {
             appended(&self.body, &[br#","user":"min-pd","seed":1"#])
         } else {
             Vec::new()
         };
-        let prefill_body = if self.steps.edit || self.steps.vllm || self.steps.trtllm {
-            &prefill
-        } else {
-            &self.body
-        };
+        let prefill_body =
+            if self.steps.edit || self.steps.vllm || self.steps.trtllm || self.steps.sglang {
+                &prefill
+            } else {
+                &self.body
+            };
         let path = self.get_http_request_header(":path").unwrap_or_default();
         let authority = self
             .get_http_request_header(":authority")
@@ -367,6 +436,7 @@ impl HttpContext for Stream {
             vec![],
             Duration::from_secs(30),
         ) {
+            Ok(_) if self.steps.sglang => self.send_sglang_decode(),
             Ok(_) => Action::Pause,
             Err(e) => self.fail(&format!("dispatch_http_call: {e:?}")),
         }
@@ -375,6 +445,10 @@ impl HttpContext for Stream {
 
 impl Context for Stream {
     fn on_http_call_response(&mut self, _token: u32, n: usize, size: usize, _trailers: usize) {
+        if self.steps.sglang {
+            // The decode left with the prefill; its answer is the client's.
+            return;
+        }
         let status = self.get_http_call_response_header(":status");
         if n == 0 || status.as_deref() != Some("200") {
             self.fail(&format!("prefill answered {status:?}"));
