@@ -67,37 +67,18 @@ lint: setup
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
 
 # Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end.
-# Everything is built before anything is measured. The filter's crate builds
-# with one codegen unit and LTO, so most of its builds keep one core busy;
-# the mocks (their own target directory, or cargo's lock would serialise the
-# two) build on the other meanwhile: about a minute and a half less on a
-# fresh clone, and no build runs while a bench measures.
 bench: bench-setup && bench-e2e
-    #!/usr/bin/env bash
-    set -euo pipefail
-    runner="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py"
-    log=$(mktemp)
-    cargo build --release -p mock-engine --target-dir target/mocks >"$log" 2>&1 &
-    mocks=$!
-    trap '[ -z "$mocks" ] || kill "$mocks" 2>/dev/null || true; rm -f "$log"' EXIT
-    cargo bench --no-run --bench select --bench host_calls --bench discovery
-    cargo bench --no-run --target wasm32-wasip1 --bench request --bench discovery
-    cargo build --target wasm32-wasip1 --release
-    cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
-    wait "$mocks" || { mocks=; cat "$log"; exit 1; }
-    mocks=
-    tail -n 1 "$log"
     cargo bench --bench select
-    CARGO_TARGET_WASM32_WASIP1_RUNNER="$runner" cargo bench --bench request --target wasm32-wasip1
+    CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --target wasm32-wasip1
     cargo bench --bench host_calls
     cargo bench --bench discovery
-    CARGO_TARGET_WASM32_WASIP1_RUNNER="$runner" cargo bench --bench discovery --target wasm32-wasip1
+    CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench discovery --target wasm32-wasip1
 
 # End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them (bench/README.md).
 bench-e2e *ARGS: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
-    cargo build --release -p mock-engine --target-dir target/mocks
+    cargo build --release -p mock-engine
     [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/run.py {{ARGS}}

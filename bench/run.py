@@ -1008,8 +1008,8 @@ def main() -> int:
     ap.add_argument("--min-wasm", type=Path, default=Path(os.environ.get(
         "MIN_PD_WASM", BENCH / "min-pd-filter/target/wasm32-wasip1/release/min_pd_filter.wasm")),
         help="the minimal PD filter (min-pd)")
-    ap.add_argument("--mock", type=Path, default=REPO / "target/mocks/release/mock-engine")
-    ap.add_argument("--loadgen", type=Path, default=REPO / "target/mocks/release/loadgen")
+    ap.add_argument("--mock", type=Path, default=REPO / "target/release/mock-engine")
+    ap.add_argument("--loadgen", type=Path, default=REPO / "target/release/loadgen")
     ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
     ap.add_argument("--syscalls", action="store_true",
