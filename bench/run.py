@@ -922,13 +922,14 @@ def paired_report(raw: list[dict], sizes, concs, names, wasm_a: Path, wasm_b: Pa
            "and range over repetitions"]
     cell = {(r["rep"], r["body"], r["concurrency"], r["config"]): r["cpu_us_per_req"]
             for r in raw if (r["completed"] or 0) > 0}
+    reps = sorted({r["rep"] for r in raw})
     for name in names:
         parts = []
         for s in sizes:
             for c in concs:
                 pairs = [cell[(rep, s, c, name + "@b")] / cell[(rep, s, c, name)]
-                         for (rep, s2, c2, n) in cell
-                         if (s2, c2, n) == (s, c, name) and (rep, s, c, name + "@b") in cell]
+                         for rep in reps
+                         if (rep, s, c, name) in cell and (rep, s, c, name + "@b") in cell]
                 if pairs:
                     parts.append(f"{s} c={c} {median(pairs):.2f}x ({min(pairs):.2f}-"
                                  f"{max(pairs):.2f}, {len(pairs)})")

@@ -271,11 +271,6 @@ pub(super) fn skip_value(b: &[u8], at: usize) -> Option<usize> {
 mod tests {
     use super::*;
 
-    /// Arrays made of a canonical run of every length up to a word, then
-    /// every window of up to 6 bytes of digits, commas, zeros, spaces and
-    /// minus signs, then an optional tail: so every pattern sits at every
-    /// offset from the word boundary. The scan and serde_json agree on
-    /// whether each is an array of integers, and the scan on where it ends.
     /// `array` (text that may or may not be one) read by the scan, with
     /// bytes after it: an array of integers exactly when serde_json says
     /// so, ending where the text does.
@@ -290,6 +285,11 @@ mod tests {
         }
     }
 
+    /// Arrays made of a canonical run of every length up to a word, then
+    /// every window of up to 6 bytes of digits, commas, zeros, spaces and
+    /// minus signs, then an optional tail: so every pattern sits at every
+    /// offset from the word boundary. The scan and serde_json agree on
+    /// whether each is an array of integers, and the scan on where it ends.
     #[test]
     fn the_word_scan_agrees_with_serde_json() {
         let alphabet = [b'1', b'0', b',', b' ', b'-'];

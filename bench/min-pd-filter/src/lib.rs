@@ -198,7 +198,6 @@ impl RootContext for Root {
             metrics: self.metrics.clone(),
             next_id: self.next_id.clone(),
             body: Vec::new(),
-            sglang_front: String::new(),
         }))
     }
 
@@ -214,8 +213,6 @@ struct Stream {
     metrics: Rc<(u32, u32)>,
     next_id: Rc<Cell<u64>>,
     body: Vec<u8>,
-    /// `sglang`: the decode body's new front.
-    sglang_front: String,
 }
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
@@ -346,12 +343,12 @@ impl Stream {
 
     /// SGLang's decode leg, sent with the prefill: the body's `{` in
     /// Envoy's buffer replaced by `{` and the bootstrap members.
-    fn send_sglang_decode(&mut self) -> Action {
+    fn send_sglang_decode(&mut self, front: &str) -> Action {
         if self.body.first() != Some(&b'{') {
             return self.fail("the body does not start with {");
         }
-        let len = self.body.len() - 1 + self.sglang_front.len();
-        self.set_http_request_body(0, 1, self.sglang_front.as_bytes());
+        let len = self.body.len() - 1 + front.len();
+        self.set_http_request_body(0, 1, front.as_bytes());
         self.set_http_request_header("content-length", Some(&len.to_string()));
         self.set_http_request_header(ROUTE, Some(self.pods.1.as_str()));
         self.body = Vec::new();
@@ -384,6 +381,8 @@ impl HttpContext for Stream {
         if self.steps.json && !valid_json(&self.body) {
             return self.fail("the body is not JSON");
         }
+        // `sglang`: the decode body's new front, sent with the prefill.
+        let mut sglang_front = None;
         let prefill = if self.steps.vllm {
             appended(
                 &self.body,
@@ -405,7 +404,7 @@ impl HttpContext for Stream {
                 r#","bootstrap_host":"{host}","bootstrap_port":{port},"bootstrap_room":{room}"#
             );
             let prefill = appended(&self.body, &[members.as_bytes()]);
-            self.sglang_front = format!("{{{},", &members[1..]);
+            sglang_front = Some(format!("{{{},", &members[1..]));
             prefill
         } else if self.steps.edit {
             appended(&self.body, &[br#","user":"min-pd","seed":1"#])
@@ -436,8 +435,10 @@ impl HttpContext for Stream {
             vec![],
             Duration::from_secs(30),
         ) {
-            Ok(_) if self.steps.sglang => self.send_sglang_decode(),
-            Ok(_) => Action::Pause,
+            Ok(_) => match sglang_front {
+                Some(front) => self.send_sglang_decode(&front),
+                None => Action::Pause,
+            },
             Err(e) => self.fail(&format!("dispatch_http_call: {e:?}")),
         }
     }
