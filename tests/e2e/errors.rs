@@ -3,13 +3,6 @@
 
 use crate::harness::*;
 use serde_json::json;
-use std::net::TcpListener;
-
-/// A loopback port with nothing listening on it.
-fn closed_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
 
 #[test]
 fn every_error_status() {
@@ -65,7 +58,7 @@ fn every_error_status() {
             "delay:5000",
         ],
     );
-    let refused = closed_port();
+    let refused = RefusingPort::new();
 
     let model = |name: &str, prefill: serde_json::Value, decode: &[&Mock]| {
         json!({"name": name, "engine": "default", "rolesets": [{
@@ -82,7 +75,7 @@ fn every_error_status() {
             model("p429", p429.endpoint(), &[&decode]),
             model("garbage", garbage.endpoint(), &[&decode]),
             model("slow", slow.endpoint(), &[&decode]),
-            model("refused", json!(format!("127.0.0.1:{refused}")), &[&decode]),
+            model("refused", refused.endpoint(), &[&decode]),
             model("nodecode", ok_p.endpoint(), &[]),
         ]
     });

@@ -4,15 +4,7 @@
 
 use crate::harness::*;
 use serde_json::json;
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
-
-fn closed_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("port")
-}
 
 fn prefill(name: &str, engine: &str, fault: &[&str]) -> Mock {
     let mut a = vec!["--engine", engine, "--role", "prefill"];
@@ -49,6 +41,7 @@ fn prefill_faults() {
         ("slow", prefill("slow", "default", &["delay:5000"])),
     ];
     let nohandoff = prefill("nohandoff", "vllm", &["no-kv-params"]);
+    let refused = RefusingPort::new();
     let mut models: Vec<_> = mocks
         .iter()
         .map(|(n, m)| model(n, "default", m.endpoint(), decode.endpoint()))
@@ -56,7 +49,7 @@ fn prefill_faults() {
     models.push(model(
         "refused",
         "default",
-        json!(format!("127.0.0.1:{}", closed_port())),
+        refused.endpoint(),
         decode.endpoint(),
     ));
     models.push(model(
@@ -138,13 +131,9 @@ fn decode_faults() {
             "--engine", "default", "--role", "decode", "--fault", "reset",
         ],
     );
+    let refused = RefusingPort::new();
     let models = vec![
-        model(
-            "drefused",
-            "default",
-            p.endpoint(),
-            json!(format!("127.0.0.1:{}", closed_port())),
-        ),
+        model("drefused", "default", p.endpoint(), refused.endpoint()),
         model("dfail", "default", p.endpoint(), fail.endpoint()),
         model("dhang", "default", p.endpoint(), hang.endpoint()),
         model("dreset", "default", p.endpoint(), reset.endpoint()),

@@ -14,6 +14,40 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// A loopback port that refuses connections and stays reserved while this
+/// value lives. It is bound but never listens: a port merely closed after
+/// picking it can be handed by the kernel to a mock a parallel test starts,
+/// and "refused" then becomes whatever that mock does (once a hang, seen in
+/// CI as a 504 where a 503 was due).
+pub struct RefusingPort {
+    _socket: socket2::Socket,
+    pub port: u16,
+}
+
+impl RefusingPort {
+    pub fn new() -> Self {
+        let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+            .expect("socket");
+        socket
+            .bind(&std::net::SocketAddr::from(([127, 0, 0, 1], 0)).into())
+            .expect("bind");
+        let port = socket
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_socket())
+            .expect("local address")
+            .port();
+        RefusingPort {
+            _socket: socket,
+            port,
+        }
+    }
+
+    pub fn endpoint(&self) -> Value {
+        Value::String(format!("127.0.0.1:{}", self.port))
+    }
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
