@@ -159,7 +159,20 @@ struct Registry {
 }
 
 impl Registry {
+    /// The port is picked before the registry binds it, so a mock a parallel
+    /// test starts meanwhile can take it; the registry then exits, and is
+    /// started again on another.
     fn start(bin: &Path, dir: &Path) -> Registry {
+        for _ in 0..3 {
+            if let Some(registry) = Registry::try_start(bin, dir) {
+                return registry;
+            }
+        }
+        panic!("docker-registry lost its port to another process three times");
+    }
+
+    /// `None` when the port was taken before the registry bound it.
+    fn try_start(bin: &Path, dir: &Path) -> Option<Registry> {
         let port = free_port();
         let config = dir.join("registry.yml");
         std::fs::write(
@@ -199,10 +212,14 @@ impl Registry {
                 .send()
                 .map(|r| r.status().as_u16());
             if let Ok(200) = status {
-                return registry;
+                return Some(registry);
             }
             if let Some(exit) = wait_timeout(&mut registry.proc, Duration::ZERO) {
-                panic!("docker-registry exited ({exit}):\n{}", registry.log());
+                let log = registry.log();
+                if log.contains("address already in use") {
+                    return None;
+                }
+                panic!("docker-registry exited ({exit}):\n{log}");
             }
             assert!(
                 Instant::now() < deadline,

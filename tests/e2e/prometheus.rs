@@ -8,6 +8,7 @@
 use crate::harness::*;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -39,6 +40,22 @@ impl Prometheus {
             ),
         )
         .expect("prometheus.yml");
+        // The port is picked before Prometheus binds it, so a mock a
+        // parallel test starts meanwhile can take it; Prometheus then exits,
+        // and is started again on another.
+        let (proc, url) = (0..3)
+            .find_map(|_| Prometheus::spawn_ready(&config, &scratch))
+            .expect("prometheus exited before it was ready, three times (its port taken each time, or it fails to start: run it by hand)");
+        Prometheus {
+            _proc: proc,
+            url,
+            _scratch: scratch,
+        }
+    }
+
+    /// Prometheus on a port of its own, once it answers ready; `None` if it
+    /// exited first (its port taken by another process).
+    fn spawn_ready(config: &Path, scratch: &Scratch) -> Option<(Proc, String)> {
         let port = free_port();
         let mut cmd = Command::new("prometheus");
         cmd.arg(format!("--config.file={}", config.display()))
@@ -50,7 +67,7 @@ impl Prometheus {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let proc = Proc::spawn("prometheus", &mut cmd);
+        let mut proc = Proc::spawn("prometheus", &mut cmd);
         let url = format!("http://127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(30);
         while !http()
@@ -58,17 +75,16 @@ impl Prometheus {
             .send()
             .is_ok_and(|r| r.status().is_success())
         {
+            if let Ok(Some(_)) = proc.child.try_wait() {
+                return None;
+            }
             assert!(
                 Instant::now() < deadline,
                 "prometheus never became ready (is it installed? `just setup`)"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Prometheus {
-            _proc: proc,
-            url,
-            _scratch: scratch,
-        }
+        Some((proc, url))
     }
 
     fn query(&self, q: &str) -> Vec<Value> {
