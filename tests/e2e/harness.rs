@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 /// A loopback port that refuses connections and stays reserved while this
 /// value lives. It is bound but never listens: a port merely closed after
 /// picking it can be handed by the kernel to a mock a parallel test starts,
-/// and "refused" then becomes whatever that mock does (once a hang, seen in
-/// CI as a 504 where a 503 was due).
+/// and "refused" then becomes whatever that mock does (CI once answered a
+/// refused decode with a 504 where a 503 was due, as a hanging mock would).
 pub struct RefusingPort {
     _socket: socket2::Socket,
     pub port: u16,
