@@ -383,18 +383,19 @@ impl HttpContext for Stream {
         }
         // `sglang`: the decode body's new front, sent with the prefill.
         let mut sglang_front = None;
+        // `None`: the client's body goes to the prefill unchanged.
         let prefill = if self.steps.vllm {
-            appended(
+            Some(appended(
                 &self.body,
                 &[br#","kv_transfer_params":{"do_remote_decode":true}"#],
-            )
+            ))
         } else if self.steps.trtllm {
             let id = self.next_id.get();
             self.next_id.set(id + 1);
             let params = format!(
                 r#","disaggregated_params":{{"request_type":"context_only","disagg_request_id":{id}}}"#
             );
-            appended(&self.body, &[params.as_bytes()])
+            Some(appended(&self.body, &[params.as_bytes()]))
         } else if self.steps.sglang {
             let room = self.next_id.get();
             self.next_id.set(room + 1);
@@ -403,20 +404,14 @@ impl HttpContext for Stream {
             let members = format!(
                 r#","bootstrap_host":"{host}","bootstrap_port":{port},"bootstrap_room":{room}"#
             );
-            let prefill = appended(&self.body, &[members.as_bytes()]);
             sglang_front = Some(format!("{{{},", &members[1..]));
-            prefill
+            Some(appended(&self.body, &[members.as_bytes()]))
         } else if self.steps.edit {
-            appended(&self.body, &[br#","user":"min-pd","seed":1"#])
+            Some(appended(&self.body, &[br#","user":"min-pd","seed":1"#]))
         } else {
-            Vec::new()
+            None
         };
-        let prefill_body =
-            if self.steps.edit || self.steps.vllm || self.steps.trtllm || self.steps.sglang {
-                &prefill
-            } else {
-                &self.body
-            };
+        let prefill_body = prefill.as_deref().unwrap_or(&self.body);
         let path = self.get_http_request_header(":path").unwrap_or_default();
         let authority = self
             .get_http_request_header(":authority")
