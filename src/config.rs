@@ -6,8 +6,9 @@
 
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
-    fnv1a, Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, NixlPeer, PrefillPolicy,
-    RolesetPods, Scheduling, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
+    fnv1a, Connector, DecodePolicy, Endpoint, EngineKind, Fleet, Model, ModelSettings, NixlPeer,
+    PrefillPolicy, RolesetPods, Scheduling, TokenRange, DEFAULT_BOOTSTRAP_PORT,
+    DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -512,7 +513,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
     if m.name.is_empty() {
         return Err(err(format!("{mp}.name"), "must not be empty"));
     }
-    if m.trt_token_ids_b64 && m.engine != "trtllm" {
+    if m.trt_token_ids_b64 && EngineKind::of(&m.engine) != EngineKind::Trtllm {
         return Err(err(
             format!("{mp}.trt_token_ids_b64"),
             format!(
@@ -571,12 +572,12 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
 /// only configuration knows: a push prefill pod without it could never serve.
 fn check_push_peers(models: &[Model], global: Connector) -> Result<(), ConfigError> {
     for (mi, m) in models.iter().enumerate() {
-        if m.engine != "vllm" {
+        if m.kind != EngineKind::Vllm {
             continue;
         }
         for (ri, rs) in m.rolesets.iter().enumerate() {
             for (pi, p) in rs.prefill.iter().enumerate() {
-                let connector = p.kv_connector.or(m.kv_connector).unwrap_or(global);
+                let connector = p.connector(m.kv_connector, global);
                 if connector == Connector::NixlPush && p.nixl_push.is_none() {
                     return Err(err(
                         format!("models[{mi}].rolesets[{ri}].prefill[{pi}]"),

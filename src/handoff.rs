@@ -59,9 +59,7 @@ impl PdContext<'_> {
     /// The vLLM connector for `pod`: the pod's own, else the model's, else
     /// the router's global one.
     pub fn connector_for(&self, pod: &Endpoint) -> Connector {
-        pod.kv_connector
-            .or(self.model_connector)
-            .unwrap_or(self.default_connector)
+        pod.connector(self.model_connector, self.default_connector)
     }
 
     /// 128 random bits as 32 hex digits (transfer ids, request ids).

@@ -6,7 +6,7 @@
 use crate::config::Config;
 use crate::engine::Registry;
 use crate::error::PdError;
-use crate::fleet::{Connector, Endpoint, Fleet, Model, ModelId, PodId, PrefillPolicy};
+use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, Model, ModelId, PodId, PrefillPolicy};
 use crate::pods::{
     decode_scraped, update_load, HealthRule, LoadTable, PodCounters, ScrapedTable, SharedKeys,
     SharedStore, Verdict,
@@ -154,10 +154,11 @@ impl Router {
         let fleet = self.fleet();
         let global = self.kv_connector.get();
         let mut out: Vec<Rc<Endpoint>> = Vec::new();
-        for m in fleet.models().iter().filter(|m| m.engine == "vllm") {
+        for m in fleet.models().iter().filter(|m| m.kind == EngineKind::Vllm) {
             for e in m.rolesets.iter().flat_map(|r| r.prefill.iter()) {
-                let c = e.kv_connector.or(m.kv_connector).unwrap_or(global);
-                if c == Connector::Mooncake && !out.iter().any(|o| o.id == e.id) {
+                if e.connector(m.kv_connector, global) == Connector::Mooncake
+                    && !out.iter().any(|o| o.id == e.id)
+                {
                     out.push(Rc::clone(e));
                 }
             }
@@ -234,20 +235,13 @@ impl Router {
                 }
             })
             .collect();
-        if model.engine == "vllm" {
-            let mooncake = self.mooncake.borrow();
-            let global = self.kv_connector.get();
-            for e in model.rolesets.iter().flat_map(|r| r.prefill.iter()) {
-                let c = e.kv_connector.or(model.kv_connector).unwrap_or(global);
-                let known = mooncake.get(&e.id).is_some_and(|ids| !ids.is_empty());
-                // A discovered push pod without its side channel cannot hand
-                // off (configured ones are refused at load).
-                let unusable = (c == Connector::Mooncake && !known)
-                    || (c == Connector::NixlPush && e.nixl_push.is_none());
-                if unusable {
-                    if let Some(s) = states.get_mut(e.slot) {
-                        s.not_ready_for_prefill = true;
-                    }
+        let handler = self.registry.resolve(&model.engine);
+        let global = self.kv_connector.get();
+        for e in model.rolesets.iter().flat_map(|r| r.prefill.iter()) {
+            let connector = e.connector(model.kv_connector, global);
+            if !handler.prefill_ready(e, connector, self) {
+                if let Some(s) = states.get_mut(e.slot) {
+                    s.not_ready_for_prefill = true;
                 }
             }
         }

@@ -322,7 +322,7 @@ pub fn plan_request(
         });
     }
     let answer = match answer::decide(
-        &request.model.engine,
+        request.model.kind,
         &request.facts,
         &request.body,
         &request.top,

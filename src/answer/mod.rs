@@ -19,6 +19,7 @@ pub use usage::{prefill_cached_tokens, set_cached_tokens};
 
 use crate::api::{Api, Facts};
 use crate::body::TopLevel;
+use crate::fleet::EngineKind;
 
 /// What may need rewriting in one request's answer, decided from the
 /// client's request before any leg leaves.
@@ -46,17 +47,13 @@ pub enum Decision {
     Whole(&'static str),
 }
 
-/// Which engines report what a PD split gets wrong.
-fn reconciles(engine: &str) -> bool {
-    matches!(engine, "vllm" | "sglang")
-}
-
 /// Decides, from the client's request, what its answer may need.
-pub fn decide(engine: &str, facts: &Facts, body: &[u8], top: &TopLevel) -> Decision {
-    if !reconciles(engine) {
+pub fn decide(engine: EngineKind, facts: &Facts, body: &[u8], top: &TopLevel) -> Decision {
+    // Only these engines' decodes report what a PD split gets wrong.
+    if !matches!(engine, EngineKind::Vllm | EngineKind::Sglang) {
         return Decision::None;
     }
-    let vllm = engine == "vllm";
+    let vllm = engine == EngineKind::Vllm;
     let set = |k: &str| top.raw_non_null(body, k).is_some_and(|v| v != b"false");
     if vllm && facts.api == Api::ChatCompletions && set("echo") {
         // vLLM turns chat echo into prompt logprobs (and so skips the

@@ -4,7 +4,7 @@ use crate::api::read_facts;
 fn decide_for(engine: &str, api: Api, body: &str) -> Decision {
     let top = TopLevel::parse(body.as_bytes()).unwrap();
     let facts = read_facts(api, body.as_bytes(), &top).unwrap();
-    decide(engine, &facts, body.as_bytes(), &top)
+    decide(EngineKind::of(engine), &facts, body.as_bytes(), &top)
 }
 
 #[test]

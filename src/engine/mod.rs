@@ -9,7 +9,7 @@ mod vllm;
 
 use crate::api::{Api, Facts};
 use crate::body::{Edits, TopLevel};
-use crate::fleet::Endpoint;
+use crate::fleet::{Connector, Endpoint};
 use std::collections::BTreeMap;
 
 pub use crate::error::EngineError;
@@ -62,6 +62,18 @@ pub trait EngineHandler {
     /// Top-level keys this engine's hand-off writes; a client may not send them.
     fn owned_keys(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// Whether `pod` can take a prefill now; `connector` is the vLLM KV
+    /// connector it would hand off with. A pod that is not ready is skipped
+    /// when pods are chosen.
+    fn prefill_ready(
+        &self,
+        _pod: &Endpoint,
+        _connector: Connector,
+        _learned: &dyn LearnedPods,
+    ) -> bool {
+        true
     }
 
     /// Whether this request should be split at all with `prefill` as the

@@ -1,5 +1,6 @@
 use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
-use crate::fleet::Endpoint;
+use crate::fleet::{Connector, Endpoint};
+use crate::handoff::LearnedPods;
 use crate::transfer::{agent, Handoff};
 
 /// vLLM: delegates the hand-off to the KV-transfer agent of the prefill pod,
@@ -19,6 +20,15 @@ impl EngineHandler for VllmHandler {
 
     fn runs_concurrently(&self, ctx: &PdContext, prefill: &Endpoint) -> bool {
         agent(ctx.connector_for(prefill)).concurrent()
+    }
+
+    fn prefill_ready(
+        &self,
+        pod: &Endpoint,
+        connector: Connector,
+        learned: &dyn LearnedPods,
+    ) -> bool {
+        agent(connector).prefill_ready(pod, learned)
     }
 
     fn owned_keys(&self) -> &'static [&'static str] {

@@ -8,10 +8,12 @@
 //! the version (and the `Rc`s) they were placed with.
 
 mod connector;
+mod engine_kind;
 mod id;
 mod policy;
 
 pub use connector::Connector;
+pub use engine_kind::EngineKind;
 pub use id::{fnv1a, fnv1a_extend, ModelId, PodId};
 pub use policy::{DecodePolicy, PrefillPolicy, Scheduling, TokenRange};
 
@@ -85,6 +87,13 @@ impl Endpoint {
             nixl_push: None,
         }
     }
+
+    /// The vLLM KV connector this pod hands off with: its own, else its
+    /// model's, else the router's global one (AIBrix's pod label, then
+    /// `SetConnectorTypeFunc`). The one place this precedence is written.
+    pub fn connector(&self, model: Option<Connector>, global: Connector) -> Connector {
+        self.kv_connector.or(model).unwrap_or(global)
+    }
 }
 
 /// Prefill and decode pods that belong together (AIBrix's roleset: pods of one
@@ -132,7 +141,10 @@ pub struct ModelSettings {
 pub struct Model {
     pub id: ModelId,
     pub name: String,
+    /// The engine as configured (the registry resolves handlers by it).
     pub engine: String,
+    /// What that name means to pd-router.
+    pub kind: EngineKind,
     pub kv_connector: Option<Connector>,
     pub prefill_policy: PrefillPolicy,
     pub decode_policy: DecodePolicy,
@@ -176,6 +188,7 @@ impl Model {
         Model {
             id: ModelId::of(&settings.name),
             name: settings.name,
+            kind: EngineKind::of(&settings.engine),
             engine: settings.engine,
             kv_connector: settings.kv_connector,
             prefill_policy: settings.prefill_policy,

@@ -13,7 +13,7 @@ mod shfs;
 use crate::body::TopLevel;
 use crate::error::EngineError;
 use crate::fleet::{Connector, Endpoint};
-use crate::handoff::{LegEdits, Legs, PdContext};
+use crate::handoff::{LearnedPods, LegEdits, Legs, PdContext};
 
 pub use mooncake::{parse_query, Mooncake};
 pub use neuron::Neuron;
@@ -57,6 +57,12 @@ pub trait KvTransferAgent {
     /// the prefill's answer).
     fn concurrent(&self) -> bool {
         false
+    }
+
+    /// Whether `prefill_pod` can hand off now: some protocols need a fact
+    /// about the pod that the router learns or is told first.
+    fn prefill_ready(&self, _prefill_pod: &Endpoint, _learned: &dyn LearnedPods) -> bool {
+        true
     }
 
     /// Adds this protocol's fields (and headers) to the legs.

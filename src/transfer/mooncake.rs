@@ -2,7 +2,7 @@ use super::KvTransferAgent;
 use crate::body::json_string;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
-use crate::handoff::{Legs, PdContext};
+use crate::handoff::{LearnedPods, Legs, PdContext};
 use std::collections::BTreeMap;
 
 /// vLLM's `MooncakeConnector` (checked against vLLM 0.33's
@@ -26,6 +26,13 @@ impl KvTransferAgent for Mooncake {
 
     fn concurrent(&self) -> bool {
         true
+    }
+
+    /// Only once its engine id is known (`GET /query`).
+    fn prefill_ready(&self, pod: &Endpoint, learned: &dyn LearnedPods) -> bool {
+        learned
+            .mooncake_engines(pod.id)
+            .is_some_and(|ids| !ids.is_empty())
     }
 
     fn augment_prefill(

@@ -2,7 +2,7 @@ use super::{pair_by_request_id, KvTransferAgent};
 use crate::body::json_string;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
-use crate::handoff::{Legs, PdContext};
+use crate::handoff::{LearnedPods, Legs, PdContext};
 
 /// vLLM's `NixlPushConnector` (checked against vLLM 0.33's
 /// `kv_connector/v1/nixl/push_*`): the prefill pushes its blocks into blocks
@@ -22,6 +22,12 @@ impl KvTransferAgent for NixlPush {
 
     fn concurrent(&self) -> bool {
         true
+    }
+
+    /// A discovered pod without its side channel cannot hand off
+    /// (configured ones are refused at load).
+    fn prefill_ready(&self, pod: &Endpoint, _learned: &dyn LearnedPods) -> bool {
+        pod.nixl_push.is_some()
     }
 
     fn augment_prefill(
