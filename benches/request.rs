@@ -16,7 +16,7 @@ use pd_router::answer::{AnswerPlan, PrefillFacts, Rewrite};
 use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::engine::{FixedEntropy, Registry};
-use pd_router::split::{self, FixedPlanner, Plan, RouterView};
+use pd_router::split::{self, Placement, Plan, RouterView};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -90,8 +90,13 @@ fn main() {
     let fleet = config.fleet();
     let registry = Registry::builtin();
     let view = RouterView::of_config(&config, &fleet, &registry);
-    let entropy = FixedEntropy::new(vec![1], 1 << 50);
-    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
+    let mut entropy = FixedEntropy::new(vec![1], 1 << 50);
+    let mut merge_entropy = entropy.clone();
+    let mut plan_of = |b: &[u8]| {
+        let placement = Placement::first_pair(&fleet).expect("pods");
+        split::read(&view, Api::ChatCompletions, "r", b.to_vec())
+            .and_then(|r| split::build(&view, r, placement, &mut entropy))
+    };
     println!("filter work per request, vLLM chat ({WHERE}, release; µs, median of 5)");
     println!(
         "{:>8} {:>10} {:>10} {:>10} {:>10}",
@@ -100,9 +105,7 @@ fn main() {
     for size in [1024usize, 64 * 1024, 512 * 1024] {
         let b = body(size);
         let iters = (20_000_000 / size).clamp(50, 20_000) as u32;
-        let Ok(Plan::Split(plan)) =
-            split::plan(&view, &mut planner, Api::ChatCompletions, "r", b.clone())
-        else {
+        let Ok(Plan::Split(plan)) = plan_of(&b) else {
             panic!("not split");
         };
         // `plan` includes `read`; the clone of the body is the flow's read
@@ -111,10 +114,10 @@ fn main() {
             black_box(split::read(&view, Api::ChatCompletions, "r", b.clone()).ok());
         });
         let plan_t = per_call(iters, || {
-            black_box(split::plan(&view, &mut planner, Api::ChatCompletions, "r", b.clone()).ok());
+            black_box(plan_of(&b).ok());
         });
         let merge = per_call(iters, || {
-            black_box(split::merge(&view, &mut planner.entropy, &plan, ANSWER).ok());
+            black_box(split::merge(&view, &mut merge_entropy, &plan, ANSWER).ok());
         });
         println!(
             "{:>7}K {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
@@ -183,19 +186,22 @@ fn trtllm_merge_rows(config: &Config, b64: bool) {
     let fleet = config.fleet();
     let registry = Registry::builtin();
     let view = RouterView::of_config(config, &fleet, &registry);
-    let entropy = FixedEntropy::new(vec![1], 1 << 50);
-    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
+    let mut entropy = FixedEntropy::new(vec![1], 1 << 50);
+    let mut merge_entropy = entropy.clone();
+    let mut plan_of = |b: &[u8]| {
+        let placement = Placement::first_pair(&fleet).expect("pods");
+        split::read(&view, Api::ChatCompletions, "r", b.to_vec())
+            .and_then(|r| split::build(&view, r, placement, &mut entropy))
+    };
     for size in [1024usize, 64 * 1024, 512 * 1024] {
         let b = body(size);
         let answer = trt_answer(size, b64);
-        let Ok(Plan::Split(plan)) =
-            split::plan(&view, &mut planner, Api::ChatCompletions, "r", b.clone())
-        else {
+        let Ok(Plan::Split(plan)) = plan_of(&b) else {
             panic!("not split");
         };
         let iters = (10_000_000 / answer.len()).clamp(20, 20_000) as u32;
         let merge = per_call(iters, || {
-            black_box(split::merge(&view, &mut planner.entropy, &plan, &answer).ok());
+            black_box(split::merge(&view, &mut merge_entropy, &plan, &answer).ok());
         });
         let parse = per_call(iters, || {
             black_box(pd_router::body::TopLevel::parse(&answer).ok());

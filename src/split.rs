@@ -1,11 +1,14 @@
 //! The split plan: everything that turns a client body into a prefill leg
 //! and a decode leg, and a prefill answer into the decode body, in one place.
 //!
+//! A request's path reads in one direction: [`read`] checks the client's
+//! body, the router places it (`Router::place`, or a fixed pair in tests),
+//! [`build`] turns it into its legs, and [`merge`] turns a prefill answer
+//! into the decode body. A retry is another placement and another build.
 //! The flow, the golden runner, the fuzz targets of the request path and the
-//! request bench all call [`plan`] and [`merge`] and nothing else, so a check
-//! added here is golden-tested and fuzzed without anyone remembering to.
-//! Pure: the pods come from a [`Planner`] (the router's scheduler inside
-//! Envoy, a fixed pair in tests), and so does the randomness.
+//! request bench all call these and nothing else, so a check added here is
+//! golden-tested and fuzzed without anyone remembering to. Pure: the pods
+//! and the randomness come from the caller.
 
 use crate::answer;
 use crate::api::{read_facts, Api, Facts};
@@ -53,14 +56,7 @@ impl<'a> RouterView<'a> {
     }
 }
 
-/// What a split needs from outside the body: pods and randomness.
-pub trait Planner {
-    /// Chooses the pods for `request`.
-    fn place(&mut self, request: &SplitRequest) -> Result<Placement, PdError>;
-    fn entropy(&mut self) -> &mut dyn Entropy;
-}
-
-/// The pods a planner chose.
+/// The pods a request was placed on.
 #[derive(Debug, Clone)]
 pub enum Placement {
     Split {
@@ -76,6 +72,20 @@ pub enum Placement {
         pod: Rc<Endpoint>,
         reason: &'static str,
     },
+}
+
+impl Placement {
+    /// The first prefill and decode pods of the fleet's first roleset: the
+    /// fixed choice golden fixtures, fuzz targets and benches split with.
+    pub fn first_pair(fleet: &Fleet) -> Option<Placement> {
+        let roleset = fleet.models().first()?.rolesets.first()?;
+        Some(Placement::Split {
+            prefill: Rc::clone(roleset.prefill.first()?),
+            decode: Rc::clone(roleset.decode.first()?),
+            reason: "fixed",
+            prefix: PrefixMatch::default(),
+        })
+    }
 }
 
 /// The bytes that identify a prompt for prefix matching, digested.
@@ -266,26 +276,36 @@ fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &TopLev
     }
 }
 
-/// Reads a client body and plans its legs.
-pub fn plan(
-    view: &RouterView,
-    planner: &mut dyn Planner,
-    api: Api,
-    request_id: &str,
-    body: Vec<u8>,
-) -> Result<Plan, PdError> {
-    let request = read(view, api, request_id, body)?;
-    plan_request(view, planner, request)
+/// What a handler sees of `request`, split with `decode` as its decode pod.
+fn handoff_context<'a>(
+    view: &RouterView<'a>,
+    request: &'a SplitRequest,
+    decode: &'a Endpoint,
+    entropy: &'a mut dyn Entropy,
+) -> PdContext<'a> {
+    PdContext {
+        facts: &request.facts,
+        body: &request.body,
+        top: &request.top,
+        request_id: &request.request_id,
+        model_connector: request.model.kv_connector,
+        default_connector: view.default_connector,
+        decode_pod: decode,
+        learned: view.learned,
+        trt_auth_key: view.trt_auth_key,
+        trt_token_ids_b64: request.model.trt_token_ids_b64,
+        entropy,
+    }
 }
 
-/// Places a request read by [`read`] and builds its legs (also how a
-/// request is placed again after its prefill failed).
-pub fn plan_request(
+/// Builds the legs of a request read by [`read`] and placed by the router.
+pub fn build(
     view: &RouterView,
-    planner: &mut dyn Planner,
     request: SplitRequest,
+    placement: Placement,
+    entropy: &mut dyn Entropy,
 ) -> Result<Plan, PdError> {
-    let (prefill, decode, reason, prefix) = match planner.place(&request)? {
+    let (prefill, decode, reason, prefix) = match placement {
         Placement::Combined { pod, reason } => {
             return Ok(Plan::Whole {
                 request,
@@ -301,19 +321,7 @@ pub fn plan_request(
         } => (prefill, decode, reason, prefix),
     };
     let handler = view.registry.resolve(&request.model.engine);
-    let mut ctx = PdContext {
-        facts: &request.facts,
-        body: &request.body,
-        top: &request.top,
-        request_id: &request.request_id,
-        model_connector: request.model.kv_connector,
-        default_connector: view.default_connector,
-        decode_pod: &decode,
-        learned: view.learned,
-        trt_auth_key: view.trt_auth_key,
-        trt_token_ids_b64: request.model.trt_token_ids_b64,
-        entropy: planner.entropy(),
-    };
+    let mut ctx = handoff_context(view, &request, &decode, entropy);
     if !handler.should_split(&ctx, &prefill) {
         return Ok(Plan::Whole {
             request,
@@ -394,19 +402,7 @@ pub fn merge(
         .map_err(|e| PdError::Prefill(PrefillFailure::BadAnswer(e.describe("the answer"))))?;
     let request = &plan.request;
     let handler = view.registry.resolve(&request.model.engine);
-    let mut ctx = PdContext {
-        facts: &request.facts,
-        body: &request.body,
-        top: &request.top,
-        request_id: &request.request_id,
-        model_connector: request.model.kv_connector,
-        default_connector: view.default_connector,
-        decode_pod: &plan.decode_pod,
-        learned: view.learned,
-        trt_auth_key: view.trt_auth_key,
-        trt_token_ids_b64: request.model.trt_token_ids_b64,
-        entropy,
-    };
+    let mut ctx = handoff_context(view, request, &plan.decode_pod, entropy);
     let mut decode = edits.clone();
     let merged = handler.merge_prefill_response(
         &mut ctx,
@@ -452,42 +448,6 @@ pub fn merge(
     })
 }
 
-/// A planner that always chooses the same pods, with fixed randomness: for
-/// golden fixtures, fuzz targets and benches, which exercise the shipped
-/// plan without a scheduler.
-pub struct FixedPlanner {
-    pub prefill: Rc<Endpoint>,
-    pub decode: Rc<Endpoint>,
-    pub entropy: crate::engine::FixedEntropy,
-}
-
-impl FixedPlanner {
-    /// The first prefill and decode pods of the fleet's first roleset.
-    pub fn first_pods(fleet: &Fleet, entropy: crate::engine::FixedEntropy) -> Option<FixedPlanner> {
-        let roleset = fleet.models().first()?.rolesets.first()?;
-        Some(FixedPlanner {
-            prefill: Rc::clone(roleset.prefill.first()?),
-            decode: Rc::clone(roleset.decode.first()?),
-            entropy,
-        })
-    }
-}
-
-impl Planner for FixedPlanner {
-    fn place(&mut self, _request: &SplitRequest) -> Result<Placement, PdError> {
-        Ok(Placement::Split {
-            prefill: Rc::clone(&self.prefill),
-            decode: Rc::clone(&self.decode),
-            reason: "fixed",
-            prefix: PrefixMatch::default(),
-        })
-    }
-
-    fn entropy(&mut self) -> &mut dyn Entropy {
-        &mut self.entropy
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -506,15 +466,28 @@ mod tests {
         (c, fleet, Registry::builtin())
     }
 
-    fn planner(fleet: &Fleet) -> FixedPlanner {
-        FixedPlanner::first_pods(fleet, FixedEntropy::new(vec![7], 1 << 50)).expect("pods")
+    fn entropy() -> FixedEntropy {
+        FixedEntropy::new(vec![7], 1 << 50)
+    }
+
+    /// Read, placed on the fleet's first pair, built.
+    fn plan(
+        view: &RouterView,
+        entropy: &mut FixedEntropy,
+        api: Api,
+        request_id: &str,
+        body: Vec<u8>,
+    ) -> Result<Plan, PdError> {
+        let request = read(view, api, request_id, body)?;
+        let placement = Placement::first_pair(view.fleet).expect("pods");
+        build(view, request, placement, entropy)
     }
 
     #[test]
     fn a_vllm_request_is_split_and_merged() {
         let (c, fleet, registry) = setup("vllm");
         let view = RouterView::of_config(&c, &fleet, &registry);
-        let mut p = planner(&fleet);
+        let mut p = entropy();
         let body = br#"{"model":"m","prompt":"hi","stream":true}"#.to_vec();
         let Plan::Split(plan) = plan(&view, &mut p, Api::Completions, "r", body).expect("plan")
         else {
@@ -524,7 +497,7 @@ mod tests {
         let prefill = String::from_utf8(plan.prefill_body.clone()).expect("utf8");
         assert!(prefill.contains(r#""stream":false"#) && prefill.contains("do_remote_decode"));
         let answer = br#"{"kv_transfer_params":{"remote_engine_id":"e"}}"#;
-        let after = merge(&view, &mut p.entropy, &plan, answer).expect("merge");
+        let after = merge(&view, &mut p, &plan, answer).expect("merge");
         assert_eq!(
             after,
             AfterPrefill::Decode {
@@ -537,7 +510,7 @@ mod tests {
                 facts: None
             }
         );
-        let bad = merge(&view, &mut p.entropy, &plan, b"[]").expect_err("not an object");
+        let bad = merge(&view, &mut p, &plan, b"[]").expect_err("not an object");
         assert_eq!(bad.reply().status, 502);
     }
 
@@ -545,7 +518,7 @@ mod tests {
     fn checks_come_before_placement() {
         let (c, fleet, registry) = setup("sglang");
         let view = RouterView::of_config(&c, &fleet, &registry);
-        let mut p = planner(&fleet);
+        let mut p = entropy();
         let mut status = |body: &[u8]| {
             plan(&view, &mut p, Api::Completions, "r", body.to_vec())
                 .map(|_| 200)

@@ -30,7 +30,7 @@ use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
 use pd_router::fleet::PodId;
-use pd_router::split::{self, AfterPrefill, DecodeLeg, FixedPlanner, Plan, RouterView, SplitPlan};
+use pd_router::split::{self, AfterPrefill, DecodeLeg, Placement, Plan, RouterView, SplitPlan};
 use serde::Deserialize;
 use std::fs;
 use std::path::Path;
@@ -140,12 +140,14 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     let mut view = RouterView::of_config(&config, &fleet, &registry);
     view.learned = &learned;
     view.trt_auth_key = case.trt_auth_key.as_deref().map(str::as_bytes);
-    let entropy = FixedEntropy::new(case.randoms.clone(), case.disagg_id);
-    let mut planner = FixedPlanner::first_pods(&fleet, entropy).expect("pods");
+    let mut entropy = FixedEntropy::new(case.randoms.clone(), case.disagg_id);
+    let placement = Placement::first_pair(&fleet).expect("pods");
 
     let api = Api::from_path(&case.path).expect("split path");
     let request_id = case.request_id.as_deref().unwrap_or("golden-1");
-    let plan = match split::plan(&view, &mut planner, api, request_id, client.clone()) {
+    let plan = split::read(&view, api, request_id, client.clone())
+        .and_then(|request| split::build(&view, request, placement, &mut entropy));
+    let plan = match plan {
         Ok(Plan::Split(plan)) => plan,
         Ok(Plan::Whole { .. }) => panic!("{}: not split", dir.display()),
         Err(e) => panic!("{}: {e}", dir.display()),
@@ -163,7 +165,7 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     }
     let answer = read(dir, "answer.json")
         .unwrap_or_else(|| panic!("{}: answer.json for a sync engine", dir.display()));
-    match split::merge(&view, &mut planner.entropy, &plan, &answer).expect("merge") {
+    match split::merge(&view, &mut entropy, &plan, &answer).expect("merge") {
         AfterPrefill::Reply { body, .. } => check(dir, "reply.txt", &body, failures),
         AfterPrefill::Decode { body, headers, .. } => {
             check(

@@ -36,7 +36,7 @@ fn run(client: &[u8], answer: &[u8]) {
     }
     let strict_answer = common::is_value_object(answer);
     let strict = strict_answer && common::is_value_object(client);
-    common::for_each_split(client, |case, view, planner, plan| {
+    common::for_each_split(client, |case, view, entropy, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
             case.engine, case.connector, plan.request.facts.api, plan.prefill_pod.address
@@ -44,7 +44,7 @@ fn run(client: &[u8], answer: &[u8]) {
         if plan.concurrent {
             return;
         }
-        match split::merge(view, &mut planner.entropy, plan, answer) {
+        match split::merge(view, entropy, plan, answer) {
             Ok(AfterPrefill::Decode { body, headers, .. }) => {
                 for h in &headers {
                     common::assert_header(&format!("decode leg ({what})"), h);

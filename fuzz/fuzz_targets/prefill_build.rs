@@ -24,7 +24,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let strict = common::is_value_object(data);
-    common::for_each_split(data, |case, _view, _planner, plan| {
+    common::for_each_split(data, |case, _view, _entropy, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
             case.engine, case.connector, plan.request.facts.api, plan.prefill_pod.address

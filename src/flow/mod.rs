@@ -4,18 +4,21 @@
 //! pod is chosen and given back when its part ends, or at the end of the
 //! stream whatever happened, so the shared counters return to zero.
 //!
-//! This file holds the callbacks. Beside it: [`prefill`] dispatches the
-//! prefill leg and handles its answer, [`decode`] points the request at its
-//! decode pod, [`load`] holds and gives back load, [`planner`] is the
-//! router's scheduler as the split plan sees it, [`head`] what is kept of the
-//! client's headers.
+//! This file holds the stream's state and Envoy's callbacks. Beside it:
+//! [`send`] reads, places, builds and sends a buffered request, [`prefill`]
+//! dispatches the prefill leg and handles its answer, [`decode`] points the
+//! request at its decode pod, [`load`] holds and gives back load,
+//! [`answer`] rewrites the response where needed, [`ids`] is the host's
+//! randomness as a split draws on it, [`head`] what is kept of the client's
+//! headers.
 
 mod answer;
 mod decode;
 mod head;
+mod ids;
 mod load;
-mod planner;
 mod prefill;
+mod send;
 
 use crate::api::Api;
 use crate::body::BodyError;
@@ -25,11 +28,9 @@ use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
 use crate::router::{HeldLoad, Router};
 use crate::select;
-use crate::split::{self, Plan, WholeReason};
 use answer::{Answering, Timing};
 use head::RequestHead;
 use load::Release;
-use planner::FlowPlanner;
 use prefill::PendingPrefill;
 use std::rc::Rc;
 
@@ -267,114 +268,6 @@ impl Flow {
             Phase::Replied | Phase::AwaitingPrefill(_) => Action::Pause,
             Phase::Start | Phase::Forwarded { .. } => Action::Continue,
         }
-    }
-
-    /// Plans the buffered request and sends it on.
-    fn split<H: Host>(
-        &mut self,
-        host: &mut H,
-        api: Api,
-        body_size: usize,
-    ) -> Result<Sent, PdError> {
-        // A body the host cannot hand over is the router's failure, not the
-        // client's.
-        self.timing.body_done_us = host.now_us();
-        let body = host.request_body(body_size)?;
-        let router = Rc::clone(&self.router);
-        let fleet = router.fleet();
-        let mut planner = FlowPlanner {
-            router: &router,
-            host: &mut *host,
-            failed_on: &[],
-        };
-        let plan = split::plan(&router.view(&fleet), &mut planner, api, &self.head.id, body)?;
-        self.send(host, plan, Attempt::default())
-    }
-
-    /// Sends a planned request on: the prefill dispatched (and, for
-    /// concurrent engines, the decode too), or the whole request to one pod.
-    fn send<H: Host>(
-        &mut self,
-        host: &mut H,
-        plan: Plan,
-        attempt: Attempt,
-    ) -> Result<Sent, PdError> {
-        let model = match &plan {
-            Plan::Whole { request, .. } => &request.model,
-            Plan::Split(p) => &p.request.model,
-        };
-        self.timing.model = Some(Rc::clone(model));
-        let plan = match plan {
-            Plan::Whole { request, pod, why } => {
-                match why {
-                    WholeReason::Combined(reason) => {
-                        host.increment(Counter::Combined);
-                        self.debug(host, || format!("combined pod {} ({reason})", pod.address));
-                    }
-                    WholeReason::NotSplittable => host.increment(Counter::Unsplit),
-                }
-                return self.forward_whole(host, request.model.id, &pod);
-            }
-            Plan::Split(plan) => plan,
-        };
-        let now = host.now_ms();
-        self.hold(
-            host,
-            plan.request.model.id,
-            Some(&plan.prefill_pod),
-            Some(&plan.decode_pod),
-        );
-        let router = Rc::clone(&self.router);
-        router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);
-        let token = match self.dispatch_prefill(host, &plan) {
-            Ok(t) => t,
-            Err(e) => {
-                self.release(host, Release::All, None);
-                return Err(e);
-            }
-        };
-        self.prefill_left(host);
-        // The prefill leg is Envoy's now; a retry builds its own.
-        let mut plan = plan;
-        plan.prefill_body = Vec::new();
-        host.increment(Counter::Split);
-        self.prefill_pod = Some((plan.prefill_pod.name.clone(), plan.prefill_pod.ip.clone()));
-        self.decode_pod = Some(Rc::clone(&plan.decode_pod));
-        self.debug(host, || {
-            let (p, d) = (&plan.prefill_pod.address, &plan.decode_pod.address);
-            let n = attempt.number + 1;
-            format!(
-                "{} {}: prefill {p} decode {d} ({}, attempt {n})",
-                plan.request.model.engine, self.head.path, plan.reason
-            )
-        });
-        if !plan.concurrent {
-            self.phase = Phase::AwaitingPrefill(Box::new(PendingPrefill {
-                token,
-                plan,
-                attempt,
-            }));
-            return Ok(Sent::Waiting);
-        }
-        // SGLang: the prefill waits for the decode to register its room, so
-        // the decode goes out now and the prefill answer is only watched.
-        if let Err(e) = self.send_concurrent_decode(host, &plan) {
-            self.release(host, Release::All, None);
-            return Err(e);
-        }
-        // The prefill's facts come later, if the answer needs them.
-        self.answering.rewrite = plan
-            .answer
-            .clone()
-            .map(|a| crate::answer::Rewrite::new(a, None));
-        self.phase = Phase::Forwarded {
-            watched: Some(WatchedPrefill {
-                token,
-                pod: Rc::clone(&plan.prefill_pod),
-            }),
-            body_seen: false,
-        };
-        Ok(Sent::Upstream)
     }
 
     pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {

@@ -1,9 +1,11 @@
 //! The prefill leg: dispatching it, classifying its answer, and what follows
 //! (the decode, a retry on another pod, or the client's error).
 
+use super::ids::HostEntropy;
 use super::load::{Judgement, Release};
-use super::{Attempt, Flow, FlowPlanner, Phase, Sent};
+use super::{Attempt, Flow, Phase, Sent};
 use crate::error::{upstream_message, HostError, PdError, PrefillFailure};
+use crate::fleet::Endpoint;
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
 use crate::split::{self, AfterPrefill, Degraded, SplitPlan};
@@ -137,14 +139,8 @@ impl Flow {
         match std::mem::replace(&mut self.phase, Phase::Replied) {
             Phase::AwaitingPrefill(pending) if pending.token == token => {
                 let pending = *pending;
-                self.prefill_done(host);
-                let outcome = classify(status, || host.call_response_body(body_size));
-                let judged = Judgement {
-                    pod: &pending.plan.prefill_pod,
-                    verdict: verdict(&outcome),
-                    cause: cause(&outcome),
-                };
-                self.release(host, Release::Prefill, Some(judged));
+                let pod = Rc::clone(&pending.plan.prefill_pod);
+                let outcome = self.prefill_answered(host, &pod, status, body_size);
                 let result = match outcome {
                     Ok(()) => self.finish(host, pending, body_size),
                     Err(f) => self.retry_or_fail(host, pending, f),
@@ -164,14 +160,7 @@ impl Flow {
                     watched: None,
                     body_seen,
                 };
-                self.prefill_done(host);
-                let outcome = classify(status, || host.call_response_body(body_size));
-                let judged = Judgement {
-                    pod: &w.pod,
-                    verdict: verdict(&outcome),
-                    cause: cause(&outcome),
-                };
-                self.release(host, Release::Prefill, Some(judged));
+                let outcome = self.prefill_answered(host, &w.pod, status, body_size);
                 let Err(failure) = outcome else {
                     if self.answering.rewrite.is_some() {
                         match host.call_response_body(body_size) {
@@ -207,6 +196,27 @@ impl Flow {
         }
     }
 
+    /// What every prefill answer leads to first, whatever follows: its time
+    /// recorded, its status classified, its load given back with what it
+    /// says about its pod.
+    fn prefill_answered<H: Host>(
+        &mut self,
+        host: &mut H,
+        pod: &Endpoint,
+        status: Option<u16>,
+        body_size: usize,
+    ) -> Result<(), PrefillFailure> {
+        self.prefill_done(host);
+        let outcome = classify(status, || host.call_response_body(body_size));
+        let judged = Judgement {
+            pod,
+            verdict: verdict(&outcome),
+            cause: cause(&outcome),
+        };
+        self.release(host, Release::Prefill, Some(judged));
+        outcome
+    }
+
     /// A failed sequential prefill: place the request again on another pod
     /// while retries remain, else fail with the prefill's error.
     fn retry_or_fail<H: Host>(
@@ -229,16 +239,7 @@ impl Flow {
         let mut attempt = p.attempt;
         attempt.failed_on.push(p.plan.prefill_pod.id);
         attempt.number += 1;
-        let router = Rc::clone(&self.router);
-        let fleet = router.fleet();
-        let mut planner = FlowPlanner {
-            router: &router,
-            host: &mut *host,
-            failed_on: &attempt.failed_on,
-        };
-        let placed = split::plan_request(&router.view(&fleet), &mut planner, p.plan.request)
-            .and_then(|plan| self.send(host, plan, attempt));
-        match placed {
+        match self.place(host, p.plan.request, attempt) {
             Ok(Sent::Waiting) => Ok(()),
             Ok(Sent::Upstream) => Ok(host.resume_request()?),
             // Nowhere left to go: the prefill's own failure says more.
@@ -260,10 +261,9 @@ impl Flow {
         let answer = host.call_response_body(body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
-        let mut entropy = FlowPlanner {
+        let mut entropy = HostEntropy {
             router: &router,
             host: &mut *host,
-            failed_on: &[],
         };
         match split::merge(&router.view(&fleet), &mut entropy, &p.plan, &answer)? {
             AfterPrefill::Reply { body, content_type } => {

@@ -14,7 +14,7 @@ use pd_router::body::TopLevel;
 use pd_router::config::Config;
 use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
 use pd_router::fleet::PodId;
-use pd_router::split::{self, FixedPlanner, Plan, RouterView, SplitPlan};
+use pd_router::split::{self, Placement, Plan, RouterView, SplitPlan};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;
@@ -233,12 +233,12 @@ pub fn assert_sse(body: &[u8]) {
 }
 
 /// Runs `f` on every split the router could make of `client`, through the
-/// shipped [`split::plan`]: each API, each engine × connector, each prefill
+/// shipped [`split::read`] and [`split::build`]: each API, each engine × connector, each prefill
 /// pod. What the plan rejects or does not split is skipped (that it rejects
 /// without panicking is the check).
 pub fn for_each_split(
     client: &[u8],
-    mut f: impl FnMut(&Case, &RouterView, &mut FixedPlanner, &SplitPlan),
+    mut f: impl FnMut(&Case, &RouterView, &mut FixedEntropy, &SplitPlan),
 ) {
     REGISTRY.with(|registry| {
         for case in cases() {
@@ -249,14 +249,17 @@ pub fn for_each_split(
             let roleset = &fleet.models()[0].rolesets[0];
             for api in APIS {
                 for pod in &roleset.prefill {
-                    let mut planner = FixedPlanner {
+                    let placement = Placement::Split {
                         prefill: Rc::clone(pod),
                         decode: Rc::clone(&roleset.decode[0]),
-                        entropy: entropy(client),
+                        reason: "fixed",
+                        prefix: Default::default(),
                     };
-                    let plan = split::plan(&view, &mut planner, api, "fuzz-1", client.to_vec());
+                    let mut entropy = entropy(client);
+                    let plan = split::read(&view, api, "fuzz-1", client.to_vec())
+                        .and_then(|r| split::build(&view, r, placement, &mut entropy));
                     if let Ok(Plan::Split(plan)) = plan {
-                        f(case, &view, &mut planner, &plan);
+                        f(case, &view, &mut entropy, &plan);
                     }
                 }
             }

@@ -1,0 +1,144 @@
+//! A buffered request on its way: read, placed on pods, built into its
+//! legs and sent; a prefill retry comes back through [`Flow::place`].
+
+use super::ids::HostEntropy;
+use super::load::Release;
+use super::prefill::PendingPrefill;
+use super::{Attempt, Flow, Phase, Sent, WatchedPrefill};
+use crate::api::Api;
+use crate::error::PdError;
+use crate::host::{Counter, Host};
+use crate::split::{self, Plan, SplitRequest, WholeReason};
+use std::rc::Rc;
+
+impl Flow {
+    /// Plans the buffered request and sends it on.
+    pub(super) fn split<H: Host>(
+        &mut self,
+        host: &mut H,
+        api: Api,
+        body_size: usize,
+    ) -> Result<Sent, PdError> {
+        // A body the host cannot hand over is the router's failure, not the
+        // client's.
+        self.timing.body_done_us = host.now_us();
+        let body = host.request_body(body_size)?;
+        let router = Rc::clone(&self.router);
+        let fleet = router.fleet();
+        let request = split::read(&router.view(&fleet), api, &self.head.id, body)?;
+        self.place(host, request, Attempt::default())
+    }
+
+    /// Places a request read from the client (again, after a failed
+    /// prefill, avoiding the pods it failed on), builds its legs and sends
+    /// them.
+    pub(super) fn place<H: Host>(
+        &mut self,
+        host: &mut H,
+        request: SplitRequest,
+        attempt: Attempt,
+    ) -> Result<Sent, PdError> {
+        let router = Rc::clone(&self.router);
+        let fleet = router.fleet();
+        let now = host.now_ms();
+        // Without host randomness, spread by a weak but varying value rather
+        // than failing the request.
+        let mut random = |h: &mut H| {
+            h.random_u64()
+                .unwrap_or_else(|_| now.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        };
+        let placement = router.place(host, &request, &attempt.failed_on, &mut random, now)?;
+        let mut entropy = HostEntropy {
+            router: &router,
+            host: &mut *host,
+        };
+        let plan = split::build(&router.view(&fleet), request, placement, &mut entropy)?;
+        self.send(host, plan, attempt)
+    }
+
+    /// Sends a planned request on: the prefill dispatched (and, for
+    /// concurrent engines, the decode too), or the whole request to one pod.
+    fn send<H: Host>(
+        &mut self,
+        host: &mut H,
+        plan: Plan,
+        attempt: Attempt,
+    ) -> Result<Sent, PdError> {
+        let model = match &plan {
+            Plan::Whole { request, .. } => &request.model,
+            Plan::Split(p) => &p.request.model,
+        };
+        self.timing.model = Some(Rc::clone(model));
+        let plan = match plan {
+            Plan::Whole { request, pod, why } => {
+                match why {
+                    WholeReason::Combined(reason) => {
+                        host.increment(Counter::Combined);
+                        self.debug(host, || format!("combined pod {} ({reason})", pod.address));
+                    }
+                    WholeReason::NotSplittable => host.increment(Counter::Unsplit),
+                }
+                return self.forward_whole(host, request.model.id, &pod);
+            }
+            Plan::Split(plan) => plan,
+        };
+        let now = host.now_ms();
+        self.hold(
+            host,
+            plan.request.model.id,
+            Some(&plan.prefill_pod),
+            Some(&plan.decode_pod),
+        );
+        let router = Rc::clone(&self.router);
+        router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);
+        let token = match self.dispatch_prefill(host, &plan) {
+            Ok(t) => t,
+            Err(e) => {
+                self.release(host, Release::All, None);
+                return Err(e);
+            }
+        };
+        self.prefill_left(host);
+        // The prefill leg is Envoy's now; a retry builds its own.
+        let mut plan = plan;
+        plan.prefill_body = Vec::new();
+        host.increment(Counter::Split);
+        self.prefill_pod = Some((plan.prefill_pod.name.clone(), plan.prefill_pod.ip.clone()));
+        self.decode_pod = Some(Rc::clone(&plan.decode_pod));
+        self.debug(host, || {
+            let (p, d) = (&plan.prefill_pod.address, &plan.decode_pod.address);
+            let n = attempt.number + 1;
+            format!(
+                "{} {}: prefill {p} decode {d} ({}, attempt {n})",
+                plan.request.model.engine, self.head.path, plan.reason
+            )
+        });
+        if !plan.concurrent {
+            self.phase = Phase::AwaitingPrefill(Box::new(PendingPrefill {
+                token,
+                plan,
+                attempt,
+            }));
+            return Ok(Sent::Waiting);
+        }
+        // SGLang: the prefill waits for the decode to register its room, so
+        // the decode goes out now and the prefill answer is only watched.
+        if let Err(e) = self.send_concurrent_decode(host, &plan) {
+            self.release(host, Release::All, None);
+            return Err(e);
+        }
+        // The prefill's facts come later, if the answer needs them.
+        self.answering.rewrite = plan
+            .answer
+            .clone()
+            .map(|a| crate::answer::Rewrite::new(a, None));
+        self.phase = Phase::Forwarded {
+            watched: Some(WatchedPrefill {
+                token,
+                pod: Rc::clone(&plan.prefill_pod),
+            }),
+            body_seen: false,
+        };
+        Ok(Sent::Upstream)
+    }
+}
