@@ -4,7 +4,7 @@
 //! Layers, leaves first: [`fleet`] (the shared vocabulary: pods, rolesets,
 //! models, connector and policy names), [`codec`] and [`body`] (bytes);
 //! pure modules that compute ([`api`], [`config`], [`engine`], [`transfer`],
-//! [`sched`], [`pods`], [`metrics`], [`scrape`], [`trt_id`], [`select`],
+//! [`sched`], [`pods`], [`metrics`], [`scrape`], [`trt_id`], [`router::unsplit`],
 //! [`error`]); [`split`], the one plan every test, fuzzer and bench runs;
 //! [`router`], the per-VM state; [`flow`], which decides per request against
 //! the [`host::Host`] trait; and the `shell` (wasm only), the one place that
@@ -28,7 +28,6 @@ pub mod pods;
 pub mod router;
 pub mod sched;
 pub mod scrape;
-pub mod select;
 pub mod split;
 pub mod stat_names;
 pub mod transfer;

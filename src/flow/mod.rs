@@ -26,8 +26,8 @@ use crate::config::Routing;
 use crate::error::{ClientError, PdError};
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
+use crate::router::unsplit;
 use crate::router::{HeldLoad, Router};
-use crate::select;
 use answer::{Answering, Timing};
 use head::RequestHead;
 use load::Release;
@@ -224,9 +224,9 @@ impl Flow {
     fn forward_unsplit<H: Host>(&mut self, host: &mut H) -> Action {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
-        let pods = select::decode_pods(&router.fleet());
+        let pods = unsplit::decode_pods(&router.fleet());
         let turn = router.next_unsplit_turn();
-        let Some(pod) = select::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
+        let Some(pod) = unsplit::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
         else {
             let model = "(any)".into();
             return self.fail(host, PdError::NoEndpoint { model });

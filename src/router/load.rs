@@ -1,0 +1,195 @@
+//! Load the router's requests hold on pods, given back exactly once, and
+//! the health their answers and scrapes judge: one model's table per
+//! shared-data key, so every worker VM sees the same counts.
+
+use super::Router;
+use crate::fleet::{Endpoint, ModelId, PodId};
+use crate::pods::{update_load, LoadTable, PodCounters, SharedStore, Verdict};
+use std::rc::Rc;
+
+/// Load a stream holds, to give back exactly once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldLoad {
+    pub model: ModelId,
+    pub prefill: Option<PodId>,
+    pub decode: Option<PodId>,
+}
+
+/// A pod a judgement ejected: what to count and log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ejection {
+    pub pod: String,
+    pub message: String,
+}
+
+impl Router {
+    /// One model's shared load table.
+    pub fn load<S: SharedStore + ?Sized>(&self, store: &S, model: ModelId) -> LoadTable {
+        let (bytes, _) = store.shared_get(&self.keys.load(model));
+        LoadTable::decode(bytes.as_deref())
+    }
+
+    /// Every pod of the fleet with its counters (summed over the models that
+    /// name it), in order of first mention: for gauges and tests.
+    pub fn pod_counters<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+    ) -> Vec<(Rc<Endpoint>, PodCounters)> {
+        let fleet = self.fleet();
+        let tables: Vec<LoadTable> = fleet
+            .models()
+            .iter()
+            .map(|m| self.load(store, m.id))
+            .collect();
+        fleet
+            .pods()
+            .into_iter()
+            .map(|ep| {
+                let mut sum = PodCounters::default();
+                for t in &tables {
+                    let c = t.get(ep.id);
+                    sum.outstanding_prefills += c.outstanding_prefills;
+                    sum.pending_decodes += c.pending_decodes;
+                    sum.unhealthy_until_ms = sum.unhealthy_until_ms.max(c.unhealthy_until_ms);
+                    sum.failures = sum.failures.max(c.failures);
+                }
+                (ep, sum)
+            })
+            .collect()
+    }
+
+    /// The counters of every pod, in the fleet's order.
+    pub fn counters<S: SharedStore + ?Sized>(&self, store: &S) -> Vec<PodCounters> {
+        self.pod_counters(store)
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect()
+    }
+
+    /// Whether a pod is still one of `model`'s.
+    fn is_live(&self, model: ModelId) -> impl Fn(PodId) -> bool {
+        let model = self
+            .fleet()
+            .models()
+            .iter()
+            .find(|m| m.id == model)
+            .cloned();
+        move |id| model.as_ref().is_some_and(|m| m.pods.contains(&id))
+    }
+
+    /// Takes load on the chosen pods.
+    pub fn hold<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        held: HeldLoad,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let live = self.is_live(held.model);
+        update_load(store, &self.keys.load(held.model), |t| {
+            if let Some(p) = held.prefill {
+                t.update(p, |c| {
+                    c.outstanding_prefills = c.outstanding_prefills.saturating_add(1)
+                });
+            }
+            if let Some(d) = held.decode {
+                t.update(d, |c| {
+                    c.pending_decodes = c.pending_decodes.saturating_add(1)
+                });
+            }
+            t.prune(now_ms, &live);
+        })
+        .map(|_| ())
+    }
+
+    /// Gives back `released` load and applies what a prefill answer said
+    /// about its pod (`judged`), in one shared-data update.
+    pub fn release<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        released: HeldLoad,
+        judged: Option<(&Endpoint, Verdict, &str)>,
+        now_ms: u64,
+    ) -> Result<Option<Ejection>, String> {
+        let live = self.is_live(released.model);
+        let rule = self.health;
+        let mut ejected = false;
+        update_load(store, &self.keys.load(released.model), |t| {
+            ejected = false;
+            if let Some(p) = released.prefill {
+                t.update_existing(p, |c| {
+                    c.outstanding_prefills = c.outstanding_prefills.saturating_sub(1)
+                });
+            }
+            if let Some(d) = released.decode {
+                t.update_existing(d, |c| {
+                    c.pending_decodes = c.pending_decodes.saturating_sub(1)
+                });
+            }
+            if let Some((pod, verdict, _)) = judged {
+                let judge = |c: &mut PodCounters| ejected = rule.judge(c, verdict, now_ms);
+                if live(pod.id) {
+                    t.update(pod.id, judge);
+                } else {
+                    t.update_existing(pod.id, judge);
+                }
+            }
+            t.prune(now_ms, &live);
+        })?;
+        Ok(judged.filter(|_| ejected).map(|(pod, _, cause)| Ejection {
+            pod: pod.name.clone(),
+            message: rule.message(&pod.name, cause),
+        }))
+    }
+
+    /// Applies `verdict` to `pod` in every model that serves it (a failed
+    /// scrape says the pod is down, whichever model asked).
+    pub fn judge_everywhere<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        pod: &Endpoint,
+        verdict: Verdict,
+        cause: &str,
+        now_ms: u64,
+    ) -> Result<Option<Ejection>, String> {
+        let fleet = self.fleet();
+        let rule = self.health;
+        let mut any = false;
+        for m in fleet.models().iter().filter(|m| m.pods.contains(&pod.id)) {
+            let live = self.is_live(m.id);
+            let mut ejected = false;
+            update_load(store, &self.keys.load(m.id), |t| {
+                t.update(pod.id, |c| ejected = rule.judge(c, verdict, now_ms));
+                t.prune(now_ms, &live);
+            })?;
+            any |= ejected;
+        }
+        Ok(any.then(|| Ejection {
+            pod: pod.name.clone(),
+            message: rule.message(&pod.name, cause),
+        }))
+    }
+
+    /// The decodes this Envoy has in flight on `pod`, over every model.
+    pub fn own_decodes<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> u32 {
+        self.fleet()
+            .models()
+            .iter()
+            .filter(|m| m.pods.contains(&pod.id))
+            .map(|m| self.load(store, m.id).get(pod.id).pending_decodes)
+            .sum()
+    }
+
+    /// Whether `pod` is healthy in every model that serves it.
+    pub fn is_healthy<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        pod: &Endpoint,
+        now_ms: u64,
+    ) -> bool {
+        self.fleet()
+            .models()
+            .iter()
+            .filter(|m| m.pods.contains(&pod.id))
+            .all(|m| self.load(store, m.id).get(pod.id).is_healthy(now_ms))
+    }
+}

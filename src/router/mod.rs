@@ -1,0 +1,185 @@
+//! The per-VM router: the validated configuration, the fleet as known now,
+//! and what the router remembers between requests. Load, health and prefix
+//! entries live in Envoy shared data, keyed by pod identity, and are reached
+//! through here by the flow and the scrape loop alike.
+//!
+//! Beside this file: [`placement`] chooses a split request's pods, [`load`]
+//! holds and gives back load and judges health, [`unsplit`] picks the pod
+//! of a request on a path that is not split.
+
+mod load;
+mod placement;
+pub mod unsplit;
+
+pub use load::{Ejection, HeldLoad};
+
+use crate::config::Config;
+use crate::engine::Registry;
+use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, ModelId, PodId};
+use crate::pods::{decode_scraped, HealthRule, ScrapedTable, SharedKeys, SharedStore};
+use crate::split::RouterView;
+use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+/// Per-VM state shared by every stream of the VM.
+pub struct Router {
+    pub config: Config,
+    pub registry: Registry,
+    keys: SharedKeys,
+    health: HealthRule,
+    fleet: RefCell<Rc<Fleet>>,
+    /// The global KV connector (AIBrix's `SetConnectorTypeFunc`): the
+    /// configuration's `kv_connector` until set otherwise.
+    kv_connector: Cell<Connector>,
+    /// Round-robin turns: over each model's prefill pods, and over each
+    /// roleset's decode pods (by model and roleset name).
+    turns: RefCell<HashMap<ModelId, u64>>,
+    decode_turns: RefCell<HashMap<(ModelId, String), u64>>,
+    unsplit_turn: Cell<u64>,
+    trt_ids: RefCell<DisaggIdGenerator>,
+    /// This VM's copy of the scraped metrics, refreshed on each tick.
+    scraped: RefCell<ScrapedTable>,
+    /// Mooncake engine ids per prefill pod, copied from shared data each tick.
+    mooncake: RefCell<HashMap<PodId, Vec<String>>>,
+    /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
+    trt_auth_key: Option<Vec<u8>>,
+    /// (pod, what) pairs already logged, for "once per pod" log lines.
+    logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
+}
+
+impl crate::engine::LearnedPods for Router {
+    fn mooncake_engines(&self, pod: PodId) -> Option<Vec<String>> {
+        self.mooncake.borrow().get(&pod).cloned()
+    }
+}
+
+impl Router {
+    /// `worker_slot` keeps TensorRT-LLM ids of this VM apart from other
+    /// workers' (see [`crate::trt_id`]).
+    pub fn new(config: Config, worker_slot: u8) -> Result<Router, InvalidMachineId> {
+        let trt_ids = DisaggIdGenerator::new(config.trt_machine_id, worker_slot)?;
+        Ok(Router {
+            registry: Registry::builtin(),
+            keys: SharedKeys::new(&config.fingerprint),
+            health: HealthRule {
+                cooldown_ms: config.unhealthy_cooldown_ms,
+                eject_after_failures: config.eject_after_failures,
+            },
+            fleet: RefCell::new(Rc::new(config.fleet())),
+            kv_connector: Cell::new(config.kv_connector),
+            turns: RefCell::new(HashMap::new()),
+            decode_turns: RefCell::new(HashMap::new()),
+            unsplit_turn: Cell::new(0),
+            trt_ids: RefCell::new(trt_ids),
+            scraped: RefCell::new(ScrapedTable::new()),
+            logged: RefCell::new(std::collections::HashSet::new()),
+            mooncake: RefCell::new(HashMap::new()),
+            trt_auth_key: None,
+            config,
+        })
+    }
+
+    /// The fleet as known now.
+    pub fn fleet(&self) -> Rc<Fleet> {
+        Rc::clone(&self.fleet.borrow())
+    }
+
+    /// Replaces the pod set. Requests in flight keep the endpoints they were
+    /// placed on and give their load back to them; shared rows of pods that
+    /// left drain and are dropped by later updates.
+    pub fn set_fleet(&self, fleet: Fleet) {
+        *self.fleet.borrow_mut() = Rc::new(fleet);
+    }
+
+    /// Sets the KV connector used when neither the prefill pod nor the model
+    /// names one.
+    pub fn set_connector_type(&self, connector: Connector) {
+        self.kv_connector.set(connector);
+    }
+
+    pub fn connector_type(&self) -> Connector {
+        self.kv_connector.get()
+    }
+
+    pub fn keys(&self) -> &SharedKeys {
+        &self.keys
+    }
+
+    pub fn health_rule(&self) -> HealthRule {
+        self.health
+    }
+
+    /// What a split sees of this router, over `fleet`.
+    pub fn view<'a>(&'a self, fleet: &'a Fleet) -> RouterView<'a> {
+        RouterView {
+            fleet,
+            registry: &self.registry,
+            default_connector: self.kv_connector.get(),
+            scheduling: &self.config.scheduling,
+            learned: self,
+            trt_auth_key: self.trt_auth_key.as_deref(),
+        }
+    }
+
+    /// Sets the key TensorRT-LLM generation requests are signed with.
+    pub fn set_trt_auth_key(&mut self, key: Option<Vec<u8>>) {
+        self.trt_auth_key = key.filter(|k| !k.is_empty());
+    }
+
+    /// Replaces the learned Mooncake engine ids.
+    pub fn set_mooncake_engines(&self, engines: HashMap<PodId, Vec<String>>) {
+        *self.mooncake.borrow_mut() = engines;
+    }
+
+    /// The Mooncake engine ids this VM knows.
+    pub fn mooncake_engines_known(&self) -> HashMap<PodId, Vec<String>> {
+        self.mooncake.borrow().clone()
+    }
+
+    /// The prefill pods whose hand-off needs their Mooncake engine ids.
+    pub fn mooncake_prefill_pods(&self) -> Vec<Rc<Endpoint>> {
+        let fleet = self.fleet();
+        let global = self.kv_connector.get();
+        let mut out: Vec<Rc<Endpoint>> = Vec::new();
+        for m in fleet.models().iter().filter(|m| m.kind == EngineKind::Vllm) {
+            for e in m.rolesets.iter().flat_map(|r| r.prefill.iter()) {
+                if e.connector(m.kv_connector, global) == Connector::Mooncake
+                    && !out.iter().any(|o| o.id == e.id)
+                {
+                    out.push(Rc::clone(e));
+                }
+            }
+        }
+        out
+    }
+
+    /// Whether this VM sees `what` about `pod` for the first time (the set
+    /// is bounded by pods × a handful of log lines).
+    pub fn first_time(&self, pod: PodId, what: &'static str) -> bool {
+        self.logged.borrow_mut().insert((pod, what))
+    }
+
+    /// The turn of the next request that is not split.
+    pub fn next_unsplit_turn(&self) -> u64 {
+        let t = self.unsplit_turn.get();
+        self.unsplit_turn.set(t.wrapping_add(1));
+        t
+    }
+
+    /// The next TensorRT-LLM disagg request id at `now_ms`.
+    pub fn next_disagg_id(&self, now_ms: u64) -> i64 {
+        self.trt_ids.borrow_mut().next_id(now_ms)
+    }
+
+    /// Copies the shared metrics table into this VM (once per tick, not per
+    /// request: metrics change only as often as they are scraped).
+    pub fn refresh_metrics<S: SharedStore + ?Sized>(&self, store: &S) {
+        let (bytes, _) = store.shared_get(&self.keys.scraped());
+        *self.scraped.borrow_mut() = decode_scraped(bytes.as_deref());
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+use super::*;
+use crate::api::Api;
+use crate::error::PdError;
+use crate::pods::{MemoryStore, Verdict};
+use crate::split::{self, Placement, SplitRequest};
+use std::collections::HashMap;
+
+fn router(json: &str) -> Router {
+    Router::new(Config::parse(json.as_bytes()).expect("config"), 0).expect("router")
+}
+
+fn request(r: &Router, model: &str, prompt: &str) -> SplitRequest {
+    let body = format!(r#"{{"model":"{model}","prompt":"{prompt}"}}"#).into_bytes();
+    let fleet = r.fleet();
+    split::read(&r.view(&fleet), Api::Completions, "r", body).expect("read")
+}
+
+fn place(
+    r: &Router,
+    store: &mut MemoryStore,
+    req: &SplitRequest,
+    exclude: &[PodId],
+) -> Result<Placement, PdError> {
+    let mut draw = 0u64;
+    let mut random = |_: &mut MemoryStore| {
+        draw += 1;
+        draw
+    };
+    r.place(store, req, exclude, &mut random, 1_000)
+}
+
+fn prefill_of(p: &Placement) -> String {
+    match p {
+        Placement::Split { prefill, .. } => prefill.address.clone(),
+        Placement::Combined { pod, .. } => format!("combined {}", pod.address),
+    }
+}
+
+const TWO_PREFILLS: &str = r#"{"models":[{"name":"m","engine":"vllm","rolesets":[
+    {"prefill":["10.0.0.1:1","10.0.0.2:1"],"decode":["10.0.1.1:1"]}]}]}"#;
+
+#[test]
+fn a_remembered_prompt_goes_back_to_the_pod_that_holds_it() {
+    let r = router(TWO_PREFILLS);
+    let mut store = MemoryStore::default();
+    let long = "x".repeat(4000);
+    let req = request(&r, "m", &long);
+    let first = place(&r, &mut store, &req, &[]).expect("placed");
+    let Placement::Split {
+        prefill, prefix, ..
+    } = &first
+    else {
+        panic!("split")
+    };
+    assert_eq!(prefix.percent(prefill.id), 0.0, "nothing known yet");
+    r.remember_prefix(&mut store, &req, prefix, prefill.id, 1_000);
+    let again = place(&r, &mut store, &req, &[]).expect("placed");
+    let Placement::Split { prefix, .. } = &again else {
+        panic!("split")
+    };
+    assert_eq!(prefix.percent(prefill.id), 100.0);
+    assert_eq!(prefill_of(&again), prefill.address);
+}
+
+#[test]
+fn excluded_pods_are_never_chosen_and_nowhere_left_is_unavailable() {
+    let r = router(TWO_PREFILLS);
+    let mut store = MemoryStore::default();
+    let req = request(&r, "m", "p");
+    let fleet = r.fleet();
+    let pods = &fleet.models()[0].rolesets[0].prefill;
+    for _ in 0..8 {
+        let p = place(&r, &mut store, &req, &[pods[0].id]).expect("placed");
+        assert_eq!(prefill_of(&p), "10.0.0.2:1");
+    }
+    let none = place(&r, &mut store, &req, &[pods[0].id, pods[1].id]);
+    assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
+}
+
+#[test]
+fn a_mooncake_prefill_takes_requests_once_its_engine_id_is_known() {
+    let r = router(
+        r#"{"models":[{"name":"m","engine":"vllm","kv_connector":"mooncake","rolesets":[
+            {"prefill":["10.0.0.1:1"],"decode":["10.0.1.1:1"]}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let req = request(&r, "m", "p");
+    assert!(matches!(
+        place(&r, &mut store, &req, &[]),
+        Err(PdError::Unavailable(_))
+    ));
+    assert_eq!(r.mooncake_prefill_pods().len(), 1);
+    let id = r.mooncake_prefill_pods()[0].id;
+    r.set_mooncake_engines(HashMap::from([(id, vec!["engine-0".to_owned()])]));
+    assert_eq!(
+        prefill_of(&place(&r, &mut store, &req, &[]).expect("ready")),
+        "10.0.0.1:1"
+    );
+}
+
+#[test]
+fn load_held_is_given_back_and_failures_eject_after_the_streak() {
+    let r = router(TWO_PREFILLS);
+    let mut store = MemoryStore::default();
+    let fleet = r.fleet();
+    let m = &fleet.models()[0];
+    let (p, d) = (&m.rolesets[0].prefill[0], &m.rolesets[0].decode[0]);
+    let held = HeldLoad {
+        model: m.id,
+        prefill: Some(p.id),
+        decode: Some(d.id),
+    };
+    r.hold(&mut store, held, 1_000).expect("hold");
+    let c = r.load(&store, m.id);
+    assert_eq!(c.get(p.id).outstanding_prefills, 1);
+    assert_eq!(c.get(d.id).pending_decodes, 1);
+    assert_eq!(r.own_decodes(&store, d), 1);
+    r.release(&mut store, held, None, 1_000).expect("release");
+    assert!(r
+        .counters(&store)
+        .iter()
+        .all(|c| c.outstanding_prefills == 0 && c.pending_decodes == 0));
+
+    let failures = r.config.eject_after_failures;
+    let none = HeldLoad {
+        model: m.id,
+        prefill: None,
+        decode: None,
+    };
+    for i in 1..=failures {
+        let judged = Some((p.as_ref(), Verdict::Failed, "prefill: 500"));
+        let ejected = r.release(&mut store, none, judged, 2_000).expect("judge");
+        assert_eq!(ejected.is_some(), i == failures, "failure {i}");
+    }
+    assert!(!r.is_healthy(&store, p, 2_001));
+    assert!(r.is_healthy(&store, p, 2_000 + r.config.unhealthy_cooldown_ms));
+}
+
+#[test]
+fn a_failed_scrape_judges_a_pod_in_every_model_that_serves_it() {
+    let r = router(
+        r#"{"models":[
+            {"name":"a","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.1.1:1"]}]},
+            {"name":"b","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.1.2:1"]}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    let fleet = r.fleet();
+    let shared = Rc::clone(&fleet.models()[0].rolesets[0].prefill[0]);
+    let ejected = r
+        .judge_everywhere(&mut store, &shared, Verdict::Down, "scrape failed", 1_000)
+        .expect("judged");
+    assert!(ejected.is_some_and(|e| e.message.contains("scrape failed")));
+    for m in fleet.models() {
+        assert!(!r.load(&store, m.id).get(shared.id).is_healthy(1_001));
+    }
+}
