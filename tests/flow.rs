@@ -1343,7 +1343,7 @@ fn override_host_routing_counts_answers_from_another_pod() {
     let config = r#"{"routing":"override_host","models":[{"name":"m","engine":"vllm",
         "rolesets":[{"prefill":["10.4.0.1:8000"],"decode":["10.4.0.2:8000"]}]}]}"#;
     let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
-    assert_eq!(r.config.routing_header, "x-gateway-destination-endpoint");
+    assert_eq!(r.config.routing.header, "x-gateway-destination-endpoint");
     let run = |upstream: &str| {
         let mut flow = Flow::new(Rc::clone(&r));
         let mut host = post("/v1/completions", r#"{"model":"m","prompt":"p"}"#);

@@ -43,7 +43,7 @@ impl Flow {
         model: ModelId,
         pod: &Rc<Endpoint>,
     ) -> Result<Sent, PdError> {
-        host.set_request_header(&self.router.config.routing_header, Some(&pod.address))?;
+        host.set_request_header(&self.router.config.routing.header, Some(&pod.address))?;
         self.hold(host, model, None, Some(pod));
         self.decode_pod = Some(Rc::clone(pod));
         self.phase = Phase::Forwarded {
@@ -67,7 +67,7 @@ impl Flow {
         if self.head.chunked {
             host.set_request_header("transfer-encoding", None)?;
         }
-        host.set_request_header(&self.router.config.routing_header, Some(decode_address))?;
+        host.set_request_header(&self.router.config.routing.header, Some(decode_address))?;
         Ok(())
     }
 }

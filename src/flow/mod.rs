@@ -171,7 +171,7 @@ impl Flow {
         // modes' headers go: a cluster of the other kind may be reachable
         // too. Only those present cost a host call.
         for header in [
-            config.routing_header.as_str(),
+            config.routing.header.as_str(),
             Routing::OriginalDst.default_header(),
             Routing::OverrideHost.default_header(),
         ] {
@@ -231,7 +231,7 @@ impl Flow {
             let model = "(any)".into();
             return self.fail(host, PdError::NoEndpoint { model });
         };
-        if let Err(e) = host.set_request_header(&router.config.routing_header, Some(&pod.address)) {
+        if let Err(e) = host.set_request_header(&router.config.routing.header, Some(&pod.address)) {
             return self.fail(host, e.into());
         }
         host.increment(Counter::Unsplit);
@@ -295,7 +295,7 @@ impl Flow {
     /// makes Envoy fall back to the cluster's own policy without an error:
     /// the answer then came from elsewhere. Count it, and say so once per pod.
     fn check_upstream<H: Host>(&self, host: &H) {
-        if self.router.config.routing != Routing::OverrideHost {
+        if self.router.config.routing.mode != Routing::OverrideHost {
             return;
         }
         let (Some(pod), Some(upstream)) = (&self.decode_pod, host.upstream_address()) else {

@@ -97,7 +97,7 @@ impl Flow {
         headers.push((":path", &self.head.path));
         headers.push((":authority", authority));
         headers.push(("content-type", "application/json"));
-        headers.push((&config.routing_header, &pod.address));
+        headers.push((&config.routing.header, &pod.address));
         if !self.head.id.is_empty() {
             headers.push(("x-request-id", &self.head.id));
         }
@@ -107,22 +107,22 @@ impl Flow {
         // The hand-off's own headers replace the client's of the same name
         // (a request id both legs must share); never the routing header.
         for (k, v) in &plan.prefill_headers {
-            if *k == config.routing_header || k.starts_with(':') {
+            if *k == config.routing.header || k.starts_with(':') {
                 continue;
             }
             headers.retain(|(name, _)| name != k);
             headers.push((k, v));
         }
         host.dispatch(
-            &config.prefill_cluster,
+            &config.routing.prefill_cluster,
             &headers,
             &plan.prefill_body,
-            config.prefill_timeout_ms,
+            config.prefill.timeout_ms,
         )
         .map_err(|e| {
             PdError::Prefill(PrefillFailure::Dispatch(format!(
                 "cluster {:?}: {e}",
-                config.prefill_cluster
+                config.routing.prefill_cluster
             )))
         })
     }
@@ -225,7 +225,7 @@ impl Flow {
         p: PendingPrefill,
         failure: PrefillFailure,
     ) -> Result<(), PdError> {
-        let max = self.router.config.prefill_max_retries;
+        let max = self.router.config.prefill.max_retries;
         if !retryable(&failure) || p.attempt.number >= max {
             return Err(PdError::Prefill(failure));
         }
@@ -296,7 +296,7 @@ impl Flow {
                 let decode = &p.plan.decode_pod.address;
                 match body {
                     // Envoy's buffer and content-length stay as the client sent them.
-                    None => host.set_request_header(&router.config.routing_header, Some(decode))?,
+                    None => host.set_request_header(&router.config.routing.header, Some(decode))?,
                     Some(body) => self.send_decode(host, &body, decode)?,
                 }
             }

@@ -111,7 +111,7 @@ impl Router {
         now_ms: u64,
     ) -> Result<Option<Ejection>, String> {
         let live = self.is_live(released.model);
-        let rule = self.health;
+        let rule = self.config.health;
         let mut ejected = false;
         update_load(store, &self.keys.load(released.model), |t| {
             ejected = false;
@@ -152,7 +152,7 @@ impl Router {
         now_ms: u64,
     ) -> Result<Option<Ejection>, String> {
         let fleet = self.fleet();
-        let rule = self.health;
+        let rule = self.config.health;
         let mut any = false;
         for m in fleet.models().iter().filter(|m| m.pods.contains(&pod.id)) {
             let live = self.is_live(m.id);

@@ -28,7 +28,6 @@ pub struct Router {
     pub config: Config,
     pub registry: Registry,
     keys: SharedKeys,
-    health: HealthRule,
     fleet: RefCell<Rc<Fleet>>,
     /// The global KV connector (AIBrix's `SetConnectorTypeFunc`): the
     /// configuration's `kv_connector` until set otherwise.
@@ -59,14 +58,10 @@ impl Router {
     /// `worker_slot` keeps TensorRT-LLM ids of this VM apart from other
     /// workers' (see [`crate::trt_id`]).
     pub fn new(config: Config, worker_slot: u8) -> Result<Router, InvalidMachineId> {
-        let trt_ids = DisaggIdGenerator::new(config.trt_machine_id, worker_slot)?;
+        let trt_ids = DisaggIdGenerator::new(config.trt.machine_id, worker_slot)?;
         Ok(Router {
             registry: Registry::builtin(),
             keys: SharedKeys::new(&config.fingerprint),
-            health: HealthRule {
-                cooldown_ms: config.unhealthy_cooldown_ms,
-                eject_after_failures: config.eject_after_failures,
-            },
             fleet: RefCell::new(Rc::new(config.fleet())),
             kv_connector: Cell::new(config.kv_connector),
             turns: RefCell::new(HashMap::new()),
@@ -108,7 +103,7 @@ impl Router {
     }
 
     pub fn health_rule(&self) -> HealthRule {
-        self.health
+        self.config.health
     }
 
     /// What a split sees of this router, over `fleet`.

@@ -27,7 +27,7 @@ impl Router {
                     not_ready_for_prefill: false,
                     metrics: scraped
                         .get(id)
-                        .and_then(|m| m.fresh(now_ms, self.config.metrics_ttl_ms)),
+                        .and_then(|m| m.fresh(now_ms, self.config.scrape.ttl_ms)),
                 }
             })
             .collect();

@@ -121,7 +121,7 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
         .iter()
         .all(|c| c.outstanding_prefills == 0 && c.pending_decodes == 0));
 
-    let failures = r.config.eject_after_failures;
+    let failures = r.config.health.eject_after_failures;
     let none = HeldLoad {
         model: m.id,
         prefill: None,
@@ -133,7 +133,7 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
         assert_eq!(ejected.is_some(), i == failures, "failure {i}");
     }
     assert!(!r.is_healthy(&store, p, 2_001));
-    assert!(r.is_healthy(&store, p, 2_000 + r.config.unhealthy_cooldown_ms));
+    assert!(r.is_healthy(&store, p, 2_000 + r.config.health.cooldown_ms));
 }
 
 #[test]

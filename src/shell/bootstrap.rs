@@ -80,14 +80,14 @@ impl Bootstrap {
                 (":method", "GET"),
                 (":path", "/query"),
                 (":authority", target.as_str()),
-                (config.routing_header.as_str(), target.as_str()),
+                (config.routing.header.as_str(), target.as_str()),
             ];
             match hostcalls::dispatch_http_call(
-                &config.metrics_cluster,
+                &config.scrape.cluster,
                 headers,
                 None,
                 Vec::new(),
-                Duration::from_millis(config.scrape_timeout_ms.max(1)),
+                Duration::from_millis(config.scrape.timeout_ms.max(1)),
             ) {
                 Ok(token) => {
                     self.calls.insert(token, id);
@@ -99,7 +99,7 @@ impl Bootstrap {
                             LogLevel::Warn,
                             &format!(
                                 "pd-router: could not ask Mooncake bootstrap server {target} of pod {} through cluster {:?}: {e:?}",
-                                pod.name, config.metrics_cluster
+                                pod.name, config.scrape.cluster
                             ),
                         );
                     }

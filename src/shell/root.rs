@@ -90,7 +90,7 @@ impl Root {
     /// Takes or renews the scrape lease; only its holder scrapes.
     fn hold_lease(&self, router: &Router, now: u64) -> bool {
         let key = router.keys().scrape_lease();
-        let ttl = router.config.scrape_interval_ms.saturating_mul(3).max(1000);
+        let ttl = router.config.scrape.interval_ms.saturating_mul(3).max(1000);
         lease::try_hold(&mut Shared, &key, self.vm_id, now, ttl)
     }
 
@@ -100,16 +100,16 @@ impl Root {
         for pod in router.fleet().pods() {
             let headers = vec![
                 (":method", "GET"),
-                (":path", config.metrics_path.as_str()),
+                (":path", config.scrape.path.as_str()),
                 (":authority", pod.address.as_str()),
-                (config.routing_header.as_str(), pod.address.as_str()),
+                (config.routing.header.as_str(), pod.address.as_str()),
             ];
             match hostcalls::dispatch_http_call(
-                &config.metrics_cluster,
+                &config.scrape.cluster,
                 headers,
                 None,
                 Vec::new(),
-                Duration::from_millis(config.scrape_timeout_ms),
+                Duration::from_millis(config.scrape.timeout_ms),
             ) {
                 Ok(token) => {
                     let own = router.own_decodes(&Shared, &pod);
@@ -119,7 +119,7 @@ impl Root {
                     LogLevel::Warn,
                     &format!(
                         "pd-router: could not scrape {} through cluster {:?}: {e:?}",
-                        pod.address, config.metrics_cluster
+                        pod.address, config.scrape.cluster
                     ),
                 ),
             }
@@ -251,8 +251,8 @@ impl RootContext for Root {
             }
         };
         let mut config = config;
-        match replica_machine_id(&config.trt_machine_id_env) {
-            Ok(Some(id)) => config.trt_machine_id = id,
+        match replica_machine_id(&config.trt.machine_id_env) {
+            Ok(Some(id)) => config.trt.machine_id = id,
             Ok(None) => {}
             Err(e) => {
                 log(
@@ -262,7 +262,7 @@ impl RootContext for Root {
                 return false;
             }
         }
-        let auth_key = match std::env::var(&config.trt_auth_key_env) {
+        let auth_key = match std::env::var(&config.trt.auth_key_env) {
             Ok(k) if !k.is_empty() => Some(k.into_bytes()),
             _ => None,
         };
@@ -282,7 +282,7 @@ impl RootContext for Root {
                 LogLevel::Info,
                 &format!(
                     "pd-router: TensorRT-LLM hand-offs are signed with the key in ${}",
-                    router.config.trt_auth_key_env
+                    router.config.trt.auth_key_env
                 ),
             );
         }
@@ -308,7 +308,7 @@ impl RootContext for Root {
         // Ticks drive the scrape, the pod lists and the gauges: as often as
         // the most frequent of them, at most once a second.
         let tick = [
-            router.config.scrape_interval_ms,
+            router.config.scrape.interval_ms,
             self.discovery.as_ref().map_or(0, Discoverer::interval_ms),
         ]
         .into_iter()
@@ -356,7 +356,7 @@ impl RootContext for Root {
             let live = counters.iter().map(|(p, _)| p.name.as_str()).collect();
             self.stats.zero_departed(&live);
         }
-        let interval = router.config.scrape_interval_ms;
+        let interval = router.config.scrape.interval_ms;
         // A scrape still in flight is bounded by its timeout; wait for it.
         if interval > 0
             && self.scrapes.is_empty()

@@ -1,0 +1,334 @@
+//! Plugin configuration: the JSON in Envoy's `configuration`, validated once.
+//!
+//! Parsing is strict (unknown keys are errors: a misspelt `prefill_timout_ms`
+//! silently falling back to a default is worse than a refused config), and
+//! every error names the field by its path so one log line says what to fix.
+//!
+//! [`raw`] holds the JSON as serde reads it, with every default; [`validate`]
+//! checks it and builds the typed [`Config`] below, grouped by what each
+//! part configures.
+
+mod raw;
+mod validate;
+
+use crate::discovery::KubeDiscovery;
+use crate::fleet::{fnv1a, Connector, Fleet, Model, Scheduling};
+use crate::pods::HealthRule;
+use raw::RawConfig;
+use std::fmt;
+
+/// A configuration error: the JSON path of the field and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() || self.path == "." {
+            write!(f, "pd-router configuration: {}", self.message)
+        } else {
+            write!(
+                f,
+                "pd-router configuration: {}: {}",
+                self.path, self.message
+            )
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+pub(crate) fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
+}
+
+/// How the filter tells Envoy where a request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Routing {
+    /// ORIGINAL_DST clusters with `use_http_header`: the filter's choice is
+    /// the destination, whatever the pod's address.
+    #[default]
+    OriginalDst,
+    /// Clusters a mesh builds (EDS) with Envoy's override_host load
+    /// balancing policy: the header names the endpoint; only the cluster's
+    /// members are reachable, and a choice that is not one falls back to the
+    /// cluster's own policy (the filter counts it, `decode_rerouted`).
+    OverrideHost,
+}
+
+impl Routing {
+    pub const NAMES: [&'static str; 2] = ["original_dst", "override_host"];
+
+    pub(crate) fn from_name(name: &str) -> Option<Routing> {
+        match name {
+            "original_dst" => Some(Routing::OriginalDst),
+            "override_host" => Some(Routing::OverrideHost),
+            _ => None,
+        }
+    }
+
+    /// The header each mode routes by, unless `routing_header` says otherwise.
+    pub fn default_header(self) -> &'static str {
+        match self {
+            Routing::OriginalDst => "x-envoy-original-dst-host",
+            Routing::OverrideHost => "x-gateway-destination-endpoint",
+        }
+    }
+}
+
+/// Where requests go and how Envoy is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingSettings {
+    pub mode: Routing,
+    /// The request header that names the upstream (`routing_header`).
+    pub header: String,
+    /// The cluster prefill calls go through (`prefill_cluster`).
+    pub prefill_cluster: String,
+}
+
+/// The prefill leg's bounds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefillSettings {
+    /// `prefill_timeout_ms`.
+    pub timeout_ms: u64,
+    /// `prefill_max_retries`: other pods tried after a failed prefill.
+    pub max_retries: u32,
+}
+
+/// Scraping the pods' engine metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScrapeSettings {
+    /// `scrape_interval_ms`; 0 turns scraping off.
+    pub interval_ms: u64,
+    /// `scrape_timeout_ms`.
+    pub timeout_ms: u64,
+    /// `metrics_ttl_ms`: older readings are not used.
+    pub ttl_ms: u64,
+    /// `metrics_path`.
+    pub path: String,
+    /// `metrics_cluster` (default: the prefill cluster).
+    pub cluster: String,
+}
+
+/// TensorRT-LLM's ids and signatures.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrtSettings {
+    /// `trt_machine_id`, unless the VM environment names one.
+    pub machine_id: u16,
+    /// The VM environment variable whose value, when set, is this replica's
+    /// TensorRT-LLM machine id (see [`crate::trt_id::machine_id_from`]).
+    pub machine_id_env: String,
+    /// The VM environment variable holding TensorRT-LLM's shared
+    /// `disagg_auth_key`: a secret, so never in the plugin JSON, which Envoy
+    /// serves on its admin `/config_dump`.
+    pub auth_key_env: String,
+}
+
+/// The validated configuration. The JSON is flat; the typed form groups
+/// the keys by what they configure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub routing: RoutingSettings,
+    pub prefill: PrefillSettings,
+    /// `unhealthy_cooldown_ms` and `eject_after_failures` (prefill failures
+    /// in a row, 5xx or timeouts, that eject a pod; an unreachable pod is
+    /// ejected at once).
+    pub health: HealthRule,
+    pub scrape: ScrapeSettings,
+    pub trt: TrtSettings,
+    pub kv_connector: Connector,
+    pub max_body_bytes: usize,
+    /// Debugging aid: answers carry `x-pd-prefill-ms` and `x-pd-routing-us`.
+    pub timing_headers: bool,
+    /// Pods with their own stat series (per VM); later ones count as `other`.
+    pub max_pod_stats: usize,
+    pub scheduling: Scheduling,
+    /// The models as configured, with their static pods.
+    pub models: Vec<Model>,
+    /// Pods discovered from the Kubernetes API, if configured.
+    pub discovery: Option<KubeDiscovery>,
+    /// Identifies this configuration's shared-data keys, so a reloaded
+    /// configuration never reads another one's state.
+    pub fingerprint: String,
+}
+
+impl Config {
+    /// Parses and validates the plugin configuration.
+    pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
+        let de = &mut serde_json::Deserializer::from_slice(json);
+        let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            err(path, e.into_inner().to_string())
+        })?;
+        let mut config = validate::config(raw)?;
+        config.fingerprint = format!("{:016x}", fnv1a(json));
+        Ok(config)
+    }
+
+    /// The configured model named `name`.
+    pub fn model(&self, name: &str) -> Option<&Model> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The configured models and their static pods, as a fleet.
+    pub fn fleet(&self) -> Fleet {
+        Fleet::new(self.models.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fleet::{DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_PORT, DEFAULT_NIXL_SIDE_CHANNEL_PORT};
+
+    const EXAMPLE: &str = r#"{
+      "prefill_cluster": "pd_prefill",
+      "routing_header": "x-envoy-original-dst-host",
+      "prefill_timeout_ms": 30000,
+      "max_body_bytes": 33554432,
+      "trt_machine_id": 0,
+      "kv_connector": "nixl",
+      "models": [
+        { "name": "Qwen/Qwen3-8B", "engine": "vllm", "kv_connector": "shfs",
+          "rolesets": [
+            { "name": "rs0",
+              "prefill": ["10.0.0.1:8000", {"address": "10.0.0.3:8000", "name": "prefill-1", "bootstrap_port": 8998, "kv_connector": "nixl"}],
+              "decode":  ["10.0.0.2:8000"] } ] } ]
+    }"#;
+
+    fn parse_err(json: &str) -> String {
+        Config::parse(json.as_bytes())
+            .expect_err("should be rejected")
+            .to_string()
+    }
+
+    #[test]
+    fn base64_token_ids_are_a_tensorrt_llm_setting() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"trtllm","trt_token_ids_b64":true,"rolesets":[]}]}"#,
+        )
+        .expect("valid");
+        assert!(c.model("m").expect("model").trt_token_ids_b64);
+        let e = parse_err(
+            r#"{"models":[{"name":"m","engine":"vllm","trt_token_ids_b64":true,"rolesets":[]}]}"#,
+        );
+        assert!(
+            e.contains("models[0].trt_token_ids_b64") && e.contains("\"vllm\""),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn parses_the_documented_example() {
+        let c = Config::parse(EXAMPLE.as_bytes()).expect("valid");
+        assert_eq!(c.kv_connector, Connector::Nixl);
+        let m = c.model("Qwen/Qwen3-8B").expect("model");
+        assert_eq!(m.kv_connector, Some(Connector::Shfs));
+        let rs = &m.rolesets[0];
+        assert_eq!(rs.prefill[0].name, "10.0.0.1:8000");
+        assert_eq!(rs.prefill[0].bootstrap_port, DEFAULT_BOOTSTRAP_PORT);
+        assert_eq!(rs.prefill[1].name, "prefill-1");
+        assert_eq!(rs.prefill[1].ip, "10.0.0.3");
+        assert_eq!(rs.prefill[1].kv_connector, Some(Connector::Nixl));
+        assert!(rs.is_eligible());
+    }
+
+    #[test]
+    fn shipped_plugin_configurations_parse() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/wasm-config");
+        let mut n = 0;
+        for entry in std::fs::read_dir(dir).expect("wasm-config/") {
+            let path = entry.expect("entry").path();
+            let raw = std::fs::read(&path).expect("read");
+            Config::parse(&raw).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+        assert!(n >= 6);
+    }
+
+    #[test]
+    fn defaults_apply_to_every_key_but_models() {
+        let c = Config::parse(br#"{"models":[{"name":"m","engine":"x","rolesets":[]}]}"#)
+            .expect("valid");
+        assert_eq!(c.routing.prefill_cluster, "pd_prefill");
+        assert_eq!(c.routing.header, "x-envoy-original-dst-host");
+        assert_eq!(c.prefill.timeout_ms, 30_000);
+        assert_eq!(c.max_body_bytes, 33_554_432);
+        assert_eq!(c.trt.machine_id, 0);
+        assert_eq!(c.kv_connector, Connector::Nixl);
+    }
+
+    #[test]
+    fn ipv6_endpoints_keep_brackets_for_routing_and_drop_them_for_hosts() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"sglang","rolesets":[{"prefill":["[::1]:30000"],"decode":["[::1]:30001"]}]}]}"#,
+        )
+        .expect("valid");
+        let p = &c.models[0].rolesets[0].prefill[0];
+        assert_eq!(p.address, "[::1]:30000");
+        assert_eq!(p.ip, "::1");
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_fix() {
+        assert_eq!(
+            parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"prefill":["vllm-0:8000"]}]}]}"#),
+            "pd-router configuration: models[0].rolesets[0].prefill[0].address: \"vllm-0:8000\" is not a literal IP:port (host names are not resolved)"
+        );
+        assert!(parse_err(r#"{"prefill_timout_ms":1,"models":[]}"#)
+            .contains("unknown field `prefill_timout_ms`"));
+        assert!(parse_err(
+            r#"{"kv_connector":"lmcache","models":[{"name":"m","engine":"v","rolesets":[]}]}"#
+        )
+        .contains(
+            "kv_connector: unknown KV connector \"lmcache\"; expected one of: nixl, shfs, neuron, mooncake, nixl_push, p2p_nccl"
+        ));
+        assert!(parse_err(
+            r#"{"trt_machine_id":1024,"models":[{"name":"m","engine":"v","rolesets":[]}]}"#
+        )
+        .starts_with("pd-router configuration: trt_machine_id: "));
+        assert!(parse_err(r#"{"models":[]}"#).contains("models: at least one model"));
+        assert!(parse_err(r#"{}"#).contains("models: at least one model is required"));
+        assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"decode":[{"adress":"1.2.3.4:5"}]}]}]}"#)
+            .contains("models[0].rolesets[0].decode[0]"));
+        assert!(
+            parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[{"decode":[7]}]}]}"#)
+                .contains("\"IP:port\" or an object")
+        );
+        assert!(parse_err(r#"{"routing_header":"X-Bad Header","models":[{"name":"m","engine":"v","rolesets":[]}]}"#)
+            .contains("routing_header"));
+        assert!(parse_err(r#"{"models":[{"name":"m","engine":"v","rolesets":[]},{"name":"m","engine":"v","rolesets":[]}]}"#)
+            .contains("models[1].name: model \"m\" is configured twice"));
+        assert!(parse_err("not json").starts_with("pd-router configuration: "));
+        assert!(parse_err(r#"{"kv_connector":"nixl_push","models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["1.2.3.4:5"],"decode":["1.2.3.4:6"]}]}]}"#)
+            .contains("models[0].rolesets[0].prefill[0]: the nixl_push connector needs the pod's side channel"));
+        assert!(parse_err(r#"{"models":[{"name":"m","engine":"sglang","rolesets":[{"prefill":[{"address":"1.2.3.4:5","dp_size":0}]}]}]}"#)
+            .contains("prefill[0].dp_size: must be at least 1"));
+    }
+
+    #[test]
+    fn hand_off_settings_reach_the_endpoint() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","kv_connector":"nixl_push","rolesets":[{
+                "prefill":[{"address":"10.0.0.1:8000","dp_size":2,"kv_port":21001,
+                            "nixl_push":{"engine_id":"prefill-0","tp_size":2}}],
+                "decode":["10.0.0.2:8000"]}]}]}"#,
+        )
+        .expect("valid");
+        let p = &c.models[0].rolesets[0].prefill[0];
+        assert_eq!((p.dp_size, p.kv_port), (2, 21001));
+        let peer = p.nixl_push.as_ref().expect("peer");
+        assert_eq!(peer.engine_id, "prefill-0");
+        assert_eq!(peer.side_channel_host, None);
+        assert_eq!(peer.side_channel_port, DEFAULT_NIXL_SIDE_CHANNEL_PORT);
+        assert_eq!((peer.tp_size, peer.pp_size), (2, 1));
+        assert_eq!(c.trt.auth_key_env, "PD_ROUTER_TRT_AUTH_KEY");
+        let d = &c.models[0].rolesets[0].decode[0];
+        assert_eq!((d.dp_size, d.kv_port), (1, DEFAULT_KV_PORT));
+    }
+}

@@ -1,0 +1,395 @@
+//! Checks the raw configuration and builds the typed one: every error
+//! names the field by its JSON path and says what to fix.
+
+use super::raw::{EndpointSpec, RawConfig, RawEndpoint, RawModel, RawNixlPeer};
+use super::{
+    err, Config, ConfigError, PrefillSettings, Routing, RoutingSettings, ScrapeSettings,
+    TrtSettings,
+};
+use crate::discovery::KubeDiscovery;
+use crate::fleet::{
+    Connector, DecodePolicy, Endpoint, EngineKind, Model, ModelSettings, NixlPeer, PrefillPolicy,
+    RolesetPods, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
+};
+use crate::pods::HealthRule;
+use std::net::SocketAddr;
+
+/// The typed configuration of `raw` (its fingerprint still empty).
+pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
+    check_settings(&raw)?;
+    let max_body_bytes = usize::try_from(raw.max_body_bytes)
+        .map_err(|_| err("max_body_bytes", "is larger than this platform can address"))?;
+    let trt_machine_id = crate::trt_id::validate_trt_machine_id(raw.trt_machine_id)
+        .map_err(|e| err("trt_machine_id", e.to_string()))?;
+    let kv_connector = parse_connector(&raw.kv_connector, "kv_connector")?;
+    let discovery = raw.discovery.map(|d| d.kubernetes);
+    if let Some(d) = &discovery {
+        check_discovery(d)?;
+    }
+    let raw_models = raw.models.unwrap_or_default();
+    if raw_models.is_empty() && discovery.is_none() {
+        return Err(err(
+            "models",
+            "at least one model is required (or pods discovered: discovery.kubernetes)",
+        ));
+    }
+    let routing = routing(
+        raw.routing.as_deref(),
+        raw.routing_header.as_deref(),
+        &raw.prefill_cluster,
+    )?;
+    let mut models: Vec<Model> = Vec::with_capacity(raw_models.len());
+    for (mi, m) in raw_models.into_iter().enumerate() {
+        if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
+            return Err(err(
+                format!("models[{mi}].name"),
+                format!("model {:?} is configured twice", m.name),
+            ));
+        }
+        models.push(model(m, &format!("models[{mi}]"))?);
+    }
+    check_push_peers(&models, kv_connector)?;
+    Ok(Config {
+        scrape: ScrapeSettings {
+            interval_ms: raw.scrape_interval_ms,
+            timeout_ms: raw.scrape_timeout_ms,
+            ttl_ms: raw.metrics_ttl_ms,
+            path: raw.metrics_path,
+            cluster: raw
+                .metrics_cluster
+                .unwrap_or_else(|| raw.prefill_cluster.clone()),
+        },
+        routing,
+        prefill: PrefillSettings {
+            timeout_ms: raw.prefill_timeout_ms,
+            max_retries: raw.prefill_max_retries,
+        },
+        health: HealthRule {
+            cooldown_ms: raw.unhealthy_cooldown_ms,
+            eject_after_failures: raw.eject_after_failures.max(1),
+        },
+        trt: TrtSettings {
+            machine_id: trt_machine_id,
+            machine_id_env: raw.trt_machine_id_env,
+            auth_key_env: raw.trt_auth_key_env,
+        },
+        kv_connector,
+        max_body_bytes,
+        timing_headers: raw.timing_headers,
+        max_pod_stats: raw.max_pod_stats,
+        scheduling: raw.scheduling,
+        models,
+        discovery,
+        fingerprint: String::new(),
+    })
+}
+
+/// The routing mode, its header and the prefill cluster.
+fn routing(
+    mode: Option<&str>,
+    header: Option<&str>,
+    prefill_cluster: &str,
+) -> Result<RoutingSettings, ConfigError> {
+    let mode = match mode {
+        None => Routing::default(),
+        Some(r) => Routing::from_name(r).ok_or_else(|| {
+            err(
+                "routing",
+                format!(
+                    "unknown routing {r:?}; expected one of: {}",
+                    Routing::NAMES.join(", ")
+                ),
+            )
+        })?,
+    };
+    let header = header
+        .map(str::trim)
+        .unwrap_or(mode.default_header())
+        .to_owned();
+    Ok(RoutingSettings {
+        mode,
+        header,
+        prefill_cluster: prefill_cluster.to_owned(),
+    })
+}
+
+/// The top-level values that have a valid range.
+fn check_settings(raw: &RawConfig) -> Result<(), ConfigError> {
+    if raw.prefill_cluster.trim().is_empty() {
+        return Err(err("prefill_cluster", "must name an Envoy cluster"));
+    }
+    if let Some(header) = &raw.routing_header {
+        let h = header.trim();
+        if h.is_empty()
+            || !h
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        {
+            return Err(err(
+                "routing_header",
+                format!("{header:?} is not a lowercase HTTP header name"),
+            ));
+        }
+    }
+    if raw.prefill_timeout_ms == 0 || raw.prefill_timeout_ms > u32::MAX as u64 {
+        return Err(err(
+            "prefill_timeout_ms",
+            format!("must be between 1 and {}", u32::MAX),
+        ));
+    }
+    if raw.max_body_bytes == 0 {
+        return Err(err("max_body_bytes", "must be greater than 0"));
+    }
+    let sch = &raw.scheduling;
+    if sch.prefix_block_bytes == 0 {
+        return Err(err(
+            "scheduling.prefix_block_bytes",
+            "must be greater than 0",
+        ));
+    }
+    if sch.prefix_table_slots == 0 {
+        return Err(err(
+            "scheduling.prefix_table_slots",
+            "must be greater than 0",
+        ));
+    }
+    if let Some((name, _)) = sch
+        .ratios()
+        .into_iter()
+        .find(|(_, v)| !v.is_finite() || *v < 0.0)
+    {
+        return Err(err(
+            format!("scheduling.{name}"),
+            "must be a finite number >= 0",
+        ));
+    }
+    if raw.scrape_interval_ms > 0 && raw.scrape_timeout_ms == 0 {
+        return Err(err("scrape_timeout_ms", "must be greater than 0"));
+    }
+    if !raw.metrics_path.starts_with('/') {
+        return Err(err("metrics_path", "must start with /"));
+    }
+    Ok(())
+}
+
+/// `discovery.kubernetes`: values with a valid range.
+fn check_discovery(d: &KubeDiscovery) -> Result<(), ConfigError> {
+    let p = "discovery.kubernetes";
+    if d.cluster.trim().is_empty() {
+        return Err(err(
+            format!("{p}.cluster"),
+            "must name the Envoy cluster that reaches the API server",
+        ));
+    }
+    if d.authority.trim().is_empty() {
+        return Err(err(format!("{p}.authority"), "must not be empty"));
+    }
+    if d.interval_ms < 100 {
+        return Err(err(format!("{p}.interval_ms"), "must be at least 100"));
+    }
+    if d.timeout_ms == 0 || d.timeout_ms > u32::MAX as u64 {
+        return Err(err(
+            format!("{p}.timeout_ms"),
+            format!("must be between 1 and {}", u32::MAX),
+        ));
+    }
+    if d.page_size == 0 {
+        return Err(err(format!("{p}.page_size"), "must be greater than 0"));
+    }
+    Ok(())
+}
+
+/// One `models[]` entry, validated, with its static pods.
+fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
+    if m.name.is_empty() {
+        return Err(err(format!("{mp}.name"), "must not be empty"));
+    }
+    if m.trt_token_ids_b64 && EngineKind::of(&m.engine) != EngineKind::Trtllm {
+        return Err(err(
+            format!("{mp}.trt_token_ids_b64"),
+            format!(
+                "is a TensorRT-LLM hand-off, and this model's engine is {:?}: remove it, or \
+                 set \"engine\": \"trtllm\"",
+                m.engine
+            ),
+        ));
+    }
+    let settings = ModelSettings {
+        kv_connector: m
+            .kv_connector
+            .as_deref()
+            .map(|c| parse_connector(c, &format!("{mp}.kv_connector")))
+            .transpose()?,
+        prefill_policy: policy(
+            m.prefill_policy.as_deref(),
+            &format!("{mp}.prefill_policy"),
+            PrefillPolicy::from_name,
+            &PrefillPolicy::NAMES,
+        )?,
+        decode_policy: policy(
+            m.decode_policy.as_deref(),
+            &format!("{mp}.decode_policy"),
+            DecodePolicy::from_name,
+            &DecodePolicy::NAMES,
+        )?,
+        trt_token_ids_b64: m.trt_token_ids_b64,
+        name: m.name,
+        engine: m.engine,
+    };
+    let endpoints = |list: Vec<RawEndpoint>, path: &str| {
+        list.into_iter()
+            .enumerate()
+            .map(|(ei, e)| endpoint(e.0, &format!("{path}[{ei}]")))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let mut rolesets = Vec::with_capacity(m.rolesets.len());
+    for (ri, rs) in m.rolesets.into_iter().enumerate() {
+        let rp = format!("{mp}.rolesets[{ri}]");
+        if let Some(r) = rs.prompt_tokens {
+            check_range(r, &format!("{rp}.prompt_tokens"))?;
+        }
+        rolesets.push(RolesetPods {
+            name: rs.name.unwrap_or_else(|| format!("rs{ri}")),
+            prefill: endpoints(rs.prefill, &format!("{rp}.prefill"))?,
+            decode: endpoints(rs.decode, &format!("{rp}.decode"))?,
+            prompt_tokens: rs.prompt_tokens,
+        });
+    }
+    let combined = endpoints(m.combined, &format!("{mp}.combined"))?;
+    Ok(Model::new(settings, rolesets, combined))
+}
+
+/// vLLM NIXL push tells the decode where the prefill's side channel is, and
+/// only configuration knows: a push prefill pod without it could never serve.
+fn check_push_peers(models: &[Model], global: Connector) -> Result<(), ConfigError> {
+    for (mi, m) in models.iter().enumerate() {
+        if m.kind != EngineKind::Vllm {
+            continue;
+        }
+        for (ri, rs) in m.rolesets.iter().enumerate() {
+            for (pi, p) in rs.prefill.iter().enumerate() {
+                let connector = p.connector(m.kv_connector, global);
+                if connector == Connector::NixlPush && p.nixl_push.is_none() {
+                    return Err(err(
+                        format!("models[{mi}].rolesets[{ri}].prefill[{pi}]"),
+                        "the nixl_push connector needs the pod's side channel: \
+                         add \"nixl_push\": {\"engine_id\": ...} (its kv_transfer_config.engine_id)",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A policy name, or the default when absent.
+fn policy<P: Default>(
+    name: Option<&str>,
+    path: &str,
+    from_name: fn(&str) -> Option<P>,
+    names: &[&str],
+) -> Result<P, ConfigError> {
+    match name {
+        None => Ok(P::default()),
+        Some(n) => from_name(n).ok_or_else(|| {
+            err(
+                path,
+                format!(
+                    "unknown policy {n:?}; expected one of: {}",
+                    names.join(", ")
+                ),
+            )
+        }),
+    }
+}
+
+fn check_range(r: TokenRange, path: &str) -> Result<(), ConfigError> {
+    if r.min > r.max {
+        return Err(err(path, format!("min {} is above max {}", r.min, r.max)));
+    }
+    Ok(())
+}
+
+fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
+    Connector::from_name(name).ok_or_else(|| {
+        err(
+            path,
+            format!(
+                "unknown KV connector {name:?}; expected one of: {}",
+                Connector::NAMES.join(", ")
+            ),
+        )
+    })
+}
+
+fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
+    // ORIGINAL_DST routes to the header's address without DNS, so only a
+    // literal IP:port can work.
+    let addr: SocketAddr = spec.address.parse().map_err(|_| {
+        err(
+            format!("{path}.address"),
+            format!(
+                "{:?} is not a literal IP:port (host names are not resolved)",
+                spec.address
+            ),
+        )
+    })?;
+    if addr.port() == 0 {
+        return Err(err(format!("{path}.address"), "port must not be 0"));
+    }
+    if spec.bootstrap_port == Some(0) {
+        return Err(err(format!("{path}.bootstrap_port"), "must not be 0"));
+    }
+    if let Some(r) = spec.prompt_tokens {
+        check_range(r, &format!("{path}.prompt_tokens"))?;
+    }
+    let mut e = Endpoint::new(addr, spec.name);
+    e.bootstrap_port = spec.bootstrap_port.unwrap_or(DEFAULT_BOOTSTRAP_PORT);
+    e.kv_connector = spec
+        .kv_connector
+        .as_deref()
+        .map(|c| parse_connector(c, &format!("{path}.kv_connector")))
+        .transpose()?;
+    e.prompt_tokens = spec.prompt_tokens;
+    if let Some(dp) = spec.dp_size {
+        if dp == 0 {
+            return Err(err(format!("{path}.dp_size"), "must be at least 1"));
+        }
+        e.dp_size = dp;
+    }
+    if let Some(port) = spec.kv_port {
+        if port == 0 {
+            return Err(err(format!("{path}.kv_port"), "must not be 0"));
+        }
+        e.kv_port = port;
+    }
+    if let Some(n) = spec.nixl_push {
+        e.nixl_push = Some(nixl_peer(n, &format!("{path}.nixl_push"))?);
+    }
+    Ok(e)
+}
+
+fn nixl_peer(n: RawNixlPeer, path: &str) -> Result<NixlPeer, ConfigError> {
+    if n.engine_id.trim().is_empty() {
+        return Err(err(
+            format!("{path}.engine_id"),
+            "must be the prefill's kv_transfer_config.engine_id",
+        ));
+    }
+    let size = |v: Option<u32>, field: &str| match v {
+        Some(0) => Err(err(format!("{path}.{field}"), "must be at least 1")),
+        v => Ok(v.unwrap_or(1)),
+    };
+    if n.side_channel_port == Some(0) {
+        return Err(err(format!("{path}.side_channel_port"), "must not be 0"));
+    }
+    Ok(NixlPeer {
+        engine_id: n.engine_id,
+        side_channel_host: n.side_channel_host.filter(|h| !h.trim().is_empty()),
+        side_channel_port: n
+            .side_channel_port
+            .unwrap_or(DEFAULT_NIXL_SIDE_CHANNEL_PORT),
+        tp_size: size(n.tp_size, "tp_size")?,
+        pp_size: size(n.pp_size, "pp_size")?,
+    })
+}
