@@ -38,6 +38,8 @@ pub struct Router {
     decode_turns: RefCell<HashMap<(ModelId, String), u64>>,
     unsplit_turn: Cell<u64>,
     trt_ids: RefCell<DisaggIdGenerator>,
+    /// This VM's slot among the workers (TensorRT-LLM ids, stat names).
+    worker_slot: u8,
     /// This VM's copy of the scraped metrics, refreshed on each tick.
     scraped: RefCell<ScrapedTable>,
     /// Mooncake engine ids per prefill pod, copied from shared data each tick.
@@ -68,12 +70,17 @@ impl Router {
             decode_turns: RefCell::new(HashMap::new()),
             unsplit_turn: Cell::new(0),
             trt_ids: RefCell::new(trt_ids),
+            worker_slot,
             scraped: RefCell::new(ScrapedTable::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
             mooncake: RefCell::new(HashMap::new()),
             trt_auth_key: None,
             config,
         })
+    }
+
+    pub fn worker_slot(&self) -> u8 {
+        self.worker_slot
     }
 
     /// The fleet as known now.

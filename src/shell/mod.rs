@@ -1,8 +1,7 @@
 //! The only code that talks to Envoy: a root context that owns the validated
 //! configuration, and an HTTP context that forwards each callback to the flow.
 
-mod bootstrap;
-mod discover;
+mod abi;
 mod root;
 mod shared;
 mod stats;
@@ -13,3 +12,6 @@ use proxy_wasm::traits::RootContext;
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::default()) });
 }}
+
+#[cfg(test)]
+mod tests;

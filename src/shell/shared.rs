@@ -1,33 +1,19 @@
-//! Shared data through the `hostcalls` that return `Result` (the SDK's trait
-//! methods panic on unexpected statuses).
+//! Shared data, the call answer's status and the clock, through the
+//! shell's own host calls ([`super::abi`]), which never trap.
 
-use crate::pods::{SetError, SharedStore};
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{MapType, Status};
-use std::time::UNIX_EPOCH;
+use super::abi::{self, Headers, Status};
+use crate::pods::SetError;
 
-/// Shared data of this VM's `vm_id`, as a [`SharedStore`].
-pub(super) struct Shared;
-
+/// A key's value and CAS; a host that cannot read it reads as unset.
 pub(super) fn get(key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-    hostcalls::get_shared_data(key).unwrap_or((None, None))
+    abi::shared_data(key).unwrap_or((None, None))
 }
 
 pub(super) fn set(key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-    match hostcalls::set_shared_data(key, Some(value), cas) {
+    match abi::set_shared_data(key, value, cas) {
         Ok(()) => Ok(()),
-        Err(Status::CasMismatch) => Err(SetError::CasMismatch),
+        Err(Status::CAS_MISMATCH) => Err(SetError::CasMismatch),
         Err(e) => Err(SetError::Failed(format!("{e:?}"))),
-    }
-}
-
-impl SharedStore for Shared {
-    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        get(key)
-    }
-
-    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-        set(key, value, cas)
     }
 }
 
@@ -37,7 +23,7 @@ pub(super) fn call_status(num_headers: usize) -> Option<u16> {
     if num_headers == 0 {
         return None;
     }
-    hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+    abi::header(Headers::CallResponse, ":status")
         .ok()
         .flatten()
         .and_then(|s| std::str::from_utf8(&s).ok()?.parse::<u16>().ok())
@@ -50,9 +36,5 @@ pub(super) fn now_ms() -> u64 {
 
 /// Envoy's wall clock, Unix microseconds (0 if the host has none).
 pub(super) fn now_us() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
+    abi::now_ns().map_or(0, |ns| ns / 1000)
 }

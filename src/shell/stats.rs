@@ -7,11 +7,10 @@
 //! name between VMs, and all VMs see the same pods); later ones count under
 //! `pd_pod="other"`, without gauges.
 
+use super::abi::{self, LogLevel, MetricKind as MetricType};
 use crate::fleet::Fleet;
 use crate::host::{Counter, Histogram, PodEvent};
 use crate::stat_names::{pod_labels, tagged, PodLabels};
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{LogLevel, MetricType};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
 
@@ -47,7 +46,7 @@ pub(super) struct Stats {
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
-    hostcalls::define_metric(kind, name).ok()
+    abi::define_metric(kind, name).ok()
 }
 
 impl Stats {
@@ -60,7 +59,7 @@ impl Stats {
             counters,
             max_pod_stats,
             worker_slot,
-            log_level: Cell::new(hostcalls::get_log_level().ok()),
+            log_level: Cell::new(abi::log_level().ok()),
             ..Stats::default()
         }
     }
@@ -72,7 +71,7 @@ impl Stats {
                 .set(define(MetricType::Gauge, "pd_router.discovery.pods"));
         }
         if let Some(id) = self.discovered.get() {
-            let _ = hostcalls::record_metric(id, pods);
+            let _ = abi::record_metric(id, pods);
         }
     }
 
@@ -81,7 +80,7 @@ impl Stats {
     }
 
     pub(super) fn refresh_log_level(&self) {
-        self.log_level.set(hostcalls::get_log_level().ok());
+        self.log_level.set(abi::log_level().ok());
     }
 
     /// Publishes the size of this VM's linear memory.
@@ -93,13 +92,13 @@ impl Stats {
         }
         if let Some(id) = self.vm_memory.get() {
             let bytes = core::arch::wasm32::memory_size(0) as u64 * 65_536;
-            let _ = hostcalls::record_metric(id, bytes);
+            let _ = abi::record_metric(id, bytes);
         }
     }
 
     pub(super) fn increment(&self, counter: Counter) {
         if let Some((_, id)) = self.counters.iter().find(|(c, _)| *c == counter) {
-            let _ = hostcalls::increment_metric(*id, 1);
+            let _ = abi::increment_metric(*id, 1);
         }
     }
 
@@ -113,7 +112,7 @@ impl Stats {
             )
         });
         if let Some(id) = id {
-            let _ = hostcalls::increment_metric(id, 1);
+            let _ = abi::increment_metric(id, 1);
         }
     }
 
@@ -139,7 +138,7 @@ impl Stats {
             .get(model)
             .and_then(|ids| ids.get(slot).copied().flatten())
         {
-            let _ = hostcalls::record_metric(id, value);
+            let _ = abi::record_metric(id, value);
         }
     }
 
@@ -192,7 +191,7 @@ impl Stats {
             PodEvent::Ejected => s.ejected,
         });
         if let Some(id) = id {
-            let _ = hostcalls::increment_metric(id, 1);
+            let _ = abi::increment_metric(id, 1);
         }
     }
 
@@ -202,7 +201,7 @@ impl Stats {
         for (name, stats) in self.pods.borrow().iter() {
             if !live.contains(name.as_str()) {
                 for id in stats.gauges.iter().flatten() {
-                    let _ = hostcalls::record_metric(*id, 0);
+                    let _ = abi::record_metric(*id, 0);
                 }
             }
         }
@@ -216,7 +215,7 @@ impl Stats {
             .zip([outstanding as u64, pending as u64, healthy as u64])
         {
             if let Some(id) = id {
-                let _ = hostcalls::record_metric(*id, v);
+                let _ = abi::record_metric(*id, v);
             }
         }
     }

@@ -1,3 +1,4 @@
+use super::abi::{self, Buffer, Headers, LogLevel};
 use super::shared;
 use super::stats::Stats;
 use crate::error::HostError;
@@ -7,13 +8,13 @@ use crate::pods::{CallbackReads, SetError, SharedStore};
 use crate::router::Router;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::{Action as WasmAction, BufferType, LogLevel, MapType};
+use proxy_wasm::types::Action as WasmAction;
 use std::rc::Rc;
 use std::time::Duration;
 
 /// One HTTP stream: forwards callbacks to the flow, implements [`Host`] with
-/// the `hostcalls` that return `Result` (the SDK's trait getters panic on
-/// unexpected statuses and on non-UTF-8 header values).
+/// the shell's own host calls ([`super::abi`]): a write Envoy refuses is an
+/// error the flow answers, never a trap.
 pub(super) struct Stream {
     flow: Flow,
     io: HostIo,
@@ -115,7 +116,7 @@ impl SharedStore for HostIo {
     }
 }
 
-fn log_level(level: Level) -> LogLevel {
+pub(super) fn log_level(level: Level) -> LogLevel {
     match level {
         Level::Debug => LogLevel::Debug,
         Level::Info => LogLevel::Info,
@@ -124,9 +125,27 @@ fn log_level(level: Level) -> LogLevel {
     }
 }
 
+/// Starts an HTTP call. Through the SDK, whose dispatcher must learn the
+/// call's token to deliver its answer (see [`super::abi`]).
+pub(super) fn dispatch(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u64,
+) -> Result<u32, HostError> {
+    hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        (!body.is_empty()).then_some(body),
+        Vec::new(),
+        Duration::from_millis(timeout_ms),
+    )
+    .map_err(|e| HostError::new("dispatch_http_call", e))
+}
+
 /// The first `len` bytes of a host buffer.
-fn buffer(kind: BufferType, len: usize, call: &'static str) -> Result<Vec<u8>, HostError> {
-    match hostcalls::get_buffer(kind, 0, len) {
+fn buffer(kind: Buffer, len: usize, call: &'static str) -> Result<Vec<u8>, HostError> {
+    match abi::buffer(kind, 0, len) {
         Ok(Some(body)) => Ok(body),
         // Envoy hands over no buffer for an empty body.
         Ok(None) if len == 0 => Ok(Vec::new()),
@@ -137,7 +156,7 @@ fn buffer(kind: BufferType, len: usize, call: &'static str) -> Result<Vec<u8>, H
 
 impl Telemetry for HostIo {
     fn log(&self, level: Level, message: &str) {
-        let _ = hostcalls::log(log_level(level), message);
+        let _ = abi::log(log_level(level), message);
     }
 
     fn log_enabled(&self, level: Level) -> bool {
@@ -173,21 +192,21 @@ impl Telemetry for HostIo {
 
 impl Host for HostIo {
     fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
-        hostcalls::get_map_bytes(MapType::HttpRequestHeaders)
+        abi::header_pairs(Headers::Request)
             .map_err(|e| HostError::new("reading the request headers", e))
     }
 
     fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
-        hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value)
+        abi::set_header(Headers::Request, name, value)
             .map_err(|e| HostError::new("setting a request header", e))
     }
 
     fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
-        buffer(BufferType::HttpRequestBody, len, "reading the request body")
+        buffer(Buffer::HttpRequestBody, len, "reading the request body")
     }
 
     fn replace_request_front(&mut self, len: usize, head: &[u8]) -> Result<(), HostError> {
-        hostcalls::set_buffer(BufferType::HttpRequestBody, 0, len, head)
+        abi::set_buffer(Buffer::HttpRequestBody, 0, len, head)
             .map_err(|e| HostError::new("replacing the request body", e))
     }
 
@@ -198,26 +217,19 @@ impl Host for HostIo {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u32, HostError> {
-        hostcalls::dispatch_http_call(
-            cluster,
-            headers.to_vec(),
-            Some(body),
-            Vec::new(),
-            Duration::from_millis(timeout_ms),
-        )
-        .map_err(|e| HostError::new("dispatch_http_call", e))
+        dispatch(cluster, headers, body, timeout_ms)
     }
 
     fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
         buffer(
-            BufferType::HttpCallResponseBody,
+            Buffer::HttpCallResponseBody,
             len,
             "reading the prefill answer",
         )
     }
 
     fn resume_request(&mut self) -> Result<(), HostError> {
-        hostcalls::resume_http_request().map_err(|e| HostError::new("resuming the request", e))
+        abi::resume(abi::Stream::HttpRequest).map_err(|e| HostError::new("resuming the request", e))
     }
 
     fn send_reply(
@@ -226,17 +238,17 @@ impl Host for HostIo {
         headers: &[(&str, &str)],
         body: &[u8],
     ) -> Result<(), HostError> {
-        hostcalls::send_http_response(status as u32, headers.to_vec(), Some(body))
+        abi::send_reply(status, headers, body)
             .map_err(|e| HostError::new("sending a local reply", e))
     }
 
     fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
-        hostcalls::set_map_value(MapType::HttpResponseHeaders, name, value)
+        abi::set_header(Headers::Response, name, value)
             .map_err(|e| HostError::new("setting a response header", e))
     }
 
     fn response_header(&self, name: &str) -> Option<String> {
-        hostcalls::get_map_value_bytes(MapType::HttpResponseHeaders, name)
+        abi::header(Headers::Response, name)
             .ok()
             .flatten()
             .map(|v| String::from_utf8_lossy(&v).into_owned())
@@ -244,7 +256,7 @@ impl Host for HostIo {
 
     fn response_body(&self) -> Result<Vec<u8>, HostError> {
         // No size is known outside a body callback: ask for all of it.
-        match hostcalls::get_buffer(BufferType::HttpResponseBody, 0, u32::MAX as usize) {
+        match abi::buffer(Buffer::HttpResponseBody, 0, u32::MAX as usize) {
             Ok(Some(body)) => Ok(body),
             Ok(None) => Ok(Vec::new()),
             Err(e) => Err(HostError::new("reading the response body", e)),
@@ -252,16 +264,17 @@ impl Host for HostIo {
     }
 
     fn replace_response_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
-        hostcalls::set_buffer(BufferType::HttpResponseBody, 0, old_len, body)
+        abi::set_buffer(Buffer::HttpResponseBody, 0, old_len, body)
             .map_err(|e| HostError::new("replacing the response body", e))
     }
 
     fn resume_response(&mut self) -> Result<(), HostError> {
-        hostcalls::resume_http_response().map_err(|e| HostError::new("resuming the response", e))
+        abi::resume(abi::Stream::HttpResponse)
+            .map_err(|e| HostError::new("resuming the response", e))
     }
 
     fn upstream_address(&self) -> Option<String> {
-        let raw = hostcalls::get_property(vec!["upstream", "address"]).ok()??;
+        let raw = abi::property(&["upstream", "address"]).ok()??;
         String::from_utf8(raw).ok()
     }
 

@@ -1,25 +1,21 @@
-//! Discovery's host side: listing pods through the API server's Envoy
-//! cluster (one VM, holding the lease) and applying the published pod set
-//! (every VM). The logic is in `crate::discovery`.
+//! Discovery's tick: listing pods through the API server's Envoy cluster
+//! (one VM, holding the lease) and applying the published pod set (every
+//! VM). Reading a list is [`crate::discovery`].
 
-use super::shared::{self, Shared};
-use super::stats::Stats;
+use super::RootHost;
 use crate::discovery::{build_fleet, published, KubeDiscovery, ListRun, Listed, Step};
-use crate::host::Counter;
+use crate::host::{Counter, Level};
 use crate::pods::lease;
 use crate::router::Router;
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, LogLevel};
-use std::time::Duration;
 
 /// The largest list answer read (a few thousand pods are a few MiB).
-const MAX_LIST_BYTES: usize = 64 << 20;
+pub const MAX_LIST_BYTES: usize = 64 << 20;
 
-fn log(level: LogLevel, msg: &str) {
-    let _ = hostcalls::log(level, &format!("pd-router discovery: {msg}"));
+fn log<H: RootHost>(host: &H, level: Level, msg: &str) {
+    host.log(level, &format!("pd-router discovery: {msg}"));
 }
 
-pub(super) struct Discoverer {
+pub struct Discoverer {
     cfg: KubeDiscovery,
     /// The bearer token, from the VM environment variable `token_env`.
     token: Option<String>,
@@ -34,20 +30,8 @@ pub(super) struct Discoverer {
 }
 
 impl Discoverer {
-    pub(super) fn new(cfg: KubeDiscovery) -> Discoverer {
-        let token = std::env::var(&cfg.token_env)
-            .ok()
-            .map(|t| t.trim().to_owned())
-            .filter(|t| !t.is_empty());
-        if token.is_none() {
-            log(
-                LogLevel::Info,
-                &format!(
-                    "no token in the VM environment variable {:?}; listing without an Authorization header",
-                    cfg.token_env
-                ),
-            );
-        }
+    /// `token`: the API server's bearer token, if the VM has one.
+    pub fn new(cfg: KubeDiscovery, token: Option<String>) -> Discoverer {
         Discoverer {
             cfg,
             token,
@@ -58,32 +42,32 @@ impl Discoverer {
         }
     }
 
-    pub(super) fn interval_ms(&self) -> u64 {
+    pub fn interval_ms(&self) -> u64 {
         self.cfg.interval_ms
     }
 
     /// Every VM, every tick: builds the fleet anew when the published pod
     /// set changed. Returns whether it did.
-    pub(super) fn apply(&mut self, router: &Router, stats: &Stats) -> bool {
+    pub fn apply<H: RootHost>(&mut self, host: &H, router: &Router) -> bool {
         let keys = router.keys();
-        let (gen, _) = shared::get(&keys.discovered_generation());
+        let (gen, _) = host.shared_get(&keys.discovered_generation());
         let generation = published::decode_generation(gen.as_deref());
         if generation == 0 || generation == self.applied {
             return false;
         }
-        let Some(set) = published::read(&Shared, &keys.discovered()) else {
+        let Some(set) = published::read(host, &keys.discovered()) else {
             return false;
         };
         let (fleet, _unused) = build_fleet(&router.config.models, &set.pods);
-        stats.know_fleet(&fleet);
+        host.know_fleet(&fleet);
         router.set_fleet(fleet);
-        stats.record_discovered(set.pods.len() as u64);
+        host.record_discovered(set.pods.len() as u64);
         self.applied = set.generation;
         true
     }
 
     /// Starts a list if this VM holds the lease and one is due.
-    pub(super) fn maybe_list(&mut self, router: &Router, vm_id: u64, now: u64) {
+    pub fn maybe_list<H: RootHost>(&mut self, host: &mut H, router: &Router, vm_id: u64, now: u64) {
         if self.in_flight.is_some() || now.saturating_sub(self.last_start_ms) < self.cfg.interval_ms
         {
             return;
@@ -93,21 +77,15 @@ impl Discoverer {
             .interval_ms
             .saturating_add(self.cfg.timeout_ms)
             .saturating_mul(2);
-        if !lease::try_hold(
-            &mut Shared,
-            &router.keys().discovery_lease(),
-            vm_id,
-            now,
-            ttl,
-        ) {
+        if !lease::try_hold(host, &router.keys().discovery_lease(), vm_id, now, ttl) {
             return;
         }
         self.last_start_ms = now;
         let (run, path) = ListRun::start(&self.cfg);
-        self.send(run, &path);
+        self.send(host, run, &path);
     }
 
-    fn send(&mut self, run: ListRun, path: &str) {
+    fn send<H: RootHost>(&mut self, host: &mut H, run: ListRun, path: &str) {
         let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let mut headers = vec![
             (":method", "GET"),
@@ -122,56 +100,45 @@ impl Discoverer {
         if let Some(b) = &bearer {
             headers.push(("authorization", b.as_str()));
         }
-        match hostcalls::dispatch_http_call(
-            &self.cfg.cluster,
-            headers,
-            None,
-            Vec::new(),
-            Duration::from_millis(self.cfg.timeout_ms),
-        ) {
+        match host.dispatch(&self.cfg.cluster, &headers, self.cfg.timeout_ms) {
             Ok(token) => self.in_flight = Some((token, run)),
             Err(e) => log(
-                LogLevel::Warn,
+                host,
+                Level::Warn,
                 &format!(
-                    "could not list pods through cluster {:?}: {e:?}",
-                    self.cfg.cluster
+                    "could not list pods through cluster {:?}: {}",
+                    self.cfg.cluster, e.status
                 ),
             ),
         }
     }
 
-    pub(super) fn owns(&self, token: u32) -> bool {
+    pub fn owns(&self, token: u32) -> bool {
         self.in_flight.as_ref().is_some_and(|(t, _)| *t == token)
     }
 
     /// A list answer arrived.
-    pub(super) fn on_answer(
+    pub fn on_answer<H: RootHost>(
         &mut self,
+        host: &mut H,
         router: &Router,
-        stats: &Stats,
         status: Option<u16>,
         body_size: usize,
     ) {
         let Some((_, mut run)) = self.in_flight.take() else {
             return;
         };
-        let body = hostcalls::get_buffer(
-            BufferType::HttpCallResponseBody,
-            0,
-            body_size.min(MAX_LIST_BYTES),
-        )
-        .ok()
-        .flatten()
-        .unwrap_or_default();
+        let body = host.call_answer_body(body_size, MAX_LIST_BYTES);
         match run.on_answer(&self.cfg, status, &body) {
-            Step::Fetch(path) => self.send(run, &path),
-            Step::Done(listed) => self.listed(router, stats, listed),
+            Step::Fetch(path) => self.send(host, run, &path),
+            Step::Done(listed) => self.listed(host, router, listed),
             Step::Failed(failure) => {
-                stats.increment(Counter::DiscoveryFailure);
+                host.increment(Counter::DiscoveryFailure);
                 if self.failing != Some(failure.kind()) {
                     self.failing = Some(failure.kind());
                     log(
-                        LogLevel::Warn,
+                        host,
+                        Level::Warn,
                         &format!("listing pods failed, keeping the last good pod set: {failure}"),
                     );
                 }
@@ -179,17 +146,18 @@ impl Discoverer {
         }
     }
 
-    fn listed(&mut self, router: &Router, stats: &Stats, listed: Listed) {
-        stats.increment(Counter::DiscoveryList);
+    fn listed<H: RootHost>(&mut self, host: &mut H, router: &Router, listed: Listed) {
+        host.increment(Counter::DiscoveryList);
         if let Some(kind) = self.failing.take() {
             log(
-                LogLevel::Info,
+                host,
+                Level::Info,
                 &format!("listing pods works again (was: {kind})"),
             );
         }
         let keys = router.keys();
         let published = published::publish(
-            &mut Shared,
+            host,
             &keys.discovered(),
             &keys.discovered_generation(),
             &listed.pods,
@@ -199,7 +167,8 @@ impl Discoverer {
                 let (fleet, unused) = build_fleet(&router.config.models, &listed.pods);
                 let models = fleet.models().iter().filter(|m| !m.pods.is_empty()).count();
                 log(
-                    LogLevel::Info,
+                    host,
+                    Level::Info,
                     &format!(
                         "pod set {generation}: {} routable pods in {models} models ({} pages; {} pods skipped)",
                         listed.pods.len(),
@@ -208,12 +177,13 @@ impl Discoverer {
                     ),
                 );
                 for u in unused {
-                    log(LogLevel::Warn, &format!("pod {}: {}", u.pod, u.why));
+                    log(host, Level::Warn, &format!("pod {}: {}", u.pod, u.why));
                 }
             }
             Ok(None) => {}
             Err(e) => log(
-                LogLevel::Error,
+                host,
+                Level::Error,
                 &format!("could not publish the pod set: {e}"),
             ),
         }

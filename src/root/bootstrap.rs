@@ -1,18 +1,16 @@
-//! Learning vLLM Mooncake prefill pods' engine ids: the scrape lease holder
-//! asks each pod's bootstrap server (`GET /query`) and shares the answers;
-//! every VM copies them into its router each tick. The pure half is
-//! [`crate::pods::bootstrap`].
+//! Learning vLLM Mooncake prefill pods' engine ids: the lease holder asks
+//! each pod's bootstrap server (`GET /query`) and shares the answers; every
+//! VM copies them into its router each tick. The schedule and the shared
+//! record are [`crate::pods::bootstrap`].
 
-use super::shared::{self, Shared};
+use super::RootHost;
 use crate::fleet::PodId;
+use crate::host::Level;
 use crate::pods::bootstrap::{self, EngineIds, QuerySchedule};
 use crate::pods::{cas_update, lease};
 use crate::router::Router;
 use crate::transfer::parse_query;
-use proxy_wasm::hostcalls;
-use proxy_wasm::types::{BufferType, LogLevel};
 use std::collections::HashMap;
-use std::time::Duration;
 
 /// Renewed each tick (at most a second apart) by its holder.
 const LEASE_MS: u64 = 3_000;
@@ -21,7 +19,7 @@ const LEASE_MS: u64 = 3_000;
 const MAX_QUERY_BYTES: usize = 256 * 1024;
 
 #[derive(Default)]
-pub(super) struct Bootstrap {
+pub struct Bootstrap {
     schedule: QuerySchedule,
     /// Call token → the pod asked.
     calls: HashMap<u32, PodId>,
@@ -31,18 +29,14 @@ pub(super) struct Bootstrap {
     last_ok: HashMap<PodId, bool>,
 }
 
-fn log(level: LogLevel, msg: &str) {
-    let _ = hostcalls::log(level, msg);
-}
-
 impl Bootstrap {
-    pub(super) fn owns(&self, token: u32) -> bool {
+    pub fn owns(&self, token: u32) -> bool {
         self.calls.contains_key(&token)
     }
 
     /// Every VM: copies the shared ids into the router when they changed.
-    pub(super) fn refresh(&mut self, router: &Router) {
-        let (bytes, cas) = shared::get(&router.keys().mooncake_engines());
+    pub fn refresh<H: RootHost>(&mut self, host: &H, router: &Router) {
+        let (bytes, cas) = host.shared_get(&router.keys().mooncake_engines());
         if cas == self.seen_cas {
             return;
         }
@@ -51,16 +45,10 @@ impl Bootstrap {
     }
 
     /// Asks the pods that are due, if this VM holds the lease to.
-    pub(super) fn ask(&mut self, router: &Router, vm_id: u64, now: u64) {
+    pub fn ask<H: RootHost>(&mut self, host: &mut H, router: &Router, vm_id: u64, now: u64) {
         let pods = router.mooncake_prefill_pods();
         if pods.is_empty()
-            || !lease::try_hold(
-                &mut Shared,
-                &router.keys().bootstrap_lease(),
-                vm_id,
-                now,
-                LEASE_MS,
-            )
+            || !lease::try_hold(host, &router.keys().bootstrap_lease(), vm_id, now, LEASE_MS)
         {
             return;
         }
@@ -76,30 +64,25 @@ impl Bootstrap {
             } else {
                 format!("{}:{}", pod.ip, pod.bootstrap_port)
             };
-            let headers = vec![
+            let headers = [
                 (":method", "GET"),
                 (":path", "/query"),
                 (":authority", target.as_str()),
                 (config.routing.header.as_str(), target.as_str()),
             ];
-            match hostcalls::dispatch_http_call(
-                &config.scrape.cluster,
-                headers,
-                None,
-                Vec::new(),
-                Duration::from_millis(config.scrape.timeout_ms.max(1)),
-            ) {
+            let timeout = config.scrape.timeout_ms.max(1);
+            match host.dispatch(&config.scrape.cluster, &headers, timeout) {
                 Ok(token) => {
                     self.calls.insert(token, id);
                 }
                 Err(e) => {
                     self.schedule.not_sent(id);
                     if router.first_time(id, "mooncake_query_dispatch") {
-                        log(
-                            LogLevel::Warn,
+                        host.log(
+                            Level::Warn,
                             &format!(
-                                "pd-router: could not ask Mooncake bootstrap server {target} of pod {} through cluster {:?}: {e:?}",
-                                pod.name, config.scrape.cluster
+                                "pd-router: could not ask Mooncake bootstrap server {target} of pod {} through cluster {:?}: {}",
+                                pod.name, config.scrape.cluster, e.status
                             ),
                         );
                     }
@@ -109,8 +92,9 @@ impl Bootstrap {
     }
 
     /// A `/query` answer, or its failure.
-    pub(super) fn on_answer(
+    pub fn on_answer<H: RootHost>(
         &mut self,
+        host: &mut H,
         router: &Router,
         token: u32,
         status: Option<u16>,
@@ -121,17 +105,7 @@ impl Bootstrap {
         };
         self.schedule.answered(id);
         let answer = match status {
-            Some(200) => {
-                let body = hostcalls::get_buffer(
-                    BufferType::HttpCallResponseBody,
-                    0,
-                    body_size.min(MAX_QUERY_BYTES),
-                )
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-                parse_query(&body)
-            }
+            Some(200) => parse_query(&host.call_answer_body(body_size, MAX_QUERY_BYTES)),
             Some(s) => Err(format!("status {s}")),
             None => Err("no answer".to_owned()),
         };
@@ -142,10 +116,10 @@ impl Bootstrap {
             .find(|p| p.id == id)
             .map(|p| p.name.clone())
             .unwrap_or_default();
-        self.report(id, &name, &answer);
+        self.report(host, id, &name, &answer);
         let key = router.keys().mooncake_engines();
         let written = cas_update(
-            &mut Shared,
+            host,
             &key,
             |b| b.map(bootstrap::decode).unwrap_or_default(),
             bootstrap::encode,
@@ -155,28 +129,34 @@ impl Bootstrap {
         );
         match written {
             Ok(ids) => router.set_mooncake_engines(ids),
-            Err(e) => log(
-                LogLevel::Error,
+            Err(e) => host.log(
+                Level::Error,
                 &format!("pd-router: could not share Mooncake engine ids: {e}"),
             ),
         }
     }
 
     /// One log line per change of a pod's state.
-    fn report(&mut self, id: PodId, name: &str, answer: &Result<Vec<String>, String>) {
+    fn report<H: RootHost>(
+        &mut self,
+        host: &H,
+        id: PodId,
+        name: &str,
+        answer: &Result<Vec<String>, String>,
+    ) {
         let ok = answer.is_ok();
         if self.last_ok.insert(id, ok) == Some(ok) {
             return;
         }
         match answer {
-            Ok(engines) => log(
-                LogLevel::Info,
+            Ok(engines) => host.log(
+                Level::Info,
                 &format!(
                     "pd-router: Mooncake prefill pod {name} serves engine ids {engines:?}; it takes prefills"
                 ),
             ),
-            Err(why) => log(
-                LogLevel::Warn,
+            Err(why) => host.log(
+                Level::Warn,
                 &format!(
                     "pd-router: Mooncake prefill pod {name}: bootstrap GET /query failed ({why}); no prefills go to it until it answers"
                 ),

@@ -1,0 +1,115 @@
+//! The plugin configuration read into a router: parsed and validated, this
+//! replica's TensorRT-LLM machine id and signing key taken from the VM
+//! environment, and a worker slot claimed so that TensorRT-LLM ids of
+//! different workers never collide.
+
+use crate::codec::{RecordReader, RecordWriter};
+use crate::config::{Config, ConfigError};
+use crate::host::SharedStore;
+use crate::pods::{cas_update, WORKER_SLOTS_KEY};
+use crate::router::Router;
+use crate::trt_id::WORKER_SLOTS;
+
+/// A configured router, and what the operator should read about it.
+pub struct Configured {
+    pub router: Router,
+    /// The Kubernetes API's bearer token from the VM environment, when
+    /// pods are discovered and the variable holds one.
+    pub kube_token: Option<String>,
+    /// Info lines (how hand-offs are signed).
+    pub notes: Vec<String>,
+    /// Warning lines (engines without a handler, a slot not claimed).
+    pub warnings: Vec<String>,
+}
+
+fn error(path: &str, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        path: path.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Reads the plugin configuration (`None`: Envoy gave none). `env` reads
+/// the VM's environment. A refused configuration is one error whose text is
+/// what the operator sees in Envoy's log.
+pub fn configure<S: SharedStore + ?Sized>(
+    raw: Option<&[u8]>,
+    env: &dyn Fn(&str) -> Option<String>,
+    store: &mut S,
+) -> Result<Configured, ConfigError> {
+    let raw = raw.ok_or_else(|| {
+        error(
+            "",
+            "missing; the filter needs a JSON configuration with at least \"models\"",
+        )
+    })?;
+    let mut config = Config::parse(raw)?;
+    let var = &config.trt.machine_id_env;
+    if let Some(v) = env(var).filter(|v| !v.trim().is_empty()) {
+        config.trt.machine_id = crate::trt_id::machine_id_from(&v)
+            .map_err(|e| error("trt_machine_id_env", format!("${var}: {e}")))?;
+    }
+    let auth_key = env(&config.trt.auth_key_env).filter(|k| !k.is_empty());
+    let mut warnings = Vec::new();
+    let slot = claim_worker_slot(store).unwrap_or_else(|| {
+        warnings.push("pd-router: could not claim a worker slot; using 0".to_owned());
+        0
+    });
+    let mut router =
+        Router::new(config, slot).map_err(|e| error("trt_machine_id", e.to_string()))?;
+    let mut notes = Vec::new();
+    if auth_key.is_some() {
+        notes.push(format!(
+            "pd-router: TensorRT-LLM hand-offs are signed with the key in ${}",
+            router.config.trt.auth_key_env
+        ));
+    }
+    router.set_trt_auth_key(auth_key.map(String::into_bytes));
+    for m in &router.config.models {
+        if !router.registry.is_known(&m.engine) {
+            warnings.push(format!(
+                "pd-router: model {:?} uses engine {:?}, which has no handler; it gets the default handler (known: {})",
+                m.name,
+                m.engine,
+                router.registry.valid_engine_names().join(", ")
+            ));
+        }
+    }
+    let kube_token = router.config.discovery.as_ref().and_then(|d| {
+        let token = env(&d.token_env)
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty());
+        if token.is_none() {
+            notes.push(format!(
+                "pd-router discovery: no token in the VM environment variable {:?}; listing without an Authorization header",
+                d.token_env
+            ));
+        }
+        token
+    });
+    Ok(Configured {
+        router,
+        kube_token,
+        notes,
+        warnings,
+    })
+}
+
+/// Hands this VM a distinct slot (mod [`WORKER_SLOTS`]) through shared data:
+/// shared data is per `vm_id` and CAS-guarded, and a lost race retries.
+/// `None` if the store would not take the claim.
+pub fn claim_worker_slot<S: SharedStore + ?Sized>(store: &mut S) -> Option<u8> {
+    let decode = |b: Option<&[u8]>| b.and_then(|b| RecordReader::new(b).u32()).unwrap_or(0);
+    let encode = |v: &u32| {
+        let mut w = RecordWriter::with_capacity(4);
+        w.u32(*v);
+        w.finish()
+    };
+    let mut claimed = 0;
+    cas_update(store, WORKER_SLOTS_KEY, decode, encode, |v| {
+        claimed = *v;
+        *v = v.wrapping_add(1);
+    })
+    .ok()?;
+    Some((claimed % WORKER_SLOTS as u32) as u8)
+}

@@ -1,0 +1,346 @@
+//! The root side against a fake host: several VMs share one store, as
+//! Envoy's worker VMs share data of one `vm_id`.
+
+use super::*;
+use crate::host::{Counter, Level, PodEvent};
+use crate::pods::{MemoryStore, SetError};
+use serde_json::{json, Value};
+use std::cell::RefCell;
+
+#[derive(Debug, Clone)]
+struct Call {
+    token: u32,
+    cluster: String,
+    headers: Vec<(String, String)>,
+}
+
+impl Call {
+    fn header(&self, name: &str) -> &str {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+}
+
+/// One VM's root host; `store` is shared with the other VMs of a test.
+struct FakeRoot {
+    store: Rc<RefCell<MemoryStore>>,
+    now: u64,
+    calls: Vec<Call>,
+    next_token: Rc<RefCell<u32>>,
+    answer: Vec<u8>,
+    logs: RefCell<Vec<(Level, String)>>,
+    counters: RefCell<Vec<Counter>>,
+    discovered: RefCell<Option<u64>>,
+}
+
+impl FakeRoot {
+    fn new(store: &Rc<RefCell<MemoryStore>>, tokens: &Rc<RefCell<u32>>) -> FakeRoot {
+        FakeRoot {
+            store: Rc::clone(store),
+            now: 10_000,
+            calls: Vec::new(),
+            next_token: Rc::clone(tokens),
+            answer: Vec::new(),
+            logs: RefCell::new(Vec::new()),
+            counters: RefCell::new(Vec::new()),
+            discovered: RefCell::new(None),
+        }
+    }
+
+    fn counted(&self, c: Counter) -> usize {
+        self.counters.borrow().iter().filter(|x| **x == c).count()
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        self.logs.borrow().iter().any(|(_, l)| l.contains(needle))
+    }
+
+    fn take_calls(&mut self) -> Vec<Call> {
+        std::mem::take(&mut self.calls)
+    }
+}
+
+impl SharedStore for FakeRoot {
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.store.borrow().shared_get(key)
+    }
+    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
+        self.store.borrow_mut().shared_set(key, value, cas)
+    }
+}
+
+impl Telemetry for FakeRoot {
+    fn log(&self, level: Level, message: &str) {
+        self.logs.borrow_mut().push((level, message.to_owned()));
+    }
+    fn log_enabled(&self, _level: Level) -> bool {
+        true
+    }
+    fn increment(&self, counter: Counter) {
+        self.counters.borrow_mut().push(counter);
+    }
+    fn count_pod(&self, _pod: &str, _event: PodEvent) {}
+    fn now_ms(&self) -> u64 {
+        self.now
+    }
+}
+
+impl RootHost for FakeRoot {
+    fn dispatch(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        _timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        let mut next = self.next_token.borrow_mut();
+        *next += 1;
+        self.calls.push(Call {
+            token: *next,
+            cluster: cluster.to_owned(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        });
+        Ok(*next)
+    }
+    fn call_answer_body(&self, len: usize, max: usize) -> Vec<u8> {
+        self.answer[..len.min(max).min(self.answer.len())].to_vec()
+    }
+    fn record_discovered(&self, pods: u64) {
+        *self.discovered.borrow_mut() = Some(pods);
+    }
+    fn know_fleet(&self, _fleet: &Fleet) {}
+    fn record_pod(&self, _pod: &str, _outstanding: u32, _pending: u32, _healthy: bool) {}
+    fn zero_departed(&self, _live: &HashSet<&str>) {}
+}
+
+/// `vms` VMs of one Envoy configured with `json`.
+fn vms(json: &str, vms: u64) -> Vec<(Root, FakeRoot)> {
+    let store = Rc::new(RefCell::new(MemoryStore::default()));
+    let tokens = Rc::new(RefCell::new(0));
+    (1..=vms)
+        .map(|vm| {
+            let mut host = FakeRoot::new(&store, &tokens);
+            let env = |_: &str| None;
+            let c = configure(Some(json.as_bytes()), &env, &mut host).expect("configured");
+            (Root::new(Rc::new(c.router), vm, c.kube_token), host)
+        })
+        .collect()
+}
+
+fn answer(root: &mut Root, host: &mut FakeRoot, call: &Call, status: Option<u16>, body: &[u8]) {
+    host.answer = body.to_vec();
+    root.on_call_answer(host, call.token, status, body.len());
+}
+
+#[test]
+fn configure_errors_say_what_to_fix() {
+    let mut store = MemoryStore::default();
+    let none = |_: &str| None;
+    let err = |raw: Option<&[u8]>, env: &dyn Fn(&str) -> Option<String>| {
+        configure(raw, env, &mut MemoryStore::default())
+            .err()
+            .expect("refused")
+            .to_string()
+    };
+    assert_eq!(
+        err(None, &none),
+        "pd-router configuration: missing; the filter needs a JSON configuration with at least \"models\""
+    );
+    assert!(err(Some(b"not json"), &none).starts_with("pd-router configuration: "));
+    let ok = br#"{"models":[{"name":"m","engine":"lmdeploy","rolesets":[]}]}"#;
+    let bad_id = |v: &str| {
+        if v == "PD_ROUTER_TRT_MACHINE_ID" {
+            Some("2000".to_owned())
+        } else {
+            None
+        }
+    };
+    assert!(err(Some(ok), &bad_id)
+        .starts_with("pd-router configuration: trt_machine_id_env: $PD_ROUTER_TRT_MACHINE_ID: "));
+
+    let env = |v: &str| match v {
+        "PD_ROUTER_TRT_AUTH_KEY" => Some("secret".to_owned()),
+        "PD_ROUTER_TRT_MACHINE_ID" => Some("7".to_owned()),
+        _ => None,
+    };
+    let c = configure(Some(ok), &env, &mut store).expect("valid");
+    assert_eq!(c.router.config.trt.machine_id, 7);
+    assert!(c
+        .notes
+        .iter()
+        .any(|n| n.contains("signed with the key in $PD_ROUTER_TRT_AUTH_KEY")));
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.contains("\"lmdeploy\", which has no handler")));
+    // Each VM claims its own worker slot.
+    let second = configure(Some(ok), &env, &mut store).expect("valid");
+    assert_ne!(c.router.worker_slot(), second.router.worker_slot());
+}
+
+const TWO_PODS: &str = r#"{"scrape_interval_ms":1000,"models":[{"name":"m","engine":"vllm",
+    "rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#;
+
+const METRICS: &[u8] = b"vllm:num_requests_running 3\nvllm:num_requests_waiting 1\n";
+
+#[test]
+fn one_vm_scrapes_under_the_lease_and_another_takes_over_when_it_lapses() {
+    let mut vms = vms(TWO_PODS, 2);
+    let [(a, ha), (b, hb)] = &mut vms[..] else {
+        panic!("two vms")
+    };
+    a.on_tick(ha);
+    b.on_tick(hb);
+    let scrapes = ha.take_calls();
+    assert_eq!(scrapes.len(), 2, "the lease holder scrapes every pod");
+    assert!(hb.take_calls().is_empty(), "the other VM does not");
+    assert!(scrapes.iter().all(|c| c.header(":path") == "/metrics"));
+    for call in &scrapes {
+        answer(a, ha, call, Some(200), METRICS);
+    }
+    let key = a.router.keys().scraped();
+    let table = crate::pods::decode_scraped(hb.shared_get(&key).0.as_deref());
+    assert_eq!(table.len(), 2, "what one VM scraped every VM reads");
+
+    // The holder goes quiet: once its lease lapses, the other VM scrapes.
+    hb.now += 1_000;
+    b.on_tick(hb);
+    assert!(hb.take_calls().is_empty(), "the lease still holds");
+    hb.now += 3_000;
+    b.on_tick(hb);
+    assert_eq!(hb.take_calls().len(), 2);
+}
+
+#[test]
+fn a_failed_scrape_ejects_its_pod() {
+    let mut vms = vms(TWO_PODS, 1);
+    let (root, host) = &mut vms[0];
+    root.on_tick(host);
+    let scrapes = host.take_calls();
+    answer(root, host, &scrapes[0], Some(503), b"");
+    answer(root, host, &scrapes[1], None, b"");
+    assert_eq!(host.counted(Counter::Ejection), 2);
+    assert!(host.logged("scrape failed (status 503)") && host.logged("scrape failed (no answer)"));
+    let now = host.now;
+    assert!(root
+        .router
+        .pod_counters(&*host)
+        .iter()
+        .all(|(_, c)| !c.is_healthy(now)));
+}
+
+fn pod(name: &str, ip: &str, role: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+                     "resourceVersion": "7",
+                     "labels": {"model.aibrix.ai/name": "m", "role-name": role, "roleset-name": "rs0"}},
+        "spec": {"containers": [{"name": "engine", "image": "vllm"}]},
+        "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                   "conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}
+
+fn pod_list(items: Vec<Value>) -> Vec<u8> {
+    serde_json::to_vec(&json!({"kind": "PodList", "apiVersion": "v1",
+        "metadata": {"resourceVersion": "8"}, "items": items}))
+    .expect("json")
+}
+
+const DISCOVERED: &str = r#"{"scrape_interval_ms":0,
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000}},
+    "models":[{"name":"m","engine":"vllm"}]}"#;
+
+#[test]
+fn discovery_publishes_a_list_and_keeps_the_last_good_set_when_lists_fail() {
+    let mut vms = vms(DISCOVERED, 2);
+    let [(a, ha), (b, hb)] = &mut vms[..] else {
+        panic!("two vms")
+    };
+    a.on_tick(ha);
+    let list = ha.take_calls();
+    assert_eq!(list.len(), 1);
+    assert_eq!(list[0].cluster, "kube_api");
+    assert!(list[0]
+        .header(":path")
+        .starts_with("/api/v1/namespaces/default/pods?"));
+    let pods = pod_list(vec![
+        pod("p0", "10.1.0.1", "prefill"),
+        pod("d0", "10.1.0.2", "decode"),
+    ]);
+    answer(a, ha, &list[0], Some(200), &pods);
+    assert_eq!(ha.counted(Counter::DiscoveryList), 1);
+
+    // Every VM applies the published set at its next tick.
+    b.on_tick(hb);
+    assert!(hb.take_calls().is_empty(), "only the lease holder lists");
+    assert_eq!(b.router.fleet().pods().len(), 2);
+    assert_eq!(*hb.discovered.borrow(), Some(2));
+
+    // The API server fails: the pods stay, the failure is counted and said once.
+    for status in [Some(500), None] {
+        ha.now += 1_000;
+        a.on_tick(ha);
+        let list = ha.take_calls();
+        assert_eq!(list.len(), 1);
+        answer(a, ha, &list[0], status, b"{}");
+    }
+    assert_eq!(ha.counted(Counter::DiscoveryFailure), 2);
+    assert!(ha.logged("keeping the last good pod set"));
+    hb.now += 2_000;
+    b.on_tick(hb);
+    assert_eq!(a.router.fleet().pods().len(), 2);
+    assert_eq!(b.router.fleet().pods().len(), 2);
+}
+
+#[test]
+fn a_missing_token_is_said_at_configure() {
+    let mut host = MemoryStore::default();
+    let c = configure(Some(DISCOVERED.as_bytes()), &|_| None, &mut host).expect("valid");
+    assert!(c.kube_token.is_none());
+    assert!(c
+        .notes
+        .iter()
+        .any(|n| n.contains("no token in the VM environment variable \"PD_ROUTER_KUBE_TOKEN\"")));
+    let env = |v: &str| (v == "PD_ROUTER_KUBE_TOKEN").then(|| " t0k3n\n".to_owned());
+    let c = configure(Some(DISCOVERED.as_bytes()), &env, &mut host).expect("valid");
+    assert_eq!(c.kube_token.as_deref(), Some("t0k3n"));
+}
+
+#[test]
+fn mooncake_engine_ids_are_learned_once_and_shared() {
+    let mut vms = vms(
+        r#"{"scrape_interval_ms":0,"models":[{"name":"m","engine":"vllm","kv_connector":"mooncake",
+            "rolesets":[{"prefill":[{"address":"10.0.0.1:8000","bootstrap_port":8998}],"decode":["10.0.0.2:8000"]}]}]}"#,
+        2,
+    );
+    let [(a, ha), (b, hb)] = &mut vms[..] else {
+        panic!("two vms")
+    };
+    a.on_tick(ha);
+    b.on_tick(hb);
+    let asks = ha.take_calls();
+    assert_eq!(asks.len(), 1);
+    assert!(hb.take_calls().is_empty());
+    assert_eq!(asks[0].header(":path"), "/query");
+    assert_eq!(asks[0].header("x-envoy-original-dst-host"), "10.0.0.1:8998");
+    answer(
+        a,
+        ha,
+        &asks[0],
+        Some(200),
+        br#"{"0":{"engine_id":"engine-a","worker_addr":{}}}"#,
+    );
+    let learned: Vec<Vec<String>> = a.router.mooncake_engines_known().into_values().collect();
+    assert_eq!(learned, vec![vec!["engine-a".to_owned()]]);
+    assert!(ha.logged("serves engine ids [\"engine-a\"]"));
+    b.on_tick(hb);
+    assert_eq!(
+        b.router.mooncake_engines_known(),
+        a.router.mooncake_engines_known()
+    );
+}
