@@ -15,13 +15,12 @@
 )]
 
 use pd_router::config::Config;
-use pd_router::error::HostError;
 use pd_router::flow::Flow;
-use pd_router::host::{Action, Counter, Histogram, Host, Level, PodEvent, Telemetry};
-use pd_router::pods::{CallbackReads, MemoryStore, SetError, SharedStore};
+use pd_router::host::Action;
+use pd_router::pods::CallbackReads;
 use pd_router::router::Router;
+use pd_router::testing::FakeHost;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::RefCell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
@@ -71,26 +70,13 @@ fn host_side<T>(f: impl FnOnce() -> T) -> T {
     v
 }
 
+/// One request's host calls and the VM's allocations.
 struct Counts {
-    /// By kind; room for every kind made up front, so counting allocates
-    /// nothing while the flow runs.
     calls: Vec<(&'static str, u64)>,
     bytes_in: u64,
     bytes_out: u64,
     allocs: u64,
     alloc_bytes: u64,
-}
-
-impl Default for Counts {
-    fn default() -> Counts {
-        Counts {
-            calls: Vec::with_capacity(64),
-            bytes_in: 0,
-            bytes_out: 0,
-            allocs: 0,
-            alloc_bytes: 0,
-        }
-    }
 }
 
 impl Counts {
@@ -99,190 +85,9 @@ impl Counts {
     }
 }
 
-/// A host that answers like Envoy would and counts.
-#[derive(Default)]
-struct CountingHost {
-    counts: RefCell<Counts>,
-    headers: Vec<(String, Vec<u8>)>,
-    body: Vec<u8>,
-    call_body: Vec<u8>,
-    response_headers: Vec<(String, String)>,
-    response: Vec<u8>,
-    shared: RefCell<MemoryStore>,
-    tick: std::cell::Cell<u64>,
-    /// What the shell keeps per callback, as it ships.
-    reads: CallbackReads,
-}
-
-impl CountingHost {
-    fn read_clock(&self) -> u64 {
-        self.count("clock (reads)");
-        self.tick.set(self.tick.get() + 150);
-        1_764_000_000_000_000 + self.tick.get()
-    }
-
-    fn callback(&mut self) -> &mut CountingHost {
-        self.reads.clear();
-        self
-    }
-
-    fn count(&self, what: &'static str) {
-        let mut c = self.counts.borrow_mut();
-        match c.calls.iter_mut().find(|(k, _)| *k == what) {
-            Some((_, n)) => *n += 1,
-            None => c.calls.push((what, 1)),
-        }
-    }
-    fn copied_in(&self, n: usize) {
-        self.counts.borrow_mut().bytes_in += n as u64;
-    }
-    fn copied_out(&self, n: usize) {
-        self.counts.borrow_mut().bytes_out += n as u64;
-    }
-}
-
-impl SharedStore for CountingHost {
-    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        self.reads.get(key, || {
-            self.count("shared data get");
-            // The value as the SDK hands it over: one buffer in the VM.
-            let v = self.shared.borrow().shared_get(key);
-            self.copied_in(v.0.as_ref().map_or(0, Vec::len));
-            v
-        })
-    }
-    fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
-        self.count("shared data set");
-        self.reads.wrote(key);
-        self.copied_out(value.len());
-        host_side(|| self.shared.borrow_mut().shared_set(key, value, cas))
-    }
-}
-
-impl Telemetry for CountingHost {
-    fn log(&self, _level: Level, message: &str) {
-        self.count("log");
-        self.copied_out(message.len());
-    }
-    fn log_enabled(&self, _level: Level) -> bool {
-        false
-    }
-    fn increment(&self, _counter: Counter) {
-        self.count("stat increment");
-    }
-    fn count_pod(&self, _pod: &str, _event: PodEvent) {
-        self.count("stat increment");
-    }
-    fn now_ms(&self) -> u64 {
-        self.reads.clock_ms(|| self.read_clock())
-    }
-    fn now_us(&self) -> u64 {
-        let t = self.read_clock();
-        self.reads.saw_us(t);
-        t
-    }
-    fn record(&self, _h: Histogram, _model: &str, _value: u64) {
-        self.count("histogram record");
-    }
-    fn count_reply(&self, _status: u16) {
-        self.count("stat increment");
-    }
-}
-
-impl Host for CountingHost {
-    fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
-        self.count("get request headers");
-        self.copied_in(self.headers.iter().map(|(k, v)| k.len() + v.len()).sum());
-        Ok(self.headers.clone())
-    }
-    fn set_request_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
-        self.count(if value.is_some() {
-            "set request header"
-        } else {
-            "remove request header"
-        });
-        self.copied_out(name.len() + value.map_or(0, str::len));
-        Ok(())
-    }
-    fn request_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
-        self.count("get request body");
-        self.copied_in(len);
-        Ok(self.body[..len].to_vec())
-    }
-    fn replace_request_front(&mut self, _len: usize, head: &[u8]) -> Result<(), HostError> {
-        self.count("set request body");
-        self.copied_out(head.len());
-        Ok(())
-    }
-    fn dispatch(
-        &mut self,
-        _c: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        _t: u64,
-    ) -> Result<u32, HostError> {
-        self.count("dispatch_http_call");
-        self.copied_out(
-            body.len()
-                + headers
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len())
-                    .sum::<usize>(),
-        );
-        Ok(1)
-    }
-    fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError> {
-        self.count("get call response body");
-        self.copied_in(len);
-        Ok(self.call_body[..len].to_vec())
-    }
-    fn resume_request(&mut self) -> Result<(), HostError> {
-        self.count("resume request");
-        Ok(())
-    }
-    fn send_reply(&mut self, _s: u16, _h: &[(&str, &str)], body: &[u8]) -> Result<(), HostError> {
-        self.count("send local reply");
-        self.copied_out(body.len());
-        Ok(())
-    }
-    fn set_response_header(&mut self, name: &str, value: Option<&str>) -> Result<(), HostError> {
-        self.count(if value.is_some() {
-            "set response header"
-        } else {
-            "remove response header"
-        });
-        self.copied_out(name.len() + value.map_or(0, str::len));
-        Ok(())
-    }
-    fn response_header(&self, name: &str) -> Option<String> {
-        self.count("get response header");
-        self.response_headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-    }
-    fn response_body(&self) -> Result<Vec<u8>, HostError> {
-        self.count("get response body");
-        self.copied_in(self.response.len());
-        Ok(self.response.clone())
-    }
-    fn replace_response_body(&mut self, _old: usize, body: &[u8]) -> Result<(), HostError> {
-        self.count("set response body");
-        self.copied_out(body.len());
-        Ok(())
-    }
-    fn resume_response(&mut self) -> Result<(), HostError> {
-        self.count("resume response");
-        Ok(())
-    }
-    fn upstream_address(&self) -> Option<String> {
-        self.count("get property");
-        None
-    }
-    fn random_u64(&mut self) -> Result<u64, String> {
-        self.count("random");
-        Ok(7)
-    }
+/// Runs the fake host's own work uncounted (see [`FakeHost::host_work`]).
+fn uncounted(f: &mut dyn FnMut()) {
+    host_side(f)
 }
 
 const CONFIG: &str = r#"{"models":[
@@ -325,8 +130,8 @@ fn request_with(
     let body = format!(
         r#"{{"model":"{engine}","messages":[{{"role":"user","content":"{content}"}}],"max_tokens":4}}"#
     );
-    let mut host = CountingHost {
-        headers: [
+    let mut host = FakeHost {
+        request_headers: [
             (":method", "POST"),
             (":path", "/v1/chat/completions"),
             (":authority", "gateway"),
@@ -339,12 +144,19 @@ fn request_with(
         .collect(),
         body: body.into_bytes(),
         call_body: prefill_answer(engine).as_bytes().to_vec(),
-        response_headers: vec![
+        upstream_headers: vec![
             (":status".into(), "200".into()),
             ("content-type".into(), "application/json".into()),
         ],
         response: br#"{"id":"d","choices":[{"index":0,"message":{"content":"A b c d"},"finish_reason":"length"}],"usage":{"prompt_tokens":9,"total_tokens":13,"completion_tokens":4,"prompt_tokens_details":null}}"#.to_vec(),
-        ..CountingHost::default()
+        // As the shell reads: once per callback, a clock that moves.
+        reads: Some(CallbackReads::default()),
+        clock_step_us: 150,
+        verbose: false,
+        randoms: vec![7; 8],
+        host_work: uncounted,
+        record: false,
+        ..FakeHost::default()
     };
     ALLOCS.store(0, Relaxed);
     ALLOC_BYTES.store(0, Relaxed);
@@ -365,7 +177,8 @@ fn request_with(
         callbacks += 1;
         let n = host.call_body.len();
         before("prefill answer");
-        flow.on_prefill_response(host.callback(), 1, Some(200), n);
+        let token = host.last_token();
+        flow.on_prefill_response(host.callback(), token, Some(200), n);
     }
     callbacks += 2;
     before("response headers");
@@ -378,7 +191,8 @@ fn request_with(
         callbacks += 1;
         let n = host.call_body.len();
         before("prefill answer");
-        flow.on_prefill_response(host.callback(), 1, Some(200), n);
+        let token = host.last_token();
+        flow.on_prefill_response(host.callback(), token, Some(200), n);
     }
     callbacks += 1;
     before("stream end");
@@ -388,13 +202,16 @@ fn request_with(
     COUNTING.store(false, Relaxed);
     // Envoy also creates the context and calls on_done/on_delete: 3 more.
     callbacks += 3;
-    let mut counts = host.counts.into_inner();
-    counts
-        .calls
-        .push((" wasm callbacks (into the VM)", callbacks));
-    counts.allocs = ALLOCS.load(Relaxed);
-    counts.alloc_bytes = ALLOC_BYTES.load(Relaxed);
-    counts
+    let host_counts = host.counts.into_inner();
+    let mut calls = host_counts.calls;
+    calls.push((" wasm callbacks (into the VM)", callbacks));
+    Counts {
+        calls,
+        bytes_in: host_counts.bytes_in,
+        bytes_out: host_counts.bytes_out,
+        allocs: ALLOCS.load(Relaxed),
+        alloc_bytes: ALLOC_BYTES.load(Relaxed),
+    }
 }
 
 fn main() {

@@ -32,6 +32,8 @@ pub mod sched;
 pub mod scrape;
 pub mod split;
 pub mod stat_names;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transfer;
 pub mod trt_id;
 
