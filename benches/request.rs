@@ -12,11 +12,11 @@
     clippy::indexing_slicing
 )]
 
-use pd_router::answer::{AnswerPlan, PrefillFacts, Rewrite};
 use pd_router::api::Api;
 use pd_router::config::Config;
-use pd_router::engine::{FixedEntropy, Registry};
-use pd_router::split::{self, Placement, Plan, RouterView};
+use pd_router::engine::{FixedIds, Registry};
+use pd_router::reconcile::{PrefillReport, Rewrite, RewritePlan};
+use pd_router::split::{self, Placement, Plan, SplitContext};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -89,8 +89,8 @@ fn main() {
     let config = one_model("vllm");
     let fleet = config.fleet();
     let registry = Registry::builtin();
-    let view = RouterView::of_config(&config, &fleet, &registry);
-    let mut entropy = FixedEntropy::new(vec![1], 1 << 50);
+    let view = SplitContext::of_config(&config, &fleet, &registry);
+    let mut entropy = FixedIds::new(vec![1], 1 << 50);
     let mut merge_entropy = entropy.clone();
     let mut plan_of = |b: &[u8]| {
         let placement = Placement::first_pair(&fleet).expect("pods");
@@ -185,8 +185,8 @@ fn trtllm_merge() {
 fn trtllm_merge_rows(config: &Config, b64: bool) {
     let fleet = config.fleet();
     let registry = Registry::builtin();
-    let view = RouterView::of_config(config, &fleet, &registry);
-    let mut entropy = FixedEntropy::new(vec![1], 1 << 50);
+    let view = SplitContext::of_config(config, &fleet, &registry);
+    let mut entropy = FixedIds::new(vec![1], 1 << 50);
     let mut merge_entropy = entropy.clone();
     let mut plan_of = |b: &[u8]| {
         let placement = Placement::first_pair(&fleet).expect("pods");
@@ -204,7 +204,7 @@ fn trtllm_merge_rows(config: &Config, b64: bool) {
             black_box(split::merge(&view, &mut merge_entropy, &plan, &answer).ok());
         });
         let parse = per_call(iters, || {
-            black_box(pd_router::body::TopLevel::parse(&answer).ok());
+            black_box(pd_router::body::Members::parse(&answer).ok());
         });
         // Yardsticks for the parse: validating the bytes as UTF-8, and one
         // copy of them (what moving the token ids costs at the least).
@@ -249,12 +249,12 @@ fn decode_answer(tokens: usize) -> (Vec<u8>, Vec<u8>) {
 /// The cost of making an answer faithful (cached tokens from the prefill),
 /// against the pass-through path, which does no work in the filter.
 fn answer_rewrite() {
-    let plan = AnswerPlan {
+    let plan = RewritePlan {
         usage: true,
         logprobs: None,
         stream: false,
     };
-    let facts = PrefillFacts {
+    let fields = PrefillReport {
         cached_tokens: Some(120),
         prompt: None,
     };
@@ -268,22 +268,22 @@ fn answer_rewrite() {
         let (whole, sse) = decode_answer(tokens);
         let iters = (2_000_000 / sse.len()).clamp(20, 20_000) as u32;
         let w = per_call(iters, || {
-            let mut r = Rewrite::new(plan.clone(), Some(facts.clone()));
+            let mut r = Rewrite::new(plan.clone(), Some(fields.clone()));
             black_box(r.whole(&whole).ok());
         });
-        let stream_plan = AnswerPlan {
+        let stream_plan = RewritePlan {
             stream: true,
             ..plan.clone()
         };
         let s = per_call(iters, || {
-            let mut r = Rewrite::new(stream_plan.clone(), Some(facts.clone()));
+            let mut r = Rewrite::new(stream_plan.clone(), Some(fields.clone()));
             black_box(r.chunk(&sse, true).ok());
         });
         // As Envoy delivers a stream: one event per callback.
         let text = String::from_utf8(sse.clone()).unwrap();
         let events: Vec<&[u8]> = text.split_inclusive("\n\n").map(str::as_bytes).collect();
         let e = per_call(iters, || {
-            let mut r = Rewrite::new(stream_plan.clone(), Some(facts.clone()));
+            let mut r = Rewrite::new(stream_plan.clone(), Some(fields.clone()));
             for ev in &events {
                 black_box(r.chunk(ev, false).ok());
             }

@@ -1,6 +1,6 @@
 //! The OpenAI-style request shapes pd-router splits, and the few fields it reads.
 
-use crate::body::TopLevel;
+use crate::body::Members;
 use crate::error::ClientError;
 use serde_json::value::RawValue;
 
@@ -58,7 +58,7 @@ pub const MAX_N: u64 = 128;
 
 /// What the router needs to know about a client request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Facts {
+pub struct ClientFields {
     pub api: Api,
     pub model: String,
     pub stream: bool,
@@ -68,7 +68,7 @@ pub struct Facts {
     pub include_usage: bool,
 }
 
-impl Facts {
+impl ClientFields {
     /// How many sequences one request asks for, where engines track them
     /// separately (SGLang's bootstrap rooms): a prompt batch, or chat `n`.
     pub fn batch_size(&self) -> Option<usize> {
@@ -89,7 +89,7 @@ fn bad(field: &str, what: &str) -> ClientError {
 
 /// Reads and type-checks the fields the router relies on. Only top-level
 /// values are parsed; `messages` and `prompt` are looked at, never rebuilt.
-pub fn read_facts(api: Api, body: &[u8], top: &TopLevel) -> Result<Facts, ClientError> {
+pub fn read_fields(api: Api, body: &[u8], top: &Members) -> Result<ClientFields, ClientError> {
     if let Some(dup) = top.first_duplicate(&CONTROLLED_KEYS) {
         return Err(ClientError::DuplicateKey(dup.to_owned()));
     }
@@ -165,7 +165,7 @@ pub fn read_facts(api: Api, body: &[u8], top: &TopLevel) -> Result<Facts, Client
             }
         }
     }
-    Ok(Facts {
+    Ok(ClientFields {
         api,
         model,
         stream,
@@ -211,9 +211,9 @@ fn prompt_batch_size(raw: &[u8]) -> Result<Option<usize>, ClientError> {
 mod tests {
     use super::*;
 
-    fn facts(api: Api, body: &str) -> Result<Facts, ClientError> {
-        let top = TopLevel::parse(body.as_bytes()).expect("json");
-        read_facts(api, body.as_bytes(), &top)
+    fn fields(api: Api, body: &str) -> Result<ClientFields, ClientError> {
+        let top = Members::parse(body.as_bytes()).expect("json");
+        read_fields(api, body.as_bytes(), &top)
     }
 
     #[test]
@@ -230,7 +230,7 @@ mod tests {
 
     #[test]
     fn reads_the_fields_it_needs() {
-        let f = facts(
+        let f = fields(
             Api::ChatCompletions,
             r#"{"model":"m","messages":[],"stream":true,"n":3,"stream_options":{"include_usage":true}}"#,
         )
@@ -239,7 +239,7 @@ mod tests {
         assert!(f.stream && f.include_usage);
         assert_eq!(f.n, 3);
         assert_eq!(f.batch_size(), Some(3));
-        let f = facts(
+        let f = fields(
             Api::Completions,
             r#"{"model":"m","prompt":"p","stream":null,"n":null}"#,
         )
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn prompt_shapes() {
         let batch = |p: &str| {
-            facts(
+            fields(
                 Api::Completions,
                 &format!(r#"{{"model":"m","prompt":{p}}}"#),
             )
@@ -303,7 +303,7 @@ mod tests {
             (Api::Responses, r#"{"model":"m","input":5}"#, "input"),
         ];
         for (api, body, field) in cases {
-            match facts(api, body) {
+            match fields(api, body) {
                 Err(ClientError::BadField { field: f, .. }) => assert_eq!(f, field, "{body}"),
                 other => panic!("{body}: {other:?}"),
             }
@@ -312,14 +312,14 @@ mod tests {
 
     #[test]
     fn duplicated_controlled_keys_are_rejected() {
-        let e = facts(
+        let e = fields(
             Api::Completions,
             r#"{"model":"m","prompt":"p","max_tokens":1,"max_tokens":900}"#,
         )
         .unwrap_err();
         assert_eq!(e, ClientError::DuplicateKey("max_tokens".into()));
         // A duplicate the router neither reads nor writes is the engine's business.
-        assert!(facts(
+        assert!(fields(
             Api::Completions,
             r#"{"model":"m","prompt":"p","temperature":1,"temperature":0}"#
         )

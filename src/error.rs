@@ -120,7 +120,7 @@ pub enum PdError {
     Unavailable(String),
     Prefill(PrefillFailure),
     /// An asynchronous prefill (its decode already sent) failed.
-    AsyncPrefill(PrefillFailure),
+    ConcurrentPrefill(PrefillFailure),
     Internal(String),
 }
 
@@ -192,18 +192,20 @@ impl fmt::Display for PdError {
             ),
             PdError::Unavailable(m) => f.write_str(m),
             PdError::Prefill(e) => e.fmt(f),
-            PdError::AsyncPrefill(PrefillFailure::Timeout) => {
+            PdError::ConcurrentPrefill(PrefillFailure::Timeout) => {
                 f.write_str("prefill failed with status 504 (timed out); the decode was abandoned")
             }
-            PdError::AsyncPrefill(PrefillFailure::Reset) => {
+            PdError::ConcurrentPrefill(PrefillFailure::Reset) => {
                 f.write_str("prefill failed (connection reset); the decode was abandoned")
             }
-            PdError::AsyncPrefill(PrefillFailure::Rejected { status, message })
-            | PdError::AsyncPrefill(PrefillFailure::ServerError { status, message }) => write!(
-                f,
-                "prefill failed with status {status}; the decode was abandoned: {message}"
-            ),
-            PdError::AsyncPrefill(e) => write!(f, "{e}; the decode was abandoned"),
+            PdError::ConcurrentPrefill(PrefillFailure::Rejected { status, message })
+            | PdError::ConcurrentPrefill(PrefillFailure::ServerError { status, message }) => {
+                write!(
+                    f,
+                    "prefill failed with status {status}; the decode was abandoned: {message}"
+                )
+            }
+            PdError::ConcurrentPrefill(e) => write!(f, "{e}; the decode was abandoned"),
             PdError::Internal(m) => write!(f, "internal router error: {m}"),
         }
     }
@@ -243,7 +245,7 @@ impl PdError {
             }
             PdError::Prefill(P::Timeout) => (504, "upstream_error", "prefill_timeout"),
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
-            PdError::AsyncPrefill(_) => (502, "upstream_error", "prefill_failed"),
+            PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::Internal(_) => (500, "internal_error", "internal_error"),
         }
     }
@@ -341,7 +343,7 @@ mod tests {
                 }),
                 429,
             ),
-            (PdError::AsyncPrefill(PrefillFailure::Timeout), 502),
+            (PdError::ConcurrentPrefill(PrefillFailure::Timeout), 502),
             (PdError::Internal("x".into()), 500),
         ];
         for (e, status) in cases {
@@ -357,7 +359,7 @@ mod tests {
 
     #[test]
     fn async_failures_name_the_prefill_status() {
-        let e = PdError::AsyncPrefill(PrefillFailure::ServerError {
+        let e = PdError::ConcurrentPrefill(PrefillFailure::ServerError {
             status: 503,
             message: "overloaded".into(),
         });

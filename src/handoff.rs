@@ -1,16 +1,16 @@
 //! The vocabulary of a hand-off, shared by the engine handlers and the vLLM
 //! KV-transfer agents they delegate to: what a handler sees of the request
 //! being split ([`PdContext`]), the edits it makes to each leg, and the
-//! randomness and learned pod facts it draws on.
+//! randomness and learned pod fields it draws on.
 
-use crate::api::Facts;
-use crate::body::{Edits, TopLevel};
+use crate::api::ClientFields;
+use crate::body::{Edits, Members};
 use crate::error::EngineError;
 use crate::fleet::{Connector, Endpoint, PodId};
 
 /// Randomness and ids that handlers draw on; the filter backs it with the
 /// host, tests with fixed values.
-pub trait Entropy {
+pub trait IdSource {
     /// A uniformly random 64-bit value.
     fn random_u64(&mut self) -> Result<u64, String>;
     /// The next TensorRT-LLM disagg request id.
@@ -36,10 +36,10 @@ impl LearnedPods for NothingLearned {
 
 /// What a handler can see of the request being split.
 pub struct PdContext<'a> {
-    pub facts: &'a Facts,
+    pub fields: &'a ClientFields,
     /// The client's body and its top-level members.
     pub body: &'a [u8],
-    pub top: &'a TopLevel,
+    pub top: &'a Members,
     pub request_id: &'a str,
     /// The model's `kv_connector`, if it names one.
     pub model_connector: Option<Connector>,
@@ -52,7 +52,7 @@ pub struct PdContext<'a> {
     pub trt_auth_key: Option<&'a [u8]>,
     /// The model's `trt_token_ids_b64`.
     pub trt_token_ids_b64: bool,
-    pub entropy: &'a mut dyn Entropy,
+    pub entropy: &'a mut dyn IdSource,
 }
 
 impl PdContext<'_> {
@@ -105,4 +105,14 @@ impl LegEdits {
 pub struct Legs {
     pub prefill: LegEdits,
     pub decode: LegEdits,
+}
+
+/// A hand-off that went ahead without something it usually carries: worth
+/// a log line and a counter, not a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Degraded {
+    /// No hand-off at all: the decode computes the prompt itself.
+    HandoffMissing,
+    /// TensorRT-LLM: no prompt token ids; the generation server tokenises.
+    TokenIdsMissing,
 }

@@ -1,16 +1,20 @@
 //! pd-router: prefill/decode disaggregation routing for LLM inference engines,
 //! as an Envoy proxy-wasm filter.
 //!
-//! Layers, leaves first: [`fleet`] (the shared vocabulary: pods, rolesets,
-//! models, connector and policy names), [`codec`] and [`body`] (bytes);
-//! pure modules that compute ([`api`], [`config`], [`engine`], [`transfer`],
-//! [`sched`], [`pods`], [`metrics`], [`scrape`], [`trt_id`], [`router::unsplit`],
-//! [`error`]); [`split`], the one plan every test, fuzzer and bench runs;
-//! [`router`], the per-VM state; [`flow`], which decides per request against
-//! the [`host::Host`] trait; and the `shell` (wasm only), the one place that
-//! talks to Envoy.
+//! Layers, leaves first (docs/architecture.md draws them):
+//! - vocabulary and bytes: [`fleet`] (pods, rolesets, models, engine kinds,
+//!   connector and policy names), [`codec`], [`body`], [`hostwire`];
+//! - pure modules that compute: [`api`], [`config`], [`engine`] and
+//!   [`transfer`] (the hand-offs, with [`handoff`] their shared words),
+//!   [`reconcile`] (the client's response as one engine would give it),
+//!   [`sched`], [`pods`], [`scrape`], [`discovery`], [`trt_id`], [`error`];
+//! - [`split`]: read, build and merge, the steps every test, fuzzer and
+//!   bench runs;
+//! - [`router`]: the per-VM state, which places requests;
+//! - [`flow`] (per request, against [`host::Host`]) and [`root`] (per VM,
+//!   against [`root::RootHost`]);
+//! - the `shell` (wasm only), the one place that talks to Envoy.
 
-pub mod answer;
 pub mod api;
 pub mod body;
 pub mod codec;
@@ -24,8 +28,8 @@ pub mod handoff;
 pub mod host;
 pub mod hostwire;
 pub mod inline_str;
-pub mod metrics;
 pub mod pods;
+pub mod reconcile;
 pub mod root;
 pub mod router;
 pub mod sched;

@@ -10,22 +10,22 @@
 //! golden-tested and fuzzed without anyone remembering to. Pure: the pods
 //! and the randomness come from the caller.
 
-use crate::answer;
-use crate::api::{read_facts, Api, Facts};
-use crate::body::{SourceMismatch, Spliced, TopLevel};
+use crate::api::{read_fields, Api, ClientFields};
+use crate::body::{LegBody, Members, SourceMismatch};
 use crate::engine::{
-    build_legs, Entropy, LearnedPods, LegEdits, Merged, NothingLearned, PdContext, PrefillAnswer,
-    Registry,
+    build_legs, Degraded, IdSource, LearnedPods, LegEdits, Merged, NothingLearned, PdContext,
+    PrefillAnswer, Registry,
 };
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
+use crate::reconcile;
 use crate::sched::estimate_tokens;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
 use std::rc::Rc;
 
 /// What a split needs to know of the router.
 #[derive(Clone, Copy)]
-pub struct RouterView<'a> {
+pub struct SplitContext<'a> {
     pub fleet: &'a Fleet,
     pub registry: &'a Registry,
     /// The global KV connector, for pods and models that name none.
@@ -37,15 +37,15 @@ pub struct RouterView<'a> {
     pub trt_auth_key: Option<&'a [u8]>,
 }
 
-impl<'a> RouterView<'a> {
+impl<'a> SplitContext<'a> {
     /// The view of a configuration as it stands, without a router: for
     /// golden fixtures, fuzz targets and benches.
     pub fn of_config(
         config: &'a crate::config::Config,
         fleet: &'a Fleet,
         registry: &'a Registry,
-    ) -> RouterView<'a> {
-        RouterView {
+    ) -> SplitContext<'a> {
+        SplitContext {
             fleet,
             registry,
             default_connector: config.kv_connector,
@@ -102,16 +102,16 @@ pub struct PromptKey {
 pub struct SplitRequest {
     pub request_id: String,
     pub body: Vec<u8>,
-    pub top: TopLevel,
-    pub facts: Facts,
+    pub top: Members,
+    pub fields: ClientFields,
     /// The model as the fleet had it when the request arrived.
     pub model: Rc<Model>,
     pub prompt: PromptKey,
 }
 
-/// Why a request goes whole to one pod.
+/// Why a request on a split path goes to one pod, unsplit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WholeReason {
+pub enum UnsplitReason {
     /// A combined pod serves it (the scheduler's reason).
     Combined(&'static str),
     /// The engine does not split this request (vLLM NIXL with `n > 1`).
@@ -122,10 +122,10 @@ pub enum WholeReason {
 #[derive(Debug, Clone)]
 pub enum Plan {
     /// Send the client's body unchanged to `pod`.
-    Whole {
+    Unsplit {
         request: SplitRequest,
         pod: Rc<Endpoint>,
-        why: WholeReason,
+        why: UnsplitReason,
     },
     Split(SplitPlan),
 }
@@ -143,10 +143,10 @@ pub struct SplitPlan {
     /// (a DP rank, a request id both legs share); they replace those.
     pub prefill_headers: Vec<(String, String)>,
     pub decode: DecodeLeg,
-    /// Prefill and decode run concurrently (the engine's `is_async`).
+    /// Prefill and decode run concurrently (the engine's `concurrent`, AIBrix's `IsAsync`).
     pub concurrent: bool,
-    /// What the decode's answer may need from the prefill's.
-    pub answer: Option<answer::AnswerPlan>,
+    /// What the client's response may need from the prefill's answer.
+    pub rewrite: Option<reconcile::RewritePlan>,
 }
 
 /// The decode leg of a split.
@@ -154,21 +154,11 @@ pub struct SplitPlan {
 pub enum DecodeLeg {
     /// Concurrent hand-offs: the decode body and headers, sent with the prefill.
     Ready {
-        body: Spliced,
+        body: LegBody,
         headers: Vec<(String, String)>,
     },
     /// Sequential hand-offs: edits the prefill's answer completes.
     AfterPrefill(LegEdits),
-}
-
-/// A hand-off that went ahead without something it usually carries: worth
-/// a log line and a counter, not a failure.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Degraded {
-    /// No hand-off at all: the decode computes the prompt itself.
-    HandoffMissing,
-    /// TensorRT-LLM: no prompt token ids; the generation server tokenises.
-    TokenIdsMissing,
 }
 
 /// What a prefill answer leads to.
@@ -177,14 +167,14 @@ pub enum AfterPrefill {
     /// Send the decode leg; `body` is `None` when it is the client's body as
     /// sent (nothing to copy into Envoy's buffer).
     Decode {
-        body: Option<Spliced>,
+        body: Option<LegBody>,
         /// Request headers to set on the decode (they replace the client's).
         headers: Vec<(String, String)>,
         /// Something the engine usually hands over was missing.
         degraded: Option<Degraded>,
         /// What the prefill's answer says that the decode's answer lacks,
         /// when the plan rewrites it (read from the parse done here).
-        facts: Option<Box<crate::answer::PrefillFacts>>,
+        report: Option<Box<crate::reconcile::PrefillReport>>,
     },
     /// The prefill's answer already is the client's (TensorRT-LLM finished
     /// in the context phase).
@@ -195,7 +185,7 @@ pub enum AfterPrefill {
 }
 
 /// A decode body keeps the client's bytes in Envoy's buffer, its new
-/// members in front (`TopLevel::splice_with`), when at least this much of
+/// members in front (`Members::splice_with`), when at least this much of
 /// it is left untouched: below it the copy saved is a microsecond or two,
 /// and the body keeps the plain layout, the client's members then the
 /// hand-off's, that the golden fixtures hold byte for byte. JSON objects are
@@ -211,18 +201,18 @@ fn internal(e: SourceMismatch) -> PdError {
 /// a model the fleet serves, no hand-off fields the engine's handler owns;
 /// and digests the prompt for placement.
 pub fn read(
-    view: &RouterView,
+    view: &SplitContext,
     api: Api,
     request_id: &str,
     body: Vec<u8>,
 ) -> Result<SplitRequest, PdError> {
-    let top = TopLevel::parse(&body)?;
-    let facts = read_facts(api, &body, &top)?;
+    let top = Members::parse(&body)?;
+    let fields = read_fields(api, &body, &top)?;
     let model = view
         .fleet
-        .model(&facts.model)
+        .model(&fields.model)
         .cloned()
-        .ok_or_else(|| ClientError::UnknownModel(facts.model.clone()))?;
+        .ok_or_else(|| ClientError::UnknownModel(fields.model.clone()))?;
     let handler = view.registry.resolve(&model.engine);
     if let Some(key) = handler.owned_keys().iter().find(|k| top.contains(k)) {
         return Err(ClientError::RouterOwnedKey {
@@ -236,7 +226,7 @@ pub fn read(
         request_id: request_id.to_owned(),
         body,
         top,
-        facts,
+        fields,
         model,
         prompt,
     })
@@ -245,7 +235,7 @@ pub fn read(
 /// The prompt's length estimate and, for the prefix policy, its block
 /// hashes: `messages` (then `tools`), `prompt`, or `input`, as sent. Only
 /// the prefix policy reads the bytes; the others need the length alone.
-fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &TopLevel) -> PromptKey {
+fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &Members) -> PromptKey {
     let parts: Vec<&[u8]> = match api {
         Api::ChatCompletions => ["messages", "tools"]
             .iter()
@@ -278,13 +268,13 @@ fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &TopLev
 
 /// What a handler sees of `request`, split with `decode` as its decode pod.
 fn handoff_context<'a>(
-    view: &RouterView<'a>,
+    view: &SplitContext<'a>,
     request: &'a SplitRequest,
     decode: &'a Endpoint,
-    entropy: &'a mut dyn Entropy,
+    entropy: &'a mut dyn IdSource,
 ) -> PdContext<'a> {
     PdContext {
-        facts: &request.facts,
+        fields: &request.fields,
         body: &request.body,
         top: &request.top,
         request_id: &request.request_id,
@@ -300,17 +290,17 @@ fn handoff_context<'a>(
 
 /// Builds the legs of a request read by [`read`] and placed by the router.
 pub fn build(
-    view: &RouterView,
+    view: &SplitContext,
     request: SplitRequest,
     placement: Placement,
-    entropy: &mut dyn Entropy,
+    entropy: &mut dyn IdSource,
 ) -> Result<Plan, PdError> {
     let (prefill, decode, reason, prefix) = match placement {
         Placement::Combined { pod, reason } => {
-            return Ok(Plan::Whole {
+            return Ok(Plan::Unsplit {
                 request,
                 pod,
-                why: WholeReason::Combined(reason),
+                why: UnsplitReason::Combined(reason),
             })
         }
         Placement::Split {
@@ -323,34 +313,34 @@ pub fn build(
     let handler = view.registry.resolve(&request.model.engine);
     let mut ctx = handoff_context(view, &request, &decode, entropy);
     if !handler.should_split(&ctx, &prefill) {
-        return Ok(Plan::Whole {
+        return Ok(Plan::Unsplit {
             request,
             pod: decode,
-            why: WholeReason::NotSplittable,
+            why: UnsplitReason::NotSplittable,
         });
     }
-    let answer = match answer::decide(
+    let rewrite = match reconcile::decide(
         request.model.kind,
-        &request.facts,
+        &request.fields,
         &request.body,
         &request.top,
     ) {
-        answer::Decision::Whole(_) => {
-            return Ok(Plan::Whole {
+        reconcile::AnswerNeeds::Unsplit(_) => {
+            return Ok(Plan::Unsplit {
                 request,
                 pod: decode,
-                why: WholeReason::NotSplittable,
+                why: UnsplitReason::NotSplittable,
             })
         }
-        answer::Decision::Rewrite(plan) => Some(plan),
-        answer::Decision::None => None,
+        reconcile::AnswerNeeds::Rewrite(plan) => Some(plan),
+        reconcile::AnswerNeeds::None => None,
     };
-    let concurrent = handler.runs_concurrently(&ctx, &prefill);
+    let concurrent = handler.concurrent_for(&ctx, &prefill);
     let mut legs = build_legs(handler, &mut ctx, &prefill)?;
-    if answer.as_ref().is_some_and(|a| a.logprobs.is_some()) {
+    if rewrite.as_ref().is_some_and(|a| a.logprobs.is_some()) {
         // Asked of the decode, they make it recompute the prompt and ignore
         // the hand-off; the prefill's answer supplies them instead.
-        for key in answer::PROMPT_LOGPROB_FIELDS {
+        for key in reconcile::PROMPT_LOGPROB_FIELDS {
             if request.top.contains(key) {
                 legs.decode.body.remove(key);
             }
@@ -381,15 +371,15 @@ pub fn build(
         prefill_headers: legs.prefill.headers,
         decode: decode_leg,
         concurrent,
-        answer,
+        rewrite,
     }))
 }
 
 /// Merges a successful prefill answer into the decode leg of a sequential
 /// split.
 pub fn merge(
-    view: &RouterView,
-    entropy: &mut dyn Entropy,
+    view: &SplitContext,
+    entropy: &mut dyn IdSource,
     plan: &SplitPlan,
     answer: &[u8],
 ) -> Result<AfterPrefill, PdError> {
@@ -398,7 +388,7 @@ pub fn merge(
             "a concurrent split has no prefill answer to merge".into(),
         ));
     };
-    let answer_top = TopLevel::parse(answer)
+    let answer_top = Members::parse(answer)
         .map_err(|e| PdError::Prefill(PrefillFailure::BadAnswer(e.describe("the answer"))))?;
     let request = &plan.request;
     let handler = view.registry.resolve(&request.model.engine);
@@ -417,9 +407,7 @@ pub fn merge(
         Merged::Answer { body, content_type } => {
             return Ok(AfterPrefill::Reply { body, content_type })
         }
-        Merged::ForwardWithoutHandoff => Some(Degraded::HandoffMissing),
-        Merged::ForwardWithoutTokenIds => Some(Degraded::TokenIdsMissing),
-        Merged::Forward => None,
+        Merged::Decode(degraded) => degraded,
     };
     // The decode leg is the client's body as sent (default engine, or no
     // hand-off): no copy.
@@ -433,8 +421,8 @@ pub fn merge(
                 .map_err(internal)?,
         )
     };
-    let facts = plan.answer.as_ref().map(|a| {
-        Box::new(crate::answer::PrefillFacts::of_parsed(
+    let report = plan.rewrite.as_ref().map(|a| {
+        Box::new(crate::reconcile::PrefillReport::of_parsed(
             a,
             answer,
             &answer_top,
@@ -444,7 +432,7 @@ pub fn merge(
         body,
         headers: decode.headers,
         degraded,
-        facts,
+        report,
     })
 }
 
@@ -452,7 +440,7 @@ pub fn merge(
 mod tests {
     use super::*;
     use crate::config::Config;
-    use crate::engine::FixedEntropy;
+    use crate::engine::FixedIds;
 
     fn setup(engine: &str) -> (Config, Fleet, Registry) {
         let c = Config::parse(
@@ -466,14 +454,14 @@ mod tests {
         (c, fleet, Registry::builtin())
     }
 
-    fn entropy() -> FixedEntropy {
-        FixedEntropy::new(vec![7], 1 << 50)
+    fn entropy() -> FixedIds {
+        FixedIds::new(vec![7], 1 << 50)
     }
 
     /// Read, placed on the fleet's first pair, built.
     fn plan(
-        view: &RouterView,
-        entropy: &mut FixedEntropy,
+        view: &SplitContext,
+        entropy: &mut FixedIds,
         api: Api,
         request_id: &str,
         body: Vec<u8>,
@@ -486,7 +474,7 @@ mod tests {
     #[test]
     fn a_vllm_request_is_split_and_merged() {
         let (c, fleet, registry) = setup("vllm");
-        let view = RouterView::of_config(&c, &fleet, &registry);
+        let view = SplitContext::of_config(&c, &fleet, &registry);
         let mut p = entropy();
         let body = br#"{"model":"m","prompt":"hi","stream":true}"#.to_vec();
         let Plan::Split(plan) = plan(&view, &mut p, Api::Completions, "r", body).expect("plan")
@@ -501,13 +489,13 @@ mod tests {
         assert_eq!(
             after,
             AfterPrefill::Decode {
-                body: Some(Spliced::whole(
+                body: Some(LegBody::whole(
                     br#"{"model":"m","prompt":"hi","stream":true,"kv_transfer_params":{"remote_engine_id":"e"}}"#.to_vec(),
                     plan.request.body.len()
                 )),
                 headers: Vec::new(),
                 degraded: None,
-                facts: None
+                report: None
             }
         );
         let bad = merge(&view, &mut p, &plan, b"[]").expect_err("not an object");
@@ -517,7 +505,7 @@ mod tests {
     #[test]
     fn checks_come_before_placement() {
         let (c, fleet, registry) = setup("sglang");
-        let view = RouterView::of_config(&c, &fleet, &registry);
+        let view = SplitContext::of_config(&c, &fleet, &registry);
         let mut p = entropy();
         let mut status = |body: &[u8]| {
             plan(&view, &mut p, Api::Completions, "r", body.to_vec())
@@ -542,7 +530,7 @@ mod tests {
         .expect("config");
         let fleet = c.fleet();
         let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(1000));
-        let top = TopLevel::parse(body.as_bytes()).expect("parse");
+        let top = Members::parse(body.as_bytes()).expect("parse");
         let key = |name: &str| {
             let m = fleet.model(name).expect("model");
             prompt_key(&c.scheduling, m, Api::Completions, body.as_bytes(), &top)

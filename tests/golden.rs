@@ -25,12 +25,12 @@
     clippy::indexing_slicing
 )]
 
-use pd_router::answer::{PrefillFacts, Rewrite};
 use pd_router::api::Api;
 use pd_router::config::Config;
-use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
+use pd_router::engine::{FixedIds, LearnedPods, Registry};
 use pd_router::fleet::PodId;
-use pd_router::split::{self, AfterPrefill, DecodeLeg, Placement, Plan, RouterView, SplitPlan};
+use pd_router::reconcile::{PrefillReport, Rewrite};
+use pd_router::split::{self, AfterPrefill, DecodeLeg, Placement, Plan, SplitContext, SplitPlan};
 use serde::Deserialize;
 use std::fs;
 use std::path::Path;
@@ -137,10 +137,10 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     let fleet = config.fleet();
     let registry = Registry::builtin();
     let learned = Learned(case.mooncake_engines.clone());
-    let mut view = RouterView::of_config(&config, &fleet, &registry);
+    let mut view = SplitContext::of_config(&config, &fleet, &registry);
     view.learned = &learned;
     view.trt_auth_key = case.trt_auth_key.as_deref().map(str::as_bytes);
-    let mut entropy = FixedEntropy::new(case.randoms.clone(), case.disagg_id);
+    let mut entropy = FixedIds::new(case.randoms.clone(), case.disagg_id);
     let placement = Placement::first_pair(&fleet).expect("pods");
 
     let api = Api::from_path(&case.path).expect("split path");
@@ -149,7 +149,7 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
         .and_then(|request| split::build(&view, request, placement, &mut entropy));
     let plan = match plan {
         Ok(Plan::Split(plan)) => plan,
-        Ok(Plan::Whole { .. }) => panic!("{}: not split", dir.display()),
+        Ok(Plan::Unsplit { .. }) => panic!("{}: not split", dir.display()),
         Err(e) => panic!("{}: {e}", dir.display()),
     };
     check(dir, "prefill.json", &plan.prefill_body, failures);
@@ -189,26 +189,26 @@ fn check_client_answer(dir: &Path, plan: &SplitPlan, answer: &[u8], failures: &m
         let Some(decoded) = read(dir, input) else {
             continue;
         };
-        let Some(answer_plan) = &plan.answer else {
+        let Some(answer_plan) = &plan.rewrite else {
             failures.push(format!(
                 "{}: {input} given, but the plan rewrites nothing",
                 dir.display()
             ));
             continue;
         };
-        let facts = PrefillFacts::of(answer_plan, answer);
-        let mut rw = Rewrite::new(answer_plan.clone(), Some(facts));
+        let fields = PrefillReport::of(answer_plan, answer);
+        let mut rw = Rewrite::new(answer_plan.clone(), Some(fields));
         let out = if input.ends_with(".sse") {
             let mut out = Vec::new();
             let chunks: Vec<&[u8]> = decoded.chunks(7).collect();
             for (i, c) in chunks.iter().enumerate() {
-                let sent = rw.chunk(c, i + 1 == chunks.len()).expect("facts known");
+                let sent = rw.chunk(c, i + 1 == chunks.len()).expect("fields known");
                 out.extend(sent.unwrap_or_else(|| c.to_vec()));
             }
             out
         } else {
             rw.whole(&decoded)
-                .expect("facts known")
+                .expect("fields known")
                 .unwrap_or_else(|| decoded.clone())
         };
         check(dir, output, &out, failures);

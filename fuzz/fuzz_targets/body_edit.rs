@@ -1,11 +1,11 @@
-//! `TopLevel::parse` + `render` on arbitrary bytes.
+//! `Members::parse` + `render` on arbitrary bytes.
 //!
 //! Input: a JSON body, optionally followed by a 0x00 byte and control bytes
 //! that choose the edits (0x00 never occurs in valid JSON). Without control
 //! bytes the edits are derived from the body's hash, so plain JSON seeds
 //! exercise edits too.
 //!
-//! Checks: `TopLevel` agrees with an independent member walk; the rendered
+//! Checks: `Members` agrees with an independent member walk; the rendered
 //! body is a JSON object (as a `serde_json::Value` whenever the input was
 //! one); its members are exactly the expected ones, in order, untouched
 //! members byte for byte; nothing panics.
@@ -21,7 +21,7 @@ mod common;
 
 use libfuzzer_sys::arbitrary::{Result, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use pd_router::body::{push_json_str, Edits, Op, TopLevel};
+use pd_router::body::{push_json_str, Edit, Edits, Members};
 use std::borrow::Cow;
 
 /// Keys worth adding: router-written ones, empty, and ones needing escapes.
@@ -135,15 +135,15 @@ fuzz_target!(|data: &[u8]| {
         Some(i) => (&data[..i], Cow::Borrowed(&data[i + 1..])),
         None => (data, Cow::Owned(common::bytes_from(common::hash(data), 48))),
     };
-    let Ok(top) = TopLevel::parse(body) else {
+    let Ok(top) = Members::parse(body) else {
         return;
     };
     let input = common::members(body).unwrap_or_else(|e| {
-        panic!("TopLevel parsed a body that is not a JSON object to serde_json: {e}")
+        panic!("Members parsed a body that is not a JSON object to serde_json: {e}")
     });
     assert!(
         top.keys().eq(input.iter().map(|(k, _)| k.as_str())),
-        "TopLevel keys differ from the member walk"
+        "Members keys differ from the member walk"
     );
     for (k, _) in &input {
         let first = input.iter().find(|(k2, _)| k2 == k).unwrap().1;
@@ -161,7 +161,10 @@ fuzz_target!(|data: &[u8]| {
         &mut model,
     );
     for (k, op) in &model {
-        let want = op.clone().map(|v| Op::Set(v.into())).unwrap_or(Op::Remove);
+        let want = op
+            .clone()
+            .map(|v| Edit::Set(v.into()))
+            .unwrap_or(Edit::Remove);
         assert_eq!(edits.get(k), Some(&want), "Edits::get({k:?})");
     }
 
@@ -209,7 +212,7 @@ fuzz_target!(|data: &[u8]| {
         .splice_with(body, &edits, &[], 0)
         .expect("spliced against its own source");
     let front = spliced.assemble(body);
-    assert_eq!(spliced.len(), front.len(), "Spliced::len");
+    assert_eq!(spliced.len(), front.len(), "LegBody::len");
     common::assert_object("spliced body", &front, strict);
     let added = expected.len()
         - expected

@@ -1,5 +1,6 @@
-//! A client body and a prefill answer through the shipped `split::plan` and
-//! `split::merge` for every API, engine, connector and pod.
+//! A client body and a prefill answer through the shipped `split::read`,
+//! `split::build` and `split::merge` for every API, engine, connector and
+//! pod.
 //!
 //! Input: `client 0xFF answer` (0xFF never occurs in UTF-8, so in no valid
 //! body). Without 0xFF the input is the answer, and two built-in client
@@ -20,7 +21,7 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use pd_router::body::TopLevel;
+use pd_router::body::Members;
 use pd_router::split::{self, AfterPrefill};
 
 const CLIENTS: [&[u8]; 2] = [
@@ -31,7 +32,7 @@ const CLIENTS: [&[u8]; 2] = [
 fn run(client: &[u8], answer: &[u8]) {
     // The flow reads only object bodies; a prefill answer that is not one is
     // refused by `split::merge` itself (the target checks it does not panic).
-    if TopLevel::parse(client).is_err() {
+    if Members::parse(client).is_err() {
         return;
     }
     let strict_answer = common::is_value_object(answer);
@@ -39,7 +40,7 @@ fn run(client: &[u8], answer: &[u8]) {
     common::for_each_split(client, |case, view, entropy, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
-            case.engine, case.connector, plan.request.facts.api, plan.prefill_pod.address
+            case.engine, case.connector, plan.request.fields.api, plan.prefill_pod.address
         );
         if plan.concurrent {
             return;
@@ -53,7 +54,7 @@ fn run(client: &[u8], answer: &[u8]) {
                 common::assert_object(&format!("decode body ({what})"), &body, strict);
             }
             Ok(AfterPrefill::Reply { body, content_type }) => {
-                if plan.request.facts.stream {
+                if plan.request.fields.stream {
                     assert_eq!(content_type, "text/event-stream", "{what}");
                     common::assert_sse(&body);
                 } else {

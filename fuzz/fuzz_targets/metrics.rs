@@ -11,7 +11,7 @@
 )]
 
 use libfuzzer_sys::fuzz_target;
-use pd_router::metrics::{parse_engine_metrics, EngineMetrics};
+use pd_router::scrape::{parse_engine_metrics, EngineMetrics};
 
 fn check(m: &EngineMetrics, model: Option<&str>) {
     let fields = [

@@ -1,4 +1,4 @@
-//! A client body through the shipped `split::plan` for every API, engine,
+//! A client body through the shipped `split::read` and `split::build` for every API, engine,
 //! connector and prefill pod.
 //!
 //! Checks: both legs are JSON objects (as `serde_json::Value`s whenever the
@@ -15,19 +15,19 @@
 mod common;
 
 use libfuzzer_sys::fuzz_target;
-use pd_router::body::TopLevel;
+use pd_router::body::Members;
 use pd_router::split::DecodeLeg;
 
 fuzz_target!(|data: &[u8]| {
     // Only bodies the router reads as objects get this far in the flow.
-    if TopLevel::parse(data).is_err() {
+    if Members::parse(data).is_err() {
         return;
     }
     let strict = common::is_value_object(data);
     common::for_each_split(data, |case, _view, _entropy, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
-            case.engine, case.connector, plan.request.facts.api, plan.prefill_pod.address
+            case.engine, case.connector, plan.request.fields.api, plan.prefill_pod.address
         );
         let prefill = &plan.prefill_body;
         common::assert_object(&format!("prefill leg ({what})"), prefill, strict);
@@ -49,8 +49,8 @@ fuzz_target!(|data: &[u8]| {
             }
         }
 
-        let p = TopLevel::parse(prefill).expect("checked above");
-        let max_key = plan.request.facts.api.max_tokens_key();
+        let p = Members::parse(prefill).expect("checked above");
+        let max_key = plan.request.fields.api.max_tokens_key();
         assert_eq!(
             p.raw(prefill, max_key),
             Some(&b"1"[..]),

@@ -1,4 +1,4 @@
-//! The decode answer's SSE rewriter (`answer::Rewrite::chunk`) on arbitrary
+//! The decode answer's SSE rewriter (`reconcile::Rewrite::chunk`) on arbitrary
 //! streams cut into arbitrary chunks.
 //!
 //! Checks: nothing panics; the output does not depend on where the network
@@ -15,23 +15,23 @@
 )]
 
 use libfuzzer_sys::fuzz_target;
-use pd_router::answer::{data_span, next_event, AnswerPlan, PrefillFacts, Rewrite};
+use pd_router::reconcile::{data_span, next_event, PrefillReport, Rewrite, RewritePlan};
 use serde_json::Value;
 
-fn run(stream: &[u8], cuts: &[usize], facts: PrefillFacts) -> Vec<u8> {
-    let plan = AnswerPlan {
+fn run(stream: &[u8], cuts: &[usize], fields: PrefillReport) -> Vec<u8> {
+    let plan = RewritePlan {
         usage: true,
         logprobs: None,
         stream: true,
     };
-    let mut r = Rewrite::new(plan, Some(facts));
+    let mut r = Rewrite::new(plan, Some(fields));
     let mut out = Vec::new();
     let mut at = 0;
     for &c in cuts {
         let part = &stream[at..c];
         out.extend(
             r.chunk(part, false)
-                .expect("facts are known")
+                .expect("fields are known")
                 .unwrap_or_else(|| part.to_vec()),
         );
         at = c;
@@ -39,7 +39,7 @@ fn run(stream: &[u8], cuts: &[usize], facts: PrefillFacts) -> Vec<u8> {
     let rest = &stream[at..];
     out.extend(
         r.chunk(rest, true)
-            .expect("facts are known")
+            .expect("fields are known")
             .unwrap_or_else(|| rest.to_vec()),
     );
     out
@@ -99,20 +99,20 @@ fuzz_target!(|data: &[u8]| {
     let step = (head[1] as usize % 13) + 1;
     let cuts: Vec<usize> = (step..stream.len()).step_by(step).collect();
 
-    let nothing = PrefillFacts::default();
+    let nothing = PrefillReport::default();
     assert_eq!(
         run(stream, &cuts, nothing.clone()),
         stream,
         "nothing to put in: bytes unchanged"
     );
 
-    let facts = PrefillFacts {
+    let fields = PrefillReport {
         cached_tokens: Some(cached),
         prompt: None,
     };
-    let whole = run(stream, &[], facts.clone());
+    let whole = run(stream, &[], fields.clone());
     assert_eq!(
-        run(stream, &cuts, facts),
+        run(stream, &cuts, fields),
         whole,
         "independent of the chunking"
     );

@@ -6,11 +6,11 @@ use std::ops::Range;
 
 /// What to do with one top-level key.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
+pub enum Edit {
     /// Replace (or append) with this raw JSON text.
     Set(Cow<'static, str>),
     /// Replace (or append) with the raw JSON text at this span of the
-    /// second source given to [`TopLevel::render_with`]: large values (the
+    /// second source given to [`Members::render_with`]: large values (the
     /// prompt's token ids) move from the answer to the body in one copy.
     Copy {
         span: Range<usize>,
@@ -21,11 +21,11 @@ pub enum Op {
     Remove,
 }
 
-/// Top-level edits for one leg, applied by [`TopLevel::render`].
+/// Top-level edits for one leg, applied by [`Members::render`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edits {
     /// Keys and values are mostly literals: borrowed, not allocated.
-    pub(super) ops: Vec<(Cow<'static, str>, Op)>,
+    pub(super) ops: Vec<(Cow<'static, str>, Edit)>,
 }
 
 impl Edits {
@@ -43,11 +43,11 @@ impl Edits {
         key: impl Into<Cow<'static, str>>,
         value: impl Into<Cow<'static, str>>,
     ) {
-        self.put(key, Op::Set(value.into()));
+        self.put(key, Edit::Set(value.into()));
     }
 
     /// Sets `key` to the raw JSON at `span` of `source`, which
-    /// [`TopLevel::render_with`] must then be given beside the body.
+    /// [`Members::render_with`] must then be given beside the body.
     pub fn copy_from(
         &mut self,
         key: impl Into<Cow<'static, str>>,
@@ -55,7 +55,7 @@ impl Edits {
         span: Range<usize>,
     ) {
         let source_len = source.len();
-        self.put(key, Op::Copy { span, source_len });
+        self.put(key, Edit::Copy { span, source_len });
     }
 
     /// [`Edits::set_raw`] of raw JSON bytes the caller parsed (so UTF-8).
@@ -82,14 +82,14 @@ impl Edits {
     }
 
     pub fn remove(&mut self, key: impl Into<Cow<'static, str>>) {
-        self.put(key, Op::Remove);
+        self.put(key, Edit::Remove);
     }
 
-    pub fn get(&self, key: &str) -> Option<&Op> {
+    pub fn get(&self, key: &str) -> Option<&Edit> {
         self.ops.iter().find(|(k, _)| k == key).map(|(_, op)| op)
     }
 
-    fn put(&mut self, key: impl Into<Cow<'static, str>>, op: Op) {
+    fn put(&mut self, key: impl Into<Cow<'static, str>>, op: Edit) {
         let key = key.into();
         match self.ops.iter_mut().find(|(k, _)| *k == key) {
             Some(slot) => slot.1 = op,

@@ -8,7 +8,7 @@
 //! members, and a new body is produced by splicing: kept members are copied
 //! verbatim, edited members get a new value in place, new members are appended
 //! (or, for a decode body whose long tail no edit touches, put in front, so
-//! Envoy keeps that tail in its own buffer: [`TopLevel::splice_with`]).
+//! Envoy keeps that tail in its own buffer: [`Members::splice_with`]).
 
 use crate::inline_str::InlineStr;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -65,7 +65,7 @@ struct Member {
 /// It owns no part of the body, so a flow can keep it beside the body while a
 /// prefill is in flight and render the decode body later without parsing twice.
 #[derive(Debug, Clone)]
-pub struct TopLevel {
+pub struct Members {
     members: Vec<Member>,
     /// Index of the closing `}`.
     close: usize,
@@ -120,10 +120,10 @@ mod edits;
 mod scan;
 mod splice;
 
-pub use edits::{json_string, push_json_str, Edits, Op};
-pub use splice::{SourceMismatch, Spliced};
+pub use edits::{json_string, push_json_str, Edit, Edits};
+pub use splice::{LegBody, SourceMismatch};
 
-impl TopLevel {
+impl Members {
     /// serde_json's walk of the top level, and its verdict on what the
     /// scan would not take.
     fn walk(src: &[u8], first: Option<usize>) -> Result<Vec<(Key<'_>, Range<usize>)>, BodyError> {
@@ -154,7 +154,7 @@ impl TopLevel {
 
     /// Parses `src` as a JSON object, validating all of it (nesting is limited by
     /// serde_json's recursion limit, so hostile depth is an error, not a crash).
-    pub fn parse(src: &[u8]) -> Result<TopLevel, BodyError> {
+    pub fn parse(src: &[u8]) -> Result<Members, BodyError> {
         let first = src.iter().position(|b| !is_ws(*b));
         // The fast scan handles bodies it fully understands (checking their
         // UTF-8 as it goes); anything else, and every error for serde_json's
@@ -191,7 +191,7 @@ impl TopLevel {
             });
             lead_start = end;
         }
-        Ok(TopLevel {
+        Ok(Members {
             members,
             close,
             src_len: src.len(),
@@ -217,7 +217,7 @@ impl TopLevel {
         src.get(self.span_non_null(src, key)?)
     }
 
-    /// [`TopLevel::span`], treating an explicit `null` as absent.
+    /// [`Members::span`], treating an explicit `null` as absent.
     pub fn span_non_null(&self, src: &[u8], key: &str) -> Option<Range<usize>> {
         self.span(key)
             .filter(|s| src.get(s.clone()) != Some(b"null"))

@@ -8,7 +8,7 @@
 //! non-ASCII, and allocates nothing. Keys still go through serde_json.
 //!
 //! The scan accepts exactly what serde_json accepts or stands aside (`None`);
-//! `TopLevel::parse` then asks serde_json for the verdict and its message.
+//! `Members::parse` then asks serde_json for the verdict and its message.
 
 use super::blocks::{canonical_prefix, next_special};
 use super::{is_ws, Key};
@@ -486,10 +486,10 @@ mod tests {
                     }
                 }
             }
-            let walked = super::super::TopLevel::walk(&bytes, Some(0)).ok();
+            let walked = super::super::Members::walk(&bytes, Some(0)).ok();
             let walked: Option<Vec<Range<usize>>> =
                 walked.map(|m| m.into_iter().map(|(_, r)| r).collect());
-            // As `TopLevel::parse` calls it: on an object.
+            // As `Members::parse` calls it: on an object.
             let scanned: Option<Vec<Range<usize>>> = (bytes[0] == b'{')
                 .then(|| members(&bytes, 0))
                 .flatten()

@@ -1,12 +1,12 @@
 //! Producing a leg's body from the client's: members spliced, never
 //! re-serialised, in the plain layout or with new members in front.
 
-use super::edits::{push_json_str, Edits, Op};
-use super::TopLevel;
+use super::edits::{push_json_str, Edit, Edits};
+use super::Members;
 use std::fmt;
 use std::ops::Range;
 
-impl TopLevel {
+impl Members {
     /// Produces `src` with `edits` applied. Members not named in `edits` are
     /// copied byte for byte; the order of keys is kept; set keys that were absent
     /// are appended in the order they were first set.
@@ -18,7 +18,7 @@ impl TopLevel {
         self.render_with(src, edits, &[])
     }
 
-    /// [`TopLevel::render`], with [`Op::Copy`] values taken from `other`
+    /// [`Members::render`], with [`Edit::Copy`] values taken from `other`
     /// (the prefill's answer): copied once, straight into the new body.
     pub fn render_with(
         &self,
@@ -42,7 +42,7 @@ impl TopLevel {
     /// change is rendered: Envoy drains that front of its buffered copy and
     /// prepends the new one, and the rest of the client's bytes (a long
     /// prompt) never cross into the VM and back. Otherwise the whole body,
-    /// as [`TopLevel::render_with`] has it. Either way the same members with
+    /// as [`Members::render_with`] has it. Either way the same members with
     /// the same values, and no key twice: a member is only added when the
     /// body has none of that name.
     pub fn splice_with(
@@ -51,13 +51,13 @@ impl TopLevel {
         edits: &Edits,
         other: &[u8],
         front_min: usize,
-    ) -> Result<Spliced, SourceMismatch> {
+    ) -> Result<LegBody, SourceMismatch> {
         if src.len() != self.src_len {
             return Err(SourceMismatch);
         }
         if edits.is_empty() {
             // Nothing to change: nothing replaced, no copy.
-            return Ok(Spliced {
+            return Ok(LegBody {
                 head: Vec::new(),
                 replaced: 0,
                 kept: src.len(),
@@ -69,7 +69,7 @@ impl TopLevel {
         if src.len() > front_min {
             let front = self.splices(edits, other, Layout::Front)?;
             if src.len() - front.end >= front_min {
-                return Ok(Spliced {
+                return Ok(LegBody {
                     head: front.apply(src, front.end)?,
                     replaced: front.end,
                     kept: src.len() - front.end,
@@ -77,7 +77,7 @@ impl TopLevel {
             }
         }
         let whole = self.render_with(src, edits, other)?;
-        Ok(Spliced {
+        Ok(LegBody {
             head: whole,
             replaced: src.len(),
             kept: 0,
@@ -91,7 +91,7 @@ impl TopLevel {
         other: &'a [u8],
         layout: Layout,
     ) -> Result<Splices<'a>, SourceMismatch> {
-        let value = |op| op_value(op, other);
+        let value = |op| edit_value(op, other);
         let mut extra = 0;
         for (k, op) in &edits.ops {
             extra += k.len() + value(op)?.len() + 4;
@@ -101,16 +101,16 @@ impl TopLevel {
         let kept: Vec<bool> = self
             .members
             .iter()
-            .map(|m| !matches!(edits.get(&m.key), Some(Op::Remove)))
+            .map(|m| !matches!(edits.get(&m.key), Some(Edit::Remove)))
             .collect();
         let first_kept = kept.iter().position(|k| *k);
 
         for (i, m) in self.members.iter().enumerate() {
             match edits.get(&m.key) {
-                Some(op @ (Op::Set(_) | Op::Copy { .. })) => {
+                Some(op @ (Edit::Set(_) | Edit::Copy { .. })) => {
                     splices.push((m.value.clone(), value(op)?));
                 }
-                Some(Op::Remove) => {
+                Some(Edit::Remove) => {
                     if matches!(first_kept, Some(fk) if fk < i) {
                         splices.push((m.lead_start..m.value.end, b""));
                     }
@@ -141,7 +141,7 @@ impl TopLevel {
         let mut added = Vec::new();
         let mut any = layout == Layout::Append && first_kept.is_some();
         for (key, op) in &edits.ops {
-            if !matches!(op, Op::Remove) && !self.contains(key) {
+            if !matches!(op, Edit::Remove) && !self.contains(key) {
                 if any {
                     added.push(b',');
                 }
@@ -185,7 +185,7 @@ enum Layout {
     Front,
 }
 
-/// The changes [`TopLevel::splices`] found.
+/// The changes [`Members::splices`] found.
 struct Splices<'a> {
     /// Sorted by position; they never overlap (each member is named once).
     splices: Vec<(Range<usize>, &'a [u8])>,
@@ -233,16 +233,16 @@ impl Splices<'_> {
 /// in place of the old body's first `replaced` bytes, the `kept` bytes
 /// after them left where they are.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Spliced {
+pub struct LegBody {
     pub head: Vec<u8>,
     pub replaced: usize,
     pub kept: usize,
 }
 
-impl Spliced {
+impl LegBody {
     /// A whole new body in place of an old one of `old_len` bytes.
-    pub fn whole(body: Vec<u8>, old_len: usize) -> Spliced {
-        Spliced {
+    pub fn whole(body: Vec<u8>, old_len: usize) -> LegBody {
+        LegBody {
             head: body,
             replaced: old_len,
             kept: 0,
@@ -268,18 +268,18 @@ impl Spliced {
 }
 
 /// The bytes an edit puts in place of a value.
-fn op_value<'a>(op: &'a Op, other: &'a [u8]) -> Result<&'a [u8], SourceMismatch> {
+fn edit_value<'a>(op: &'a Edit, other: &'a [u8]) -> Result<&'a [u8], SourceMismatch> {
     match op {
-        Op::Set(v) => Ok(v.as_bytes()),
-        Op::Copy { span, source_len } if *source_len == other.len() => {
+        Edit::Set(v) => Ok(v.as_bytes()),
+        Edit::Copy { span, source_len } if *source_len == other.len() => {
             other.get(span.clone()).ok_or(SourceMismatch)
         }
-        Op::Copy { .. } => Err(SourceMismatch),
-        Op::Remove => Ok(b""),
+        Edit::Copy { .. } => Err(SourceMismatch),
+        Edit::Remove => Ok(b""),
     }
 }
 
-/// [`TopLevel::render`] was given bytes other than those it parsed.
+/// [`Members::render`] was given bytes other than those it parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SourceMismatch;
 

@@ -22,7 +22,7 @@ fn integer_arrays_are_scanned_exactly_as_serde_json_reads_them() {
         (r#"{}"#, true),
         (r#"{"a":1,"a":[2]}"#, true),
     ] {
-        let parsed = TopLevel::parse(body.as_bytes());
+        let parsed = Members::parse(body.as_bytes());
         let serde = serde_json::from_str::<de::IgnoredAny>(body).is_ok();
         assert_eq!(parsed.is_ok(), ok, "{body}");
         assert_eq!(serde, ok, "serde_json on {body}");
@@ -47,7 +47,7 @@ fn integer_arrays_are_scanned_exactly_as_serde_json_reads_them() {
 }
 
 fn render(src: &str, f: impl FnOnce(&mut Edits)) -> String {
-    let top = TopLevel::parse(src.as_bytes()).expect("parse");
+    let top = Members::parse(src.as_bytes()).expect("parse");
     let mut e = Edits::new();
     f(&mut e);
     String::from_utf8(top.render(src.as_bytes(), &e).expect("same source")).expect("utf8")
@@ -109,7 +109,7 @@ fn removes_first_middle_last_and_all() {
 
 #[test]
 fn rendering_against_other_bytes_is_an_error() {
-    let top = TopLevel::parse(br#"{"a":1}"#).expect("parse");
+    let top = Members::parse(br#"{"a":1}"#).expect("parse");
     let mut e = Edits::new();
     e.set_u64("b", 2);
     assert_eq!(top.render(br#"{"a":12}"#, &e), Err(SourceMismatch));
@@ -123,11 +123,11 @@ fn rendering_against_other_bytes_is_an_error() {
 fn copied_values_come_from_the_second_source_or_fail() {
     let src = br#"{"a":1,"ids":null}"#;
     let answer = br#"{"prompt_token_ids":[5,6,7]}"#;
-    let at = TopLevel::parse(answer)
+    let at = Members::parse(answer)
         .expect("answer")
         .span("prompt_token_ids")
         .expect("span");
-    let top = TopLevel::parse(src).expect("parse");
+    let top = Members::parse(src).expect("parse");
     let mut e = Edits::new();
     e.copy_from("ids", answer, at.clone());
     e.copy_from("more", answer, at);
@@ -147,8 +147,8 @@ fn copied_values_come_from_the_second_source_or_fail() {
 }
 
 /// `src` spliced with the front layout forced (`front_min` 0), assembled.
-fn front(src: &str, f: impl FnOnce(&mut Edits)) -> (String, Spliced) {
-    let top = TopLevel::parse(src.as_bytes()).expect("parse");
+fn front(src: &str, f: impl FnOnce(&mut Edits)) -> (String, LegBody) {
+    let top = Members::parse(src.as_bytes()).expect("parse");
     let mut e = Edits::new();
     f(&mut e);
     let s = top
@@ -211,7 +211,7 @@ fn the_front_layout_handles_removals_and_empty_objects() {
 #[test]
 fn short_tails_keep_the_append_layout_and_no_edits_replace_nothing() {
     let src = r#"{"model":"m","prompt":"p"}"#;
-    let top = TopLevel::parse(src.as_bytes()).expect("parse");
+    let top = Members::parse(src.as_bytes()).expect("parse");
     let mut e = Edits::new();
     e.set_u64("x", 1);
     let s = top
@@ -219,7 +219,7 @@ fn short_tails_keep_the_append_layout_and_no_edits_replace_nothing() {
         .expect("same source");
     assert_eq!(
         s,
-        Spliced::whole(br#"{"model":"m","prompt":"p","x":1}"#.to_vec(), src.len())
+        LegBody::whole(br#"{"model":"m","prompt":"p","x":1}"#.to_vec(), src.len())
     );
     let none = top
         .splice_with(src.as_bytes(), &Edits::new(), &[], 0)
@@ -256,32 +256,32 @@ fn every_result_is_valid_json() {
 #[test]
 fn escaped_keys_are_matched_by_their_decoded_name() {
     let src = r#"{"str\u0065am":true,"x":1}"#;
-    let top = TopLevel::parse(src.as_bytes()).expect("parse");
+    let top = Members::parse(src.as_bytes()).expect("parse");
     assert_eq!(top.raw(src.as_bytes(), "stream"), Some(&b"true"[..]));
     assert_eq!(render(src, |e| e.remove("stream")), r#"{"x":1}"#);
 }
 
 #[test]
 fn rejects_what_is_not_an_object() {
-    assert_eq!(TopLevel::parse(b"").unwrap_err(), BodyError::Empty);
-    assert_eq!(TopLevel::parse(b"  ").unwrap_err(), BodyError::Empty);
-    assert_eq!(TopLevel::parse(b"[1]").unwrap_err(), BodyError::NotObject);
-    assert_eq!(TopLevel::parse(b"\"s\"").unwrap_err(), BodyError::NotObject);
-    assert_eq!(TopLevel::parse(b"\xff{}").unwrap_err(), BodyError::NotUtf8);
+    assert_eq!(Members::parse(b"").unwrap_err(), BodyError::Empty);
+    assert_eq!(Members::parse(b"  ").unwrap_err(), BodyError::Empty);
+    assert_eq!(Members::parse(b"[1]").unwrap_err(), BodyError::NotObject);
+    assert_eq!(Members::parse(b"\"s\"").unwrap_err(), BodyError::NotObject);
+    assert_eq!(Members::parse(b"\xff{}").unwrap_err(), BodyError::NotUtf8);
     assert!(matches!(
-        TopLevel::parse(b"{\"a\":}"),
+        Members::parse(b"{\"a\":}"),
         Err(BodyError::Invalid(_))
     ));
     assert!(matches!(
-        TopLevel::parse(b"{\"a\":1"),
+        Members::parse(b"{\"a\":1"),
         Err(BodyError::Invalid(_))
     ));
     assert!(matches!(
-        TopLevel::parse(b"{} {}"),
+        Members::parse(b"{} {}"),
         Err(BodyError::Invalid(_))
     ));
     assert!(matches!(
-        TopLevel::parse(b"nope"),
+        Members::parse(b"nope"),
         Err(BodyError::Invalid(_))
     ));
 }
@@ -290,14 +290,14 @@ fn rejects_what_is_not_an_object() {
 fn hostile_nesting_neither_crashes_nor_recurses() {
     // serde_json skips raw values iteratively, so depth costs no stack.
     let deep = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
-    let top = TopLevel::parse(deep.as_bytes()).expect("deep but valid");
+    let top = Members::parse(deep.as_bytes()).expect("deep but valid");
     assert_eq!(
         top.raw(deep.as_bytes(), "a").map(<[u8]>::len),
         Some(200_000)
     );
     let broken = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(99_999));
     assert!(matches!(
-        TopLevel::parse(broken.as_bytes()),
+        Members::parse(broken.as_bytes()),
         Err(BodyError::Invalid(_))
     ));
 }
@@ -305,7 +305,7 @@ fn hostile_nesting_neither_crashes_nor_recurses() {
 #[test]
 fn finds_duplicates_of_named_keys_only() {
     let src = br#"{"a":1,"b":2,"a":3,"c":1,"c":2}"#;
-    let top = TopLevel::parse(src).expect("parse");
+    let top = Members::parse(src).expect("parse");
     assert_eq!(top.first_duplicate(&["b", "c"]), Some("c"));
     assert_eq!(top.first_duplicate(&["b"]), None);
 }

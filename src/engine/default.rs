@@ -11,7 +11,7 @@ impl EngineHandler for DefaultHandler {
         "default"
     }
 
-    fn is_async(&self) -> bool {
+    fn concurrent(&self) -> bool {
         false
     }
 
@@ -31,6 +31,6 @@ impl EngineHandler for DefaultHandler {
         _pod: &Endpoint,
         _decode: &mut LegEdits,
     ) -> Result<Merged, EngineError> {
-        Ok(Merged::Forward)
+        Ok(Merged::Decode(None))
     }
 }

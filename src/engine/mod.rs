@@ -7,13 +7,15 @@ pub mod trt_auth;
 mod trtllm;
 mod vllm;
 
-use crate::api::{Api, Facts};
-use crate::body::{Edits, TopLevel};
+use crate::api::{Api, ClientFields};
+use crate::body::{Edits, Members};
 use crate::fleet::{Connector, Endpoint};
 use std::collections::BTreeMap;
 
 pub use crate::error::EngineError;
-pub use crate::handoff::{Entropy, LearnedPods, LegEdits, Legs, NothingLearned, PdContext};
+pub use crate::handoff::{
+    Degraded, IdSource, LearnedPods, LegEdits, Legs, NothingLearned, PdContext,
+};
 pub use default::DefaultHandler;
 pub use sglang::SglangHandler;
 pub use trtllm::TrtllmHandler;
@@ -22,20 +24,15 @@ pub use vllm::VllmHandler;
 /// A prefill answer, parsed once by the flow.
 pub struct PrefillAnswer<'a> {
     pub body: &'a [u8],
-    pub top: &'a TopLevel,
+    pub top: &'a Members,
 }
 
 /// What to do once the prefill answer is merged.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Merged {
-    /// Send the decode request.
-    Forward,
-    /// Send the decode request; the answer carried no hand-off, so the decode
-    /// recomputes the prompt (worth a log line and a counter, not a failure).
-    ForwardWithoutHandoff,
-    /// Send the decode request with the hand-off but without the prompt's
-    /// token ids (TensorRT-LLM: the generation server tokenises itself).
-    ForwardWithoutTokenIds,
+    /// Send the decode request, with everything the hand-off carries or
+    /// without part of it ([`Degraded`]).
+    Decode(Option<Degraded>),
     /// The prefill answer already is the client's answer (TensorRT-LLM, when
     /// the context phase finished the generation).
     Answer {
@@ -49,14 +46,15 @@ pub trait EngineHandler {
     /// The name models use in `engine`.
     fn name(&self) -> &'static str;
 
-    /// Whether prefill and decode run concurrently: the decode is sent as soon
-    /// as the prefill is dispatched, and the prefill answer is only watched.
-    fn is_async(&self) -> bool;
+    /// Whether prefill and decode run concurrently (AIBrix's `IsAsync`): the
+    /// decode is sent as soon as the prefill is dispatched, and the prefill
+    /// answer is only watched.
+    fn concurrent(&self) -> bool;
 
     /// Whether this split runs concurrently: the engine's rule, unless its
     /// hand-off depends on the pod (vLLM's connectors differ).
-    fn runs_concurrently(&self, _ctx: &PdContext, _prefill: &Endpoint) -> bool {
-        self.is_async()
+    fn concurrent_for(&self, _ctx: &PdContext, _prefill: &Endpoint) -> bool {
+        self.concurrent()
     }
 
     /// Top-level keys this engine's hand-off writes; a client may not send them.
@@ -103,19 +101,19 @@ pub trait EngineHandler {
 
 /// The prefill-leg constraints shared by every engine (the union used by
 /// AIBrix, vLLM's proxy and llm-d): one token, no streaming, no minimums.
-pub fn prefill_constraints(facts: &Facts, top: &TopLevel) -> Edits {
+pub fn prefill_constraints(fields: &ClientFields, top: &Members) -> Edits {
     let mut e = Edits::new();
-    e.set_u64(facts.api.max_tokens_key(), 1);
+    e.set_u64(fields.api.max_tokens_key(), 1);
     // vLLM's proxy only caps max_completion_tokens when the client sent it;
     // adding it elsewhere would be an unknown field on the completions API.
-    if facts.api != Api::Responses && top.contains("max_completion_tokens") {
+    if fields.api != Api::Responses && top.contains("max_completion_tokens") {
         e.set_u64("max_completion_tokens", 1);
     }
     e.set_bool("stream", false);
     e.remove("stream_options");
     e.remove("min_tokens");
     e.remove("min_completion_tokens");
-    if facts.api == Api::Responses {
+    if fields.api == Api::Responses {
         // Only the prefill pod would store the one-token response, in its
         // own memory, where no later turn finds it (vLLM keeps the store
         // per pod); and a background prefill would answer before it ran.
@@ -181,9 +179,9 @@ impl Registry {
     }
 }
 
-/// [`Entropy`] with fixed answers, for tests and golden fixtures.
+/// [`IdSource`] with fixed answers, for tests and golden fixtures.
 #[derive(Debug, Clone, Default)]
-pub struct FixedEntropy {
+pub struct FixedIds {
     /// Returned in turn by `random_u64`, cycling.
     pub randoms: Vec<u64>,
     /// Returned by `disagg_request_id`, incremented after each call.
@@ -191,9 +189,9 @@ pub struct FixedEntropy {
     drawn: usize,
 }
 
-impl FixedEntropy {
+impl FixedIds {
     pub fn new(randoms: Vec<u64>, next_disagg_id: i64) -> Self {
-        FixedEntropy {
+        FixedIds {
             randoms,
             next_disagg_id,
             drawn: 0,
@@ -201,7 +199,7 @@ impl FixedEntropy {
     }
 }
 
-impl Entropy for FixedEntropy {
+impl IdSource for FixedIds {
     fn random_u64(&mut self) -> Result<u64, String> {
         if self.randoms.is_empty() {
             return Err("no randomness configured".into());
@@ -227,7 +225,7 @@ pub fn build_legs(
 ) -> Result<Legs, EngineError> {
     let mut legs = Legs {
         prefill: LegEdits {
-            body: prefill_constraints(ctx.facts, ctx.top),
+            body: prefill_constraints(ctx.fields, ctx.top),
             headers: Vec::new(),
         },
         decode: LegEdits::default(),
@@ -247,7 +245,7 @@ mod tests {
         assert_eq!(r.resolve("sglang").name(), "sglang");
         assert_eq!(r.resolve("trtllm").name(), "trtllm");
         assert_eq!(r.resolve("something-else").name(), "default");
-        assert!(!r.resolve("something-else").is_async());
+        assert!(!r.resolve("something-else").concurrent());
         assert!(!r.is_known("something-else"));
         assert_eq!(
             r.valid_engine_names(),
@@ -262,7 +260,7 @@ mod tests {
             fn name(&self) -> &'static str {
                 "vllm"
             }
-            fn is_async(&self) -> bool {
+            fn concurrent(&self) -> bool {
                 true
             }
             fn augment_prefill_request(
@@ -280,12 +278,12 @@ mod tests {
                 _: &Endpoint,
                 _: &mut LegEdits,
             ) -> Result<Merged, EngineError> {
-                Ok(Merged::Forward)
+                Ok(Merged::Decode(None))
             }
         }
         let mut r = Registry::empty();
         assert_eq!(r.valid_engine_names(), vec!["default"]);
         r.register(Box::new(Custom));
-        assert!(r.resolve("vllm").is_async());
+        assert!(r.resolve("vllm").concurrent());
     }
 }

@@ -40,7 +40,7 @@ impl EngineHandler for SglangHandler {
         "sglang"
     }
 
-    fn is_async(&self) -> bool {
+    fn concurrent(&self) -> bool {
         true
     }
 
@@ -83,7 +83,7 @@ impl EngineHandler for SglangHandler {
         push_json_str(&mut host, &pod.ip);
         let host = String::from_utf8_lossy(&host).into_owned();
         let port = pod.bootstrap_port.to_string();
-        let (host, port, rooms) = match ctx.facts.batch_size() {
+        let (host, port, rooms) = match ctx.fields.batch_size() {
             // A batch gets one room per sequence, and arrays of the same length.
             Some(k) => {
                 let mut rooms = Vec::with_capacity(k);
@@ -121,7 +121,7 @@ impl EngineHandler for SglangHandler {
         _decode: &mut LegEdits,
     ) -> Result<Merged, EngineError> {
         // The decode already went out with everything it needs.
-        Ok(Merged::Forward)
+        Ok(Merged::Decode(None))
     }
 }
 

@@ -1,6 +1,8 @@
-use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
+use super::{
+    Degraded, EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer,
+};
 use crate::api::Api;
-use crate::body::{Edits, TopLevel};
+use crate::body::{Edits, Members};
 use crate::fleet::Endpoint;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -21,7 +23,7 @@ impl EngineHandler for TrtllmHandler {
         "trtllm"
     }
 
-    fn is_async(&self) -> bool {
+    fn concurrent(&self) -> bool {
         false
     }
 
@@ -35,13 +37,13 @@ impl EngineHandler for TrtllmHandler {
         _pod: &Endpoint,
         legs: &mut Legs,
     ) -> Result<(), EngineError> {
-        match ctx.facts.api {
+        match ctx.fields.api {
             Api::Responses => {
                 return Err(EngineError::Unsupported(
                     "TensorRT-LLM disaggregated serving supports /v1/completions and /v1/chat/completions only".into(),
                 ))
             }
-            Api::Completions if ctx.facts.prompt_batch.is_some() => {
+            Api::Completions if ctx.fields.prompt_batch.is_some() => {
                 return Err(EngineError::Unsupported(
                     "TensorRT-LLM disaggregated serving accepts a single prompt per /v1/completions request; send each prompt separately".into(),
                 ))
@@ -52,7 +54,7 @@ impl EngineHandler for TrtllmHandler {
         legs.prefill.body.remove("max_completion_tokens");
         let id = ctx.entropy.disagg_request_id();
         // TensorRT-LLM's context workers answer base64 ids on chat only.
-        let b64 = if ctx.trt_token_ids_b64 && ctx.facts.api == Api::ChatCompletions {
+        let b64 = if ctx.trt_token_ids_b64 && ctx.fields.api == Api::ChatCompletions {
             r#","return_prompt_token_ids_b64":true"#
         } else {
             ""
@@ -74,7 +76,7 @@ impl EngineHandler for TrtllmHandler {
         let bad = |m: &str| EngineError::BadPrefillAnswer(m.to_owned());
         let first_choice = first_choice(answer)?;
         let choice_top = first_choice
-            .map(|c| TopLevel::parse(c.get().as_bytes()).map(|t| (c, t)))
+            .map(|c| Members::parse(c.get().as_bytes()).map(|t| (c, t)))
             .transpose()
             .map_err(|_| bad("choices[0] is not an object"))?;
 
@@ -105,10 +107,10 @@ impl EngineHandler for TrtllmHandler {
             // whole (TensorRT-LLM runs a request without disaggregated_params
             // as an ordinary one), as vLLM's decode recomputes without
             // kv_transfer_params.
-            return Ok(Merged::ForwardWithoutHandoff);
+            return Ok(Merged::Decode(Some(Degraded::HandoffMissing)));
         };
         let params_top =
-            TopLevel::parse(params).map_err(|_| bad("disaggregated_params is not an object"))?;
+            Members::parse(params).map_err(|_| bad("disaggregated_params is not an object"))?;
         let mut gen = Edits::new();
         gen.set_str("request_type", "generation_only");
         let params = params_top.render(params, &gen).map_err(internal)?;
@@ -133,7 +135,7 @@ fn relay_ids(
     let present = |name: &str| answer.top.span_non_null(answer.body, name);
     // The base64 form is relayed as it came, as TensorRT-LLM's orchestrator
     // does; its generation worker decodes it, and only for chat.
-    if ctx.facts.api == Api::ChatCompletions {
+    if ctx.fields.api == Api::ChatCompletions {
         if let Some(b64) = present(IDS_B64) {
             // `""` would hand the generation a prompt of no tokens.
             if answer.body.get(b64.start) != Some(&b'"') || b64.len() < 3 {
@@ -142,14 +144,14 @@ fn relay_ids(
                 ));
             }
             decode.body.copy_from(IDS_B64, answer.body, b64);
-            return Ok(Merged::Forward);
+            return Ok(Merged::Decode(None));
         }
     }
     // Older chat endpoints do not echo the prompt's token ids; the
     // generation server then tokenises the prompt itself (TensorRT-LLM's own
     // orchestrator forwards without them too).
     let Some(tokens) = present(IDS) else {
-        return Ok(Merged::ForwardWithoutTokenIds);
+        return Ok(Merged::Decode(Some(Degraded::TokenIdsMissing)));
     };
     if answer.body.get(tokens.start) != Some(&b'[') {
         return Err(bad(
@@ -158,11 +160,11 @@ fn relay_ids(
     }
     // Hundreds of KB for a long prompt: copied from the answer into the
     // generation request once, when it is rendered.
-    match ctx.facts.api {
+    match ctx.fields.api {
         Api::Completions => decode.body.copy_from("prompt", answer.body, tokens),
         _ => decode.body.copy_from(IDS, answer.body, tokens),
     }
-    Ok(Merged::Forward)
+    Ok(Merged::Decode(None))
 }
 
 fn internal(e: crate::body::SourceMismatch) -> EngineError {
@@ -182,7 +184,7 @@ fn first_choice<'a>(answer: &PrefillAnswer<'a>) -> Result<Option<&'a RawValue>, 
 /// it as one SSE chunk (chat deltas, completions text), an optional usage
 /// chunk, and `[DONE]`.
 fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, EngineError> {
-    if !ctx.facts.stream {
+    if !ctx.fields.stream {
         // The ids are a hand-off field, possibly large; the client did not
         // ask for them.
         let mut strip = Edits::new();
@@ -197,7 +199,7 @@ fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, Engi
     // serde_json keeps 64-bit integers exact.
     let v: Value = serde_json::from_slice(answer.body)
         .map_err(|e| EngineError::BadPrefillAnswer(e.to_string()))?;
-    let chat = ctx.facts.api != Api::Completions;
+    let chat = ctx.fields.api != Api::Completions;
     let choices: Vec<Value> = v
         .get("choices")
         .and_then(Value::as_array)
@@ -249,7 +251,7 @@ fn short_circuit(ctx: &PdContext, answer: &PrefillAnswer) -> Result<Merged, Engi
         sse.extend_from_slice(b"\n\n");
     };
     event(&head(json!({ "choices": choices })));
-    if ctx.facts.include_usage {
+    if ctx.fields.include_usage {
         if let Some(usage) = v.get("usage") {
             event(&head(json!({ "choices": [], "usage": usage })));
         }

@@ -1,7 +1,9 @@
-use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
+use super::{
+    Degraded, EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer,
+};
 use crate::fleet::{Connector, Endpoint};
 use crate::handoff::LearnedPods;
-use crate::transfer::{agent, Handoff};
+use crate::transfer::{agent, Relay};
 
 /// vLLM: delegates the hand-off to the KV-transfer agent of the prefill pod,
 /// else of the model, else the router's global default. Sequential for the
@@ -14,11 +16,11 @@ impl EngineHandler for VllmHandler {
         "vllm"
     }
 
-    fn is_async(&self) -> bool {
+    fn concurrent(&self) -> bool {
         false
     }
 
-    fn runs_concurrently(&self, ctx: &PdContext, prefill: &Endpoint) -> bool {
+    fn concurrent_for(&self, ctx: &PdContext, prefill: &Endpoint) -> bool {
         agent(ctx.connector_for(prefill)).concurrent()
     }
 
@@ -40,7 +42,7 @@ impl EngineHandler for VllmHandler {
         // samples would leave the others without blocks (SMG skips the split
         // for n > 1 as well), and a prefill whose blocks are never pulled
         // pins them until vLLM's abort timeout. The decode recomputes instead.
-        agent(ctx.connector_for(prefill)).supports_n(ctx.facts.n)
+        agent(ctx.connector_for(prefill)).supports_n(ctx.fields.n)
     }
 
     fn augment_prefill_request(
@@ -61,8 +63,8 @@ impl EngineHandler for VllmHandler {
     ) -> Result<Merged, EngineError> {
         let agent = agent(ctx.connector_for(pod));
         Ok(match agent.merge(answer.body, answer.top, pod, decode)? {
-            Handoff::Relayed => Merged::Forward,
-            Handoff::Missing => Merged::ForwardWithoutHandoff,
+            Relay::Relayed => Merged::Decode(None),
+            Relay::Missing => Merged::Decode(Some(Degraded::HandoffMissing)),
         })
     }
 }

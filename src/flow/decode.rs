@@ -1,7 +1,7 @@
 //! Pointing the paused request at its decode pod.
 
 use super::{Flow, Phase, Sent};
-use crate::body::Spliced;
+use crate::body::LegBody;
 use crate::error::PdError;
 use crate::fleet::{Endpoint, ModelId};
 use crate::host::Host;
@@ -37,7 +37,7 @@ impl Flow {
 
     /// Sends the client's request unchanged to one pod (a combined pod, or
     /// the decode pod of a request that is not split).
-    pub(super) fn forward_whole<H: Host>(
+    pub(super) fn forward_unsplit<H: Host>(
         &mut self,
         host: &mut H,
         model: ModelId,
@@ -57,7 +57,7 @@ impl Flow {
     pub(super) fn send_decode<H: Host>(
         &self,
         host: &mut H,
-        body: &Spliced,
+        body: &LegBody,
         decode_address: &str,
     ) -> Result<(), PdError> {
         host.replace_request_front(body.replaced, &body.head)?;

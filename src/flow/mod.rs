@@ -12,12 +12,12 @@
 //! randomness as a split draws on it, [`head`] what is kept of the client's
 //! headers.
 
-mod answer;
 mod decode;
 mod head;
 mod ids;
 mod load;
 mod prefill;
+mod response;
 mod send;
 
 use crate::api::Api;
@@ -28,10 +28,10 @@ use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
 use crate::router::unsplit;
 use crate::router::{HeldLoad, Router};
-use answer::{Answering, Timing};
 use head::RequestHead;
 use load::Release;
 use prefill::PendingPrefill;
+use response::{ResponseRewrite, Timing};
 use std::rc::Rc;
 
 /// Response headers naming the pods of a request.
@@ -89,7 +89,7 @@ pub struct Flow {
     /// The pod the request went to.
     decode_pod: Option<Rc<Endpoint>>,
     held: HeldLoad,
-    answering: Answering,
+    response: ResponseRewrite,
     timing: Timing,
 }
 
@@ -106,7 +106,7 @@ impl Flow {
                 prefill: None,
                 decode: None,
             },
-            answering: Answering::default(),
+            response: ResponseRewrite::default(),
             timing: Timing::default(),
         }
     }
@@ -196,7 +196,7 @@ impl Flow {
         let method = raw(":method").unwrap_or_default();
 
         let Some(api) = Api::from_path(&self.head.path) else {
-            return self.forward_unsplit(host);
+            return self.pass_through(host);
         };
         if method != b"POST" {
             let method = String::from_utf8_lossy(method).into_owned();
@@ -221,7 +221,7 @@ impl Flow {
     }
 
     /// Paths the router does not split go to a healthy decode pod it chose.
-    fn forward_unsplit<H: Host>(&mut self, host: &mut H) -> Action {
+    fn pass_through<H: Host>(&mut self, host: &mut H) -> Action {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
         let pods = unsplit::decode_pods(&router.fleet());

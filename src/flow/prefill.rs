@@ -1,14 +1,15 @@
 //! The prefill leg: dispatching it, classifying its answer, and what follows
 //! (the decode, a retry on another pod, or the client's error).
 
-use super::ids::HostEntropy;
+use super::ids::HostIds;
 use super::load::{Judgement, Release};
 use super::{Attempt, Flow, Phase, Sent};
+use crate::engine::Degraded;
 use crate::error::{upstream_message, HostError, PdError, PrefillFailure};
 use crate::fleet::Endpoint;
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
-use crate::split::{self, AfterPrefill, Degraded, SplitPlan};
+use crate::split::{self, AfterPrefill, SplitPlan};
 use std::rc::Rc;
 
 /// A sequential prefill in flight.
@@ -162,9 +163,9 @@ impl Flow {
                 };
                 let outcome = self.prefill_answered(host, &w.pod, status, body_size);
                 let Err(failure) = outcome else {
-                    if self.answering.rewrite.is_some() {
+                    if self.response.rewrite.is_some() {
                         match host.call_response_body(body_size) {
-                            Ok(answer) => self.answer_facts(host, &answer),
+                            Ok(answer) => self.apply_report(host, &answer),
                             Err(_) => {
                                 self.release_unrewritten(host);
                             }
@@ -186,7 +187,7 @@ impl Flow {
                     // bootstrap timeout: fail now. After the response headers
                     // this cuts the stream short. No retry: the decode already
                     // went out with this prefill's room.
-                    self.fail(host, PdError::AsyncPrefill(failure));
+                    self.fail(host, PdError::ConcurrentPrefill(failure));
                 }
             }
             other => {
@@ -261,7 +262,7 @@ impl Flow {
         let answer = host.call_response_body(body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
-        let mut entropy = HostEntropy {
+        let mut entropy = HostIds {
             router: &router,
             host: &mut *host,
         };
@@ -283,11 +284,11 @@ impl Flow {
                 body,
                 headers,
                 degraded,
-                facts,
+                report,
             } => {
-                if let (Some(plan), Some(facts)) = (&p.plan.answer, facts) {
-                    let rw = crate::answer::Rewrite::new(plan.clone(), Some(*facts));
-                    self.answering.rewrite = rw.needed().then_some(rw);
+                if let (Some(plan), Some(report)) = (&p.plan.rewrite, report) {
+                    let rw = crate::reconcile::Rewrite::new(plan.clone(), Some(*report));
+                    self.response.rewrite = rw.needed().then_some(rw);
                 }
                 if let Some(degraded) = degraded {
                     self.report_degraded(host, &p.plan, degraded);

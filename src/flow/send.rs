@@ -1,14 +1,14 @@
 //! A buffered request on its way: read, placed on pods, built into its
 //! legs and sent; a prefill retry comes back through [`Flow::place`].
 
-use super::ids::HostEntropy;
+use super::ids::HostIds;
 use super::load::Release;
 use super::prefill::PendingPrefill;
 use super::{Attempt, Flow, Phase, Sent, WatchedPrefill};
 use crate::api::Api;
 use crate::error::PdError;
 use crate::host::{Counter, Host};
-use crate::split::{self, Plan, SplitRequest, WholeReason};
+use crate::split::{self, Plan, SplitRequest, UnsplitReason};
 use std::rc::Rc;
 
 impl Flow {
@@ -48,7 +48,7 @@ impl Flow {
                 .unwrap_or_else(|_| now.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         };
         let placement = router.place(host, &request, &attempt.failed_on, &mut random, now)?;
-        let mut entropy = HostEntropy {
+        let mut entropy = HostIds {
             router: &router,
             host: &mut *host,
         };
@@ -65,20 +65,20 @@ impl Flow {
         attempt: Attempt,
     ) -> Result<Sent, PdError> {
         let model = match &plan {
-            Plan::Whole { request, .. } => &request.model,
+            Plan::Unsplit { request, .. } => &request.model,
             Plan::Split(p) => &p.request.model,
         };
         self.timing.model = Some(Rc::clone(model));
         let plan = match plan {
-            Plan::Whole { request, pod, why } => {
+            Plan::Unsplit { request, pod, why } => {
                 match why {
-                    WholeReason::Combined(reason) => {
+                    UnsplitReason::Combined(reason) => {
                         host.increment(Counter::Combined);
                         self.debug(host, || format!("combined pod {} ({reason})", pod.address));
                     }
-                    WholeReason::NotSplittable => host.increment(Counter::Unsplit),
+                    UnsplitReason::NotSplittable => host.increment(Counter::Unsplit),
                 }
-                return self.forward_whole(host, request.model.id, &pod);
+                return self.forward_unsplit(host, request.model.id, &pod);
             }
             Plan::Split(plan) => plan,
         };
@@ -127,11 +127,11 @@ impl Flow {
             self.release(host, Release::All, None);
             return Err(e);
         }
-        // The prefill's facts come later, if the answer needs them.
-        self.answering.rewrite = plan
-            .answer
+        // The prefill's report comes later, if the answer needs them.
+        self.response.rewrite = plan
+            .rewrite
             .clone()
-            .map(|a| crate::answer::Rewrite::new(a, None));
+            .map(|a| crate::reconcile::Rewrite::new(a, None));
         self.phase = Phase::Forwarded {
             watched: Some(WatchedPrefill {
                 token,

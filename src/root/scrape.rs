@@ -1,14 +1,14 @@
 //! Scraping the pods' engine metrics: the lease holder asks every pod's
 //! `/metrics` each interval and shares what they say; a pod that does not
-//! answer is ejected and forgotten. The parsing is [`crate::metrics`], the
-//! rates [`crate::scrape`].
+//! answer is ejected and forgotten. The parsing and
+//! rates are [`crate::scrape`].
 
 use super::RootHost;
 use crate::fleet::{Endpoint, PodId};
 use crate::host::{Counter, Level, PodEvent};
-use crate::metrics::parse_engine_metrics;
 use crate::pods::{lease, update_scraped, StoredMetrics, Verdict};
 use crate::router::{Ejection, Router};
+use crate::scrape::parse_engine_metrics;
 use crate::scrape::{self, Previous};
 use std::collections::HashMap;
 use std::rc::Rc;

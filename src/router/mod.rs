@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::engine::Registry;
 use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, ModelId, PodId};
 use crate::pods::{decode_scraped, HealthRule, ScrapedTable, SharedKeys, SharedStore};
-use crate::split::RouterView;
+use crate::split::SplitContext;
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -114,8 +114,8 @@ impl Router {
     }
 
     /// What a split sees of this router, over `fleet`.
-    pub fn view<'a>(&'a self, fleet: &'a Fleet) -> RouterView<'a> {
-        RouterView {
+    pub fn view<'a>(&'a self, fleet: &'a Fleet) -> SplitContext<'a> {
+        SplitContext {
             fleet,
             registry: &self.registry,
             default_connector: self.kv_connector.get(),

@@ -7,7 +7,7 @@ use crate::error::PdError;
 use crate::fleet::{Model, ModelId, PodId, PrefillPolicy};
 use crate::pods::{LoadTable, SharedStore};
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
-use crate::sched::{schedule, Decision, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64};
+use crate::sched::{schedule, Choice, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64};
 use crate::split::{Placement, SplitRequest};
 use std::rc::Rc;
 
@@ -124,7 +124,7 @@ impl Router {
             exclude: &excluded,
         };
         match schedule(model, &pods, &mut query, s) {
-            Decision::Split {
+            Choice::Split {
                 prefill,
                 decode,
                 reason,
@@ -134,18 +134,18 @@ impl Router {
                 reason,
                 prefix: found,
             }),
-            Decision::Combined { pod, reason } => Ok(Placement::Combined {
+            Choice::Combined { pod, reason } => Ok(Placement::Combined {
                 pod: Rc::clone(pod),
                 reason,
             }),
-            Decision::NoPod(NoPod::NotConfigured) => Err(PdError::NoEndpoint {
+            Choice::NoPod(NoPod::NotConfigured) => Err(PdError::NoEndpoint {
                 model: model.name.clone(),
             }),
-            Decision::NoPod(NoPod::AllUnhealthy) => Err(PdError::Unavailable(format!(
+            Choice::NoPod(NoPod::AllUnhealthy) => Err(PdError::Unavailable(format!(
                 "every prefill/decode pod of model `{}` is unhealthy, not ready (a Mooncake prefill's engine id not known yet, a NIXL push prefill without its side channel) or failed this request; retry later",
                 model.name
             ))),
-            Decision::NoPod(NoPod::NoBucket) => Err(PdError::Unavailable(format!(
+            Choice::NoPod(NoPod::NoBucket) => Err(PdError::Unavailable(format!(
                 "no pod of model `{}` serves prompts of about {} tokens",
                 model.name, request.prompt.tokens
             ))),

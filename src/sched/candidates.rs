@@ -1,7 +1,7 @@
 //! The first stage of a placement: which rolesets fit the prompt's length,
 //! which of their pods are usable, and the combined pods to fall back on.
 
-use super::{shuffle, state, Decision, NoPod, PlacementRequest, PodState};
+use super::{shuffle, state, Choice, NoPod, PlacementRequest, PodState};
 use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy};
 use std::rc::Rc;
 
@@ -63,10 +63,10 @@ pub(super) fn gather<'m>(
     model: &'m Model,
     pods: &[PodState],
     req: &mut PlacementRequest,
-) -> Result<Pool<'m>, Decision<'m>> {
+) -> Result<Pool<'m>, Choice<'m>> {
     let configured = model.rolesets.iter().any(|r| r.is_eligible());
     if !configured && model.combined.is_empty() {
-        return Err(Decision::NoPod(NoPod::NotConfigured));
+        return Err(Choice::NoPod(NoPod::NotConfigured));
     }
     let mut combined: Vec<&Rc<Endpoint>> = model
         .combined
@@ -130,7 +130,7 @@ pub(super) fn gather<'m>(
     }
     if prefill.is_empty() {
         return Err(match least(&combined, |c| state(pods, c).decode_load()) {
-            Some(pod) => Decision::Combined {
+            Some(pod) => Choice::Combined {
                 pod,
                 reason: if fits.is_empty() {
                     "no_bucket"
@@ -138,8 +138,8 @@ pub(super) fn gather<'m>(
                     "pd_unavailable"
                 },
             },
-            None if fits.is_empty() && configured => Decision::NoPod(NoPod::NoBucket),
-            None => Decision::NoPod(NoPod::AllUnhealthy),
+            None if fits.is_empty() && configured => Choice::NoPod(NoPod::NoBucket),
+            None => Choice::NoPod(NoPod::AllUnhealthy),
         });
     }
     Ok(Pool {

@@ -4,7 +4,7 @@
 
 use super::candidates::{least, Candidate, Pool};
 use super::score::{pick_one_decode, pick_one_prefill};
-use super::{state, Decision, PlacementRequest, PodState};
+use super::{state, Choice, PlacementRequest, PodState};
 use crate::fleet::{Endpoint, Model, PrefillPolicy, Scheduling};
 use std::rc::Rc;
 
@@ -13,7 +13,7 @@ pub(super) fn idle_combined<'m>(
     pool: &Pool<'m>,
     pods: &[PodState],
     s: &Scheduling,
-) -> Option<Decision<'m>> {
+) -> Option<Choice<'m>> {
     let idle = pool
         .combined
         .iter()
@@ -29,7 +29,7 @@ pub(super) fn idle_combined<'m>(
             .is_some_and(|r| r > s.pd_overload_ratio)
     });
     match (idle, overloaded) {
-        (Some((pod, _)), true) => Some(Decision::Combined {
+        (Some((pod, _)), true) => Some(Choice::Combined {
             pod,
             reason: "pd_overloaded",
         }),
@@ -80,7 +80,7 @@ pub(super) fn prefill_imbalance<'m>(
     pods: &[PodState],
     req: &mut PlacementRequest,
     s: &Scheduling,
-) -> Option<Decision<'m>> {
+) -> Option<Choice<'m>> {
     let outstanding = |c: &Candidate| state(pods, c.ep).outstanding_prefills;
     let (pmin, pmax) = pool.prefill.iter().fold((u32::MAX, 0), |(lo, hi), c| {
         (lo.min(outstanding(c)), hi.max(outstanding(c)))
@@ -95,7 +95,7 @@ pub(super) fn prefill_imbalance<'m>(
         .collect();
     let pick = *mins.get(((req.random)() % mins.len().max(1) as u64) as usize)?;
     let decode = pick_one_decode(model, &pool.decode_of(pick.roleset), pods, req, s)?;
-    Some(Decision::Split {
+    Some(Choice::Split {
         prefill: pick.ep,
         decode,
         reason: "prefill_imbalance",
@@ -109,7 +109,7 @@ pub(super) fn prefix_affinity<'m>(
     pods: &[PodState],
     req: &mut PlacementRequest,
     s: &Scheduling,
-) -> Option<Decision<'m>> {
+) -> Option<Choice<'m>> {
     if model.prefill_policy != PrefillPolicy::PrefixCache {
         return None;
     }
@@ -124,7 +124,7 @@ pub(super) fn prefix_affinity<'m>(
             _ => Some((c, m)),
         })?;
     let decode = pick_one_decode(model, &pool.decode_of(pick.roleset), pods, req, s)?;
-    Some(Decision::Split {
+    Some(Choice::Split {
         prefill: pick.ep,
         decode,
         reason: "prefix_affinity",
@@ -138,10 +138,10 @@ pub(super) fn decode_imbalance<'m>(
     pods: &[PodState],
     req: &mut PlacementRequest,
     s: &Scheduling,
-) -> Option<Decision<'m>> {
+) -> Option<Choice<'m>> {
     let (dec, reason) = imbalanced_decode(&pool.decode, pods, s, req)?;
     let prefill = pick_one_prefill(model, &pool.prefill_of(dec.roleset), pods, req)?;
-    Some(Decision::Split {
+    Some(Choice::Split {
         prefill,
         decode: dec.ep,
         reason,

@@ -132,7 +132,7 @@ fn shuffle<T>(items: &mut [T], random: &mut dyn FnMut() -> u64) {
 
 /// The scheduler's answer.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Decision<'m> {
+pub enum Choice<'m> {
     Split {
         prefill: &'m Rc<Endpoint>,
         decode: &'m Rc<Endpoint>,
@@ -164,7 +164,7 @@ pub fn schedule<'m>(
     pods: &[PodState],
     req: &mut PlacementRequest,
     s: &Scheduling,
-) -> Decision<'m> {
+) -> Choice<'m> {
     let pool = match candidates::gather(model, pods, req) {
         Ok(pool) => pool,
         Err(decision) => return decision,

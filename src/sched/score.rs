@@ -3,7 +3,7 @@
 //! pair.
 
 use super::candidates::{Candidate, Pool};
-use super::{state, Decision, NoPod, PlacementRequest, PodState};
+use super::{state, Choice, NoPod, PlacementRequest, PodState};
 use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy, Scheduling};
 use std::rc::Rc;
 
@@ -254,7 +254,7 @@ pub(super) fn by_policy<'m>(
     pods: &[PodState],
     req: &mut PlacementRequest,
     s: &Scheduling,
-) -> Decision<'m> {
+) -> Choice<'m> {
     if model.prefill_policy.scores_all() && model.decode_policy.scores_all() {
         if let Some(d) = best_roleset(model, pool, pods, req, s) {
             return d;
@@ -262,7 +262,7 @@ pub(super) fn by_policy<'m>(
     }
     // Direct policies: the prefill pod first, then a decode pod of its roleset.
     let Some(pre) = pick_one_prefill(model, &pool.prefill, pods, req) else {
-        return Decision::NoPod(NoPod::AllUnhealthy);
+        return Choice::NoPod(NoPod::AllUnhealthy);
     };
     let ri = pool
         .prefill
@@ -271,12 +271,12 @@ pub(super) fn by_policy<'m>(
         .map(|c| c.roleset)
         .unwrap_or(0);
     match pick_one_decode(model, &pool.decode_of(ri), pods, req, s) {
-        Some(dec) => Decision::Split {
+        Some(dec) => Choice::Split {
             prefill: pre,
             decode: dec,
             reason: "policy",
         },
-        None => Decision::NoPod(NoPod::AllUnhealthy),
+        None => Choice::NoPod(NoPod::AllUnhealthy),
     }
 }
 
@@ -288,7 +288,7 @@ fn best_roleset<'m>(
     pods: &[PodState],
     req: &mut PlacementRequest,
     s: &Scheduling,
-) -> Option<Decision<'m>> {
+) -> Option<Choice<'m>> {
     let ps = prefill_scores(model.prefill_policy, &eps(&pool.prefill), pods, req);
     // Score policies only: no rotation to advance.
     let ds = decode_scores(model.decode_policy, &eps(&pool.decode), pods, req, s, 0);
@@ -321,7 +321,7 @@ fn best_roleset<'m>(
         }
     }
     let (_, p, d) = best?;
-    Some(Decision::Split {
+    Some(Choice::Split {
         prefill: pool.prefill.get(p)?.ep,
         decode: pool.decode.get(d)?.ep,
         reason: "score",

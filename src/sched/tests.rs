@@ -61,13 +61,13 @@ fn run_seeded(
         exclude: &[],
     };
     match schedule(&config.models[0], pods, &mut ask, &config.scheduling) {
-        Decision::Split {
+        Choice::Split {
             prefill,
             decode,
             reason,
         } => (prefill.address.clone(), decode.address.clone(), reason),
-        Decision::Combined { pod, reason } => ("combined".into(), pod.address.clone(), reason),
-        Decision::NoPod(why) => ("none".into(), format!("{why:?}"), ""),
+        Choice::Combined { pod, reason } => ("combined".into(), pod.address.clone(), reason),
+        Choice::NoPod(why) => ("none".into(), format!("{why:?}"), ""),
     }
 }
 
@@ -391,7 +391,7 @@ fn unhealthy_and_excluded_pods_are_skipped() {
         exclude: &exclude,
     };
     match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
-        Decision::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.slot)),
+        Choice::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.slot)),
         other => panic!("{other:?}"),
     }
 }
@@ -416,7 +416,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             random: &mut random,
             exclude: &[],
         };
-        if let Decision::Split { prefill, .. } =
+        if let Choice::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
         {
             seen.push(prefill.slot);
@@ -448,7 +448,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             exclude: &[],
         };
         match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
-            Decision::Split {
+            Choice::Split {
                 prefill, decode, ..
             } => {
                 assert_ne!(prefill.slot, 5, "the most loaded pod never wins a pair");
@@ -478,7 +478,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             random: &mut random,
             exclude: &[],
         };
-        if let Decision::Split { prefill, .. } =
+        if let Choice::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
         {
             counts[prefill.slot] += 1;
@@ -637,7 +637,7 @@ fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
                 random: &mut random,
                 exclude: &[],
             };
-            let Decision::Split {
+            let Choice::Split {
                 prefill: p,
                 decode: d,
                 ..
@@ -699,7 +699,7 @@ fn round_robin_rotates_each_phase_on_its_own() {
             random: &mut random,
             exclude: &[],
         };
-        if let Decision::Split { decode: d, .. } =
+        if let Choice::Split { decode: d, .. } =
             schedule(&c.models[0], &pods, &mut req, &c.scheduling)
         {
             *decode.entry(d.address.clone()).or_insert(0) += 1;
@@ -738,7 +738,7 @@ fn place_key(c: &Config, pods: &[PodState], key: u64, seed: u64) -> String {
         exclude: &[],
     };
     match schedule(&c.models[0], pods, &mut req, &c.scheduling) {
-        Decision::Split {
+        Choice::Split {
             prefill,
             decode,
             reason,

@@ -17,18 +17,18 @@ use std::time::Duration;
 /// error the flow answers, never a trap.
 pub(super) struct Stream {
     flow: Flow,
-    io: HostIo,
+    io: StreamHost,
 }
 
 /// The host calls of one stream.
-pub(super) struct HostIo {
+pub(super) struct StreamHost {
     stats: Rc<Stats>,
     reads: CallbackReads,
 }
 
-impl HostIo {
+impl StreamHost {
     /// A new host callback: what was read in the last one may be stale.
-    fn callback(&mut self) -> &mut HostIo {
+    fn callback(&mut self) -> &mut StreamHost {
         self.reads.clear();
         self
     }
@@ -38,7 +38,7 @@ impl Stream {
     pub(super) fn new(router: Rc<Router>, stats: Rc<Stats>) -> Stream {
         Stream {
             flow: Flow::new(router),
-            io: HostIo {
+            io: StreamHost {
                 stats,
                 reads: CallbackReads::default(),
             },
@@ -105,7 +105,7 @@ impl HttpContext for Stream {
     }
 }
 
-impl SharedStore for HostIo {
+impl SharedStore for StreamHost {
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
         self.reads.get(key, || shared::get(key))
     }
@@ -154,7 +154,7 @@ fn buffer(kind: Buffer, len: usize, call: &'static str) -> Result<Vec<u8>, HostE
     }
 }
 
-impl Telemetry for HostIo {
+impl Telemetry for StreamHost {
     fn log(&self, level: Level, message: &str) {
         let _ = abi::log(log_level(level), message);
     }
@@ -190,7 +190,7 @@ impl Telemetry for HostIo {
     }
 }
 
-impl Host for HostIo {
+impl Host for StreamHost {
     fn request_headers(&self) -> Result<Vec<(String, Vec<u8>)>, HostError> {
         abi::header_pairs(Headers::Request)
             .map_err(|e| HostError::new("reading the request headers", e))

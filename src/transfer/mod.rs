@@ -10,7 +10,7 @@ mod nixl_push;
 mod p2p_nccl;
 mod shfs;
 
-use crate::body::TopLevel;
+use crate::body::Members;
 use crate::error::EngineError;
 use crate::fleet::{Connector, Endpoint};
 use crate::handoff::{LearnedPods, LegEdits, Legs, PdContext};
@@ -36,7 +36,7 @@ pub fn agent(connector: Connector) -> &'static dyn KvTransferAgent {
 
 /// What the prefill answer carried for the decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Handoff {
+pub enum Relay {
     /// Hand-off data was put into the decode body.
     Relayed,
     /// The answer had none: the decode will recompute the prompt by itself.
@@ -80,11 +80,11 @@ pub trait KvTransferAgent {
     fn merge(
         &self,
         _answer: &[u8],
-        _answer_top: &TopLevel,
+        _answer_top: &Members,
         _prefill_pod: &Endpoint,
         _decode: &mut LegEdits,
-    ) -> Result<Handoff, EngineError> {
-        Ok(Handoff::Relayed)
+    ) -> Result<Relay, EngineError> {
+        Ok(Relay::Relayed)
     }
 }
 
@@ -100,7 +100,7 @@ fn pair_by_request_id(
     legs: &mut Legs,
     id: Option<String>,
 ) -> Result<String, EngineError> {
-    let responses = ctx.facts.api == crate::api::Api::Responses;
+    let responses = ctx.fields.api == crate::api::Api::Responses;
     // vLLM's Responses API takes its id from the body: a client's own
     // `request_id` there is kept (equal on both legs, it pairs) and is the
     // id the engines know the request by.
@@ -140,7 +140,7 @@ fn pair_by_request_id(
 /// The `kv_transfer_params` member of a prefill answer, if it is an object.
 fn kv_transfer_params<'a>(
     answer: &'a [u8],
-    top: &TopLevel,
+    top: &Members,
 ) -> Result<Option<&'a [u8]>, EngineError> {
     match top.raw_non_null(answer, "kv_transfer_params") {
         None => Ok(None),

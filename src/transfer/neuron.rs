@@ -1,5 +1,5 @@
-use super::{Handoff, KvTransferAgent};
-use crate::body::TopLevel;
+use super::{KvTransferAgent, Relay};
+use crate::body::Members;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
 use crate::handoff::{LegEdits, Legs, PdContext};
@@ -25,13 +25,13 @@ impl KvTransferAgent for Neuron {
     fn merge(
         &self,
         answer: &[u8],
-        _answer_top: &TopLevel,
+        _answer_top: &Members,
         _prefill_pod: &Endpoint,
         decode: &mut LegEdits,
-    ) -> Result<Handoff, EngineError> {
+    ) -> Result<Relay, EngineError> {
         // The answer was parsed as an object before the agent was called, so
         // it is valid JSON and safe to embed as is.
         decode.body.set_raw_bytes("disagg_prefill_resp", answer);
-        Ok(Handoff::Relayed)
+        Ok(Relay::Relayed)
     }
 }

@@ -1,5 +1,5 @@
-use super::{kv_transfer_params, Handoff, KvTransferAgent};
-use crate::body::TopLevel;
+use super::{kv_transfer_params, KvTransferAgent, Relay};
+use crate::body::Members;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
 use crate::handoff::{LegEdits, Legs, PdContext};
@@ -33,15 +33,15 @@ impl KvTransferAgent for Nixl {
     fn merge(
         &self,
         answer: &[u8],
-        answer_top: &TopLevel,
+        answer_top: &Members,
         _prefill_pod: &Endpoint,
         decode: &mut LegEdits,
-    ) -> Result<Handoff, EngineError> {
+    ) -> Result<Relay, EngineError> {
         match kv_transfer_params(answer, answer_top)? {
-            None => Ok(Handoff::Missing),
+            None => Ok(Relay::Missing),
             Some(raw) => {
                 decode.body.set_raw_bytes("kv_transfer_params", raw);
-                Ok(Handoff::Relayed)
+                Ok(Relay::Relayed)
             }
         }
     }

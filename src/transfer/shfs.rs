@@ -1,5 +1,5 @@
-use super::{kv_transfer_params, Handoff, KvTransferAgent};
-use crate::body::{Edits, TopLevel};
+use super::{kv_transfer_params, KvTransferAgent, Relay};
+use crate::body::{Edits, Members};
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
 use crate::handoff::{LegEdits, Legs, PdContext};
@@ -29,14 +29,14 @@ impl KvTransferAgent for Shfs {
     fn merge(
         &self,
         answer: &[u8],
-        answer_top: &TopLevel,
+        answer_top: &Members,
         prefill_pod: &Endpoint,
         decode: &mut LegEdits,
-    ) -> Result<Handoff, EngineError> {
+    ) -> Result<Relay, EngineError> {
         let Some(raw) = kv_transfer_params(answer, answer_top)? else {
-            return Ok(Handoff::Missing);
+            return Ok(Relay::Missing);
         };
-        let params = TopLevel::parse(raw)
+        let params = Members::parse(raw)
             .map_err(|e| EngineError::BadPrefillAnswer(format!("kv_transfer_params: {e}")))?;
         let mut edit = Edits::new();
         edit.set_str("remote_host", &prefill_pod.ip);
@@ -44,6 +44,6 @@ impl KvTransferAgent for Shfs {
             .render(raw, &edit)
             .map_err(|e| EngineError::Internal(e.to_string()))?;
         decode.body.set_raw_bytes("kv_transfer_params", &rewritten);
-        Ok(Handoff::Relayed)
+        Ok(Relay::Relayed)
     }
 }

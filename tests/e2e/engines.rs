@@ -492,7 +492,7 @@ fn a_four_mib_prompt_goes_through() {
 
 /// The top-level keys of a logged body, in order.
 fn keys(body: &str) -> Vec<String> {
-    let top = pd_router::body::TopLevel::parse(body.as_bytes()).expect("logged body is an object");
+    let top = pd_router::body::Members::parse(body.as_bytes()).expect("logged body is an object");
     top.keys().map(str::to_owned).collect()
 }
 

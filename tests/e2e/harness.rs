@@ -4,7 +4,7 @@
 //! test unwinds through the drop), and asked by the kernel to die with the
 //! test thread that started it, should the test process itself be killed.
 
-use pd_router::body::TopLevel;
+use pd_router::body::Members;
 use serde_json::Value;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
@@ -266,7 +266,7 @@ impl Logged {
 
 /// The exact bytes of a top-level member, as the router itself sees them.
 pub fn raw_member(body: &[u8], key: &str) -> Option<String> {
-    let top = TopLevel::parse(body).ok()?;
+    let top = Members::parse(body).ok()?;
     top.raw(body, key)
         .map(|r| String::from_utf8_lossy(r).into_owned())
 }

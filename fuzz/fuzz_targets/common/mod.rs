@@ -10,11 +10,11 @@
 )]
 
 use pd_router::api::Api;
-use pd_router::body::TopLevel;
+use pd_router::body::Members;
 use pd_router::config::Config;
-use pd_router::engine::{FixedEntropy, LearnedPods, Registry};
+use pd_router::engine::{FixedIds, LearnedPods, Registry};
 use pd_router::fleet::PodId;
-use pd_router::split::{self, Placement, Plan, RouterView, SplitPlan};
+use pd_router::split::{self, Placement, Plan, SplitContext, SplitPlan};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 use std::fmt;
@@ -147,10 +147,10 @@ pub fn bytes_from(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// Randomness derived from the input: edge values plus the input's hash.
-/// The disagg id stays far from `i64::MAX` (FixedEntropy increments it).
-pub fn entropy(data: &[u8]) -> FixedEntropy {
+/// The disagg id stays far from `i64::MAX` (FixedIds increments it).
+pub fn entropy(data: &[u8]) -> FixedIds {
     let h = hash(data);
-    FixedEntropy::new(vec![h, u64::MAX, 0, !h], (h >> 2) as i64)
+    FixedIds::new(vec![h, u64::MAX, 0, !h], (h >> 2) as i64)
 }
 
 /// Whether serde_json reads `bytes` as an object (as a `Value`: stricter than
@@ -166,7 +166,7 @@ pub fn is_value_object(bytes: &[u8]) -> bool {
 /// router reads bodies, and as a `serde_json::Value` when `strict` (its
 /// inputs were readable that way).
 pub fn assert_object(what: &str, bytes: &[u8], strict: bool) {
-    if let Err(e) = TopLevel::parse(bytes) {
+    if let Err(e) = Members::parse(bytes) {
         panic!(
             "{what} is not a JSON object ({e:?}):\n{}",
             String::from_utf8_lossy(bytes)
@@ -184,7 +184,7 @@ pub fn assert_object(what: &str, bytes: &[u8], strict: bool) {
 }
 
 /// The top-level members of a JSON object, in order, duplicates included,
-/// with each value's exact source text. Written apart from `TopLevel` so the
+/// with each value's exact source text. Written apart from `Members` so the
 /// two can be checked against each other.
 pub fn members(src: &[u8]) -> Result<Vec<(String, &RawValue)>, serde_json::Error> {
     struct V;
@@ -238,12 +238,12 @@ pub fn assert_sse(body: &[u8]) {
 /// without panicking is the check).
 pub fn for_each_split(
     client: &[u8],
-    mut f: impl FnMut(&Case, &RouterView, &mut FixedEntropy, &SplitPlan),
+    mut f: impl FnMut(&Case, &SplitContext, &mut FixedIds, &SplitPlan),
 ) {
     REGISTRY.with(|registry| {
         for case in cases() {
             let fleet = &case.fleet;
-            let mut view = RouterView::of_config(&case.config, fleet, registry);
+            let mut view = SplitContext::of_config(&case.config, fleet, registry);
             view.learned = &Learned;
             view.trt_auth_key = Some(b"fuzz-key");
             let roleset = &fleet.models()[0].rolesets[0];

@@ -11,7 +11,7 @@
 //! vllm-router merge them, but in code points, as vLLM counts offsets).
 
 use super::json::{ambiguous, array_items, edit_object, join_array, object_member, u64_member};
-use crate::body::{json_string, TopLevel};
+use crate::body::{json_string, Members};
 
 /// What the client asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,15 +56,15 @@ impl PromptPart {
     /// Reads the prompt part of the prefill's answer; `None` when it has
     /// nothing of what was asked.
     pub fn of(answer: &[u8], asked: &PromptLogprobs) -> Option<PromptPart> {
-        PromptPart::of_parsed(answer, &TopLevel::parse(answer).ok()?, asked)
+        PromptPart::of_parsed(answer, &Members::parse(answer).ok()?, asked)
     }
 
     /// [`PromptPart::of`] an answer already parsed.
-    pub fn of_parsed(answer: &[u8], top: &TopLevel, asked: &PromptLogprobs) -> Option<PromptPart> {
+    pub fn of_parsed(answer: &[u8], top: &Members, asked: &PromptLogprobs) -> Option<PromptPart> {
         if ambiguous(top, &["choices", "prompt_logprobs", "usage"]) {
             return None;
         }
-        let raw = |t: &TopLevel, src: &[u8], k: &str| {
+        let raw = |t: &Members, src: &[u8], k: &str| {
             t.raw_non_null(src, k)
                 .map(|v| String::from_utf8_lossy(v).into_owned())
         };
@@ -73,7 +73,7 @@ impl PromptPart {
             .and_then(array_items)
             .and_then(|c| c.first().copied())
             .filter(|c| c.first() == Some(&b'{'));
-        let ctop = choice0.and_then(|c| TopLevel::parse(c).ok());
+        let ctop = choice0.and_then(|c| Members::parse(c).ok());
         if ctop
             .as_ref()
             .is_some_and(|t| ambiguous(t, &["prompt_logprobs", "logprobs"]))
@@ -90,7 +90,7 @@ impl PromptPart {
         };
         if let (PromptLogprobs::Echo { prompt_text }, Some(t), Some(c)) = (asked, &ctop, choice0) {
             let generated = object_member(top, answer, "usage")
-                .and_then(|u| u64_member(&TopLevel::parse(u).ok()?, u, "completion_tokens"))
+                .and_then(|u| u64_member(&Members::parse(u).ok()?, u, "completion_tokens"))
                 .unwrap_or(1) as usize;
             part.echo = echo_part(t, c, prompt_text, part.choice.as_deref(), generated);
         }
@@ -102,14 +102,14 @@ impl PromptPart {
 const LOGPROBS_KEYS: [&str; 4] = ["tokens", "token_logprobs", "top_logprobs", "text_offset"];
 
 fn echo_part(
-    choice: &TopLevel,
+    choice: &Members,
     src: &[u8],
     prompt_text: &str,
     prompt_logprobs: Option<&str>,
     generated: usize,
 ) -> Option<EchoPart> {
     let lp = object_member(choice, src, "logprobs")?;
-    let lt = TopLevel::parse(lp).ok()?;
+    let lt = Members::parse(lp).ok()?;
     if ambiguous(&lt, &LOGPROBS_KEYS) {
         return None;
     }

@@ -1,8 +1,10 @@
-//! Scraping pods' `/metrics`: turning counters into rates (one VM scrapes,
-//! holding a [`crate::pods::lease`]).
+//! Scraping pods' `/metrics`: [`parse`] reads the page, this file turns its
+//! counters into rates (one VM scrapes, holding a [`crate::pods::lease`]).
 
-use crate::metrics::EngineMetrics;
+pub mod parse;
+
 use crate::pods::PodMetrics;
+pub use parse::{parse_engine_metrics, EngineMetrics};
 
 /// The last counter readings of one pod, to turn counters into rates.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

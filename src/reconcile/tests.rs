@@ -1,16 +1,16 @@
 use super::*;
-use crate::api::read_facts;
+use crate::api::read_fields;
 
-fn decide_for(engine: &str, api: Api, body: &str) -> Decision {
-    let top = TopLevel::parse(body.as_bytes()).unwrap();
-    let facts = read_facts(api, body.as_bytes(), &top).unwrap();
-    decide(EngineKind::of(engine), &facts, body.as_bytes(), &top)
+fn decide_for(engine: &str, api: Api, body: &str) -> AnswerNeeds {
+    let top = Members::parse(body.as_bytes()).unwrap();
+    let report = read_fields(api, body.as_bytes(), &top).unwrap();
+    decide(EngineKind::of(engine), &report, body.as_bytes(), &top)
 }
 
 #[test]
 fn what_an_answer_needs_follows_from_the_request() {
     let chat = |extra: &str| format!(r#"{{"model":"m","messages":[]{extra}}}"#);
-    let usage_only = Decision::Rewrite(AnswerPlan {
+    let usage_only = AnswerNeeds::Rewrite(RewritePlan {
         usage: true,
         logprobs: None,
         stream: false,
@@ -25,15 +25,15 @@ fn what_an_answer_needs_follows_from_the_request() {
     );
     assert_eq!(
         decide_for("trtllm", Api::ChatCompletions, &chat("")),
-        Decision::None
+        AnswerNeeds::None
     );
     assert_eq!(
         decide_for("default", Api::ChatCompletions, &chat("")),
-        Decision::None
+        AnswerNeeds::None
     );
     assert_eq!(
         decide_for("vllm", Api::ChatCompletions, &chat(r#","stream":true"#)),
-        Decision::None,
+        AnswerNeeds::None,
         "a stream without include_usage shows no usage"
     );
     assert!(matches!(
@@ -42,7 +42,7 @@ fn what_an_answer_needs_follows_from_the_request() {
             Api::ChatCompletions,
             &chat(r#","stream":true,"stream_options":{"include_usage":true}"#)
         ),
-        Decision::Rewrite(AnswerPlan {
+        AnswerNeeds::Rewrite(RewritePlan {
             usage: true,
             stream: true,
             ..
@@ -55,7 +55,7 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
     let chat = |extra: &str| format!(r#"{{"model":"m","messages":[]{extra}}}"#);
     assert_eq!(
         decide_for("vllm", Api::ChatCompletions, &chat(r#","echo":true"#)),
-        Decision::Whole("chat echo")
+        AnswerNeeds::Unsplit("chat echo")
     );
     assert!(matches!(
         decide_for(
@@ -63,7 +63,7 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
             Api::ChatCompletions,
             &chat(r#","prompt_logprobs":1"#)
         ),
-        Decision::Rewrite(AnswerPlan {
+        AnswerNeeds::Rewrite(RewritePlan {
             logprobs: Some(PromptLogprobs::Field),
             ..
         })
@@ -74,7 +74,7 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
             Api::ChatCompletions,
             &chat(r#","prompt_logprobs":1,"stream":true"#)
         ),
-        Decision::Whole("prompt_logprobs with stream")
+        AnswerNeeds::Unsplit("prompt_logprobs with stream")
     );
     assert!(
         matches!(
@@ -83,14 +83,14 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
                 Api::ChatCompletions,
                 &chat(r#","prompt_logprobs":1"#)
             ),
-            Decision::Rewrite(AnswerPlan { logprobs: None, .. })
+            AnswerNeeds::Rewrite(RewritePlan { logprobs: None, .. })
         ),
         "not an SGLang field"
     );
     let cmpl = r#"{"model":"m","prompt":"Hi there","echo":true,"logprobs":2,"stream":true}"#;
     assert_eq!(
         decide_for("sglang", Api::Completions, cmpl),
-        Decision::Rewrite(AnswerPlan {
+        AnswerNeeds::Rewrite(RewritePlan {
             usage: false,
             logprobs: Some(PromptLogprobs::Echo {
                 prompt_text: "Hi there".into()
@@ -104,7 +104,7 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
             Api::Completions,
             r#"{"model":"m","prompt":[1,2],"echo":true,"logprobs":0}"#
         ),
-        Decision::Whole("echo of a prompt that is not one string")
+        AnswerNeeds::Unsplit("echo of a prompt that is not one string")
     );
     assert!(
         matches!(
@@ -113,7 +113,7 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
                 Api::Completions,
                 r#"{"model":"m","prompt":"x","echo":true,"logprobs":null}"#
             ),
-            Decision::Rewrite(AnswerPlan { logprobs: None, .. })
+            AnswerNeeds::Rewrite(RewritePlan { logprobs: None, .. })
         ),
         "echo without logprobs: the decode echoes the text itself"
     );
@@ -124,12 +124,12 @@ const P: &[u8] = br#"{"choices":[{"index":0,"text":"A"}],"usage":{"prompt_tokens
 /// What goes on in place of `bytes`.
 fn sent(r: &mut Rewrite, bytes: &[u8], end: bool) -> Vec<u8> {
     r.chunk(bytes, end)
-        .expect("facts known")
+        .expect("report known")
         .unwrap_or_else(|| bytes.to_vec())
 }
 
-fn usage_plan(stream: bool) -> AnswerPlan {
-    AnswerPlan {
+fn usage_plan(stream: bool) -> RewritePlan {
+    RewritePlan {
         usage: true,
         logprobs: None,
         stream,
@@ -139,9 +139,9 @@ fn usage_plan(stream: bool) -> AnswerPlan {
 #[test]
 fn a_whole_answer_gets_the_prefill_count() {
     let plan = usage_plan(false);
-    let facts = PrefillFacts::of(&plan, P);
-    assert_eq!(facts.cached_tokens, Some(3));
-    let mut r = Rewrite::new(plan.clone(), Some(facts));
+    let report = PrefillReport::of(&plan, P);
+    assert_eq!(report.cached_tokens, Some(3));
+    let mut r = Rewrite::new(plan.clone(), Some(report));
     assert!(r.needed());
     let d = br#"{"choices":[{"index":0,"text":"A b c"}],"usage":{"prompt_tokens":7,"total_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":7}}}"#;
     let out = r.whole(d).unwrap().unwrap();
@@ -150,7 +150,7 @@ fn a_whole_answer_gets_the_prefill_count() {
         br#"{"choices":[{"index":0,"text":"A b c"}],"usage":{"prompt_tokens":7,"total_tokens":10,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":3}}}"#
     );
     // Nothing known: nothing to do, and the flow keeps its pass-through.
-    let none = Rewrite::new(plan, Some(PrefillFacts::default()));
+    let none = Rewrite::new(plan, Some(PrefillReport::default()));
     assert!(!none.needed());
 }
 
@@ -167,7 +167,7 @@ fn sse_is_rewritten_event_by_event_across_any_chunking() {
     for cut in 1..stream.len() {
         let mut r = Rewrite::new(
             usage_plan(true),
-            Some(PrefillFacts::of(&usage_plan(true), P)),
+            Some(PrefillReport::of(&usage_plan(true), P)),
         );
         let mut out = sent(&mut r, &stream[..cut], false);
         out.extend(sent(&mut r, &stream[cut..], true));
@@ -176,7 +176,7 @@ fn sse_is_rewritten_event_by_event_across_any_chunking() {
     // A stream that ends inside an event passes that event on as it is.
     let mut r = Rewrite::new(
         usage_plan(true),
-        Some(PrefillFacts::of(&usage_plan(true), P)),
+        Some(PrefillReport::of(&usage_plan(true), P)),
     );
     assert_eq!(sent(&mut r, b"data: {\"a\"", true), b"data: {\"a\"");
 }
@@ -191,9 +191,9 @@ fn unknown_facts_hold_only_what_needs_them() {
         "no usage in it: passes"
     );
     let usage = b"ces\":[],\"usage\":{\"prompt_tokens\":7,\"prompt_tokens_details\":{\"cached_tokens\":7}}}\n\ndata: [DONE]\n\n";
-    assert_eq!(r.chunk(usage, true), Err(NeedFacts));
-    assert_eq!(r.chunk(usage, true), Err(NeedFacts), "nothing consumed");
-    r.set_facts(PrefillFacts::of(&usage_plan(true), P));
+    assert_eq!(r.chunk(usage, true), Err(AwaitReport));
+    assert_eq!(r.chunk(usage, true), Err(AwaitReport), "nothing consumed");
+    r.set_report(PrefillReport::of(&usage_plan(true), P));
     let out = sent(&mut r, usage, true);
     assert_eq!(
         out,
@@ -204,14 +204,14 @@ fn unknown_facts_hold_only_what_needs_them() {
 #[test]
 fn a_responses_stream_gets_the_prefill_count_in_its_terminal_event() {
     let body = r#"{"model":"m","input":"hi","max_output_tokens":4,"stream":true}"#;
-    let Decision::Rewrite(plan) = decide_for("vllm", Api::Responses, body) else {
+    let AnswerNeeds::Rewrite(plan) = decide_for("vllm", Api::Responses, body) else {
         panic!("a Responses stream shows usage");
     };
     let p = br#"{"id":"resp_p","object":"response","status":"incomplete","usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":3},"output_tokens":1,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":9}}"#;
-    let facts = PrefillFacts::of(&plan, p);
-    assert_eq!(facts.cached_tokens, Some(3));
+    let report = PrefillReport::of(&plan, p);
+    assert_eq!(report.cached_tokens, Some(3));
     let ev = "event: response.incomplete\ndata: {\"response\":{\"status\":\"incomplete\",\"usage\":{\"input_tokens\":8,\"input_tokens_details\":{\"cached_tokens\":8},\"output_tokens\":4,\"output_tokens_details\":{\"reasoning_tokens\":0},\"total_tokens\":12}},\"sequence_number\":11,\"type\":\"response.incomplete\"}\n\n";
-    let mut r = Rewrite::new(plan, Some(facts));
+    let mut r = Rewrite::new(plan, Some(report));
     let out = String::from_utf8(sent(&mut r, ev.as_bytes(), true)).unwrap();
     assert_eq!(
         out,

@@ -1,18 +1,18 @@
 //! Editing inside an answer without re-serialising it: an object's members
-//! are spliced with [`TopLevel`], an array is split into its elements' raw
+//! are spliced with [`Members`], an array is split into its elements' raw
 //! text. Every value the router does not own keeps its bytes (floats their
 //! digits, integers their precision).
 
-use crate::body::{Edits, TopLevel};
+use crate::body::{Edits, Members};
 use serde_json::value::RawValue;
 
 /// Applies the edits `f` makes to the object `obj`; `None` when `obj` is not
 /// an object, or `f` changed nothing (or gave up).
 pub fn edit_object(
     obj: &[u8],
-    f: impl FnOnce(&TopLevel, &mut Edits) -> Option<()>,
+    f: impl FnOnce(&Members, &mut Edits) -> Option<()>,
 ) -> Option<Vec<u8>> {
-    let top = TopLevel::parse(obj).ok()?;
+    let top = Members::parse(obj).ok()?;
     let mut edits = Edits::new();
     f(&top, &mut edits)?;
     if edits.is_empty() {
@@ -22,7 +22,7 @@ pub fn edit_object(
 }
 
 /// The member `key` of an object, if it is itself an object.
-pub fn object_member<'a>(top: &TopLevel, src: &'a [u8], key: &str) -> Option<&'a [u8]> {
+pub fn object_member<'a>(top: &Members, src: &'a [u8], key: &str) -> Option<&'a [u8]> {
     top.raw_non_null(src, key)
         .filter(|v| v.first() == Some(&b'{'))
 }
@@ -53,12 +53,12 @@ pub fn join_array<'a>(items: impl IntoIterator<Item = &'a [u8]>) -> String {
 /// the first), so a value read from or written to such an object could be
 /// another one than the client reads: the router then leaves the object
 /// alone. No engine writes duplicates; fuzz/sse_rewrite found the case.
-pub fn ambiguous(top: &TopLevel, keys: &[&str]) -> bool {
+pub fn ambiguous(top: &Members, keys: &[&str]) -> bool {
     top.first_duplicate(keys).is_some()
 }
 
 /// A non-negative integer member.
-pub fn u64_member(top: &TopLevel, src: &[u8], key: &str) -> Option<u64> {
+pub fn u64_member(top: &Members, src: &[u8], key: &str) -> Option<u64> {
     serde_json::from_slice(top.raw_non_null(src, key)?).ok()
 }
 

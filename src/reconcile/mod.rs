@@ -17,14 +17,14 @@ pub use logprobs::{PromptLogprobs, PromptPart};
 pub use sse::{data_span, next_event};
 pub use usage::{prefill_cached_tokens, set_cached_tokens};
 
-use crate::api::{Api, Facts};
-use crate::body::TopLevel;
+use crate::api::{Api, ClientFields};
+use crate::body::Members;
 use crate::fleet::EngineKind;
 
 /// What may need rewriting in one request's answer, decided from the
 /// client's request before any leg leaves.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnswerPlan {
+pub struct RewritePlan {
     /// The engine's decode misreports cached tokens and the client will see
     /// a usage (every non-streamed answer; streams with `include_usage`;
     /// every Responses stream).
@@ -38,77 +38,82 @@ pub const PROMPT_LOGPROB_FIELDS: [&str; 2] = ["prompt_logprobs", "echo"];
 
 /// How a request's answer is handled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub enum AnswerNeeds {
     /// Nothing to rewrite.
     None,
-    Rewrite(AnswerPlan),
-    /// A single engine answers it better whole (and refuses what it
-    /// refuses): not split. The reason is for the log.
-    Whole(&'static str),
+    Rewrite(RewritePlan),
+    /// A single engine answers it better unsplit (and refuses what it
+    /// refuses). The reason is for the log.
+    Unsplit(&'static str),
 }
 
 /// Decides, from the client's request, what its answer may need.
-pub fn decide(engine: EngineKind, facts: &Facts, body: &[u8], top: &TopLevel) -> Decision {
+pub fn decide(
+    engine: EngineKind,
+    report: &ClientFields,
+    body: &[u8],
+    top: &Members,
+) -> AnswerNeeds {
     // Only these engines' decodes report what a PD split gets wrong.
     if !matches!(engine, EngineKind::Vllm | EngineKind::Sglang) {
-        return Decision::None;
+        return AnswerNeeds::None;
     }
     let vllm = engine == EngineKind::Vllm;
     let set = |k: &str| top.raw_non_null(body, k).is_some_and(|v| v != b"false");
-    if vllm && facts.api == Api::ChatCompletions && set("echo") {
+    if vllm && report.api == Api::ChatCompletions && set("echo") {
         // vLLM turns chat echo into prompt logprobs (and so skips the
         // hand-off); the echoed message is its own to write.
-        return Decision::Whole("chat echo");
+        return AnswerNeeds::Unsplit("chat echo");
     }
     let logprobs = if vllm && set("prompt_logprobs") {
-        if facts.stream {
+        if report.stream {
             // vLLM refuses it ("not available when stream=True"): let it.
-            return Decision::Whole("prompt_logprobs with stream");
+            return AnswerNeeds::Unsplit("prompt_logprobs with stream");
         }
         Some(PromptLogprobs::Field)
-    } else if facts.api == Api::Completions && set("echo") && set("logprobs") {
+    } else if report.api == Api::Completions && set("echo") && set("logprobs") {
         match top
             .raw_non_null(body, "prompt")
             .and_then(|p| serde_json::from_slice::<String>(p).ok())
         {
             Some(prompt_text) => Some(PromptLogprobs::Echo { prompt_text }),
             // Token ids or a batch: the echoed text is the engine's.
-            None => return Decision::Whole("echo of a prompt that is not one string"),
+            None => return AnswerNeeds::Unsplit("echo of a prompt that is not one string"),
         }
     } else {
         None
     };
     // A Responses stream always ends with the whole response, usage included.
-    let usage = !facts.stream || facts.include_usage || facts.api == Api::Responses;
+    let usage = !report.stream || report.include_usage || report.api == Api::Responses;
     if !usage && logprobs.is_none() {
-        return Decision::None;
+        return AnswerNeeds::None;
     }
-    Decision::Rewrite(AnswerPlan {
+    AnswerNeeds::Rewrite(RewritePlan {
         usage,
         logprobs,
-        stream: facts.stream,
+        stream: report.stream,
     })
 }
 
 /// What the prefill's answer says that the decode's answer lacks.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PrefillFacts {
+pub struct PrefillReport {
     pub cached_tokens: Option<u64>,
     pub prompt: Option<PromptPart>,
 }
 
-impl PrefillFacts {
+impl PrefillReport {
     /// What the prefill's `answer` says (parsed here).
-    pub fn of(plan: &AnswerPlan, answer: &[u8]) -> PrefillFacts {
-        match TopLevel::parse(answer) {
-            Ok(top) => PrefillFacts::of_parsed(plan, answer, &top),
-            Err(_) => PrefillFacts::default(),
+    pub fn of(plan: &RewritePlan, answer: &[u8]) -> PrefillReport {
+        match Members::parse(answer) {
+            Ok(top) => PrefillReport::of_parsed(plan, answer, &top),
+            Err(_) => PrefillReport::default(),
         }
     }
 
     /// What the prefill's `answer`, already parsed as `top`, says.
-    pub fn of_parsed(plan: &AnswerPlan, answer: &[u8], top: &TopLevel) -> PrefillFacts {
-        PrefillFacts {
+    pub fn of_parsed(plan: &RewritePlan, answer: &[u8], top: &Members) -> PrefillReport {
+        PrefillReport {
             cached_tokens: if plan.usage {
                 usage::prefill_cached_tokens_in(answer, top)
             } else {
@@ -126,16 +131,16 @@ impl PrefillFacts {
     }
 }
 
-/// The prefill's facts are not known yet and this part of the answer needs
+/// The prefill's report are not known yet and this part of the answer needs
 /// them: hold it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NeedFacts;
+pub struct AwaitReport;
 
 /// One answer's rewrite, fed the decode's body as it arrives.
 #[derive(Debug, Clone)]
 pub struct Rewrite {
-    plan: AnswerPlan,
-    facts: Option<PrefillFacts>,
+    plan: RewritePlan,
+    report: Option<PrefillReport>,
     /// SSE: the unfinished event carried from the last chunk.
     tail: Vec<u8>,
     /// Echo: choice indexes that already got the prompt.
@@ -143,20 +148,20 @@ pub struct Rewrite {
 }
 
 impl Rewrite {
-    /// `facts`: the prefill's, when it answered before the decode left.
-    pub fn new(plan: AnswerPlan, facts: Option<PrefillFacts>) -> Rewrite {
+    /// `report`: the prefill's, when it answered before the decode left.
+    pub fn new(plan: RewritePlan, report: Option<PrefillReport>) -> Rewrite {
         Rewrite {
             plan,
-            facts,
+            report,
             tail: Vec::new(),
             led: Vec::new(),
         }
     }
 
-    /// Whether the answer needs looking at: the facts are still to come, or
+    /// Whether the answer needs looking at: the report are still to come, or
     /// they hold something to put in.
     pub fn needed(&self) -> bool {
-        self.facts.as_ref().is_none_or(|f| !f.is_empty())
+        self.report.as_ref().is_none_or(|f| !f.is_empty())
     }
 
     /// No part of an unfinished event is held.
@@ -164,38 +169,38 @@ impl Rewrite {
         self.tail.is_empty()
     }
 
-    pub fn knows_facts(&self) -> bool {
-        self.facts.is_some()
+    pub fn has_report(&self) -> bool {
+        self.report.is_some()
     }
 
-    pub fn set_facts(&mut self, facts: PrefillFacts) {
-        self.facts = Some(facts);
+    pub fn set_report(&mut self, report: PrefillReport) {
+        self.report = Some(report);
     }
 
     pub fn is_stream(&self) -> bool {
         self.plan.stream
     }
 
-    pub fn plan(&self) -> &AnswerPlan {
+    pub fn plan(&self) -> &RewritePlan {
         &self.plan
     }
 
     /// Rewrites one JSON object: a whole answer, or an event's data.
-    fn object(&mut self, obj: &[u8], whole: bool) -> Result<Option<Vec<u8>>, NeedFacts> {
+    fn object(&mut self, obj: &[u8], whole: bool) -> Result<Option<Vec<u8>>, AwaitReport> {
         // A scan is far cheaper than a parse, and most stream events (a
         // token's delta) hold nothing to rewrite.
         let has = |needle: &[u8]| obj.windows(needle.len()).any(|w| w == needle);
         let usage = self.plan.usage && has(b"cached_tokens");
         let choices = self.plan.logprobs.is_some() && has(b"\"choices\"");
-        let Some(facts) = &self.facts else {
+        let Some(report) = &self.report else {
             return if usage || choices {
-                Err(NeedFacts)
+                Err(AwaitReport)
             } else {
                 Ok(None)
             };
         };
         let mut out: Option<Vec<u8>> = None;
-        if let (Some(part), true) = (&facts.prompt, choices) {
+        if let (Some(part), true) = (&report.prompt, choices) {
             let led = &mut self.led;
             let mut first = |i: u64| {
                 let f = !led.contains(&i);
@@ -206,7 +211,7 @@ impl Rewrite {
             };
             out = logprobs::merge(obj, part, whole, &mut first);
         }
-        if let (Some(cached), true) = (facts.cached_tokens, usage) {
+        if let (Some(cached), true) = (report.cached_tokens, usage) {
             let src = out.as_deref().unwrap_or(obj);
             if let Some(new) = set_cached_tokens(src, cached) {
                 out = Some(new);
@@ -216,17 +221,17 @@ impl Rewrite {
     }
 
     /// A complete non-streamed answer.
-    pub fn whole(&mut self, body: &[u8]) -> Result<Option<Vec<u8>>, NeedFacts> {
+    pub fn whole(&mut self, body: &[u8]) -> Result<Option<Vec<u8>>, AwaitReport> {
         self.object(body, true)
     }
 
     /// The next bytes of an SSE stream (`end`: the last of them). Returns
     /// what to send on in their place (`None`: the bytes as they are):
     /// complete events, rewritten where needed; the unfinished last event
-    /// is held until it completes (or the stream ends). On `NeedFacts`
+    /// is held until it completes (or the stream ends). On `AwaitReport`
     /// nothing was consumed: call again with the same bytes (and any that
-    /// followed) once the facts are set.
-    pub fn chunk(&mut self, chunk: &[u8], end: bool) -> Result<Option<Vec<u8>>, NeedFacts> {
+    /// followed) once the report are set.
+    pub fn chunk(&mut self, chunk: &[u8], end: bool) -> Result<Option<Vec<u8>>, AwaitReport> {
         // The common case: whole events, none of them ours to touch.
         if self.tail.is_empty() && ends_an_event(chunk) && !self.may_touch(chunk) {
             return Ok(None);
@@ -251,12 +256,12 @@ impl Rewrite {
                     let data = event.get(span.clone()).unwrap_or_default();
                     match self.object(data, false) {
                         Ok(r) => r.map(|new| (span, new)),
-                        Err(NeedFacts) => {
-                            // Only unknown facts say so, and then nothing
+                        Err(AwaitReport) => {
+                            // Only unknown report say so, and then nothing
                             // was changed: the caller holds the bytes.
                             buf.truncate(buf.len() - chunk.len());
                             self.tail = buf;
-                            return Err(NeedFacts);
+                            return Err(AwaitReport);
                         }
                     }
                 }

@@ -11,7 +11,7 @@
 //! `input_tokens_details` and `input_tokens`.
 
 use super::json::{ambiguous, edit_object, object_member, u64_member};
-use crate::body::TopLevel;
+use crate::body::Members;
 
 /// `(details, prompt count)` member names of a usage object.
 const SHAPES: [(&str, &str); 2] = [
@@ -29,13 +29,13 @@ const USAGE_KEYS: [&str; 4] = [
 
 /// The cached-token count a usage object states, and its prompt length.
 fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
-    let top = TopLevel::parse(usage).ok()?;
+    let top = Members::parse(usage).ok()?;
     if ambiguous(&top, &USAGE_KEYS) {
         return None;
     }
     SHAPES.iter().find_map(|(details, prompt)| {
         let d = object_member(&top, usage, details)?;
-        let dtop = TopLevel::parse(d).ok()?;
+        let dtop = Members::parse(d).ok()?;
         if ambiguous(&dtop, &["cached_tokens"]) {
             return None;
         }
@@ -47,11 +47,11 @@ fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
 /// The prefill pod's real prefix-cache hits, from its answer; bounded by
 /// its prompt length (a count above it is nobody's truth).
 pub fn prefill_cached_tokens(answer: &[u8]) -> Option<u64> {
-    prefill_cached_tokens_in(answer, &TopLevel::parse(answer).ok()?)
+    prefill_cached_tokens_in(answer, &Members::parse(answer).ok()?)
 }
 
 /// [`prefill_cached_tokens`] of an answer already parsed.
-pub fn prefill_cached_tokens_in(answer: &[u8], top: &TopLevel) -> Option<u64> {
+pub fn prefill_cached_tokens_in(answer: &[u8], top: &Members) -> Option<u64> {
     if ambiguous(top, &["usage", "kv_transfer_params"]) {
         return None;
     }
@@ -59,7 +59,7 @@ pub fn prefill_cached_tokens_in(answer: &[u8], top: &TopLevel) -> Option<u64> {
     let prompt = from_usage.and_then(|(_, p)| p);
     let cached = from_usage.map(|(c, _)| c).or_else(|| {
         let params = object_member(top, answer, "kv_transfer_params")?;
-        let ptop = TopLevel::parse(params).ok()?;
+        let ptop = Members::parse(params).ok()?;
         if ambiguous(&ptop, &["remote_prefill_cached_tokens"]) {
             return None;
         }

@@ -1,25 +1,25 @@
 //! The response side of a split request: the decode's answer rewritten
 //! where a single engine would have answered otherwise (see
-//! [`crate::answer`]), and the PD timings.
+//! [`crate::reconcile`]), and the PD timings.
 //!
 //! A request whose answer needs nothing keeps the pass-through path: no
 //! response body is read. A non-streamed answer is buffered to its end and
 //! rewritten once; a stream is rewritten event by event. When the prefill's
-//! facts are still to come (the legs ran concurrently) the response is
+//! report are still to come (the legs ran concurrently) the response is
 //! paused at the first part that needs them and released, rewritten, when
 //! the prefill answers; the prefill call's own timeout bounds the wait.
 
 use super::{Flow, Phase};
-use crate::answer::{PrefillFacts, Rewrite};
 use crate::fleet::Model;
 use crate::host::{Action, Counter, Histogram, Host, Level};
+use crate::reconcile::{PrefillReport, Rewrite};
 use std::rc::Rc;
 
 /// The response's progress through a rewrite.
 #[derive(Debug, Default)]
-pub(super) struct Answering {
+pub(super) struct ResponseRewrite {
     pub rewrite: Option<Rewrite>,
-    /// Paused for the prefill's facts; `Some(true)` once the upstream ended.
+    /// Paused for the prefill's report; `Some(true)` once the upstream ended.
     held: Option<bool>,
 }
 
@@ -62,19 +62,19 @@ impl Flow {
 
     /// The prefill's answer arrived for a rewrite that waited for it; a
     /// held response is rewritten and released.
-    pub(super) fn answer_facts<H: Host>(&mut self, host: &mut H, answer: &[u8]) {
-        let Some(rw) = self.answering.rewrite.as_mut() else {
+    pub(super) fn apply_report<H: Host>(&mut self, host: &mut H, answer: &[u8]) {
+        let Some(rw) = self.response.rewrite.as_mut() else {
             return;
         };
-        if rw.knows_facts() {
+        if rw.has_report() {
             return;
         }
-        rw.set_facts(PrefillFacts::of(rw.plan(), answer));
-        let Some(ended) = self.answering.held.take() else {
+        rw.set_report(PrefillReport::of(rw.plan(), answer));
+        let Some(ended) = self.response.held.take() else {
             // Nothing to put in and nothing half-read: the rest of the
             // answer takes the pass-through path.
             if !rw.needed() && rw.holds_nothing() {
-                self.answering.rewrite = None;
+                self.response.rewrite = None;
             }
             return;
         };
@@ -82,7 +82,7 @@ impl Flow {
             Ok(b) => b,
             Err(e) => {
                 self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
-                self.answering.rewrite = None;
+                self.response.rewrite = None;
                 return self.resume_response(host);
             }
         };
@@ -94,7 +94,7 @@ impl Flow {
         match out {
             Ok(Some(new)) if new != body => self.put_response(host, body.len(), &new),
             Ok(_) => {}
-            // Facts are set: cannot be asked for again.
+            // ClientFields are set: cannot be asked for again.
             Err(_) => {}
         }
         self.resume_response(host);
@@ -133,7 +133,7 @@ impl Flow {
                 }
             }
         }
-        let Some(rw) = &self.answering.rewrite else {
+        let Some(rw) = &self.response.rewrite else {
             return;
         };
         let ok = host
@@ -150,12 +150,12 @@ impl Flow {
             "application/json"
         };
         if !(ok && plain && kind.starts_with(expected)) {
-            self.answering.rewrite = None;
+            self.response.rewrite = None;
             return;
         }
         if let Err(e) = host.set_response_header("content-length", None) {
             self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
-            self.answering.rewrite = None;
+            self.response.rewrite = None;
         }
     }
 
@@ -176,11 +176,11 @@ impl Flow {
     }
 
     fn answer_chunk<H: Host>(&mut self, host: &mut H, end: bool) -> Action {
-        let Some(rw) = self.answering.rewrite.as_mut() else {
+        let Some(rw) = self.response.rewrite.as_mut() else {
             return Action::Continue;
         };
-        if self.answering.held.is_some() {
-            self.answering.held = Some(end);
+        if self.response.held.is_some() {
+            self.response.held = Some(end);
             return Action::Pause;
         }
         if !rw.is_stream() && !end {
@@ -191,7 +191,7 @@ impl Flow {
             Ok(b) => b,
             Err(e) => {
                 self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
-                self.answering.rewrite = None;
+                self.response.rewrite = None;
                 return Action::Continue;
             }
         };
@@ -210,7 +210,7 @@ impl Flow {
             Ok(None) => Action::Continue,
             Err(_) => {
                 // Nothing of this went out; released when the prefill answers.
-                self.answering.held = Some(end);
+                self.response.held = Some(end);
                 Action::Pause
             }
         }
@@ -220,13 +220,13 @@ impl Flow {
     /// reached the client shows the hand-off worked, so the rest goes on
     /// as the decode wrote it.
     pub(super) fn release_unrewritten<H: Host>(&mut self, host: &mut H) {
-        self.answering.rewrite = None;
-        if self.answering.held.take().is_some() {
+        self.response.rewrite = None;
+        if self.response.held.take().is_some() {
             self.resume_response(host);
         }
     }
 
     pub(super) fn is_held(&self) -> bool {
-        self.answering.held.is_some()
+        self.response.held.is_some()
     }
 }
