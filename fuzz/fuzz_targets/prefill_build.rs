@@ -1,5 +1,5 @@
-//! A client body through the shipped `split::read` and `split::build` for every API, engine,
-//! connector and prefill pod.
+//! A client body through the shipped `split::read` and `split::build` for
+//! every API, engine, connector and prefill pod.
 //!
 //! Checks: both legs are JSON objects (as `serde_json::Value`s whenever the
 //! client body was one); the prefill leg carries the common constraints
