@@ -90,11 +90,9 @@ impl CtxEntry {
         let (&tag, body) = body.split_first().ok_or("empty body")?;
         let answered =
             IdsForm::from_tag(tag).ok_or_else(|| format!("unknown ids form {tag:#x}"))?;
-        let newline = body
-            .iter()
-            .position(|b| *b == b'\n')
-            .ok_or("no opaque state line")?;
-        let (state, ids) = (&body[..newline], &body[newline + 1..]);
+        let mut lines = body.splitn(2, |b| *b == b'\n');
+        let state = lines.next().unwrap_or_default();
+        let ids = lines.next().ok_or("no opaque state line")?;
         let encoded_opaque_state = std::str::from_utf8(state)
             .map_err(|e| format!("opaque state: {e}"))?
             .to_string();

@@ -234,12 +234,16 @@ fn targets(req: &Request<'_>, batch: Option<usize>) -> Checked<Vec<Target>> {
     let hosts = as_batch("bootstrap_host", &host)?;
     let ports = as_batch("bootstrap_port", &port)?;
     let rooms = as_batch("bootstrap_room", &room)?;
-    (0..size)
-        .map(|i| {
+    hosts
+        .iter()
+        .zip(&ports)
+        .zip(&rooms)
+        .enumerate()
+        .map(|(i, ((host, port), room))| {
             Ok(Target {
-                host: host_of(&hosts[i], &format!("`bootstrap_host[{i}]`"))?,
-                port: port_of(&ports[i], &format!("`bootstrap_port[{i}]`"))?,
-                room: room_of(&rooms[i], &format!("`bootstrap_room[{i}]`"))?,
+                host: host_of(host, &format!("`bootstrap_host[{i}]`"))?,
+                port: port_of(port, &format!("`bootstrap_port[{i}]`"))?,
+                room: room_of(room, &format!("`bootstrap_room[{i}]`"))?,
             })
         })
         .collect()

@@ -64,7 +64,8 @@ fn ids_from_b64(s: &str) -> Option<Vec<u64>> {
     }
     let mut ids = Vec::with_capacity(bytes.len() / 4);
     for w in bytes.chunks_exact(4) {
-        ids.push(u64::try_from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])).ok()?);
+        let w: [u8; 4] = w.try_into().ok()?;
+        ids.push(u64::try_from(i32::from_le_bytes(w)).ok()?);
     }
     Some(ids)
 }
