@@ -28,7 +28,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::cli::Engine;
+use crate::config::Engine;
 use crate::peer::authority;
 use crate::state::{lock, Shared};
 

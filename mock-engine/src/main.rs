@@ -4,6 +4,7 @@
 
 mod bootstrap;
 mod cli;
+mod config;
 mod conn;
 mod disagg_auth;
 mod engines;
@@ -29,6 +30,7 @@ use std::sync::Arc;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::config::Config;
 use crate::state::{AppState, Bound};
 
 async fn bind(what: &str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
@@ -68,7 +70,7 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(config: cli::Config) -> Result<(), String> {
+async fn run(config: Config) -> Result<(), String> {
     let (http, http_addr) = bind("http", config.listen).await?;
     let side = if config.needs_side_channel() {
         Some(bind("side channel", config.side_listen).await?)

@@ -17,7 +17,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cli::{check_load_value, fail_after_transfer, Engine, Fault, Load, MetricsFormat, Role};
+use crate::config::{
+    check_load_value, fail_after_transfer, Engine, Fault, Load, MetricsFormat, Role,
+};
 use crate::conn::{truncated_body, ConnCtl, ConnHandle};
 use crate::engines;
 use crate::error::{error_body, Fail};

@@ -20,7 +20,7 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::cli::{Connector, Engine};
+use crate::config::{Connector, Engine};
 use crate::engines::{base_request_id, mooncake_offer_key};
 use crate::state::{lock, Shared};
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::bootstrap::Rooms;
-use crate::cli::{Config, Connector, Load};
+use crate::config::{Config, Connector, Load};
 use crate::peer::Peers;
 use crate::rendezvous::Offers;
 use crate::sidechannel::SideStore;

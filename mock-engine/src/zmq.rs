@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cli::Role;
+use crate::config::Role;
 use crate::rendezvous::Kv;
 use crate::state::Shared;
 

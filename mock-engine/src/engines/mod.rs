@@ -18,7 +18,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::{Map, Number, Value};
 
-use crate::cli::{fail_after_transfer, Connector, Engine, Fault, Flavor, Role};
+use crate::config::{fail_after_transfer, Connector, Engine, Fault, Flavor, Role};
 use crate::error::{Checked, Fail};
 use crate::generate::{self, DecodeOut, GenParams, Kv, Look};
 use crate::logprobs::{Asked, Prompt};

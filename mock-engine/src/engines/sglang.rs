@@ -254,13 +254,13 @@ fn targets(req: &Request<'_>, batch: Option<usize>) -> Checked<Vec<Target>> {
 pub fn server_info(state: &Shared) -> Value {
     let cfg = &state.config;
     let (mode, port, balance) = match cfg.role {
-        crate::cli::Role::Prefill => (
+        crate::config::Role::Prefill => (
             "prefill",
             state.bound.bootstrap.map_or(8998, |b| b.port()),
             "follow_bootstrap_room",
         ),
         // The decode serves no bootstrap server: the default port.
-        crate::cli::Role::Decode => ("decode", 8998, "round_robin"),
+        crate::config::Role::Decode => ("decode", 8998, "round_robin"),
     };
     json!({
         "dp_size": cfg.dp_size,

@@ -24,7 +24,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
 use super::{object_field, prefill_constraints, str_member, u64_member};
-use crate::cli::Fault;
+use crate::config::Fault;
 use crate::disagg_auth;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
