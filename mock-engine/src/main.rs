@@ -14,12 +14,12 @@ mod logprobs;
 #[cfg(test)]
 mod pd_tests;
 mod peer;
-mod rendezvous;
 mod request;
 mod responses;
 mod server;
 mod sidechannel;
 mod state;
+mod store;
 mod zmq;
 
 use std::io::Write;

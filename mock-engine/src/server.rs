@@ -24,7 +24,8 @@ use crate::conn::{truncated_body, ConnCtl, ConnHandle};
 use crate::engines;
 use crate::error::{error_body, Fail};
 use crate::request::Api;
-use crate::state::{lock, DebugRecord, Shared};
+use crate::state::{DebugRecord, Shared};
+use crate::store::lock;
 
 /// Bodies larger than axum's 2 MB default are legitimate long prompts.
 const BODY_LIMIT: usize = 64 << 20;

@@ -16,8 +16,8 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::config::Role;
-use crate::rendezvous::Kv;
 use crate::state::Shared;
+use crate::store::offers::Kv;
 
 pub fn router(state: Shared) -> Router {
     Router::new()

@@ -28,9 +28,9 @@ use super::{object_field, prefill_constraints, str_member, vllm_prefill_params, 
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct, split_authority, PeerError};
-use crate::rendezvous;
 use crate::request::{approx_tokens, prompt_hash, short, Request};
 use crate::state::Shared;
+use crate::store::offers;
 
 const P: &str = "kv_transfer_params";
 
@@ -100,7 +100,7 @@ pub fn prefill(
         let engine_id = state.mooncake_rank_id(rank);
         let offered = state.offers.offer(
             offer_key(&engine_id, &transfer_id),
-            rendezvous::Kv {
+            offers::Kv {
                 prompt_hash: prompt_hash(&key),
                 sender: None,
             },

@@ -24,9 +24,9 @@ use super::{
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct, PeerError};
-use crate::rendezvous;
 use crate::request::{approx_tokens, prompt_hash, short, Request};
 use crate::state::Shared;
+use crate::store::offers;
 
 const P: &str = "kv_transfer_params";
 
@@ -67,7 +67,7 @@ pub fn prefill(
     if !spoiled {
         let offered = state.offers.offer(
             internal.clone(),
-            rendezvous::Kv {
+            offers::Kv {
                 prompt_hash: prompt_hash(&key),
                 sender: None,
             },

@@ -24,13 +24,13 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::prefill_constraints;
-use crate::bootstrap::Transfer;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::Asked;
 use crate::peer::{authority, PeerError};
 use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;
+use crate::store::rooms::Transfer;
 
 /// Largest room id: SGLang keeps rooms in a signed 64-bit integer.
 const MAX_ROOM: u64 = i64::MAX as u64;

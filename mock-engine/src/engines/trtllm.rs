@@ -30,8 +30,8 @@ use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::pct;
 use crate::request::{compact_ids, short, token_ids, u64_array, Api, Request};
-use crate::sidechannel::{CtxEntry, IdsForm};
 use crate::state::Shared;
+use crate::store::side::{CtxEntry, IdsForm};
 
 /// Standard base64 with padding (RFC 4648), as Python's `b64encode`.
 fn base64(bytes: &[u8]) -> String {

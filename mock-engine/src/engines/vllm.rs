@@ -18,8 +18,8 @@ use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct};
 use crate::request::{approx_tokens, prompt_hash, short, Request};
-use crate::sidechannel::KvEntry;
 use crate::state::Shared;
+use crate::store::side::KvEntry;
 
 const PULL_TIMEOUT: Duration = Duration::from_secs(2);
 
