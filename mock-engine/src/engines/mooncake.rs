@@ -24,7 +24,8 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{object_field, prefill_constraints, str_member, vllm_prefill_params, vllm_recompute};
+use super::contract::{object_field, prefill_constraints, same_prompt, str_member};
+use super::vllm_request::{vllm_prefill_params, vllm_recompute};
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct, split_authority, PeerError};
@@ -221,7 +222,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     }
     let pulled: Pulled = serde_json::from_slice(&resp.body)
         .map_err(|e| Fail::kv_load(format!("bad side-channel body from {worker}: {e}")))?;
-    super::same_prompt(&pulled.prompt_hash, &own_hash)?;
+    same_prompt(&pulled.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

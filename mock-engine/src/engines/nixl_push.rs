@@ -17,14 +17,14 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{
-    object_field, prefill_constraints, request_id_source, str_member, u64_member, vllm_internal_id,
-    vllm_prefill_params, vllm_recompute, vllm_request_id,
+use super::contract::{object_field, prefill_constraints, same_prompt, str_member, u64_member};
+use super::vllm_request::{
+    request_id_source, vllm_internal_id, vllm_prefill_params, vllm_recompute, vllm_request_id,
 };
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct, PeerError};
-use crate::request::{approx_tokens, prompt_hash, short, Request};
+use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;
 use crate::store::offers;
 
@@ -43,7 +43,7 @@ pub fn base_request_id(id: &str) -> &str {
     id
 }
 
-fn needs_id(api: crate::request::Api, leg: &str) -> Fail {
+fn needs_id(api: Api, leg: &str) -> Fail {
     Fail::contract(format!(
         "nixl_push pairs the legs by request id: the {leg} needs {}",
         request_id_source(api)
@@ -246,7 +246,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
     }
     let pushed: Pushed = serde_json::from_slice(&resp.body)
         .map_err(|e| Fail::kv_load(format!("bad side-channel body from {at}: {e}")))?;
-    super::same_prompt(&pushed.prompt_hash, &own_hash)?;
+    same_prompt(&pushed.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

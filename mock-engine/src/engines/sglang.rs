@@ -23,7 +23,9 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::prefill_constraints;
+use super::cached::own_cached;
+use super::contract::prefill_constraints;
+use crate::config::Role;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::Asked;
@@ -254,13 +256,13 @@ fn targets(req: &Request<'_>, batch: Option<usize>) -> Checked<Vec<Target>> {
 pub fn server_info(state: &Shared) -> Value {
     let cfg = &state.config;
     let (mode, port, balance) = match cfg.role {
-        crate::config::Role::Prefill => (
+        Role::Prefill => (
             "prefill",
             state.bound.bootstrap.map_or(8998, |b| b.port()),
             "follow_bootstrap_room",
         ),
         // The decode serves no bootstrap server: the default port.
-        crate::config::Role::Decode => ("decode", 8998, "round_robin"),
+        Role::Decode => ("decode", 8998, "round_robin"),
     };
     json!({
         "dp_size": cfg.dp_size,
@@ -339,7 +341,7 @@ pub async fn prefill(
     let ranks = prefill_ranks(state, req, headers, &targets)?;
     let hashes = room_hashes(req, batch)?;
     let key = req.prompt_key()?;
-    let cached_tokens = super::own_cached(state, asked, approx_tokens(&key));
+    let cached_tokens = own_cached(state, asked, approx_tokens(&key));
 
     let deadline = Instant::now() + state.config.bootstrap_timeout;
     let mut collected = Vec::with_capacity(targets.len());

@@ -23,7 +23,7 @@ use base64::Engine as _;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::{object_field, prefill_constraints, str_member, u64_member};
+use super::contract::{object_field, prefill_constraints, str_member, u64_member};
 use crate::config::Fault;
 use crate::disagg_auth;
 use crate::error::{Checked, Fail};

@@ -13,11 +13,12 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{object_field, prefill_constraints, str_member, u64_member};
+use super::contract::{object_field, prefill_constraints, same_prompt, str_member, u64_member};
+use super::vllm_request::{vllm_prefill_params, vllm_recompute};
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct};
-use crate::request::{approx_tokens, prompt_hash, short, Request};
+use crate::request::{approx_tokens, prompt_hash, short, u64_array, Request};
 use crate::state::Shared;
 use crate::store::side::KvEntry;
 
@@ -32,7 +33,7 @@ fn future_field() -> Value {
 /// `no_kv_params`: the `no-kv-params` fault is in force for this request.
 pub fn prefill(state: &Shared, req: &Request<'_>, no_kv_params: bool) -> Checked<PrefillOut> {
     prefill_constraints(req, true, state.config.lenient_prefill)?;
-    super::vllm_prefill_params(req)?;
+    vllm_prefill_params(req)?;
     let key = req.prompt_key()?;
     let mut out = PrefillOut::new(approx_tokens(&key));
     if no_kv_params {
@@ -90,7 +91,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     let Some(params) = object_field(req, "kv_transfer_params")? else {
         // vLLM's own proxy sends n > 1 without a hand-off; anything else
         // means the prompt is recomputed on the decode, a silent perf bug.
-        return super::vllm_recompute(state, req, "no kv_transfer_params");
+        return vllm_recompute(state, req, "no kv_transfer_params");
     };
 
     const P: &str = "kv_transfer_params";
@@ -114,7 +115,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         )));
     }
     let block_ids = match params.get("remote_block_ids") {
-        Some(v) => match crate::request::u64_array(v) {
+        Some(v) => match u64_array(v) {
             Some(ids) if !ids.is_empty() => ids,
             _ => {
                 return Err(Fail::contract(format!(
@@ -173,7 +174,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     }
     let pulled: Pulled = serde_json::from_slice(&resp.body)
         .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
-    super::same_prompt(&pulled.prompt_hash, &own_hash)?;
+    same_prompt(&pulled.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
 }
 
@@ -208,6 +209,6 @@ pub fn neuron_decode(req: &Request<'_>) -> Checked<DecodeOut> {
         )));
     }
     let hash = str_member(&resp, P, "mock_prompt_hash")?;
-    super::same_prompt(hash, &own_hash)?;
+    same_prompt(hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
