@@ -11,6 +11,7 @@ mod engines;
 mod error;
 mod generate;
 mod logprobs;
+mod metrics;
 #[cfg(test)]
 mod pd_tests;
 mod peer;
