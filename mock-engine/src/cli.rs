@@ -289,41 +289,39 @@ where
 }
 
 impl Cli {
-    fn into_config(self) -> Result<Config, clap::Error> {
-        let loopback_any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let mut faults = self.faults;
-        let mut fail_after = None;
-        for f in &faults {
-            if let Fault::FailAfter(n) = f {
-                if fail_after.replace(*n).is_some() {
-                    return Err(Cli::command().error(
-                        ErrorKind::ArgumentConflict,
-                        "--fault fail-after:N given twice",
-                    ));
-                }
-            }
+    fn into_config(mut self) -> Result<Config, clap::Error> {
+        let (faults, fail_after) = split_fail_after(std::mem::take(&mut self.faults))?;
+        let config = self.config(faults, fail_after);
+        // Flags that do not apply are ignored rather than fatal, so a test
+        // harness can pass one flag set to every pod; the warning still
+        // shows the mistake.
+        let mut ignored = self.ignored_handoff_flags(&config);
+        ignored.extend(self.ignored_fault_and_usage_flags(&config));
+        for flag in ignored {
+            eprintln!("mock-engine: warning: ignoring {flag}");
         }
-        faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
-        if fail_after.is_some() && faults.is_empty() {
-            faults.push(Fault::Status(500));
-        }
+        Ok(config)
+    }
 
-        let (engine, role) = (self.engine, self.role);
-        let config = Config {
-            engine,
-            role,
+    /// The flags' values, with the defaults of the options that have none
+    /// in clap (see the comment above `connector`).
+    fn config(&self, faults: Vec<Fault>, fail_after: Option<u64>) -> Config {
+        let loopback_any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Config {
+            engine: self.engine,
+            role: self.role,
             name: self.name.clone(),
-            model: self.model,
+            model: self.model.clone(),
             listen: self.listen,
             connector: self.connector.unwrap_or(Connector::Nixl),
             bootstrap_listen: self.bootstrap_listen.unwrap_or(loopback_any),
             side_listen: self.side_listen.unwrap_or(loopback_any),
             zmq_listen: self.zmq_listen.unwrap_or(loopback_any),
-            advertise_host: self.advertise_host,
+            advertise_host: self.advertise_host.clone(),
             dp_size: self.dp_size.unwrap_or(1),
             query_unavailable: self.query_unavailable.unwrap_or(Duration::ZERO),
             engine_id: self.engine_id.clone().unwrap_or_else(|| self.name.clone()),
-            auth_key: self.auth_key,
+            auth_key: self.auth_key.clone(),
             ctx_endpoint_list: self.ctx_endpoint_list,
             faults,
             fail_after,
@@ -346,95 +344,137 @@ impl Cli {
             prompt_tokens_details: !self.no_prompt_tokens_details,
             enable_cache_report: self.enable_cache_report,
             double_count_cached: self.double_count_cached,
-        };
+        }
+    }
 
-        // Flags that do not apply are ignored rather than fatal, so a test
-        // harness can pass one flag set to every pod; the warning still
-        // shows the mistake.
-        let mut ignored = Vec::new();
-        if self.connector.is_some() && engine != Engine::Vllm {
-            ignored.push("--connector (vllm only)");
-        }
-        if self.bootstrap_listen.is_some() && !config.needs_bootstrap() {
-            ignored.push("--bootstrap-listen (sglang prefill and vllm mooncake prefill only)");
-        }
-        if self.side_listen.is_some() && !config.needs_side_channel() {
-            ignored.push(
-                "--side-listen (vllm nixl/shfs/mooncake/nixl_push prefill and trtllm prefill only)",
-            );
-        }
-        if self.zmq_listen.is_some() && !config.needs_zmq() {
-            ignored.push("--zmq-listen (vllm p2p_nccl only)");
-        }
-        if config.advertise_host.is_some() && !config.advertise_host_applies() {
-            ignored.push("--advertise-host (vllm nixl/shfs/mooncake/nixl_push prefill only)");
-        }
-        if self.dp_size.is_some() && !config.dp_size_applies() {
-            ignored.push("--dp-size (sglang and vllm mooncake prefill only)");
-        }
-        if self.query_unavailable.is_some()
-            && !(config.vllm(Connector::Mooncake) && role == Role::Prefill)
-        {
-            ignored.push("--query-unavailable-ms (vllm mooncake prefill only)");
-        }
-        if self.engine_id.is_some() && !(config.vllm(Connector::NixlPush) && role == Role::Prefill)
-        {
-            ignored.push("--engine-id (vllm nixl_push prefill only)");
-        }
-        if config.auth_key.is_some() && !(engine == Engine::Trtllm && role == Role::Decode) {
-            ignored.push("--auth-key (trtllm decode only)");
-        }
-        if config.ctx_endpoint_list && !(engine == Engine::Trtllm && role == Role::Prefill) {
-            ignored.push("--ctx-endpoint-list (trtllm prefill only)");
-        }
-        if config.lenient_prefill && role != Role::Prefill {
-            ignored.push("--lenient-prefill (prefill only)");
-        }
-        if config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
-            ignored.push("--allow-recompute (vllm decode only)");
-        }
-        if config.has_fault(&Fault::NoKvParams) && !config.no_kv_params_applies() {
-            ignored.push("--fault no-kv-params (vllm nixl/shfs/nixl_push prefill only)");
-        }
-        for (fault, name) in [
+    /// The listener, hand-off and role flags given where they do not apply.
+    fn ignored_handoff_flags(&self, config: &Config) -> Vec<&'static str> {
+        let (engine, role) = (config.engine, config.role);
+        let mooncake_prefill = config.vllm(Connector::Mooncake) && role == Role::Prefill;
+        let push_prefill = config.vllm(Connector::NixlPush) && role == Role::Prefill;
+        [
             (
-                Fault::NoTokenIds,
+                self.connector.is_some() && engine != Engine::Vllm,
+                "--connector (vllm only)",
+            ),
+            (
+                self.bootstrap_listen.is_some() && !config.needs_bootstrap(),
+                "--bootstrap-listen (sglang prefill and vllm mooncake prefill only)",
+            ),
+            (
+                self.side_listen.is_some() && !config.needs_side_channel(),
+                "--side-listen (vllm nixl/shfs/mooncake/nixl_push prefill and trtllm prefill only)",
+            ),
+            (
+                self.zmq_listen.is_some() && !config.needs_zmq(),
+                "--zmq-listen (vllm p2p_nccl only)",
+            ),
+            (
+                config.advertise_host.is_some() && !config.advertise_host_applies(),
+                "--advertise-host (vllm nixl/shfs/mooncake/nixl_push prefill only)",
+            ),
+            (
+                self.dp_size.is_some() && !config.dp_size_applies(),
+                "--dp-size (sglang and vllm mooncake prefill only)",
+            ),
+            (
+                self.query_unavailable.is_some() && !mooncake_prefill,
+                "--query-unavailable-ms (vllm mooncake prefill only)",
+            ),
+            (
+                self.engine_id.is_some() && !push_prefill,
+                "--engine-id (vllm nixl_push prefill only)",
+            ),
+            (
+                config.auth_key.is_some() && !(engine == Engine::Trtllm && role == Role::Decode),
+                "--auth-key (trtllm decode only)",
+            ),
+            (
+                config.ctx_endpoint_list && !(engine == Engine::Trtllm && role == Role::Prefill),
+                "--ctx-endpoint-list (trtllm prefill only)",
+            ),
+            (
+                config.lenient_prefill && role != Role::Prefill,
+                "--lenient-prefill (prefill only)",
+            ),
+            (
+                config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode),
+                "--allow-recompute (vllm decode only)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(ignored, flag)| ignored.then_some(flag))
+        .collect()
+    }
+
+    /// The fault and usage flags given where they do not apply.
+    fn ignored_fault_and_usage_flags(&self, config: &Config) -> Vec<&'static str> {
+        let (engine, role) = (config.engine, config.role);
+        let trtllm_prefill = engine == Engine::Trtllm && role == Role::Prefill;
+        [
+            (
+                config.has_fault(&Fault::NoKvParams) && !config.no_kv_params_applies(),
+                "--fault no-kv-params (vllm nixl/shfs/nixl_push prefill only)",
+            ),
+            (
+                config.has_fault(&Fault::NoTokenIds) && !trtllm_prefill,
                 "--fault no-token-ids (trtllm prefill only)",
             ),
             (
-                Fault::NoDisaggParams,
+                config.has_fault(&Fault::NoDisaggParams) && !trtllm_prefill,
                 "--fault no-disagg-params (trtllm prefill only)",
             ),
-        ] {
-            if config.has_fault(&fault) && !(engine == Engine::Trtllm && role == Role::Prefill) {
-                ignored.push(name);
+            (
+                config.fail_after_transfer().is_some()
+                    && !(engine == Engine::Sglang && role == Role::Prefill),
+                "--fault fail-after-transfer (sglang prefill only)",
+            ),
+            (
+                self.cached_tokens.is_some() && engine == Engine::Trtllm,
+                "--cached-tokens (vllm, sglang and default only)",
+            ),
+            (
+                self.no_remote_cached_field && engine != Engine::Vllm,
+                "--no-remote-cached-field (vllm only)",
+            ),
+            (
+                self.no_prompt_tokens_details && config.flavor() != Flavor::Vllm,
+                "--no-prompt-tokens-details (vllm and default only)",
+            ),
+            (
+                self.enable_cache_report && engine != Engine::Sglang,
+                "--enable-cache-report (sglang only)",
+            ),
+            (
+                self.double_count_cached && !(engine == Engine::Sglang && role == Role::Decode),
+                "--double-count-cached (sglang decode only)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(ignored, flag)| ignored.then_some(flag))
+        .collect()
+    }
+}
+
+/// `--fault fail-after:N` taken out of the faults: given at most once, and
+/// alone it means `status:500`.
+fn split_fail_after(mut faults: Vec<Fault>) -> Result<(Vec<Fault>, Option<u64>), clap::Error> {
+    let mut fail_after = None;
+    for f in &faults {
+        if let Fault::FailAfter(n) = f {
+            if fail_after.replace(*n).is_some() {
+                return Err(Cli::command().error(
+                    ErrorKind::ArgumentConflict,
+                    "--fault fail-after:N given twice",
+                ));
             }
         }
-        if config.fail_after_transfer().is_some()
-            && !(engine == Engine::Sglang && role == Role::Prefill)
-        {
-            ignored.push("--fault fail-after-transfer (sglang prefill only)");
-        }
-        if self.cached_tokens.is_some() && engine == Engine::Trtllm {
-            ignored.push("--cached-tokens (vllm, sglang and default only)");
-        }
-        if self.no_remote_cached_field && engine != Engine::Vllm {
-            ignored.push("--no-remote-cached-field (vllm only)");
-        }
-        if self.no_prompt_tokens_details && config.flavor() != Flavor::Vllm {
-            ignored.push("--no-prompt-tokens-details (vllm and default only)");
-        }
-        if self.enable_cache_report && engine != Engine::Sglang {
-            ignored.push("--enable-cache-report (sglang only)");
-        }
-        if self.double_count_cached && !(engine == Engine::Sglang && role == Role::Decode) {
-            ignored.push("--double-count-cached (sglang decode only)");
-        }
-        for flag in ignored {
-            eprintln!("mock-engine: warning: ignoring {flag}");
-        }
-        Ok(config)
     }
+    faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
+    if fail_after.is_some() && faults.is_empty() {
+        faults.push(Fault::Status(500));
+    }
+    Ok((faults, fail_after))
 }
 
 #[cfg(test)]
@@ -443,6 +483,43 @@ mod tests {
 
     fn line(s: &str) -> Result<Config, clap::Error> {
         parse(std::iter::once("mock-engine").chain(s.split_whitespace()))
+    }
+
+    /// The flags `s` gives where they do not apply, as the warnings name them.
+    fn ignored(s: &str) -> Vec<&'static str> {
+        let mut cli =
+            Cli::try_parse_from(std::iter::once("mock-engine").chain(s.split_whitespace()))
+                .expect("valid");
+        let (faults, fail_after) =
+            split_fail_after(std::mem::take(&mut cli.faults)).expect("valid");
+        let config = cli.config(faults, fail_after);
+        let mut out = cli.ignored_handoff_flags(&config);
+        out.extend(cli.ignored_fault_and_usage_flags(&config));
+        out
+    }
+
+    #[test]
+    fn flags_that_do_not_apply_are_named() {
+        assert!(
+            ignored("--engine vllm --role prefill --connector mooncake --dp-size 2").is_empty()
+        );
+        let names: Vec<&str> = ignored(
+            "--engine trtllm --role decode --connector nixl --dp-size 2 --lenient-prefill \
+             --fault no-token-ids --enable-cache-report",
+        )
+        .iter()
+        .map(|w| w.split(' ').next().unwrap_or_default())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "--connector",
+                "--dp-size",
+                "--lenient-prefill",
+                "--fault",
+                "--enable-cache-report"
+            ]
+        );
     }
 
     #[test]
