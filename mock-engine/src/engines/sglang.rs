@@ -29,7 +29,7 @@ use crate::config::Role;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::Asked;
-use crate::peer::{authority, PeerError};
+use crate::peer::{authority, PeerError, Polled};
 use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;
 use crate::store::rooms::Transfer;
@@ -440,30 +440,24 @@ async fn await_kv(
     let at = authority(&t.host, t.port);
     let wait = state.config.bootstrap_timeout;
     let path = format!("/wait/{}?timeout_ms={}", t.room, wait.as_millis());
-    let timed_out = || Fail::timeout(format!("KV transfer timed out for room {}", t.room));
-    // The server answers 504 at `wait`; the client margin only covers a
-    // server that stops answering altogether.
-    let resp = match state
-        .peers
-        .get(&at, &path, wait + Duration::from_secs(2))
-        .await
-    {
-        Ok(r) => r,
-        Err(PeerError::Timeout) => return Err(timed_out()),
-        Err(e) => return Err(unreachable(&at, &e)),
-    };
-    match resp.status {
-        StatusCode::OK => {}
-        StatusCode::GATEWAY_TIMEOUT => return Err(timed_out()),
-        s => {
+    let resp = match state.peers.long_poll(&at, &path, wait).await {
+        Polled::Ready(r) => r,
+        Polled::TimedOut => {
+            return Err(Fail::timeout(format!(
+                "KV transfer timed out for room {}",
+                t.room
+            )))
+        }
+        Polled::Failed(e) => return Err(unreachable(&at, &e)),
+        Polled::Refused(r) => {
             return Err(Fail::contract(format!(
                 "bootstrap server at {at} failed waiting for room {}: {} {}",
                 t.room,
-                s.as_u16(),
-                resp.text()
+                r.status.as_u16(),
+                r.text()
             )))
         }
-    }
+    };
     let got: Transferred = serde_json::from_slice(&resp.body).map_err(|e| {
         Fail::contract(format!(
             "bootstrap server at {at} sent a bad wait body: {e}"
