@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use super::contract::{object_field, prefill_constraints, same_prompt, str_member, u64_member};
 use super::vllm_request::{vllm_prefill_params, vllm_recompute};
@@ -23,6 +23,7 @@ use crate::state::Shared;
 use crate::store::side::KvEntry;
 
 const PULL_TIMEOUT: Duration = Duration::from_secs(2);
+const P: &str = "kv_transfer_params";
 
 /// An unknown member the router must relay untouched: nested values and a
 /// u64::MAX that any f64 round-trip would corrupt.
@@ -88,13 +89,20 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     let key = req.prompt_key()?;
     let own_hash = prompt_hash(&key);
     let prompt_tokens = approx_tokens(&key);
-    let Some(params) = object_field(req, "kv_transfer_params")? else {
+    let Some(params) = object_field(req, P)? else {
         // vLLM's own proxy sends n > 1 without a hand-off; anything else
         // means the prompt is recomputed on the decode, a silent perf bug.
         return vllm_recompute(state, req, "no kv_transfer_params");
     };
+    let (at, path) = pull_source(&params)?;
+    let pulled = pull(state, &at, &path).await?;
+    same_prompt(&pulled.prompt_hash, &own_hash)?;
+    Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
+}
 
-    const P: &str = "kv_transfer_params";
+/// Where the prefill's `kv_transfer_params`, relayed verbatim, say its KV
+/// is: the side channel's authority and the pull's path.
+fn pull_source(params: &Map<String, Value>) -> Checked<(String, String)> {
     match params.get("do_remote_prefill") {
         Some(Value::Bool(true)) => {}
         Some(v) => {
@@ -126,10 +134,10 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         },
         None => return Err(Fail::contract(format!("`{P}.remote_block_ids` is missing"))),
     };
-    let engine_id = str_member(&params, P, "remote_engine_id")?;
-    let request_id = str_member(&params, P, "remote_request_id")?;
-    let host = str_member(&params, P, "remote_host")?;
-    let port = u64_member(&params, P, "remote_port")?;
+    let engine_id = str_member(params, P, "remote_engine_id")?;
+    let request_id = str_member(params, P, "remote_request_id")?;
+    let host = str_member(params, P, "remote_host")?;
+    let port = u64_member(params, P, "remote_port")?;
     let port = u16::try_from(port)
         .ok()
         .filter(|p| *p != 0)
@@ -159,10 +167,15 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         pct(engine_id),
         blocks.join(",")
     );
+    Ok((at, path))
+}
+
+/// Pulls the KV from the prefill's side channel.
+async fn pull(state: &Shared, at: &str, path: &str) -> Checked<Pulled> {
     let pull_err = |what: String| Fail::contract(format!("could not pull KV from {at}: {what}"));
     let resp = state
         .peers
-        .get(&at, &path, PULL_TIMEOUT)
+        .get(at, path, PULL_TIMEOUT)
         .await
         .map_err(|e| pull_err(e.to_string()))?;
     if resp.status != StatusCode::OK {
@@ -172,10 +185,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             resp.text()
         )));
     }
-    let pulled: Pulled = serde_json::from_slice(&resp.body)
-        .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
-    same_prompt(&pulled.prompt_hash, &own_hash)?;
-    Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
+    serde_json::from_slice(&resp.body).map_err(|e| pull_err(format!("bad side-channel body: {e}")))
 }
 
 pub fn neuron_prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
