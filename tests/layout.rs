@@ -1,7 +1,8 @@
-//! The shape of `src/`, checked: no module cycle between the crate's
-//! top-level modules, no function over 100 lines, the flow's callback file
-//! within 450. A rule the code must keep belongs in the test suite, not in a
-//! reviewer's memory.
+//! The shape of `src/` and `mock-engine/src/`, checked: no module cycle
+//! between the router's top-level modules nor between the mock's files, no
+//! function over 100 lines in either, the flow's callback file within 450.
+//! A rule the code must keep belongs in the test suite, not in a reviewer's
+//! memory.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -171,6 +172,30 @@ fn top_level_modules_have_no_cycle() {
     );
 }
 
+/// The line where the item starting at line `i` ends: where the braces
+/// opened from there close again, or its `;` when it has no body.
+fn fn_end(lines: &[String], i: usize) -> usize {
+    let (mut depth, mut opened, mut end) = (0i32, false, i);
+    for (k, line) in lines.iter().enumerate().skip(i) {
+        for ch in line.chars() {
+            match ch {
+                '{' => {
+                    depth += 1;
+                    opened = true;
+                }
+                '}' => depth -= 1,
+                ';' if !opened && depth == 0 => break,
+                _ => {}
+            }
+        }
+        end = k;
+        if (opened && depth == 0) || (!opened && line.trim_end().ends_with(';')) {
+            break;
+        }
+    }
+    end
+}
+
 #[test]
 fn no_function_in_src_is_over_100_lines() {
     let mut long = Vec::new();
@@ -189,26 +214,7 @@ fn no_function_in_src_is_over_100_lines() {
                 i += 1;
                 continue;
             }
-            // The body ends where the braces opened from here close again.
-            let (mut depth, mut opened, mut end) = (0i32, false, i);
-            for (k, line) in lines.iter().enumerate().skip(i) {
-                for ch in line.chars() {
-                    match ch {
-                        '{' => {
-                            depth += 1;
-                            opened = true;
-                        }
-                        '}' => depth -= 1,
-                        ';' if !opened && depth == 0 => break,
-                        _ => {}
-                    }
-                }
-                end = k;
-                if (opened && depth == 0) || (!opened && line.trim_end().ends_with(';')) {
-                    break;
-                }
-            }
-            let n = end - i + 1;
+            let n = fn_end(&lines, i) - i + 1;
             if n > 100 {
                 long.push(format!("{}:{} ({n} lines)", file.display(), i + 1));
             }
@@ -236,4 +242,364 @@ fn the_stripper_ignores_braces_in_literals() {
     let s = strip("fn a() { let c = '{'; let s = \"}}\"; let r = r#\"{\"#; } // }");
     assert_eq!(s.matches('{').count(), s.matches('}').count(), "{s}");
     assert!(strip("fn f<'a>(x: &'a str) {}").contains("fn f<"));
+}
+
+fn mock_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("mock-engine/src")
+}
+
+/// One file of mock-engine, seen as a node of its import graph.
+struct MockFile {
+    path: PathBuf,
+    /// Its module path from the crate root (`engines/mod.rs` → `engines`,
+    /// `store/offers.rs` → `store::offers`, `main.rs` → empty).
+    module: Vec<String>,
+    /// Its shipped code (see [`shipped`]).
+    code: String,
+    /// Its child modules that ship (`mod x;` not under `#[cfg(test)]`).
+    children: Vec<String>,
+    /// Its child modules that only tests build (`#[cfg(test)] mod x;`).
+    test_children: Vec<String>,
+}
+
+impl MockFile {
+    fn read(path: PathBuf) -> MockFile {
+        let rel = path
+            .strip_prefix(mock_src())
+            .expect("under mock-engine/src");
+        let mut module: Vec<String> = rel
+            .components()
+            .map(|c| {
+                c.as_os_str()
+                    .to_string_lossy()
+                    .trim_end_matches(".rs")
+                    .to_owned()
+            })
+            .collect();
+        if module == ["main"] || module.last().is_some_and(|m| m == "mod") {
+            module.pop();
+        }
+        let (code, test_children) = shipped(&fs::read_to_string(&path).expect("read"));
+        let children = child_modules(&code);
+        MockFile {
+            path,
+            module,
+            code,
+            children,
+            test_children,
+        }
+    }
+}
+
+/// A file's code without comments and literals (see [`strip`]), without
+/// its inline test module (`#[cfg(test)] mod name {`, by convention the
+/// last item) and without its test-only module declarations
+/// (`#[cfg(test)] mod name;`), whose names come back second. Unlike
+/// [`code`], a test-only declaration above shipped code cuts nothing.
+fn shipped(text: &str) -> (String, Vec<String>) {
+    let mut code = strip(text);
+    let mut tests = Vec::new();
+    let mut from = 0;
+    while let Some(at) = code[from..].find("#[cfg(test)]").map(|i| from + i) {
+        let after = code[at + 12..].trim_start();
+        let Some(item) = after.strip_prefix("mod ") else {
+            from = at + 12;
+            continue;
+        };
+        let name: String = item.chars().take_while(|c| ident(Some(*c))).collect();
+        if item[name.len()..].trim_start().starts_with('{') {
+            code.truncate(at);
+            break;
+        }
+        let end = at + code[at..].find(';').expect("mod declaration ends") + 1;
+        let blank: String = code[at..end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
+        code.replace_range(at..end, &blank);
+        tests.push(name);
+        from = end;
+    }
+    (code, tests)
+}
+
+/// The names of `mod name;` declarations in `code`.
+fn child_modules(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in code.lines() {
+        let l = line.trim_start();
+        let l = l.strip_prefix("pub ").unwrap_or(l);
+        let l = l.strip_prefix("pub(crate) ").unwrap_or(l);
+        if let Some(name) = l
+            .strip_prefix("mod ")
+            .and_then(|n| n.trim_end().strip_suffix(';'))
+        {
+            out.push(name.trim().to_owned());
+        }
+    }
+    out
+}
+
+/// The paths a use tree written at `at` names: `a::b::{c, d::e}` gives
+/// `a::b::c` and `a::b::d::e` (`{self}` names the prefix, `*` ends it).
+fn use_tree(text: &[char], at: &mut usize) -> Vec<Vec<String>> {
+    let skip_ws = |at: &mut usize| {
+        while text.get(*at).is_some_and(|c| c.is_whitespace()) {
+            *at += 1;
+        }
+    };
+    let mut prefix = Vec::new();
+    loop {
+        skip_ws(at);
+        if text.get(*at) == Some(&'{') {
+            *at += 1;
+            let mut out = Vec::new();
+            loop {
+                skip_ws(at);
+                match text.get(*at) {
+                    Some('}') | None => {
+                        *at += 1;
+                        break;
+                    }
+                    Some(',') => *at += 1,
+                    _ => {
+                        for tail in use_tree(text, at) {
+                            // `{self}` names the prefix itself.
+                            let tail = tail.into_iter().filter(|s| s != "self");
+                            out.push(prefix.iter().cloned().chain(tail).collect());
+                        }
+                    }
+                }
+            }
+            return out;
+        }
+        let start = *at;
+        while ident(text.get(*at).copied()) {
+            *at += 1;
+        }
+        let segment: String = text[start..*at].iter().collect();
+        if segment.is_empty() {
+            if text.get(*at) == Some(&'*') {
+                *at += 1;
+            }
+            return vec![prefix];
+        }
+        prefix.push(segment);
+        skip_ws(at);
+        if text.get(*at) == Some(&':') && text.get(*at + 1) == Some(&':') {
+            *at += 2;
+        } else {
+            return vec![prefix];
+        }
+    }
+}
+
+/// The files `file` imports: every `crate::`, `super::`, `self::` and
+/// `child::` path (a child module the file declares) in its shipped code,
+/// resolved to the deepest module of `modules` it names.
+fn imports(file: &MockFile, modules: &BTreeSet<Vec<String>>) -> BTreeSet<Vec<String>> {
+    let text: Vec<char> = file.code.chars().collect();
+    let mut out = BTreeSet::new();
+    for i in 0..text.len() {
+        let before = i.checked_sub(1).and_then(|p| text.get(p).copied());
+        if ident(before) || before == Some(':') || !ident(text.get(i).copied()) {
+            continue;
+        }
+        let mut at = i;
+        for path in use_tree(&text, &mut at) {
+            let Some(first) = path.first() else { continue };
+            let (mut base, rest) = match first.as_str() {
+                "crate" => (Vec::new(), &path[1..]),
+                "self" => (file.module.clone(), &path[1..]),
+                "super" => {
+                    let ups = path.iter().take_while(|s| *s == "super").count();
+                    let keep = file.module.len().saturating_sub(ups);
+                    (file.module[..keep].to_vec(), &path[ups..])
+                }
+                child if file.children.iter().any(|c| c == child) && path.len() > 1 => {
+                    (file.module.clone(), &path[..])
+                }
+                _ => continue,
+            };
+            let mut target = base.clone();
+            for segment in rest {
+                base.push(segment.clone());
+                if modules.contains(&base) {
+                    target = base.clone();
+                } else {
+                    break;
+                }
+            }
+            if target != file.module {
+                out.insert(target);
+            }
+        }
+    }
+    out
+}
+
+/// mock-engine's shipped files (the `loadgen` binary, a crate of its own,
+/// and the files only tests build are left out), by module path.
+fn mock_files() -> BTreeMap<Vec<String>, MockFile> {
+    let bin = mock_src().join("bin");
+    let files: Vec<MockFile> = rust_files(&mock_src())
+        .into_iter()
+        .filter(|p| !p.starts_with(&bin))
+        .map(MockFile::read)
+        .collect();
+    let test_only: BTreeSet<Vec<String>> = files
+        .iter()
+        .flat_map(|f| {
+            f.test_children
+                .iter()
+                .map(|c| f.module.iter().cloned().chain([c.clone()]).collect())
+        })
+        .collect();
+    files
+        .into_iter()
+        .filter(|f| !test_only.contains(&f.module))
+        .map(|f| (f.module.clone(), f))
+        .collect()
+}
+
+fn show(module: &[String]) -> String {
+    if module.is_empty() {
+        "main".to_owned()
+    } else {
+        module.join("::")
+    }
+}
+
+#[test]
+fn mock_engine_files_have_no_import_cycle() {
+    let files = mock_files();
+    let modules: BTreeSet<Vec<String>> = files.keys().cloned().collect();
+    let deps: BTreeMap<Vec<String>, BTreeSet<Vec<String>>> = files
+        .iter()
+        .map(|(m, f)| (m.clone(), imports(f, &modules)))
+        .collect();
+    fn visit(
+        m: &[String],
+        deps: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        path: &mut Vec<Vec<String>>,
+        done: &mut BTreeSet<Vec<String>>,
+    ) {
+        if done.contains(m) {
+            return;
+        }
+        if let Some(start) = path.iter().position(|p| p == m) {
+            let cycle: Vec<String> = path[start..].iter().map(|p| show(p)).collect();
+            panic!("import cycle: {} -> {}", cycle.join(" -> "), show(m));
+        }
+        path.push(m.to_vec());
+        for d in deps.get(m).into_iter().flatten() {
+            visit(d, deps, path, done);
+        }
+        path.pop();
+        done.insert(m.to_vec());
+    }
+    let mut done = BTreeSet::new();
+    for m in deps.keys() {
+        visit(m, &deps, &mut Vec::new(), &mut done);
+    }
+    // The bottom layer: domain types and helpers that import nothing of
+    // the crate, so anything may use them.
+    for leaf in [
+        "config",
+        "error",
+        "peer",
+        "disagg_auth",
+        "responses",
+        "conn",
+        "store",
+    ] {
+        let d = &deps[&vec![leaf.to_owned()]];
+        assert!(
+            d.is_empty(),
+            "{leaf} is a leaf: {:?}",
+            d.iter().map(|m| show(m)).collect::<Vec<_>>()
+        );
+    }
+    // The stores are data: they import their lock and nothing else.
+    for (m, d) in deps
+        .iter()
+        .filter(|(m, _)| m.first().is_some_and(|f| f == "store"))
+    {
+        let others: Vec<String> = d
+            .iter()
+            .filter(|t| *t != &["store"])
+            .map(|t| show(t))
+            .collect();
+        assert!(others.is_empty(), "{} imports {others:?}", show(m));
+    }
+}
+
+/// Where a function starts: `fn` after any visibility and qualifiers
+/// (an ABI string is already blanked, see [`strip`]).
+fn starts_fn(line: &str) -> bool {
+    let mut l = line.trim_start();
+    if let Some(rest) = l.strip_prefix("pub") {
+        l = match rest.strip_prefix('(') {
+            Some(scoped) => scoped.split_once(')').map_or(rest, |(_, r)| r),
+            None => rest,
+        };
+    }
+    loop {
+        l = l.trim_start();
+        let qualifier = ["const ", "async ", "unsafe ", "extern "]
+            .iter()
+            .find_map(|q| l.strip_prefix(q));
+        match qualifier {
+            Some(rest) => l = rest,
+            None => return l.starts_with("fn "),
+        }
+    }
+}
+
+#[test]
+fn no_function_in_mock_engine_is_over_100_lines() {
+    let mut paths: Vec<PathBuf> = mock_files().into_values().map(|f| f.path).collect();
+    paths.push(mock_src().join("bin/loadgen.rs"));
+    let mut long = Vec::new();
+    for path in paths {
+        let (code, _) = shipped(&fs::read_to_string(&path).expect("read"));
+        let lines: Vec<String> = code.lines().map(str::to_owned).collect();
+        for (i, line) in lines.iter().enumerate() {
+            if starts_fn(line) {
+                let n = fn_end(&lines, i) - i + 1;
+                if n > 100 {
+                    long.push(format!("{}:{} ({n} lines)", path.display(), i + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "functions over 100 lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn use_trees_resolve_to_files() {
+    let paths = |s: &str| {
+        let text: Vec<char> = s.chars().collect();
+        use_tree(&text, &mut 0)
+            .into_iter()
+            .map(|p| p.join("::"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(paths("crate::a::B;"), ["crate::a::B"]);
+    assert_eq!(
+        paths("super::{x, y::{z, self}, w::*};"),
+        ["super::x", "super::y::z", "super::y", "super::w"]
+    );
+    assert_eq!(paths("super::super::q(1)"), ["super::super::q"]);
+    assert!(starts_fn("    pub(crate) async fn go() {"));
+    assert!(starts_fn("pub(in crate::a) const unsafe fn f()"));
+    assert!(starts_fn(&strip("extern \"C\" fn f() {}")));
+    assert!(!starts_fn("let f = fn_name;"));
+    let (code, tests) = shipped("#[cfg(test)]\nmod t;\nfn a() {}\n#[cfg(test)]\nmod tests {\n}\n");
+    assert_eq!(tests, ["t"]);
+    assert!(code.contains("fn a()") && !code.contains("mod t") && !code.contains("tests"));
 }

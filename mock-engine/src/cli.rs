@@ -1,292 +1,17 @@
-//! Command-line flags (clap) and the [`Config`] they become.
+//! Command-line flags (clap) and the [`Config`] they become: the top of
+//! the crate with `main.rs`, so only the entry point knows the flags'
+//! spelling, defaults and "ignoring" warnings.
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::error::ErrorKind;
-use clap::{CommandFactory, Parser, ValueEnum};
+use clap::{CommandFactory, Parser};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Engine {
-    Vllm,
-    Sglang,
-    Trtllm,
-    /// A plain OpenAI server: no KV hand-off
-    Default,
-}
-
-impl Engine {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Engine::Vllm => "vllm",
-            Engine::Sglang => "sglang",
-            Engine::Trtllm => "trtllm",
-            Engine::Default => "default",
-        }
-    }
-}
-
-/// Whose OpenAI answer shapes a pod copies: usage details, echo,
-/// logprobs. The default mock answers as vLLM does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Flavor {
-    Vllm,
-    Sglang,
-    /// TensorRT-LLM: usage without details, no echo or logprobs (as before).
-    Trtllm,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Role {
-    Prefill,
-    Decode,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Prefill => "prefill",
-            Role::Decode => "decode",
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Connector {
-    /// The decode pulls the KV from the prefill's side channel
-    Nixl,
-    /// As nixl, for this mock
-    Shfs,
-    /// The decode gets the whole prefill answer as `disagg_prefill_resp`
-    Neuron,
-    /// MooncakeConnector: the decode finds the prefill engine on its
-    /// bootstrap server (`GET /query`) and pulls the KV by `transfer_id`
-    Mooncake,
-    /// NixlPushConnector: the legs pair by request id, the decode's
-    /// `kv_transfer_params` come from configuration
-    #[value(name = "nixl_push", alias = "nixl-push")]
-    NixlPush,
-    /// P2pNcclConnector (legacy): both addresses travel in the request id
-    #[value(name = "p2p_nccl", alias = "p2p-nccl")]
-    P2pNccl,
-}
-
-/// Which engine's metric names `/metrics` uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum MetricsFormat {
-    Vllm,
-    Sglang,
-}
-
-/// Load the pod reports on `/metrics` on top of what it really does; set by
-/// the `--report-*` flags, changed at run time by `POST /debug/load`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize)]
-pub struct Load {
-    /// Added to the real in-flight POST count.
-    pub running: f64,
-    pub waiting: f64,
-    /// Fraction in [0, 1].
-    pub kv_usage: f64,
-    /// Tokens/s (SGLang's `gen_throughput`; vLLM exports no such gauge).
-    pub gen_throughput: f64,
-    /// `/metrics` answers 500.
-    pub metrics_fail: bool,
-}
-
-/// Checks one reported value: finite and non-negative, and at most 1 when it
-/// is a `fraction` (KV usage). Shared by the flags and `POST /debug/load`.
-pub fn check_load_value(what: &str, v: f64, fraction: bool) -> Result<f64, String> {
-    if !v.is_finite() || v < 0.0 {
-        return Err(format!("{what} must be a finite number >= 0, got {v}"));
-    }
-    if fraction && v > 1.0 {
-        return Err(format!("{what} must be in [0, 1], got {v}"));
-    }
-    Ok(v)
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Fault {
-    Status(u16),
-    Delay(Duration),
-    Garbage,
-    NoKvParams,
-    /// TRT-LLM context: leave out the top-level `prompt_token_ids` (older
-    /// releases' chat endpoint does not echo them).
-    NoTokenIds,
-    /// TRT-LLM context: leave out `disaggregated_params`.
-    NoDisaggParams,
-    Hang,
-    /// Read the request, then drop the connection (TCP RST), nothing sent.
-    Reset,
-    /// 200 with the full answer's `content-length`, half the body, then close.
-    Truncate,
-    /// SGLang prefill: hand the KV over as usual, wait until the decode has
-    /// collected it and then this long, then answer 500.
-    FailAfterTransfer(Duration),
-    /// The other faults apply only after this many POST /v1/* requests.
-    /// Parsed only; [`Config::fail_after`] holds it afterwards.
-    FailAfter(u64),
-}
-
-/// The wait of the `fail-after-transfer` fault among `faults`, if any.
-pub fn fail_after_transfer(faults: &[Fault]) -> Option<Duration> {
-    faults.iter().find_map(|f| match f {
-        Fault::FailAfterTransfer(d) => Some(*d),
-        _ => None,
-    })
-}
-
-#[derive(Clone, Debug)]
-pub struct Config {
-    pub engine: Engine,
-    pub role: Role,
-    pub name: String,
-    pub model: String,
-    pub listen: SocketAddr,
-    pub connector: Connector,
-    pub bootstrap_listen: SocketAddr,
-    pub side_listen: SocketAddr,
-    /// vllm p2p_nccl: the "ZMQ" listener (plain HTTP in the mock).
-    pub zmq_listen: SocketAddr,
-    pub advertise_host: Option<String>,
-    /// Data-parallel size: sglang (both roles), vllm mooncake prefill.
-    pub dp_size: u64,
-    /// vllm mooncake prefill: `GET /query` answers 503 this long after start.
-    pub query_unavailable: Duration,
-    /// vllm nixl_push prefill: its engine id (default: the pod name).
-    pub engine_id: String,
-    /// trtllm generation: the `internal_request_auth_key` that signs
-    /// `x-trtllm-disagg-auth`; none: no check (TensorRT-LLM only warns).
-    pub auth_key: Option<String>,
-    /// trtllm context: `ctx_info_endpoint` is a list of two endpoints.
-    pub ctx_endpoint_list: bool,
-    /// The faults to apply (never a `FailAfter`): to every POST /v1/*, or,
-    /// with `fail_after`, to those after the first N. `--fault fail-after:N`
-    /// alone means `status:500` here.
-    pub faults: Vec<Fault>,
-    /// `--fault fail-after:N`: the first N POST /v1/* get no fault at all.
-    pub fail_after: Option<u64>,
-    pub allow_recompute: bool,
-    pub bootstrap_timeout: Duration,
-    pub stream_delay: Duration,
-    pub allow_remote_peers: bool,
-    pub metrics_format: MetricsFormat,
-    /// Initial reported load (see [`Load`]).
-    pub load: Load,
-    /// Prefill role: accept what a real engine accepts (any `max_tokens`,
-    /// streaming, `min_tokens` up to `max_tokens`) instead of the strict
-    /// prefill-leg rules; for routers that send the client's knobs as they
-    /// are (sglang-router, vllm-router). Off by default.
-    pub lenient_prefill: bool,
-    /// No access log on stderr and no `/debug/requests` record: for load
-    /// tests, where both cost CPU and the record grows without bound.
-    pub quiet: bool,
-    /// The pod's own prefix-cache hits for any prompt (clamped to the
-    /// prompt's tokens): what it reports as `cached_tokens` when it computed
-    /// the prompt itself.
-    pub cached_tokens: u64,
-    /// vLLM >= 0.31: a prefill writes `remote_prefill_cached_tokens` into
-    /// its `kv_transfer_params`, a decode reports it. Off
-    /// (`--no-remote-cached-field`): vLLM < 0.31, neither.
-    pub remote_cached_field: bool,
-    /// vLLM `--enable-prompt-tokens-details`; off
-    /// (`--no-prompt-tokens-details`): `"prompt_tokens_details": null`.
-    pub prompt_tokens_details: bool,
-    /// SGLang `--enable-cache-report`: `prompt_tokens_details.cached_tokens`.
-    pub enable_cache_report: bool,
-    /// SGLang decode: the pre-fix double count (SGLang issue 25972), the
-    /// prefill's cached count plus the whole prompt.
-    pub double_count_cached: bool,
-}
-
-impl Config {
-    /// Whose answer shapes the pod copies.
-    pub fn flavor(&self) -> Flavor {
-        match self.engine {
-            Engine::Vllm | Engine::Default => Flavor::Vllm,
-            Engine::Sglang => Flavor::Sglang,
-            Engine::Trtllm => Flavor::Trtllm,
-        }
-    }
-
-    /// vLLM prefill with a pull-based connector serves KV over the side channel.
-    pub fn vllm_pull_connector(&self) -> bool {
-        self.engine == Engine::Vllm && matches!(self.connector, Connector::Nixl | Connector::Shfs)
-    }
-
-    /// vLLM with the given connector.
-    pub fn vllm(&self, connector: Connector) -> bool {
-        self.engine == Engine::Vllm && self.connector == connector
-    }
-
-    pub fn needs_side_channel(&self) -> bool {
-        self.role == Role::Prefill
-            && (self.vllm_pull_connector()
-                || self.vllm(Connector::Mooncake)
-                || self.vllm(Connector::NixlPush)
-                || self.engine == Engine::Trtllm)
-    }
-
-    pub fn needs_bootstrap(&self) -> bool {
-        self.role == Role::Prefill
-            && (self.engine == Engine::Sglang || self.vllm(Connector::Mooncake))
-    }
-
-    /// vLLM P2P NCCL pods, both roles, have a "ZMQ" listener.
-    pub fn needs_zmq(&self) -> bool {
-        self.vllm(Connector::P2pNccl)
-    }
-
-    /// Whether `POST /v1/responses` is served: vLLM (not neuron) and default.
-    pub fn serves_responses(&self) -> bool {
-        match self.engine {
-            Engine::Vllm => self.connector != Connector::Neuron,
-            Engine::Default => true,
-            Engine::Sglang | Engine::Trtllm => false,
-        }
-    }
-
-    /// A `--dp-size` applies: sglang, and the vllm mooncake prefill.
-    fn dp_size_applies(&self) -> bool {
-        self.engine == Engine::Sglang
-            || (self.vllm(Connector::Mooncake) && self.role == Role::Prefill)
-    }
-
-    /// `--advertise-host` applies: the vllm prefills that tell where their
-    /// side channel is.
-    fn advertise_host_applies(&self) -> bool {
-        self.role == Role::Prefill
-            && (self.vllm_pull_connector()
-                || self.vllm(Connector::Mooncake)
-                || self.vllm(Connector::NixlPush))
-    }
-
-    /// `--fault no-kv-params` applies: the vllm prefills whose answer
-    /// carries `kv_transfer_params`.
-    fn no_kv_params_applies(&self) -> bool {
-        self.role == Role::Prefill && (self.vllm_pull_connector() || self.vllm(Connector::NixlPush))
-    }
-
-    pub fn has_fault(&self, fault: &Fault) -> bool {
-        self.faults.contains(fault)
-    }
-
-    /// The wait of a `fail-after-transfer` fault, if one is configured.
-    pub fn fail_after_transfer(&self) -> Option<Duration> {
-        fail_after_transfer(&self.faults)
-    }
-
-    /// The faults for the POST /v1/* numbered `seq` (0-based, in order of
-    /// arrival).
-    pub fn faults_for(&self, seq: u64) -> &[Fault] {
-        match self.fail_after {
-            Some(n) if seq < n => &[],
-            _ => &self.faults,
-        }
-    }
-}
+use crate::config::{
+    check_load_value, Config, Connector, Engine, Fault, Flavor, Load, MetricsFormat, Role,
+};
 
 /// How long `fail-after-transfer` waits, once the decode has collected the
 /// KV, before answering 500: time for the decode's answer to get going.
@@ -564,41 +289,39 @@ where
 }
 
 impl Cli {
-    fn into_config(self) -> Result<Config, clap::Error> {
-        let loopback_any = SocketAddr::from(([127, 0, 0, 1], 0));
-        let mut faults = self.faults;
-        let mut fail_after = None;
-        for f in &faults {
-            if let Fault::FailAfter(n) = f {
-                if fail_after.replace(*n).is_some() {
-                    return Err(Cli::command().error(
-                        ErrorKind::ArgumentConflict,
-                        "--fault fail-after:N given twice",
-                    ));
-                }
-            }
+    fn into_config(mut self) -> Result<Config, clap::Error> {
+        let (faults, fail_after) = split_fail_after(std::mem::take(&mut self.faults))?;
+        let config = self.config(faults, fail_after);
+        // Flags that do not apply are ignored rather than fatal, so a test
+        // harness can pass one flag set to every pod; the warning still
+        // shows the mistake.
+        let mut ignored = self.ignored_handoff_flags(&config);
+        ignored.extend(self.ignored_fault_and_usage_flags(&config));
+        for flag in ignored {
+            eprintln!("mock-engine: warning: ignoring {flag}");
         }
-        faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
-        if fail_after.is_some() && faults.is_empty() {
-            faults.push(Fault::Status(500));
-        }
+        Ok(config)
+    }
 
-        let (engine, role) = (self.engine, self.role);
-        let config = Config {
-            engine,
-            role,
+    /// The flags' values, with the defaults of the options that have none
+    /// in clap (see the comment above `connector`).
+    fn config(&self, faults: Vec<Fault>, fail_after: Option<u64>) -> Config {
+        let loopback_any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Config {
+            engine: self.engine,
+            role: self.role,
             name: self.name.clone(),
-            model: self.model,
+            model: self.model.clone(),
             listen: self.listen,
             connector: self.connector.unwrap_or(Connector::Nixl),
             bootstrap_listen: self.bootstrap_listen.unwrap_or(loopback_any),
             side_listen: self.side_listen.unwrap_or(loopback_any),
             zmq_listen: self.zmq_listen.unwrap_or(loopback_any),
-            advertise_host: self.advertise_host,
+            advertise_host: self.advertise_host.clone(),
             dp_size: self.dp_size.unwrap_or(1),
             query_unavailable: self.query_unavailable.unwrap_or(Duration::ZERO),
             engine_id: self.engine_id.clone().unwrap_or_else(|| self.name.clone()),
-            auth_key: self.auth_key,
+            auth_key: self.auth_key.clone(),
             ctx_endpoint_list: self.ctx_endpoint_list,
             faults,
             fail_after,
@@ -621,95 +344,137 @@ impl Cli {
             prompt_tokens_details: !self.no_prompt_tokens_details,
             enable_cache_report: self.enable_cache_report,
             double_count_cached: self.double_count_cached,
-        };
+        }
+    }
 
-        // Flags that do not apply are ignored rather than fatal, so a test
-        // harness can pass one flag set to every pod; the warning still
-        // shows the mistake.
-        let mut ignored = Vec::new();
-        if self.connector.is_some() && engine != Engine::Vllm {
-            ignored.push("--connector (vllm only)");
-        }
-        if self.bootstrap_listen.is_some() && !config.needs_bootstrap() {
-            ignored.push("--bootstrap-listen (sglang prefill and vllm mooncake prefill only)");
-        }
-        if self.side_listen.is_some() && !config.needs_side_channel() {
-            ignored.push(
-                "--side-listen (vllm nixl/shfs/mooncake/nixl_push prefill and trtllm prefill only)",
-            );
-        }
-        if self.zmq_listen.is_some() && !config.needs_zmq() {
-            ignored.push("--zmq-listen (vllm p2p_nccl only)");
-        }
-        if config.advertise_host.is_some() && !config.advertise_host_applies() {
-            ignored.push("--advertise-host (vllm nixl/shfs/mooncake/nixl_push prefill only)");
-        }
-        if self.dp_size.is_some() && !config.dp_size_applies() {
-            ignored.push("--dp-size (sglang and vllm mooncake prefill only)");
-        }
-        if self.query_unavailable.is_some()
-            && !(config.vllm(Connector::Mooncake) && role == Role::Prefill)
-        {
-            ignored.push("--query-unavailable-ms (vllm mooncake prefill only)");
-        }
-        if self.engine_id.is_some() && !(config.vllm(Connector::NixlPush) && role == Role::Prefill)
-        {
-            ignored.push("--engine-id (vllm nixl_push prefill only)");
-        }
-        if config.auth_key.is_some() && !(engine == Engine::Trtllm && role == Role::Decode) {
-            ignored.push("--auth-key (trtllm decode only)");
-        }
-        if config.ctx_endpoint_list && !(engine == Engine::Trtllm && role == Role::Prefill) {
-            ignored.push("--ctx-endpoint-list (trtllm prefill only)");
-        }
-        if config.lenient_prefill && role != Role::Prefill {
-            ignored.push("--lenient-prefill (prefill only)");
-        }
-        if config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode) {
-            ignored.push("--allow-recompute (vllm decode only)");
-        }
-        if config.has_fault(&Fault::NoKvParams) && !config.no_kv_params_applies() {
-            ignored.push("--fault no-kv-params (vllm nixl/shfs/nixl_push prefill only)");
-        }
-        for (fault, name) in [
+    /// The listener, hand-off and role flags given where they do not apply.
+    fn ignored_handoff_flags(&self, config: &Config) -> Vec<&'static str> {
+        let (engine, role) = (config.engine, config.role);
+        let mooncake_prefill = config.vllm(Connector::Mooncake) && role == Role::Prefill;
+        let push_prefill = config.vllm(Connector::NixlPush) && role == Role::Prefill;
+        [
             (
-                Fault::NoTokenIds,
+                self.connector.is_some() && engine != Engine::Vllm,
+                "--connector (vllm only)",
+            ),
+            (
+                self.bootstrap_listen.is_some() && !config.needs_bootstrap(),
+                "--bootstrap-listen (sglang prefill and vllm mooncake prefill only)",
+            ),
+            (
+                self.side_listen.is_some() && !config.needs_side_channel(),
+                "--side-listen (vllm nixl/shfs/mooncake/nixl_push prefill and trtllm prefill only)",
+            ),
+            (
+                self.zmq_listen.is_some() && !config.needs_zmq(),
+                "--zmq-listen (vllm p2p_nccl only)",
+            ),
+            (
+                config.advertise_host.is_some() && !config.advertise_host_applies(),
+                "--advertise-host (vllm nixl/shfs/mooncake/nixl_push prefill only)",
+            ),
+            (
+                self.dp_size.is_some() && !config.dp_size_applies(),
+                "--dp-size (sglang and vllm mooncake prefill only)",
+            ),
+            (
+                self.query_unavailable.is_some() && !mooncake_prefill,
+                "--query-unavailable-ms (vllm mooncake prefill only)",
+            ),
+            (
+                self.engine_id.is_some() && !push_prefill,
+                "--engine-id (vllm nixl_push prefill only)",
+            ),
+            (
+                config.auth_key.is_some() && !(engine == Engine::Trtllm && role == Role::Decode),
+                "--auth-key (trtllm decode only)",
+            ),
+            (
+                config.ctx_endpoint_list && !(engine == Engine::Trtllm && role == Role::Prefill),
+                "--ctx-endpoint-list (trtllm prefill only)",
+            ),
+            (
+                config.lenient_prefill && role != Role::Prefill,
+                "--lenient-prefill (prefill only)",
+            ),
+            (
+                config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode),
+                "--allow-recompute (vllm decode only)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(ignored, flag)| ignored.then_some(flag))
+        .collect()
+    }
+
+    /// The fault and usage flags given where they do not apply.
+    fn ignored_fault_and_usage_flags(&self, config: &Config) -> Vec<&'static str> {
+        let (engine, role) = (config.engine, config.role);
+        let trtllm_prefill = engine == Engine::Trtllm && role == Role::Prefill;
+        [
+            (
+                config.has_fault(&Fault::NoKvParams) && !config.no_kv_params_applies(),
+                "--fault no-kv-params (vllm nixl/shfs/nixl_push prefill only)",
+            ),
+            (
+                config.has_fault(&Fault::NoTokenIds) && !trtllm_prefill,
                 "--fault no-token-ids (trtllm prefill only)",
             ),
             (
-                Fault::NoDisaggParams,
+                config.has_fault(&Fault::NoDisaggParams) && !trtllm_prefill,
                 "--fault no-disagg-params (trtllm prefill only)",
             ),
-        ] {
-            if config.has_fault(&fault) && !(engine == Engine::Trtllm && role == Role::Prefill) {
-                ignored.push(name);
+            (
+                config.fail_after_transfer().is_some()
+                    && !(engine == Engine::Sglang && role == Role::Prefill),
+                "--fault fail-after-transfer (sglang prefill only)",
+            ),
+            (
+                self.cached_tokens.is_some() && engine == Engine::Trtllm,
+                "--cached-tokens (vllm, sglang and default only)",
+            ),
+            (
+                self.no_remote_cached_field && engine != Engine::Vllm,
+                "--no-remote-cached-field (vllm only)",
+            ),
+            (
+                self.no_prompt_tokens_details && config.flavor() != Flavor::Vllm,
+                "--no-prompt-tokens-details (vllm and default only)",
+            ),
+            (
+                self.enable_cache_report && engine != Engine::Sglang,
+                "--enable-cache-report (sglang only)",
+            ),
+            (
+                self.double_count_cached && !(engine == Engine::Sglang && role == Role::Decode),
+                "--double-count-cached (sglang decode only)",
+            ),
+        ]
+        .into_iter()
+        .filter_map(|(ignored, flag)| ignored.then_some(flag))
+        .collect()
+    }
+}
+
+/// `--fault fail-after:N` taken out of the faults: given at most once, and
+/// alone it means `status:500`.
+fn split_fail_after(mut faults: Vec<Fault>) -> Result<(Vec<Fault>, Option<u64>), clap::Error> {
+    let mut fail_after = None;
+    for f in &faults {
+        if let Fault::FailAfter(n) = f {
+            if fail_after.replace(*n).is_some() {
+                return Err(Cli::command().error(
+                    ErrorKind::ArgumentConflict,
+                    "--fault fail-after:N given twice",
+                ));
             }
         }
-        if config.fail_after_transfer().is_some()
-            && !(engine == Engine::Sglang && role == Role::Prefill)
-        {
-            ignored.push("--fault fail-after-transfer (sglang prefill only)");
-        }
-        if self.cached_tokens.is_some() && engine == Engine::Trtllm {
-            ignored.push("--cached-tokens (vllm, sglang and default only)");
-        }
-        if self.no_remote_cached_field && engine != Engine::Vllm {
-            ignored.push("--no-remote-cached-field (vllm only)");
-        }
-        if self.no_prompt_tokens_details && config.flavor() != Flavor::Vllm {
-            ignored.push("--no-prompt-tokens-details (vllm and default only)");
-        }
-        if self.enable_cache_report && engine != Engine::Sglang {
-            ignored.push("--enable-cache-report (sglang only)");
-        }
-        if self.double_count_cached && !(engine == Engine::Sglang && role == Role::Decode) {
-            ignored.push("--double-count-cached (sglang decode only)");
-        }
-        for flag in ignored {
-            eprintln!("mock-engine: warning: ignoring {flag}");
-        }
-        Ok(config)
     }
+    faults.retain(|f| !matches!(f, Fault::FailAfter(_)));
+    if fail_after.is_some() && faults.is_empty() {
+        faults.push(Fault::Status(500));
+    }
+    Ok((faults, fail_after))
 }
 
 #[cfg(test)]
@@ -718,6 +483,43 @@ mod tests {
 
     fn line(s: &str) -> Result<Config, clap::Error> {
         parse(std::iter::once("mock-engine").chain(s.split_whitespace()))
+    }
+
+    /// The flags `s` gives where they do not apply, as the warnings name them.
+    fn ignored(s: &str) -> Vec<&'static str> {
+        let mut cli =
+            Cli::try_parse_from(std::iter::once("mock-engine").chain(s.split_whitespace()))
+                .expect("valid");
+        let (faults, fail_after) =
+            split_fail_after(std::mem::take(&mut cli.faults)).expect("valid");
+        let config = cli.config(faults, fail_after);
+        let mut out = cli.ignored_handoff_flags(&config);
+        out.extend(cli.ignored_fault_and_usage_flags(&config));
+        out
+    }
+
+    #[test]
+    fn flags_that_do_not_apply_are_named() {
+        assert!(
+            ignored("--engine vllm --role prefill --connector mooncake --dp-size 2").is_empty()
+        );
+        let names: Vec<&str> = ignored(
+            "--engine trtllm --role decode --connector nixl --dp-size 2 --lenient-prefill \
+             --fault no-token-ids --enable-cache-report",
+        )
+        .iter()
+        .map(|w| w.split(' ').next().unwrap_or_default())
+        .collect();
+        assert_eq!(
+            names,
+            [
+                "--connector",
+                "--dp-size",
+                "--lenient-prefill",
+                "--fault",
+                "--enable-cache-report"
+            ]
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Number, Value};
 
-use crate::cli::{Config, Flavor};
+use crate::config::{Config, Flavor};
 use crate::error::{Checked, Fail};
 use crate::logprobs::{self as lp, Asked, Prompt, Token};
 use crate::request::{short, Api, Request};

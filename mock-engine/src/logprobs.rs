@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::cli::Flavor;
+use crate::config::Flavor;
 use crate::error::{Checked, Fail};
 use crate::request::{fnv1a, short, token_ids, Api, Request};
 

@@ -1,24 +1,41 @@
 //! mock-engine: impersonates one vLLM / SGLang / TensorRT-LLM pod in the
 //! prefill or decode role and enforces that engine's prefill/decode contract,
 //! so end-to-end tests of the router fail when the router is wrong.
+//!
+//! The files form layers, each importing only from those below it (the
+//! layout test, tests/layout.rs, fails on an import cycle), so an engine's
+//! contract can change without touching what it stands on:
+//!
+//! 1. Domain types and helpers that import nothing of the crate: `config`,
+//!    `error`, `peer`, `disagg_auth`, `responses`, `conn`; on them
+//!    `request` (a body's members), `logprobs` and `metrics`.
+//! 2. `store`: what one leg leaves for the other, as data.
+//! 3. `state`: one pod's config, counters and stores, shared by handlers.
+//! 4. `generate`: the answers, as JSON or SSE.
+//! 5. `engines`: each engine's contract and its side of the hand-off.
+//! 6. The HTTP servers: `server` (the main API), `sidechannel`,
+//!    `bootstrap` and `zmq`.
+//! 7. `cli` and this file: the flags, the listeners, the runtime.
 
 mod bootstrap;
 mod cli;
+mod config;
 mod conn;
 mod disagg_auth;
 mod engines;
 mod error;
 mod generate;
 mod logprobs;
+mod metrics;
 #[cfg(test)]
 mod pd_tests;
 mod peer;
-mod rendezvous;
 mod request;
 mod responses;
 mod server;
 mod sidechannel;
 mod state;
+mod store;
 mod zmq;
 
 use std::io::Write;
@@ -29,6 +46,7 @@ use std::sync::Arc;
 use axum::Router;
 use tokio::net::TcpListener;
 
+use crate::config::Config;
 use crate::state::{AppState, Bound};
 
 async fn bind(what: &str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), String> {
@@ -68,7 +86,7 @@ async fn shutdown_signal() {
     }
 }
 
-async fn run(config: cli::Config) -> Result<(), String> {
+async fn run(config: Config) -> Result<(), String> {
     let (http, http_addr) = bind("http", config.listen).await?;
     let side = if config.needs_side_channel() {
         Some(bind("side channel", config.side_listen).await?)

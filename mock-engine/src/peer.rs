@@ -46,6 +46,18 @@ impl PeerResponse {
     }
 }
 
+/// How a [`Peers::long_poll`] ended.
+pub enum Polled {
+    /// 200: what was waited for.
+    Ready(PeerResponse),
+    /// The peer's 504 at its deadline, or no answer by the client's.
+    TimedOut,
+    /// Any other answer.
+    Refused(PeerResponse),
+    /// Never answered (refused by policy, unreachable).
+    Failed(PeerError),
+}
+
 /// `host:port` with IPv6 literals bracketed, as a URL authority needs.
 pub fn authority(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
@@ -139,6 +151,22 @@ impl Peers {
         let url = format!("http://{authority}{path_and_query}");
         let req = self.client.get(url).timeout(timeout);
         send(req).await
+    }
+
+    /// GET a path the peer holds open until what it waits for comes or
+    /// `wait` passes, when it answers 504. The client allows 2 s more,
+    /// which only covers a peer that stops answering altogether.
+    pub async fn long_poll(&self, authority: &str, path: &str, wait: Duration) -> Polled {
+        match self
+            .get(authority, path, wait + Duration::from_secs(2))
+            .await
+        {
+            Ok(r) if r.status == StatusCode::OK => Polled::Ready(r),
+            Ok(r) if r.status == StatusCode::GATEWAY_TIMEOUT => Polled::TimedOut,
+            Ok(r) => Polled::Refused(r),
+            Err(PeerError::Timeout) => Polled::TimedOut,
+            Err(e) => Polled::Failed(e),
+        }
     }
 
     pub async fn post_json(

@@ -214,7 +214,9 @@ pub fn token_ids(key: &[u8]) -> Vec<u64> {
     key.chunks(4)
         .map(|c| {
             let mut w = [0u8; 4];
-            w[..c.len()].copy_from_slice(c);
+            for (word, byte) in w.iter_mut().zip(c) {
+                *word = *byte;
+            }
             u64::from(u32::from_le_bytes(w)) % 151_936
         })
         .collect()
@@ -256,16 +258,16 @@ const TOKEN_IDS: &[u8] = br#""prompt_token_ids":["#;
 /// once, its array is compact and the rest parses with the key at the top.
 fn cut_ids(api: Api, body: &[u8]) -> Option<Request<'_>> {
     let at = find(body, TOKEN_IDS)?;
-    if find(&body[at + 1..], TOKEN_IDS).is_some() {
+    if find(body.get(at + 1..)?, TOKEN_IDS).is_some() {
         return None;
     }
     let open = at + TOKEN_IDS.len() - 1;
-    let close = open + body[open..].iter().position(|b| *b == b']')?;
-    let ids = compact_ids(&body[open..=close])?;
+    let close = open + body.get(open..)?.iter().position(|b| *b == b']')?;
+    let ids = compact_ids(body.get(open..=close)?)?;
     let cut = close - open - 1;
     let mut rest = Vec::with_capacity(body.len() - cut);
-    rest.extend_from_slice(&body[..=open]);
-    rest.extend_from_slice(&body[close..]);
+    rest.extend_from_slice(body.get(..=open)?);
+    rest.extend_from_slice(body.get(close..)?);
     let fields: Fields<'_> = serde_json::from_slice(&rest).ok()?;
     // A position in `rest` is the same in the body up to the `[`, and `cut`
     // bytes later after it.
@@ -299,7 +301,7 @@ pub fn compact_ids(raw: &[u8]) -> Option<Vec<u64>> {
         return Some(ids);
     }
     for digits in inner.split(|b| *b == b',') {
-        let leading_zero = digits.len() > 1 && digits[0] == b'0';
+        let leading_zero = digits.len() > 1 && digits.first() == Some(&b'0');
         if digits.is_empty() || digits.len() > 9 || leading_zero {
             return None;
         }

@@ -17,12 +17,14 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cli::{check_load_value, fail_after_transfer, Engine, Fault, Load, MetricsFormat, Role};
+use crate::config::{check_load_value, fail_after_transfer, Engine, Fault, Load, Role};
 use crate::conn::{truncated_body, ConnCtl, ConnHandle};
 use crate::engines;
 use crate::error::{error_body, Fail};
+use crate::metrics::{render_metrics, Snapshot};
 use crate::request::Api;
-use crate::state::{lock, DebugRecord, Shared};
+use crate::state::{DebugRecord, Shared};
+use crate::store::lock;
 
 /// Bodies larger than axum's 2 MB default are legitimate long prompts.
 const BODY_LIMIT: usize = 64 << 20;
@@ -112,142 +114,6 @@ async fn models(State(state): State<Shared>) -> Response {
         "data": [{"id": state.config.model, "object": "model", "owned_by": "mock"}],
     }))
     .into_response()
-}
-
-/// Prometheus label values escape backslash, quote and newline.
-fn label_value(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// What `/metrics` shows at one instant.
-#[derive(Clone, Copy, Debug)]
-struct Snapshot {
-    in_flight: u64,
-    generated_tokens: u64,
-    finished: u64,
-    load: Load,
-}
-
-/// One metric family: HELP, TYPE and a single sample.
-fn family(out: &mut String, name: &str, kind: &str, help: &str, labels: &str, value: f64) {
-    use std::fmt::Write as _;
-    let _ = write!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name}{labels} {value:?}\n"
-    );
-}
-
-/// The Prometheus text page, with vLLM's or SGLang's metric names and labels.
-/// Running = real in-flight POSTs + reported extra; the other gauges are the
-/// reported values; counters count what the pod really did.
-fn render_metrics(format: MetricsFormat, model: &str, s: Snapshot) -> String {
-    let model = label_value(model);
-    let running = s.in_flight as f64 + s.load.running;
-    let mut out = String::with_capacity(2048);
-    match format {
-        MetricsFormat::Vllm => {
-            let l = format!("{{model_name=\"{model}\"}}");
-            family(
-                &mut out,
-                "vllm:num_requests_running",
-                "gauge",
-                "Number of requests in model execution batches.",
-                &l,
-                running,
-            );
-            family(
-                &mut out,
-                "vllm:num_requests_waiting",
-                "gauge",
-                "Number of requests waiting to be processed.",
-                &l,
-                s.load.waiting,
-            );
-            family(
-                &mut out,
-                "vllm:kv_cache_usage_perc",
-                "gauge",
-                "KV-cache usage. 1 means 100 percent usage.",
-                &l,
-                s.load.kv_usage,
-            );
-            family(
-                &mut out,
-                "vllm:generation_tokens_total",
-                "counter",
-                "Number of generation tokens processed.",
-                &l,
-                s.generated_tokens as f64,
-            );
-            family(
-                &mut out,
-                "vllm:request_success_total",
-                "counter",
-                "Count of successfully processed requests.",
-                &format!("{{finished_reason=\"length\",model_name=\"{model}\"}}"),
-                s.finished as f64,
-            );
-        }
-        MetricsFormat::Sglang => {
-            // Scheduler gauges carry the rank labels, tokenizer counters only
-            // the model, as in sglang/srt/metrics/collector.py.
-            let sched = format!(
-                "{{model_name=\"{model}\",engine_type=\"unified\",tp_rank=\"0\",pp_rank=\"0\"}}"
-            );
-            let l = format!("{{model_name=\"{model}\"}}");
-            family(
-                &mut out,
-                "sglang:num_running_reqs",
-                "gauge",
-                "The number of running requests.",
-                &sched,
-                running,
-            );
-            family(
-                &mut out,
-                "sglang:num_queue_reqs",
-                "gauge",
-                "The number of requests in the waiting queue.",
-                &sched,
-                s.load.waiting,
-            );
-            family(
-                &mut out,
-                "sglang:token_usage",
-                "gauge",
-                "The token usage.",
-                &sched,
-                s.load.kv_usage,
-            );
-            family(
-                &mut out,
-                "sglang:gen_throughput",
-                "gauge",
-                "The generation throughput (token/s).",
-                &sched,
-                s.load.gen_throughput,
-            );
-            family(
-                &mut out,
-                "sglang:generation_tokens_total",
-                "counter",
-                "Number of generation tokens processed.",
-                &l,
-                s.generated_tokens as f64,
-            );
-            family(
-                &mut out,
-                "sglang:num_requests_total",
-                "counter",
-                "Number of requests processed.",
-                &l,
-                s.finished as f64,
-            );
-        }
-    }
-    out
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
@@ -556,61 +422,6 @@ async fn truncate_response(resp: Response, extensions: &Extensions) -> Response 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn snapshot(in_flight: u64, load: Load) -> Snapshot {
-        Snapshot {
-            in_flight,
-            generated_tokens: 42,
-            finished: 3,
-            load,
-        }
-    }
-
-    /// Sample lines (not comments) of a page, as `name{labels} value`.
-    fn samples(page: &str) -> Vec<&str> {
-        page.lines().filter(|l| !l.starts_with('#')).collect()
-    }
-
-    #[test]
-    fn vllm_page() {
-        let load = Load {
-            running: 2.5,
-            waiting: 4.0,
-            kv_usage: 0.75,
-            gen_throughput: 99.0,
-            metrics_fail: false,
-        };
-        let page = render_metrics(MetricsFormat::Vllm, "m\"x", snapshot(1, load));
-        assert_eq!(
-            samples(&page),
-            [
-                r#"vllm:num_requests_running{model_name="m\"x"} 3.5"#,
-                r#"vllm:num_requests_waiting{model_name="m\"x"} 4.0"#,
-                r#"vllm:kv_cache_usage_perc{model_name="m\"x"} 0.75"#,
-                r#"vllm:generation_tokens_total{model_name="m\"x"} 42.0"#,
-                r#"vllm:request_success_total{finished_reason="length",model_name="m\"x"} 3.0"#,
-            ]
-        );
-        assert!(page.contains("# TYPE vllm:request_success_total counter\n"));
-        assert!(page.ends_with('\n'));
-    }
-
-    #[test]
-    fn sglang_page() {
-        let page = render_metrics(MetricsFormat::Sglang, "m", snapshot(0, Load::default()));
-        let sched = r#"{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"}"#;
-        assert_eq!(
-            samples(&page),
-            [
-                format!("sglang:num_running_reqs{sched} 0.0"),
-                format!("sglang:num_queue_reqs{sched} 0.0"),
-                format!("sglang:token_usage{sched} 0.0"),
-                format!("sglang:gen_throughput{sched} 0.0"),
-                r#"sglang:generation_tokens_total{model_name="m"} 42.0"#.to_string(),
-                r#"sglang:num_requests_total{model_name="m"} 3.0"#.to_string(),
-            ]
-        );
-    }
 
     #[test]
     fn load_update() {

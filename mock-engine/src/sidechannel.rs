@@ -1,4 +1,6 @@
-//! The prefill pod's side channel: where a decode pulls the "KV cache".
+//! The prefill pod's side channel: where a decode pulls the "KV cache"
+//! (NIXL and TRT-LLM entries are kept in `store/side.rs`, Mooncake and NIXL
+//! push offers in `store/offers.rs`).
 //!
 //! vLLM NIXL/shfs: `GET /kv/{remote_request_id}?engine_id=E&block_ids=1,2,3`.
 //! vLLM Mooncake: `GET /mooncake/kv?engine_id=E&transfer_id=T&timeout_ms=N`
@@ -10,7 +12,6 @@
 //! router that makes two decodes pull one prefill fails the second.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
@@ -20,124 +21,10 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::cli::{Connector, Engine};
+use crate::config::{Connector, Engine};
 use crate::engines::{base_request_id, mooncake_offer_key};
-use crate::state::{lock, Shared};
-
-pub struct KvEntry {
-    pub engine_id: String,
-    pub block_ids: Vec<u64>,
-    pub prompt_hash: String,
-}
-
-/// The form in which a TRT-LLM context answered the prompt's ids; the
-/// generation request must carry them in that form (an orchestrator relays
-/// what it got, and drops nothing).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IdsForm {
-    /// Not answered (older chat endpoints, `--fault no-token-ids`).
-    Absent,
-    /// `prompt_token_ids`.
-    Array,
-    /// `prompt_token_ids_b64`.
-    Base64,
-}
-
-impl IdsForm {
-    fn tag(self) -> u8 {
-        match self {
-            IdsForm::Absent => b'-',
-            IdsForm::Array => b'a',
-            IdsForm::Base64 => b'b',
-        }
-    }
-
-    fn from_tag(tag: u8) -> Option<IdsForm> {
-        [IdsForm::Absent, IdsForm::Array, IdsForm::Base64]
-            .into_iter()
-            .find(|f| f.tag() == tag)
-    }
-}
-
-/// What a TRT-LLM context leaves for its generation request.
-#[derive(Debug, PartialEq, Eq)]
-pub struct CtxEntry {
-    pub token_ids: Vec<u64>,
-    /// The `encoded_opaque_state` the context answered.
-    pub encoded_opaque_state: String,
-    pub answered: IdsForm,
-}
-
-impl CtxEntry {
-    /// The body of `GET /ctx/{id}`: the form's tag byte, the opaque state
-    /// (base64, so no newline), a newline, then the ids as little-endian
-    /// u64s. Binary, as
-    /// the cache transfer it stands in for: 131 000 ids as JSON made the
-    /// mocks, not the router, bind the bench's 512 KB rate.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out =
-            Vec::with_capacity(self.encoded_opaque_state.len() + 2 + 8 * self.token_ids.len());
-        out.push(self.answered.tag());
-        out.extend_from_slice(self.encoded_opaque_state.as_bytes());
-        out.push(b'\n');
-        for id in &self.token_ids {
-            out.extend_from_slice(&id.to_le_bytes());
-        }
-        out
-    }
-
-    pub fn decode(body: &[u8]) -> Result<CtxEntry, String> {
-        let (&tag, body) = body.split_first().ok_or("empty body")?;
-        let answered =
-            IdsForm::from_tag(tag).ok_or_else(|| format!("unknown ids form {tag:#x}"))?;
-        let newline = body
-            .iter()
-            .position(|b| *b == b'\n')
-            .ok_or("no opaque state line")?;
-        let (state, ids) = (&body[..newline], &body[newline + 1..]);
-        let encoded_opaque_state = std::str::from_utf8(state)
-            .map_err(|e| format!("opaque state: {e}"))?
-            .to_string();
-        let words = ids.chunks_exact(8);
-        if !words.remainder().is_empty() {
-            return Err(format!(
-                "{} id bytes is not a whole number of u64s",
-                ids.len()
-            ));
-        }
-        let token_ids = words
-            .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
-            .collect();
-        Ok(CtxEntry {
-            token_ids,
-            encoded_opaque_state,
-            answered,
-        })
-    }
-}
-
-#[derive(Default)]
-pub struct SideStore {
-    kv: Mutex<HashMap<String, KvEntry>>,
-    ctx: Mutex<HashMap<u64, CtxEntry>>,
-}
-
-impl SideStore {
-    pub fn put_kv(&self, remote_request_id: String, entry: KvEntry) {
-        lock(&self.kv).insert(remote_request_id, entry);
-    }
-
-    /// Stores a TRT-LLM context; false if the id is still pending, since
-    /// reusing a live disagg_request_id would mix two requests' KV.
-    pub fn put_ctx(&self, id: u64, entry: CtxEntry) -> bool {
-        let mut ctx = lock(&self.ctx);
-        if ctx.contains_key(&id) {
-            return false;
-        }
-        ctx.insert(id, entry);
-        true
-    }
-}
+use crate::state::Shared;
+use crate::store::side::KvMiss;
 
 pub fn router(state: Shared) -> Router {
     let r = Router::new();
@@ -259,31 +146,21 @@ async fn get_kv(
             format!("block_ids {blocks:?} is not a comma-separated list of integers"),
         );
     };
-    let mut kv = lock(&state.side.kv);
-    let Some(entry) = kv.get(&id) else {
-        return plain(
+    match state.side.take_kv(&id, engine_id, &block_ids) {
+        Ok(hash) => Json(json!({"prompt_hash": hash})).into_response(),
+        Err(KvMiss::Unknown) => plain(
             StatusCode::NOT_FOUND,
             format!("no KV for remote_request_id {id:?} (unknown or already pulled)"),
-        );
-    };
-    if entry.engine_id != *engine_id {
-        return plain(
+        ),
+        Err(KvMiss::Engine(theirs)) => plain(
             StatusCode::CONFLICT,
-            format!(
-                "engine_id {engine_id:?} does not match {:?}",
-                entry.engine_id
-            ),
-        );
-    }
-    if entry.block_ids != block_ids {
-        return plain(
+            format!("engine_id {engine_id:?} does not match {theirs:?}"),
+        ),
+        Err(KvMiss::Blocks(theirs)) => plain(
             StatusCode::CONFLICT,
-            format!("block_ids {block_ids:?} do not match {:?}", entry.block_ids),
-        );
+            format!("block_ids {block_ids:?} do not match {theirs:?}"),
+        ),
     }
-    let hash = entry.prompt_hash.clone();
-    kv.remove(&id);
-    Json(json!({"prompt_hash": hash})).into_response()
 }
 
 async fn get_ctx(State(state): State<Shared>, Path(id): Path<String>) -> Response {
@@ -293,38 +170,11 @@ async fn get_ctx(State(state): State<Shared>, Path(id): Path<String>) -> Respons
             format!("ctx id {id:?} is not a u64"),
         );
     };
-    match lock(&state.side.ctx).remove(&id) {
+    match state.side.take_ctx(id) {
         Some(ctx) => ctx.encode().into_response(),
         None => plain(
             StatusCode::NOT_FOUND,
             format!("no context for disagg_request_id {id} (unknown or already pulled)"),
         ),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ctx_body_round_trips() {
-        for answered in [IdsForm::Absent, IdsForm::Array, IdsForm::Base64] {
-            let ctx = CtxEntry {
-                token_ids: vec![0, 151_935, u64::MAX],
-                encoded_opaque_state: "bW9jaw+/=".into(),
-                answered,
-            };
-            assert_eq!(CtxEntry::decode(&ctx.encode()), Ok(ctx));
-        }
-    }
-
-    #[test]
-    fn ctx_body_must_be_whole() {
-        assert!(CtxEntry::decode(b"").is_err());
-        assert!(CtxEntry::decode(b"ano newline").is_err());
-        assert!(CtxEntry::decode(b"astate\n1234567").is_err());
-        assert!(CtxEntry::decode(b"?state\n").is_err(), "unknown form");
-        let empty = CtxEntry::decode(b"-\n").expect("no ids is well formed");
-        assert!(empty.token_ids.is_empty() && empty.encoded_opaque_state.is_empty());
     }
 }

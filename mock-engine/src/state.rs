@@ -6,16 +6,16 @@ use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::bootstrap::Rooms;
-use crate::cli::{Config, Connector, Load};
+use crate::config::{Config, Connector, Load};
 use crate::peer::Peers;
-use crate::rendezvous::Offers;
-use crate::sidechannel::SideStore;
+use crate::store::offers::Offers;
+use crate::store::rooms::Rooms;
+use crate::store::side::SideStore;
 
 /// How long offered KV waits for its consumer: vLLM Mooncake's
 /// `VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT` (480 s); NIXL push holds the
@@ -180,10 +180,4 @@ impl Drop for InFlight {
         }
         self.state.running.fetch_sub(1, Ordering::Relaxed);
     }
-}
-
-/// A poisoned lock only means another handler panicked mid-update; the data
-/// here stays usable, so the mock keeps serving instead of cascading panics.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -15,9 +15,9 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::cli::Role;
-use crate::rendezvous::Kv;
+use crate::config::Role;
 use crate::state::Shared;
+use crate::store::offers::Kv;
 
 pub fn router(state: Shared) -> Router {
     Router::new()

@@ -18,7 +18,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -262,7 +262,7 @@ impl Shared {
             .is_ok()
         {
             let edge = self.edge();
-            *self.end.lock().unwrap() = Some(edge);
+            *lock(&self.end) = Some(edge);
             self.closed.notify_one();
         }
     }
@@ -272,7 +272,7 @@ impl Shared {
             return;
         }
         self.errors.fetch_add(1, Ordering::Relaxed);
-        let mut first = self.first_error.lock().unwrap();
+        let mut first = lock(&self.first_error);
         if first.is_none() {
             *first = Some(what);
         }
@@ -282,10 +282,7 @@ impl Shared {
         if self.phase.load(Ordering::SeqCst) != MEASURE {
             return;
         }
-        self.latencies_us
-            .lock()
-            .unwrap()
-            .push(latency.as_micros().min(u128::from(u32::MAX)) as u32);
+        lock(&self.latencies_us).push(latency.as_micros().min(u128::from(u32::MAX)) as u32);
         let n = self.completed.fetch_add(1, Ordering::Relaxed) + 1;
         if self.target.is_some_and(|t| n >= t) {
             self.close();
@@ -307,8 +304,14 @@ async fn connect(addr: SocketAddr) -> Result<SendRequest<Full<Bytes>>, String> {
     Ok(sender)
 }
 
+/// A poisoned lock only means a worker panicked mid-update; the counts
+/// stay usable, so the report still comes out.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn snippet(body: &[u8]) -> String {
-    let s = String::from_utf8_lossy(&body[..body.len().min(300)]);
+    let s = String::from_utf8_lossy(body.get(..300).unwrap_or(body));
     s.replace('\n', " ")
 }
 
@@ -375,7 +378,7 @@ fn percentile(sorted: &[u32], p: f64) -> Option<f64> {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     let i = rank.clamp(1, sorted.len()) - 1;
-    Some(f64::from(sorted[i]) / 1000.0)
+    sorted.get(i).map(|v| f64::from(*v) / 1000.0)
 }
 
 fn json_num(v: Option<f64>) -> String {
@@ -414,14 +417,14 @@ async fn run(args: Args) -> String {
         tokio::time::sleep(args.duration).await;
     }
     shared.close();
-    let end = shared.end.lock().unwrap().unwrap_or_else(|| shared.edge());
+    let end = lock(&shared.end).unwrap_or_else(|| shared.edge());
     let cores1 = core_ticks();
     workers.abort_all();
 
     let elapsed = end.at.duration_since(start.at).as_secs_f64();
     let completed = shared.completed.load(Ordering::Relaxed);
     let errors = shared.errors.load(Ordering::Relaxed);
-    let mut lat = std::mem::take(&mut *shared.latencies_us.lock().unwrap());
+    let mut lat = std::mem::take(&mut *lock(&shared.latencies_us));
     lat.sort_unstable();
     let cpu_s = match (start.cpu, end.cpu) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a) as f64 / USER_HZ),
@@ -442,10 +445,7 @@ async fn run(args: Args) -> String {
             }
         })
         .collect();
-    let first_error = shared
-        .first_error
-        .lock()
-        .unwrap()
+    let first_error = lock(&shared.first_error)
         .clone()
         .map(|e| serde_json::Value::String(e).to_string())
         .unwrap_or_else(|| "null".to_string());

@@ -1,6 +1,7 @@
 //! The `default` engine: a plain OpenAI server with no KV hand-off, for
 //! routers that only split the legs (or for recompute baselines).
 
+use super::contract::prefill_constraints;
 use crate::error::Checked;
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::request::{approx_tokens, Request};
@@ -10,7 +11,7 @@ fn prompt_tokens(req: &Request<'_>) -> u64 {
 }
 
 pub fn prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
-    super::prefill_constraints(req, true, lenient)?;
+    prefill_constraints(req, true, lenient)?;
     Ok(PrefillOut::new(prompt_tokens(req)))
 }
 

@@ -18,19 +18,18 @@
 //! bootstrap server or a KV that never comes fail the request (the default
 //! `kv_load_failure_policy` "fail"): 500.
 
-use std::time::Duration;
-
 use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{object_field, prefill_constraints, str_member, vllm_prefill_params, vllm_recompute};
+use super::contract::{object_field, prefill_constraints, same_prompt, str_member};
+use super::vllm_request::{vllm_prefill_params, vllm_recompute};
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
-use crate::peer::{authority, pct, split_authority, PeerError};
-use crate::rendezvous;
+use crate::peer::{authority, pct, split_authority, Polled};
 use crate::request::{approx_tokens, prompt_hash, short, Request};
 use crate::state::Shared;
+use crate::store::offers;
 
 const P: &str = "kv_transfer_params";
 
@@ -100,7 +99,7 @@ pub fn prefill(
         let engine_id = state.mooncake_rank_id(rank);
         let offered = state.offers.offer(
             offer_key(&engine_id, &transfer_id),
-            rendezvous::Kv {
+            offers::Kv {
                 prompt_hash: prompt_hash(&key),
                 sender: None,
             },
@@ -195,33 +194,25 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             wait.as_millis()
         ))
     };
-    let resp = match state
-        .peers
-        .get(&worker, &path, wait + Duration::from_secs(2))
-        .await
-    {
-        Ok(r) => r,
-        Err(PeerError::Timeout) => return Err(timed_out()),
-        Err(e) => {
+    let resp = match state.peers.long_poll(&worker, &path, wait).await {
+        Polled::Ready(r) => r,
+        Polled::TimedOut => return Err(timed_out()),
+        Polled::Failed(e) => {
             return Err(Fail::kv_load(format!(
                 "could not pull KV from worker {worker} of engine {engine_id}: {e}"
             )))
         }
-    };
-    match resp.status {
-        StatusCode::OK => {}
-        StatusCode::GATEWAY_TIMEOUT => return Err(timed_out()),
-        s => {
+        Polled::Refused(r) => {
             return Err(Fail::kv_load(format!(
                 "worker {worker} of engine {engine_id} refused the pull: {} {}",
-                s.as_u16(),
-                resp.text()
+                r.status.as_u16(),
+                r.text()
             )))
         }
-    }
+    };
     let pulled: Pulled = serde_json::from_slice(&resp.body)
         .map_err(|e| Fail::kv_load(format!("bad side-channel body from {worker}: {e}")))?;
-    super::same_prompt(&pulled.prompt_hash, &own_hash)?;
+    same_prompt(&pulled.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

@@ -17,16 +17,16 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{
-    object_field, prefill_constraints, request_id_source, str_member, u64_member, vllm_internal_id,
-    vllm_prefill_params, vllm_recompute, vllm_request_id,
+use super::contract::{object_field, prefill_constraints, same_prompt, str_member, u64_member};
+use super::vllm_request::{
+    request_id_source, vllm_internal_id, vllm_prefill_params, vllm_recompute, vllm_request_id,
 };
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
-use crate::peer::{authority, pct, PeerError};
-use crate::rendezvous;
-use crate::request::{approx_tokens, prompt_hash, short, Request};
+use crate::peer::{authority, pct, Polled};
+use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;
+use crate::store::offers;
 
 const P: &str = "kv_transfer_params";
 
@@ -43,7 +43,7 @@ pub fn base_request_id(id: &str) -> &str {
     id
 }
 
-fn needs_id(api: crate::request::Api, leg: &str) -> Fail {
+fn needs_id(api: Api, leg: &str) -> Fail {
     Fail::contract(format!(
         "nixl_push pairs the legs by request id: the {leg} needs {}",
         request_id_source(api)
@@ -67,7 +67,7 @@ pub fn prefill(
     if !spoiled {
         let offered = state.offers.offer(
             internal.clone(),
-            rendezvous::Kv {
+            offers::Kv {
                 prompt_hash: prompt_hash(&key),
                 sender: None,
             },
@@ -146,6 +146,20 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
     let Some(params) = object_field(req, P)? else {
         return vllm_recompute(state, req, "no kv_transfer_params");
     };
+    let (engine_id, at) = push_source(&params)?;
+    let id = vllm_request_id(req, headers)?.ok_or_else(|| needs_id(req.api, "decode"))?;
+    let internal = vllm_internal_id(req.api, &id);
+    let key = req.prompt_key()?;
+    let own_hash = prompt_hash(&key);
+    handshake(state, &at, engine_id).await?;
+    let pushed = await_push(state, &at, &internal, engine_id, req.api).await?;
+    same_prompt(&pushed.prompt_hash, &own_hash)?;
+    Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
+}
+
+/// The prefill the decode's `kv_transfer_params` (from configuration)
+/// name: its engine id and where it listens.
+fn push_source(params: &Map<String, Value>) -> Checked<(&str, String)> {
     if params.get("do_remote_decode") == Some(&Value::Bool(true)) {
         return Err(Fail::contract(format!(
             "`{P}.do_remote_decode` is true on the decode leg"
@@ -166,31 +180,29 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
         }
     }
     for field in ["remote_engine_id", "remote_host", "remote_port", "tp_size"] {
-        required(&params, field)?;
+        required(params, field)?;
     }
-    let engine_id = str_member(&params, P, "remote_engine_id")?;
-    let host = str_member(&params, P, "remote_host")?;
-    let port = u64_member(&params, P, "remote_port")?;
+    let engine_id = str_member(params, P, "remote_engine_id")?;
+    let host = str_member(params, P, "remote_host")?;
+    let port = u64_member(params, P, "remote_port")?;
     let port = u16::try_from(port)
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| Fail::contract(format!("`{P}.remote_port` {port} is not a TCP port")))?;
-    size_member(&params, "tp_size")?;
+    size_member(params, "tp_size")?;
     if params.contains_key("pp_size") {
-        size_member(&params, "pp_size")?;
+        size_member(params, "pp_size")?;
     }
-    let id = vllm_request_id(req, headers)?.ok_or_else(|| needs_id(req.api, "decode"))?;
-    let internal = vllm_internal_id(req.api, &id);
-    let key = req.prompt_key()?;
-    let own_hash = prompt_hash(&key);
-    let at = authority(host, port);
+    Ok((engine_id, authority(host, port)))
+}
 
-    // The NIXL handshake: the engine there must be the one named.
+/// The NIXL handshake: the engine at `at` must be the one named.
+async fn handshake(state: &Shared, at: &str, engine_id: &str) -> Checked<()> {
     let shake_err =
         |what: String| Fail::kv_load(format!("NIXL handshake with {at} failed: {what}"));
     let resp = state
         .peers
-        .get(&at, "/push/handshake", Duration::from_secs(2))
+        .get(at, "/push/handshake", Duration::from_secs(2))
         .await
         .map_err(|e| shake_err(e.to_string()))?;
     if resp.status != StatusCode::OK {
@@ -208,46 +220,45 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             shake.engine_id
         )));
     }
+    Ok(())
+}
 
+/// Waits at `at` for the KV the prefill pushes for `internal`.
+async fn await_push(
+    state: &Shared,
+    at: &str,
+    internal: &str,
+    engine_id: &str,
+    api: Api,
+) -> Checked<Pushed> {
     let wait = state.config.bootstrap_timeout;
     let path = format!(
         "/push/kv?request_id={}&timeout_ms={}",
-        pct(&internal),
+        pct(internal),
         wait.as_millis()
     );
-    let timed_out = || {
-        Fail::timeout(format!(
-            "no KV pushed for request {internal:?} by engine {engine_id} within {} ms: both legs \
-             must carry the same request id ({}) on the same endpoint, and the prefill must not \
-             fail",
-            wait.as_millis(),
-            request_id_source(req.api)
-        ))
-    };
-    let resp = match state
-        .peers
-        .get(&at, &path, wait + Duration::from_secs(2))
-        .await
-    {
-        Ok(r) => r,
-        Err(PeerError::Timeout) => return Err(timed_out()),
-        Err(e) => return Err(Fail::kv_load(format!("KV push from {at} failed: {e}"))),
-    };
-    match resp.status {
-        StatusCode::OK => {}
-        StatusCode::GATEWAY_TIMEOUT => return Err(timed_out()),
-        s => {
-            return Err(Fail::kv_load(format!(
-                "KV push from {at} failed: {} {}",
-                s.as_u16(),
-                resp.text()
+    let resp = match state.peers.long_poll(at, &path, wait).await {
+        Polled::Ready(r) => r,
+        Polled::TimedOut => {
+            return Err(Fail::timeout(format!(
+                "no KV pushed for request {internal:?} by engine {engine_id} within {} ms: both \
+                 legs must carry the same request id ({}) on the same endpoint, and the prefill \
+                 must not fail",
+                wait.as_millis(),
+                request_id_source(api)
             )))
         }
-    }
-    let pushed: Pushed = serde_json::from_slice(&resp.body)
-        .map_err(|e| Fail::kv_load(format!("bad side-channel body from {at}: {e}")))?;
-    super::same_prompt(&pushed.prompt_hash, &own_hash)?;
-    Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
+        Polled::Failed(e) => return Err(Fail::kv_load(format!("KV push from {at} failed: {e}"))),
+        Polled::Refused(r) => {
+            return Err(Fail::kv_load(format!(
+                "KV push from {at} failed: {} {}",
+                r.status.as_u16(),
+                r.text()
+            )))
+        }
+    };
+    serde_json::from_slice(&resp.body)
+        .map_err(|e| Fail::kv_load(format!("bad side-channel body from {at}: {e}")))
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 use axum::http::{HeaderMap, StatusCode};
 use serde_json::json;
 
-use super::{prefill_constraints, request_id_source, vllm_internal_id, vllm_request_id};
+use super::contract::{prefill_constraints, same_prompt};
+use super::vllm_request::{request_id_source, vllm_internal_id, vllm_request_id};
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::authority;
@@ -168,7 +169,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
              names ___prefill_addr_{p_host}:{p_port}"
         )));
     }
-    super::same_prompt(&kv.prompt_hash, &own_hash)?;
+    same_prompt(&kv.prompt_hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }
 

@@ -23,14 +23,16 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::prefill_constraints;
-use crate::bootstrap::Transfer;
+use super::cached::own_cached;
+use super::contract::prefill_constraints;
+use crate::config::Role;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::Asked;
-use crate::peer::{authority, PeerError};
+use crate::peer::{authority, PeerError, Polled};
 use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;
+use crate::store::rooms::Transfer;
 
 /// Largest room id: SGLang keeps rooms in a signed 64-bit integer.
 const MAX_ROOM: u64 = i64::MAX as u64;
@@ -234,12 +236,16 @@ fn targets(req: &Request<'_>, batch: Option<usize>) -> Checked<Vec<Target>> {
     let hosts = as_batch("bootstrap_host", &host)?;
     let ports = as_batch("bootstrap_port", &port)?;
     let rooms = as_batch("bootstrap_room", &room)?;
-    (0..size)
-        .map(|i| {
+    hosts
+        .iter()
+        .zip(&ports)
+        .zip(&rooms)
+        .enumerate()
+        .map(|(i, ((host, port), room))| {
             Ok(Target {
-                host: host_of(&hosts[i], &format!("`bootstrap_host[{i}]`"))?,
-                port: port_of(&ports[i], &format!("`bootstrap_port[{i}]`"))?,
-                room: room_of(&rooms[i], &format!("`bootstrap_room[{i}]`"))?,
+                host: host_of(host, &format!("`bootstrap_host[{i}]`"))?,
+                port: port_of(port, &format!("`bootstrap_port[{i}]`"))?,
+                room: room_of(room, &format!("`bootstrap_room[{i}]`"))?,
             })
         })
         .collect()
@@ -250,13 +256,13 @@ fn targets(req: &Request<'_>, batch: Option<usize>) -> Checked<Vec<Target>> {
 pub fn server_info(state: &Shared) -> Value {
     let cfg = &state.config;
     let (mode, port, balance) = match cfg.role {
-        crate::cli::Role::Prefill => (
+        Role::Prefill => (
             "prefill",
             state.bound.bootstrap.map_or(8998, |b| b.port()),
             "follow_bootstrap_room",
         ),
         // The decode serves no bootstrap server: the default port.
-        crate::cli::Role::Decode => ("decode", 8998, "round_robin"),
+        Role::Decode => ("decode", 8998, "round_robin"),
     };
     json!({
         "dp_size": cfg.dp_size,
@@ -335,7 +341,7 @@ pub async fn prefill(
     let ranks = prefill_ranks(state, req, headers, &targets)?;
     let hashes = room_hashes(req, batch)?;
     let key = req.prompt_key()?;
-    let cached_tokens = super::own_cached(state, asked, approx_tokens(&key));
+    let cached_tokens = own_cached(state, asked, approx_tokens(&key));
 
     let deadline = Instant::now() + state.config.bootstrap_timeout;
     let mut collected = Vec::with_capacity(targets.len());
@@ -434,30 +440,24 @@ async fn await_kv(
     let at = authority(&t.host, t.port);
     let wait = state.config.bootstrap_timeout;
     let path = format!("/wait/{}?timeout_ms={}", t.room, wait.as_millis());
-    let timed_out = || Fail::timeout(format!("KV transfer timed out for room {}", t.room));
-    // The server answers 504 at `wait`; the client margin only covers a
-    // server that stops answering altogether.
-    let resp = match state
-        .peers
-        .get(&at, &path, wait + Duration::from_secs(2))
-        .await
-    {
-        Ok(r) => r,
-        Err(PeerError::Timeout) => return Err(timed_out()),
-        Err(e) => return Err(unreachable(&at, &e)),
-    };
-    match resp.status {
-        StatusCode::OK => {}
-        StatusCode::GATEWAY_TIMEOUT => return Err(timed_out()),
-        s => {
+    let resp = match state.peers.long_poll(&at, &path, wait).await {
+        Polled::Ready(r) => r,
+        Polled::TimedOut => {
+            return Err(Fail::timeout(format!(
+                "KV transfer timed out for room {}",
+                t.room
+            )))
+        }
+        Polled::Failed(e) => return Err(unreachable(&at, &e)),
+        Polled::Refused(r) => {
             return Err(Fail::contract(format!(
                 "bootstrap server at {at} failed waiting for room {}: {} {}",
                 t.room,
-                s.as_u16(),
-                resp.text()
+                r.status.as_u16(),
+                r.text()
             )))
         }
-    }
+    };
     let got: Transferred = serde_json::from_slice(&resp.body).map_err(|e| {
         Fail::contract(format!(
             "bootstrap server at {at} sent a bad wait body: {e}"

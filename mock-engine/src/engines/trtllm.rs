@@ -16,6 +16,7 @@
 //! `ctx_info_endpoint` (see [`crate::disagg_auth`]).
 
 use std::borrow::Cow;
+use std::net::SocketAddr;
 
 use axum::http::{HeaderMap, StatusCode};
 use base64::engine::general_purpose::STANDARD;
@@ -23,15 +24,15 @@ use base64::Engine as _;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use super::{object_field, prefill_constraints, str_member, u64_member};
-use crate::cli::Fault;
+use super::contract::{object_field, prefill_constraints, str_member, u64_member};
+use crate::config::Fault;
 use crate::disagg_auth;
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::pct;
 use crate::request::{compact_ids, short, token_ids, u64_array, Api, Request};
-use crate::sidechannel::{CtxEntry, IdsForm};
 use crate::state::Shared;
+use crate::store::side::{CtxEntry, IdsForm};
 
 /// Standard base64 with padding (RFC 4648), as Python's `b64encode`.
 fn base64(bytes: &[u8]) -> String {
@@ -56,6 +57,15 @@ enum AnsweredIds {
     Base64(String),
 }
 
+impl AnsweredIds {
+    fn form(&self) -> IdsForm {
+        match self {
+            AnsweredIds::Array(_) => IdsForm::Array,
+            AnsweredIds::Base64(_) => IdsForm::Base64,
+        }
+    }
+}
+
 /// The ids a generation worker decodes from `prompt_token_ids_b64`.
 fn ids_from_b64(s: &str) -> Option<Vec<u64>> {
     let bytes = STANDARD.decode(s).ok()?;
@@ -64,7 +74,8 @@ fn ids_from_b64(s: &str) -> Option<Vec<u64>> {
     }
     let mut ids = Vec::with_capacity(bytes.len() / 4);
     for w in bytes.chunks_exact(4) {
-        ids.push(u64::try_from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])).ok()?);
+        let w: [u8; 4] = w.try_into().ok()?;
+        ids.push(u64::try_from(i32::from_le_bytes(w)).ok()?);
     }
     Some(ids)
 }
@@ -90,6 +101,46 @@ fn expect_request_type(params: &Map<String, Value>, expected: &str) -> Checked<(
 
 pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<PrefillOut> {
     prefill_constraints(req, false, state.config.lenient_prefill)?;
+    let (id, b64) = context_params(req)?;
+    context_prompt(req)?;
+    let key = req.prompt_key()?;
+    let tokens = token_ids(&key);
+    let side = state
+        .bound
+        .side
+        .ok_or_else(|| Fail::internal("trtllm prefill has no side channel bound"))?;
+    let encoded_opaque_state = opaque_state(state, id);
+    let ids = answered_ids(req, faults, b64, &tokens)?;
+    let prompt_tokens = tokens.len() as u64;
+    let entry = CtxEntry {
+        token_ids: tokens,
+        encoded_opaque_state: encoded_opaque_state.clone(),
+        answered: ids.as_ref().map_or(IdsForm::Absent, AnsweredIds::form),
+    };
+    if !state.side.put_ctx(id, entry) {
+        return Err(Fail::contract(format!(
+            "`{P}.disagg_request_id` {id} is reused while its context is still pending"
+        )));
+    }
+    let mut out = PrefillOut::new(prompt_tokens);
+    // "[[finish]]" makes the context finish the request by itself, so tests
+    // can check the router answers without a generation leg.
+    if key.windows(10).any(|w| w == b"[[finish]]") {
+        out.finish_reason = "stop";
+    }
+    if !faults.contains(&Fault::NoDisaggParams) {
+        let params = answered_params(state, side, id, &encoded_opaque_state);
+        out.choice.insert(P.into(), params);
+    }
+    if let Some(ids) = ids {
+        push_ids(&mut out, ids)?;
+    }
+    Ok(out)
+}
+
+/// A context request's `disaggregated_params`: its disaggregated request
+/// id (at least 2^42) and whether it asks for the ids as base64.
+fn context_params(req: &Request<'_>) -> Checked<(u64, bool)> {
     let params = disagg_params(req)?;
     expect_request_type(&params, "context_only")?;
     let b64 = match params.get("return_prompt_token_ids_b64") {
@@ -108,92 +159,83 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
             "`{P}.disagg_request_id` {id} is below 2^42"
         )));
     }
-    if req.api == Api::Completions {
-        match req.value("prompt")? {
-            Some(Value::String(_)) => {}
-            Some(v) => {
-                return Err(Fail::contract(format!(
-                    "context request `prompt` must be a single string, got {}",
-                    short(&v)
-                )))
-            }
-            None => return Err(Fail::contract("completions request has no `prompt`")),
-        }
+    Ok((id, b64))
+}
+
+/// A completions context carries one prompt, a string.
+fn context_prompt(req: &Request<'_>) -> Checked<()> {
+    if req.api != Api::Completions {
+        return Ok(());
     }
-    let key = req.prompt_key()?;
-    let tokens = token_ids(&key);
-    let side = state
-        .bound
-        .side
-        .ok_or_else(|| Fail::internal("trtllm prefill has no side channel bound"))?;
-    // Some opaque bytes per request, as the context's cache-transceiver
-    // state would be; base64 brings '+' and '/' to relay and sign.
+    match req.value("prompt")? {
+        Some(Value::String(_)) => Ok(()),
+        Some(v) => Err(Fail::contract(format!(
+            "context request `prompt` must be a single string, got {}",
+            short(&v)
+        ))),
+        None => Err(Fail::contract("completions request has no `prompt`")),
+    }
+}
+
+/// Some opaque bytes per request, as the context's cache-transceiver
+/// state would be; base64 brings '+' and '/' to relay and sign.
+fn opaque_state(state: &Shared, id: u64) -> String {
     let mut opaque = b"mock-ctx-state:".to_vec();
     opaque.extend_from_slice(&id.to_be_bytes());
     opaque.extend_from_slice(&state.random_u64().to_le_bytes());
-    let encoded_opaque_state = base64(&opaque);
-    // What the answer carries of the ids; TensorRT-LLM answers the base64
-    // form on chat only.
-    let ids = if faults.contains(&Fault::NoTokenIds) {
-        None
-    } else if b64 && req.api == Api::Chat {
-        Some(AnsweredIds::Base64(ids_b64(&tokens)?))
+    base64(&opaque)
+}
+
+/// What the answer carries of the ids; TensorRT-LLM answers the base64
+/// form on chat only.
+fn answered_ids(
+    req: &Request<'_>,
+    faults: &[Fault],
+    b64: bool,
+    tokens: &[u64],
+) -> Checked<Option<AnsweredIds>> {
+    if faults.contains(&Fault::NoTokenIds) {
+        return Ok(None);
+    }
+    if b64 && req.api == Api::Chat {
+        return Ok(Some(AnsweredIds::Base64(ids_b64(tokens)?)));
+    }
+    let raw = serde_json::value::to_raw_value(tokens)
+        .map_err(|e| Fail::internal(format!("token ids: {e}")))?;
+    Ok(Some(AnsweredIds::Array(raw)))
+}
+
+/// The context's `disaggregated_params`, which the generation request must
+/// carry back.
+fn answered_params(state: &Shared, side: SocketAddr, id: u64, encoded_opaque_state: &str) -> Value {
+    let endpoint = if state.config.ctx_endpoint_list {
+        // The first is the real one; the second (this pod's main HTTP
+        // port) has no context to give.
+        let other = format!("{}:{}", side.ip(), state.bound.http.port());
+        json!([side.to_string(), other])
     } else {
-        let raw = serde_json::value::to_raw_value(&tokens)
-            .map_err(|e| Fail::internal(format!("token ids: {e}")))?;
-        Some(AnsweredIds::Array(raw))
+        json!(side.to_string())
     };
-    let prompt_tokens = tokens.len() as u64;
-    let entry = CtxEntry {
-        token_ids: tokens,
-        encoded_opaque_state: encoded_opaque_state.clone(),
-        answered: match ids {
-            None => IdsForm::Absent,
-            Some(AnsweredIds::Array(_)) => IdsForm::Array,
-            Some(AnsweredIds::Base64(_)) => IdsForm::Base64,
-        },
-    };
-    if !state.side.put_ctx(id, entry) {
-        return Err(Fail::contract(format!(
-            "`{P}.disagg_request_id` {id} is reused while its context is still pending"
-        )));
-    }
-    let mut out = PrefillOut::new(prompt_tokens);
-    // "[[finish]]" makes the context finish the request by itself, so tests
-    // can check the router answers without a generation leg.
-    if key.windows(10).any(|w| w == b"[[finish]]") {
-        out.finish_reason = "stop";
-    }
-    if !faults.contains(&Fault::NoDisaggParams) {
-        let endpoint = if state.config.ctx_endpoint_list {
-            // The first is the real one; the second (this pod's main HTTP
-            // port) has no context to give.
-            let other = format!("{}:{}", side.ip(), state.bound.http.port());
-            json!([side.to_string(), other])
-        } else {
-            json!(side.to_string())
-        };
-        out.choice.insert(
-            P.into(),
-            json!({
-            "request_type": "context_only",
-            "first_gen_tokens": [42],
-            "ctx_request_id": id,
-            "encoded_opaque_state": encoded_opaque_state,
-            "draft_tokens": null,
-            "disagg_request_id": id,
-            "ctx_dp_rank": 0,
-            "ctx_info_endpoint": endpoint,
-            }),
-        );
-    }
+    json!({
+    "request_type": "context_only",
+    "first_gen_tokens": [42],
+    "ctx_request_id": id,
+    "encoded_opaque_state": encoded_opaque_state,
+    "draft_tokens": null,
+    "disagg_request_id": id,
+    "ctx_dp_rank": 0,
+    "ctx_info_endpoint": endpoint,
+    })
+}
+
+/// The ids as top-level members, last. As TensorRT-LLM's chat handler,
+/// the base64 form comes with the array nulled, both last, as its response
+/// model orders them; base64 needs no escaping, so the string goes in as
+/// it is.
+fn push_ids(out: &mut PrefillOut, ids: AnsweredIds) -> Checked<()> {
     match ids {
-        None => {}
-        Some(AnsweredIds::Array(array)) => out.top_raw.push(("prompt_token_ids", array)),
-        // As TensorRT-LLM's chat handler: the string, the array nulled.
-        // Both last, as TensorRT-LLM's response model orders them; base64
-        // needs no escaping, so the string goes in as it is.
-        Some(AnsweredIds::Base64(b64)) => {
+        AnsweredIds::Array(array) => out.top_raw.push(("prompt_token_ids", array)),
+        AnsweredIds::Base64(b64) => {
             let raw = |json: String| {
                 RawValue::from_string(json).map_err(|e| Fail::internal(format!("token ids: {e}")))
             };
@@ -202,7 +244,7 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
                 .push(("prompt_token_ids_b64", raw(format!("\"{b64}\""))?));
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// `--auth-key`: TensorRT-LLM's check of `x-trtllm-disagg-auth`, before
@@ -357,26 +399,48 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
     let params = disagg_params(req)?;
     check_auth(state, &params, headers)?;
     expect_request_type(&params, "generation_only")?;
-    let ctx_id = u64_member(&params, P, "ctx_request_id")?;
-    let disagg_id = u64_member(&params, P, "disagg_request_id")?;
+    let ctx_id = context_id(&params)?;
+    let endpoint = ctx_endpoint(&params)?;
+    let opaque = sent_opaque_state(&params)?;
+    let (form, sent) = generation_ids(req)?;
+    // Without ids the generation server tokenises the prompt itself.
+    let received = match sent {
+        Some(ids) => ids,
+        None => token_ids(&req.prompt_key()?),
+    };
+    let ctx = pull_context(state, &endpoint, ctx_id).await?;
+    same_context(&ctx, form, opaque, &received)?;
+    Ok(DecodeOut::new(Kv::Pulled, received.len() as u64))
+}
+
+/// The context's request id, which `ctx_request_id` and
+/// `disagg_request_id` must both name.
+fn context_id(params: &Map<String, Value>) -> Checked<u64> {
+    let ctx_id = u64_member(params, P, "ctx_request_id")?;
+    let disagg_id = u64_member(params, P, "disagg_request_id")?;
     if ctx_id != disagg_id {
         return Err(Fail::contract(format!(
             "`{P}.ctx_request_id` {ctx_id} differs from `{P}.disagg_request_id` {disagg_id}"
         )));
     }
-    let endpoint = ctx_endpoint(&params)?;
-    let endpoint = endpoint.as_str();
-    let opaque = match params.get("encoded_opaque_state") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(s.clone()),
-        Some(v) => {
-            return Err(Fail::contract(format!(
-                "`{P}.encoded_opaque_state` must be a string, got {}",
-                short(v)
-            )))
-        }
-    };
-    let (form, sent) = match req.api {
+    Ok(ctx_id)
+}
+
+/// The `encoded_opaque_state` the generation request relays, if any.
+fn sent_opaque_state(params: &Map<String, Value>) -> Checked<Option<String>> {
+    match params.get("encoded_opaque_state") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(Fail::contract(format!(
+            "`{P}.encoded_opaque_state` must be a string, got {}",
+            short(v)
+        ))),
+    }
+}
+
+/// The prompt's ids a generation request carries, and in which form.
+fn generation_ids(req: &Request<'_>) -> Checked<(IdsForm, Option<Vec<u64>>)> {
+    match req.api {
         // Completions carry the ids as the prompt, or the prompt text.
         Api::Completions => {
             if req.has("prompt_token_ids_b64") {
@@ -386,28 +450,24 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
                 ));
             }
             match req.value("prompt")? {
-                Some(Value::String(_)) => (IdsForm::Absent, None),
-                _ => (IdsForm::Array, int_array(req, "prompt")?),
+                Some(Value::String(_)) => Ok((IdsForm::Absent, None)),
+                _ => Ok((IdsForm::Array, int_array(req, "prompt")?)),
             }
         }
         Api::Chat => {
             if !req.has("messages") {
                 return Err(Fail::contract("generation chat request has no `messages`"));
             }
-            chat_ids(req)?
+            chat_ids(req)
         }
-        Api::Responses => {
-            return Err(Fail::contract(
-                "the trtllm mock does not serve /v1/responses",
-            ))
-        }
-    };
-    // Without ids the generation server tokenises the prompt itself.
-    let received = match sent {
-        Some(ids) => ids,
-        None => token_ids(&req.prompt_key()?),
-    };
+        Api::Responses => Err(Fail::contract(
+            "the trtllm mock does not serve /v1/responses",
+        )),
+    }
+}
 
+/// What the context at `endpoint` left for `ctx_id`, from its side channel.
+async fn pull_context(state: &Shared, endpoint: &str, ctx_id: u64) -> Checked<CtxEntry> {
     let pull_err =
         |what: String| Fail::contract(format!("could not pull context from {endpoint}: {what}"));
     let resp = state
@@ -426,8 +486,17 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             resp.text()
         )));
     }
-    let ctx = CtxEntry::decode(&resp.body)
-        .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
+    CtxEntry::decode(&resp.body).map_err(|e| pull_err(format!("bad side-channel body: {e}")))
+}
+
+/// The generation request relays what the context answered: the ids in
+/// the same form, the opaque state unaltered, the same tokens.
+fn same_context(
+    ctx: &CtxEntry,
+    form: IdsForm,
+    opaque: Option<String>,
+    received: &[u64],
+) -> Checked<()> {
     if form != ctx.answered {
         return Err(Fail::contract(format!(
             "the context answered the prompt's ids as {}, but the generation request carries {}: \
@@ -456,7 +525,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
         let first_diff = ctx
             .token_ids
             .iter()
-            .zip(&received)
+            .zip(received)
             .position(|(a, b)| a != b)
             .unwrap_or(ctx.token_ids.len().min(received.len()));
         return Err(Fail::contract(format!(
@@ -466,7 +535,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
             ctx.token_ids.len()
         )));
     }
-    Ok(DecodeOut::new(Kv::Pulled, received.len() as u64))
+    Ok(())
 }
 
 #[cfg(test)]

@@ -11,17 +11,19 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
-use super::{object_field, prefill_constraints, str_member, u64_member};
+use super::contract::{object_field, prefill_constraints, same_prompt, str_member, u64_member};
+use super::vllm_request::{vllm_prefill_params, vllm_recompute};
 use crate::error::{Checked, Fail};
 use crate::generate::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct};
-use crate::request::{approx_tokens, prompt_hash, short, Request};
-use crate::sidechannel::KvEntry;
+use crate::request::{approx_tokens, prompt_hash, short, u64_array, Request};
 use crate::state::Shared;
+use crate::store::side::KvEntry;
 
 const PULL_TIMEOUT: Duration = Duration::from_secs(2);
+const P: &str = "kv_transfer_params";
 
 /// An unknown member the router must relay untouched: nested values and a
 /// u64::MAX that any f64 round-trip would corrupt.
@@ -32,7 +34,7 @@ fn future_field() -> Value {
 /// `no_kv_params`: the `no-kv-params` fault is in force for this request.
 pub fn prefill(state: &Shared, req: &Request<'_>, no_kv_params: bool) -> Checked<PrefillOut> {
     prefill_constraints(req, true, state.config.lenient_prefill)?;
-    super::vllm_prefill_params(req)?;
+    vllm_prefill_params(req)?;
     let key = req.prompt_key()?;
     let mut out = PrefillOut::new(approx_tokens(&key));
     if no_kv_params {
@@ -87,13 +89,20 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
     let key = req.prompt_key()?;
     let own_hash = prompt_hash(&key);
     let prompt_tokens = approx_tokens(&key);
-    let Some(params) = object_field(req, "kv_transfer_params")? else {
+    let Some(params) = object_field(req, P)? else {
         // vLLM's own proxy sends n > 1 without a hand-off; anything else
         // means the prompt is recomputed on the decode, a silent perf bug.
-        return super::vllm_recompute(state, req, "no kv_transfer_params");
+        return vllm_recompute(state, req, "no kv_transfer_params");
     };
+    let (at, path) = pull_source(&params)?;
+    let pulled = pull(state, &at, &path).await?;
+    same_prompt(&pulled.prompt_hash, &own_hash)?;
+    Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
+}
 
-    const P: &str = "kv_transfer_params";
+/// Where the prefill's `kv_transfer_params`, relayed verbatim, say its KV
+/// is: the side channel's authority and the pull's path.
+fn pull_source(params: &Map<String, Value>) -> Checked<(String, String)> {
     match params.get("do_remote_prefill") {
         Some(Value::Bool(true)) => {}
         Some(v) => {
@@ -114,7 +123,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         )));
     }
     let block_ids = match params.get("remote_block_ids") {
-        Some(v) => match crate::request::u64_array(v) {
+        Some(v) => match u64_array(v) {
             Some(ids) if !ids.is_empty() => ids,
             _ => {
                 return Err(Fail::contract(format!(
@@ -125,10 +134,10 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         },
         None => return Err(Fail::contract(format!("`{P}.remote_block_ids` is missing"))),
     };
-    let engine_id = str_member(&params, P, "remote_engine_id")?;
-    let request_id = str_member(&params, P, "remote_request_id")?;
-    let host = str_member(&params, P, "remote_host")?;
-    let port = u64_member(&params, P, "remote_port")?;
+    let engine_id = str_member(params, P, "remote_engine_id")?;
+    let request_id = str_member(params, P, "remote_request_id")?;
+    let host = str_member(params, P, "remote_host")?;
+    let port = u64_member(params, P, "remote_port")?;
     let port = u16::try_from(port)
         .ok()
         .filter(|p| *p != 0)
@@ -158,10 +167,15 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
         pct(engine_id),
         blocks.join(",")
     );
+    Ok((at, path))
+}
+
+/// Pulls the KV from the prefill's side channel.
+async fn pull(state: &Shared, at: &str, path: &str) -> Checked<Pulled> {
     let pull_err = |what: String| Fail::contract(format!("could not pull KV from {at}: {what}"));
     let resp = state
         .peers
-        .get(&at, &path, PULL_TIMEOUT)
+        .get(at, path, PULL_TIMEOUT)
         .await
         .map_err(|e| pull_err(e.to_string()))?;
     if resp.status != StatusCode::OK {
@@ -171,10 +185,7 @@ pub async fn decode(state: &Shared, req: &Request<'_>) -> Checked<DecodeOut> {
             resp.text()
         )));
     }
-    let pulled: Pulled = serde_json::from_slice(&resp.body)
-        .map_err(|e| pull_err(format!("bad side-channel body: {e}")))?;
-    super::same_prompt(&pulled.prompt_hash, &own_hash)?;
-    Ok(DecodeOut::new(Kv::Pulled, prompt_tokens))
+    serde_json::from_slice(&resp.body).map_err(|e| pull_err(format!("bad side-channel body: {e}")))
 }
 
 pub fn neuron_prefill(req: &Request<'_>, lenient: bool) -> Checked<PrefillOut> {
@@ -208,6 +219,6 @@ pub fn neuron_decode(req: &Request<'_>) -> Checked<DecodeOut> {
         )));
     }
     let hash = str_member(&resp, P, "mock_prompt_hash")?;
-    super::same_prompt(hash, &own_hash)?;
+    same_prompt(hash, &own_hash)?;
     Ok(DecodeOut::new(Kv::Pulled, approx_tokens(&key)))
 }

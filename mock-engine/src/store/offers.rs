@@ -6,6 +6,8 @@
 //!
 //! Single consumer, as real KV blocks are freed once read. An offer that
 //! nobody takes expires after `ttl` (the engines' lease on held blocks).
+//! Plain data: the engines offer and take, the side channel and the zmq
+//! listener serve it over HTTP.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -14,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::state::lock;
+use super::lock;
 
 /// What the offering leg leaves for the other.
 #[derive(Clone, Debug, PartialEq, Eq)]
