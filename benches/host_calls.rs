@@ -8,6 +8,7 @@
 //!
 //! Run with `just bench`.
 #![allow(
+    unsafe_code,
     clippy::unwrap_used,
     clippy::expect_used,
     clippy::panic,

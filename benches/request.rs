@@ -72,6 +72,7 @@ fn per_call(iters: u32, mut f: impl FnMut()) -> f64 {
 /// Envoy request pays. Keep glibc's heap where it is. (Inside wasm, as
 /// `just bench` also runs it, the allocator is the filter's own.)
 #[cfg(not(target_family = "wasm"))]
+#[allow(unsafe_code)]
 fn steady_allocator() {
     // SAFETY: mallopt only sets allocator parameters; called before any
     // other thread exists.
@@ -82,6 +83,7 @@ fn steady_allocator() {
 }
 
 #[cfg(target_family = "wasm")]
+#[allow(unsafe_code)]
 fn steady_allocator() {}
 
 fn main() {

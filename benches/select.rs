@@ -80,6 +80,7 @@ fn time(iters: u32, mut f: impl FnMut(u32)) -> f64 {
 /// pages back; glibc trims and re-maps large blocks between iterations, and
 /// the page faults that follow (hundreds of µs at 512 KB) are no cost an
 /// Envoy request pays. Keep glibc's heap where it is.
+#[allow(unsafe_code)]
 fn steady_allocator() {
     // SAFETY: mallopt only sets allocator parameters; called before any
     // other thread exists.

@@ -56,7 +56,7 @@ STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"
 OVERRIDE_HOST_TYPE = "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
 HELM_VALUES = {"envoy-gateway/install/values.yaml"}
 
-# The plugin configuration's defaults (README, "Configuration").
+# The plugin configuration's defaults (docs/configuration.md).
 DEFAULT_PREFILL_CLUSTER = "pd_prefill"
 DEFAULT_MAX_BODY = 33554432
 DEFAULT_TOKEN_ENV = "PD_ROUTER_KUBE_TOKEN"

@@ -6,9 +6,10 @@
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]
 #
-# Needs only Rust and network access to crates.io: cargo-fuzz is installed on
-# first use. cargo-fuzz passes nightly-only flags to rustc; RUSTC_BOOTSTRAP=1
-# lets the stable toolchain accept them, so no nightly is needed.
+# Needs only rustup and network access to crates.io: cargo-fuzz and the
+# named nightly toolchain below are installed on first use (cargo-fuzz passes
+# nightly-only flags to rustc, -Zsanitizer and friends). The nightly is
+# pinned so that a fuzz run means the same thing from day to day.
 # FUZZ_SANITIZER=address (or leak, ...) turns a sanitizer on; the default is
 # none: pd-router has no unsafe code, and without ASan the targets run about
 # twice as fast (panics, debug assertions and overflow checks are on either way).
@@ -18,8 +19,11 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 cargo_fuzz_version=0.13.2
+toolchain=nightly-2026-05-20
 sanitizer=${FUZZ_SANITIZER:-none}
-export RUSTC_BOOTSTRAP=1
+
+rustup toolchain list | grep -q "^$toolchain" ||
+  rustup toolchain install "$toolchain" --profile minimal
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   echo "installing cargo-fuzz $cargo_fuzz_version"
@@ -29,11 +33,11 @@ fi
 if [ $# -gt 0 ]; then
   targets=("$@")
 else
-  mapfile -t targets < <(cargo fuzz list)
+  mapfile -t targets < <(cargo "+$toolchain" fuzz list)
 fi
 
 start=$(date +%s)
-cargo fuzz build --sanitizer "$sanitizer"
+cargo "+$toolchain" fuzz build --sanitizer "$sanitizer"
 echo "built in $(($(date +%s) - start)) s"
 
 logs=fuzz/target/logs
@@ -46,7 +50,7 @@ for t in "${targets[@]}"; do
   log="$logs/$t.log"
   t0=$(date +%s)
   # -timeout: one input taking over 10 s is a hang worth reporting.
-  if cargo fuzz run --sanitizer "$sanitizer" "$t" -- \
+  if cargo "+$toolchain" fuzz run --sanitizer "$sanitizer" "$t" -- \
       -max_total_time="$seconds" -timeout=10 -print_final_stats=1 >"$log" 2>&1; then
     result=ok
   else

@@ -12,7 +12,7 @@
 //! the module when it loads, never fail a request. Both scans take four
 //! blocks a step (one branch, or one scalar check of the integers' masks,
 //! per 64 bytes): V8 read a 512 KB prompt about a quarter faster so, and
-//! TensorRT-LLM's ids in about two thirds of the time (README, "Cuts
+//! TensorRT-LLM's ids in about two thirds of the time (bench/results/HISTORY.md, "Cuts
 //! tried"). Natively (tests, benches) a block is eight
 //! bytes in a `u64`, and the unit tests run on both.
 

@@ -386,7 +386,7 @@ mod tests {
             }
             /// One in sixteen from `bad`.
             fn some_bad<'a>(&mut self, good: &[&'a str], bad: &[&'a str]) -> &'a str {
-                if self.next() % 16 == 0 {
+                if self.next().is_multiple_of(16) {
                     self.pick(bad)
                 } else {
                     self.pick(good)
@@ -472,7 +472,7 @@ mod tests {
             g.value(&mut text, 0);
             text.push('}');
             let mut bytes = text.into_bytes();
-            if g.next() % 2 == 0 {
+            if g.next().is_multiple_of(2) {
                 let at = (g.next() % bytes.len() as u64) as usize;
                 let byte = [
                     b'"', b'\\', b'{', b'}', b'[', b']', b',', b':', 0x1f, 0xc3, b'0',

@@ -8,7 +8,7 @@
 //! [`send`] reads, places, builds and sends a buffered request, [`prefill`]
 //! dispatches the prefill leg and handles its answer, [`decode`] points the
 //! request at its decode pod, [`load`] holds and gives back load,
-//! [`answer`] rewrites the response where needed, [`ids`] is the host's
+//! [`response`] rewrites the response where needed, [`ids`] is the host's
 //! randomness as a split draws on it, [`head`] what is kept of the client's
 //! headers.
 

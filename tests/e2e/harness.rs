@@ -111,6 +111,7 @@ impl Proc {
     pub fn spawn(name: &str, cmd: &mut Command) -> Proc {
         // SAFETY: prctl is async-signal-safe; it only asks the kernel to
         // SIGKILL the child when the spawning thread exits.
+        #[allow(unsafe_code)]
         unsafe {
             cmd.pre_exec(|| {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);

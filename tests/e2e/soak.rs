@@ -83,8 +83,8 @@ fn soak() {
                     break;
                 }
                 let kind = kinds[i % kinds.len()];
-                let stream = i % 3 == 0;
-                let (url, body) = if i % 2 == 0 {
+                let stream = i.is_multiple_of(3);
+                let (url, body) = if i.is_multiple_of(2) {
                     (&url_c, json!({"model": kind, "prompt": format!("soak {i}"), "max_tokens": 3, "stream": stream}))
                 } else {
                     (
