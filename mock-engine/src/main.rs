@@ -160,7 +160,54 @@ async fn run(config: Config) -> Result<(), String> {
     // hanging (fault) or streaming request must not keep the pod alive.
 }
 
+/// `mock-engine sim ...` and `mock-engine replay ...` (the fleet benchmark's
+/// simulated pods and trace replayer, in the crate's library).
+fn subcommand() -> Option<ExitCode> {
+    use clap::Parser;
+    let mut args = std::env::args_os();
+    let first = args.nth(1)?;
+    let rest = || {
+        std::iter::once(format!("mock-engine {}", first.to_string_lossy()).into())
+            .chain(std::env::args_os().skip(2))
+    };
+    let run: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>> =
+        match first.to_str()? {
+            "sim" => {
+                let a = mock_engine::sim::SimArgs::parse_from(rest());
+                Box::pin(mock_engine::sim::run(a))
+            }
+            "replay" => {
+                let a = mock_engine::replay::ReplayArgs::parse_from(rest());
+                Box::pin(mock_engine::replay::run(a))
+            }
+            _ => return None,
+        };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("mock-engine: cannot start runtime: {e}");
+            return Some(ExitCode::FAILURE);
+        }
+    };
+    let result = runtime.block_on(run);
+    runtime.shutdown_background();
+    Some(match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("mock-engine: {e}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
 fn main() -> ExitCode {
+    if let Some(code) = subcommand() {
+        return code;
+    }
     let config = cli::parse(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

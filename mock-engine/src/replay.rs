@@ -1,0 +1,262 @@
+//! `mock-engine replay`: sends a request trace (the Mooncake format: one
+//! JSON object a line with `timestamp` in ms, `input_length` and
+//! `output_length` in tokens, `hash_ids` of 512-token prefix blocks) at its
+//! timestamps, streaming, and records per request what the client saw: the
+//! time to the first token, the time to the last, the pods the router named.
+//! Times are modelled (real × the time scale), like the simulated pods'.
+//!
+//! Open loop: a request leaves at its time whether or not earlier ones
+//! were answered, as a production service's clients do. `--load` divides
+//! the trace's gaps (2 replays it at twice its rate).
+
+use crate::sim::text::prompt_text;
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, Write};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::net::TcpStream;
+
+/// `mock-engine replay`.
+#[derive(Parser, Debug)]
+#[command(name = "mock-engine replay")]
+pub struct ReplayArgs {
+    /// The trace (JSON lines)
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Where to send, http://IP:PORT/PATH; several are taken in turn (one
+    /// Service in front of several gateway replicas)
+    #[arg(long = "url", required = true)]
+    pub urls: Vec<String>,
+    /// Modelled seconds per real second (the simulated pods' scale)
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// The trace's rate multiplied by this
+    #[arg(long, default_value_t = 1.0)]
+    pub load: f64,
+    /// Requests skipped from the start of the trace
+    #[arg(long, default_value_t = 0)]
+    pub skip: usize,
+    /// Requests sent (default: the rest of the trace)
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// The model named in every request
+    #[arg(long, default_value = "sim-model")]
+    pub model: String,
+    /// One JSON line per request is written here
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A request still unanswered after this many real seconds is recorded
+    /// as timed out
+    #[arg(long, default_value_t = 300)]
+    pub timeout_s: u64,
+}
+
+/// One line of a trace.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TraceLine {
+    pub timestamp: f64,
+    pub input_length: u32,
+    pub output_length: u32,
+    pub hash_ids: Vec<u64>,
+}
+
+/// What the client saw of one request.
+#[derive(Debug, Clone, Serialize)]
+pub struct Seen {
+    pub user: String,
+    pub index: usize,
+    /// When the trace says it arrives, modelled seconds after the first.
+    pub arrival_s: f64,
+    /// How late it left (modelled seconds; the replayer's own lag).
+    pub late_s: f64,
+    pub url: String,
+    pub status: u16,
+    pub ttft_s: Option<f64>,
+    pub e2e_s: Option<f64>,
+    pub chunks: u32,
+    pub output_tokens: u32,
+    pub input_tokens: u32,
+    pub prefill_pod: Option<String>,
+    pub decode_pod: Option<String>,
+    pub error: Option<String>,
+}
+
+fn read_trace(args: &ReplayArgs) -> Result<Vec<TraceLine>, String> {
+    let f = std::fs::File::open(&args.trace)
+        .map_err(|e| format!("cannot read {}: {e}", args.trace.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in std::io::BufReader::new(f)
+        .lines()
+        .enumerate()
+        .skip(args.skip)
+    {
+        if args.limit.is_some_and(|l| out.len() >= l) {
+            break;
+        }
+        let line = line.map_err(|e| format!("{}: {e}", args.trace.display()))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let t: TraceLine = serde_json::from_str(&line)
+            .map_err(|e| format!("{}:{}: {e}", args.trace.display(), n + 1))?;
+        out.push(t);
+    }
+    Ok(out)
+}
+
+/// `http://IP:PORT/PATH` as an address and a path.
+fn split_url(url: &str) -> Result<(SocketAddr, String), String> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or_else(|| format!("{url}: only http:// URLs"))?;
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let addr = host
+        .parse()
+        .map_err(|_| format!("{url}: the host must be IP:PORT"))?;
+    Ok((addr, format!("/{path}")))
+}
+
+/// Sends one request and reads its stream.
+async fn one(url: String, body: Bytes, scale: f64, timeout: Duration, seen: &mut Seen) {
+    let started = Instant::now();
+    let result = tokio::time::timeout(timeout, async {
+        let (addr, path) = split_url(&url)?;
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        tokio::spawn(conn);
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header("host", addr.to_string())
+            .header("content-type", "application/json")
+            .body(Full::new(body))
+            .map_err(|e| e.to_string())?;
+        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        seen.status = resp.status().as_u16();
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        seen.prefill_pod = header("prefill-target-pod");
+        seen.decode_pod = header("decode-target-pod");
+        let mut body = resp.into_body();
+        let mut tail = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("body: {e}"))?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            let tokens = data.windows(2).filter(|w| w == b"x ").count() as u32;
+            if tokens > 0 && seen.ttft_s.is_none() {
+                seen.ttft_s = Some(started.elapsed().as_secs_f64() * scale);
+            }
+            seen.output_tokens += tokens;
+            seen.chunks += 1;
+            if seen.status >= 400 && tail.len() < 512 {
+                tail.extend_from_slice(data);
+            }
+        }
+        seen.e2e_s = Some(started.elapsed().as_secs_f64() * scale);
+        if seen.status >= 400 {
+            return Err(String::from_utf8_lossy(&tail).into_owned());
+        }
+        Ok::<(), String>(())
+    })
+    .await;
+    match result {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => seen.error = Some(e),
+        Err(_) => seen.error = Some("timed out".into()),
+    }
+}
+
+/// Replays the trace; one JSON line per request in `--out`, a summary on
+/// stderr.
+pub async fn run(args: ReplayArgs) -> Result<(), String> {
+    if [args.time_scale, args.load]
+        .iter()
+        .any(|v| v.is_nan() || *v <= 0.0)
+    {
+        return Err("--time-scale and --load must be above 0".into());
+    }
+    for u in &args.urls {
+        split_url(u)?;
+    }
+    let trace = read_trace(&args)?;
+    let first = trace.first().map_or(0.0, |t| t.timestamp);
+    let start = tokio::time::Instant::now();
+    let timeout = Duration::from_secs(args.timeout_s);
+    let mut tasks = Vec::with_capacity(trace.len());
+    for (i, t) in trace.into_iter().enumerate() {
+        let arrival_s = (t.timestamp - first) / 1000.0 / args.load;
+        let url = args
+            .urls
+            .get(i % args.urls.len())
+            .cloned()
+            .unwrap_or_default();
+        let user = format!("r{}", args.skip + i);
+        let body = serde_json::json!({
+            "model": args.model,
+            "prompt": prompt_text(&t.hash_ids, t.input_length),
+            "max_tokens": t.output_length.max(1),
+            "stream": true,
+            "user": user,
+        });
+        let body = Bytes::from(body.to_string());
+        let scale = args.time_scale;
+        let at = start + Duration::from_secs_f64(arrival_s / scale);
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep_until(at).await;
+            let mut seen = Seen {
+                user,
+                index: i,
+                arrival_s,
+                late_s: at.elapsed().as_secs_f64() * scale,
+                url: url.clone(),
+                status: 0,
+                ttft_s: None,
+                e2e_s: None,
+                chunks: 0,
+                output_tokens: 0,
+                input_tokens: t.input_length,
+                prefill_pod: None,
+                decode_pod: None,
+                error: None,
+            };
+            one(url, body, scale, timeout, &mut seen).await;
+            seen
+        }));
+    }
+    let mut out = std::fs::File::create(&args.out)
+        .map_err(|e| format!("cannot write {}: {e}", args.out.display()))?;
+    let (mut ok, mut failed) = (0usize, 0usize);
+    for task in tasks {
+        let seen = task
+            .await
+            .map_err(|e| format!("a request task failed: {e}"))?;
+        if seen.error.is_none() && seen.status == 200 {
+            ok += 1;
+        } else {
+            failed += 1;
+        }
+        let line = serde_json::to_string(&seen).map_err(|e| e.to_string())?;
+        writeln!(out, "{line}").map_err(|e| e.to_string())?;
+    }
+    eprintln!(
+        "replay: {ok} answered, {failed} failed, {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

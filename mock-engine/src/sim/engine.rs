@@ -1,0 +1,424 @@
+//! One simulated engine: vLLM v1's scheduler in miniature. Requests wait in
+//! arrival order until the KV cache can hold their prompt and output; each
+//! step gives every running decode one token and the rest of the step's
+//! token budget to prompts still being computed (chunked prefill), and
+//! lasts what [`Gpu::step_s`] says. Pure: the pod's task drives it in real
+//! time and turns its events into answers.
+
+use super::cache::BlockCache;
+use super::model::{Chunk, Gpu};
+use super::text::{Prompt, BLOCK_TOKENS};
+use std::collections::VecDeque;
+
+/// How one engine is set up.
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    pub gpu: Gpu,
+    /// KV cache room, in trace blocks of 512 tokens.
+    pub kv_blocks: usize,
+    /// vLLM's `max_num_seqs`.
+    pub max_running: usize,
+    /// vLLM's `max_num_batched_tokens` (a step's token budget).
+    pub step_tokens: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> EngineConfig {
+        EngineConfig {
+            gpu: Gpu::default(),
+            // 440,000 tokens of KV: an H100 80 GB at gpu_memory_utilization
+            // 0.9 with Llama-3.1-8B's 16 GB of weights.
+            kv_blocks: 440_000 / BLOCK_TOKENS as usize,
+            // vLLM's defaults on an 80 GB GPU.
+            max_running: 1024,
+            step_tokens: 8192,
+        }
+    }
+}
+
+/// A request for the engine.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub key: u64,
+    pub prompt: Prompt,
+    /// Tokens to generate (1 for a prefill leg).
+    pub output: u32,
+    /// The prompt's KV arrived from a prefill pod: nothing to compute.
+    pub handed_off: bool,
+}
+
+/// What a step did to a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// Admitted: its prompt's cached tokens here, and the tokens it will
+    /// compute.
+    Admitted {
+        key: u64,
+        cached: u32,
+        computed: u32,
+    },
+    /// `n` more tokens generated; `first` when they start the output.
+    Tokens {
+        key: u64,
+        n: u32,
+        first: bool,
+    },
+    Finished {
+        key: u64,
+    },
+}
+
+#[derive(Debug)]
+struct Running {
+    job: Job,
+    /// Prompt tokens still to compute.
+    to_prefill: u32,
+    /// Tokens of the prompt already in KV (cached or computed).
+    done: u32,
+    generated: u32,
+    ids: Vec<u64>,
+    anonymous: usize,
+    cancelled: bool,
+}
+
+/// What an engine has counted since it started (for `/metrics` and the
+/// benchmark's load figures).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Counters {
+    pub prompt_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache, and found.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    /// Prompt tokens computed here.
+    pub computed_tokens: u64,
+    pub generated_tokens: u64,
+    pub finished: u64,
+    /// Seconds of steps run.
+    pub busy_s: f64,
+    /// The integral of running requests over time (request-seconds).
+    pub running_s: f64,
+}
+
+/// One engine's state.
+#[derive(Debug)]
+pub struct Engine {
+    config: EngineConfig,
+    cache: BlockCache,
+    waiting: VecDeque<Job>,
+    running: Vec<Running>,
+    counters: Counters,
+    /// The chunks of the step planned, by index into `running`.
+    planned: Vec<(usize, u32)>,
+    planned_s: f64,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Engine {
+        Engine {
+            cache: BlockCache::new(config.kv_blocks),
+            config,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            counters: Counters::default(),
+            planned: Vec::new(),
+            planned_s: 0.0,
+        }
+    }
+
+    pub fn submit(&mut self, job: Job) {
+        self.waiting.push_back(job);
+    }
+
+    /// Drops a request (its client left): waiting, it goes now; running,
+    /// at the end of the step, its KV given back.
+    pub fn cancel(&mut self, key: u64) {
+        self.waiting.retain(|j| j.key != key);
+        for r in &mut self.running {
+            if r.job.key == key {
+                r.cancelled = true;
+            }
+        }
+    }
+
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// The share of KV blocks in use by running requests (0 to 1).
+    pub fn kv_usage(&self) -> f64 {
+        self.cache.in_use() as f64 / self.cache.capacity().max(1) as f64
+    }
+
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Tokens of `prompt` this engine holds as a cached prefix now.
+    pub fn cached_tokens(&self, prompt: &Prompt) -> u32 {
+        let hits = self.cache.leading_hits(&prompt.ids());
+        let tokens: u32 = prompt.blocks.iter().take(hits).map(|b| b.tokens).sum();
+        // The last token is always computed (vLLM recomputes it to sample).
+        tokens.min(prompt.tokens.saturating_sub(1))
+    }
+
+    /// Admits waiting requests while their KV fits, in arrival order.
+    fn admit(&mut self, events: &mut Vec<Event>) {
+        while self.running.len() < self.config.max_running {
+            let Some(job) = self.waiting.front() else {
+                break;
+            };
+            let ids = job.prompt.ids();
+            let named: u32 = job
+                .prompt
+                .blocks
+                .iter()
+                .take(ids.len())
+                .map(|b| b.tokens)
+                .sum();
+            let rest = job.prompt.tokens.saturating_sub(named) + job.output;
+            let anonymous = rest.div_ceil(BLOCK_TOKENS) as usize;
+            let cached = if job.handed_off {
+                0
+            } else {
+                self.cached_tokens(&job.prompt)
+            };
+            if !self.cache.reserve(&ids, anonymous) {
+                break;
+            }
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            let to_prefill = if job.handed_off {
+                0
+            } else {
+                job.prompt.tokens.saturating_sub(cached)
+            };
+            self.counters.prompt_tokens += job.prompt.tokens as u64;
+            if !job.handed_off {
+                self.counters.prefix_queries += job.prompt.tokens as u64;
+                self.counters.prefix_hits += cached as u64;
+            }
+            events.push(Event::Admitted {
+                key: job.key,
+                cached,
+                computed: to_prefill,
+            });
+            self.running.push(Running {
+                done: job.prompt.tokens.saturating_sub(to_prefill),
+                to_prefill,
+                generated: 0,
+                ids,
+                anonymous,
+                cancelled: false,
+                job,
+            });
+        }
+    }
+
+    /// Plans the next step and says how long it takes; `None` when there is
+    /// nothing to run. Admissions come back as events at once.
+    pub fn plan(&mut self, events: &mut Vec<Event>) -> Option<f64> {
+        self.admit(events);
+        if self.running.is_empty() {
+            return None;
+        }
+        self.planned.clear();
+        let mut decodes = 0u32;
+        let mut context = 0u64;
+        for r in &self.running {
+            if r.to_prefill == 0 {
+                decodes += 1;
+                context += (r.done + r.generated) as u64;
+            }
+        }
+        let mut budget = self.config.step_tokens.saturating_sub(decodes);
+        let mut chunks = Vec::new();
+        for (i, r) in self.running.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if r.to_prefill > 0 {
+                let n = r.to_prefill.min(budget);
+                budget -= n;
+                chunks.push(Chunk {
+                    tokens: n,
+                    before: r.done,
+                });
+                self.planned.push((i, n));
+            }
+        }
+        self.planned_s = self.config.gpu.step_s(decodes, context, &chunks);
+        Some(self.planned_s)
+    }
+
+    /// Ends the planned step: tokens generated, prompts advanced, requests
+    /// finished and their KV given back (their prompts stay cached).
+    pub fn complete(&mut self, events: &mut Vec<Event>) {
+        let dt = self.planned_s;
+        self.counters.busy_s += dt;
+        self.counters.running_s += dt * self.running.len() as f64;
+        let mut prefilled = vec![false; self.running.len()];
+        for (i, n) in self.planned.drain(..) {
+            if let Some(r) = self.running.get_mut(i) {
+                r.to_prefill -= n;
+                r.done += n;
+                self.counters.computed_tokens += n as u64;
+                if let Some(p) = prefilled.get_mut(i) {
+                    *p = r.to_prefill == 0;
+                }
+            }
+        }
+        for (i, r) in self.running.iter_mut().enumerate() {
+            // A prompt finished this step samples its first token; a
+            // decode generates one.
+            let decoding = r.to_prefill == 0 && !prefilled.get(i).copied().unwrap_or(false);
+            if (decoding || prefilled.get(i).copied().unwrap_or(false)) && !r.cancelled {
+                r.generated += 1;
+                self.counters.generated_tokens += 1;
+                events.push(Event::Tokens {
+                    key: r.job.key,
+                    n: 1,
+                    first: r.generated == 1,
+                });
+            }
+        }
+        // Partitioning keeps the rest in arrival order (prefill chunks go
+        // to the oldest first).
+        let (ended, running): (Vec<Running>, Vec<Running>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|r| r.cancelled || r.generated >= r.job.output);
+        self.running = running;
+        for r in ended {
+            self.cache.release(&r.ids, r.anonymous);
+            if !r.cancelled {
+                self.counters.finished += 1;
+                events.push(Event::Finished { key: r.job.key });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::text::{parse_prompt, prompt_text};
+
+    fn job(key: u64, ids: &[u64], tokens: u32, output: u32) -> Job {
+        Job {
+            key,
+            prompt: parse_prompt(prompt_text(ids, tokens).as_bytes()),
+            output,
+            handed_off: false,
+        }
+    }
+
+    /// Runs the engine until idle; returns the simulated seconds and events.
+    fn run(e: &mut Engine) -> (f64, Vec<Event>) {
+        let mut t = 0.0;
+        let mut events = Vec::new();
+        while let Some(dt) = e.plan(&mut events) {
+            t += dt;
+            e.complete(&mut events);
+        }
+        (t, events)
+    }
+
+    #[test]
+    fn a_repeated_prefix_is_cached_and_costs_less() {
+        let mut e = Engine::new(EngineConfig::default());
+        e.submit(job(1, &[1, 2, 3, 4], 2048, 1));
+        let (cold, events) = run(&mut e);
+        assert!(events.contains(&Event::Admitted {
+            key: 1,
+            cached: 0,
+            computed: 2048
+        }));
+        assert!(events.contains(&Event::Finished { key: 1 }));
+        e.submit(job(2, &[1, 2, 3, 5], 2048, 1));
+        let (warm, events) = run(&mut e);
+        assert!(events.contains(&Event::Admitted {
+            key: 2,
+            cached: 1536,
+            computed: 512
+        }));
+        assert!(warm < cold / 2.0, "{warm} vs {cold}");
+        let c = e.counters();
+        assert_eq!(
+            (c.prefix_queries, c.prefix_hits, c.computed_tokens),
+            (4096, 1536, 2560)
+        );
+    }
+
+    #[test]
+    fn prefill_time_follows_uncached_tokens() {
+        let t = |tokens: u32| {
+            let mut e = Engine::new(EngineConfig::default());
+            let ids: Vec<u64> = (0..tokens.div_ceil(512) as u64).collect();
+            e.submit(job(1, &ids, tokens, 1));
+            run(&mut e).0
+        };
+        let (t2k, t8k, t16k) = (t(2048), t(8192), t(16_384));
+        assert!(t8k > 3.5 * t2k && t16k > 1.9 * t8k, "{t2k} {t8k} {t16k}");
+    }
+
+    #[test]
+    fn decodes_batch_and_a_handed_off_prompt_is_not_computed() {
+        let mut e = Engine::new(EngineConfig::default());
+        for k in 0..8 {
+            e.submit(Job {
+                handed_off: true,
+                ..job(k, &[100 + k], 512, 10)
+            });
+        }
+        let (t, events) = run(&mut e);
+        assert_eq!(e.counters().computed_tokens, 0);
+        let tokens: u32 = events
+            .iter()
+            .map(|ev| match ev {
+                Event::Tokens { n, .. } => *n,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(tokens, 80);
+        // Ten steps for all eight, not eighty.
+        assert!(t < 10.0 * 0.010, "{t}");
+        let firsts = events
+            .iter()
+            .filter(|ev| matches!(ev, Event::Tokens { first: true, .. }))
+            .count();
+        assert_eq!(firsts, 8);
+    }
+
+    #[test]
+    fn requests_wait_for_kv_room_in_arrival_order() {
+        let config = EngineConfig {
+            kv_blocks: 4,
+            ..EngineConfig::default()
+        };
+        let mut e = Engine::new(config);
+        e.submit(job(1, &[1, 2, 3], 1536, 10));
+        e.submit(job(2, &[4], 512, 10));
+        let mut events = Vec::new();
+        e.plan(&mut events);
+        assert_eq!((e.running(), e.waiting()), (1, 1), "{events:?}");
+        let (_, events) = run(&mut e);
+        assert!(events.contains(&Event::Finished { key: 2 }));
+    }
+
+    #[test]
+    fn a_cancelled_request_gives_its_room_back_without_finishing() {
+        let mut e = Engine::new(EngineConfig::default());
+        e.submit(job(1, &[1], 512, 1000));
+        let mut events = Vec::new();
+        e.plan(&mut events);
+        e.cancel(1);
+        e.complete(&mut events);
+        assert_eq!(e.running(), 0);
+        assert!(!events.contains(&Event::Finished { key: 1 }));
+        assert_eq!(e.kv_usage(), 0.0);
+    }
+}
