@@ -4,6 +4,11 @@
 //! is its leading blocks present here (vLLM's prefix caching by chained
 //! block hashes, at the trace's 512-token granularity). Output tokens take
 //! room too, as blocks no later request can match.
+//!
+//! Two sizes: what running requests may pin (the GPU's memory), and what
+//! the cache holds in all, which may be larger (a host-memory tier such as
+//! vLLM's KV offloading). A hit is a hit wherever the block is: moving it
+//! back to the GPU is not modelled.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -18,6 +23,8 @@ struct Entry {
 #[derive(Debug)]
 pub struct BlockCache {
     capacity: usize,
+    /// Blocks running requests may pin at once.
+    pin_limit: usize,
     entries: HashMap<u64, Entry>,
     /// Unpinned blocks by last use, oldest first.
     lru: BTreeMap<u64, u64>,
@@ -27,9 +34,12 @@ pub struct BlockCache {
 }
 
 impl BlockCache {
-    pub fn new(capacity: usize) -> BlockCache {
+    /// A cache of `capacity` blocks, of which running requests may pin
+    /// `pin_limit` (at most `capacity`).
+    pub fn new(capacity: usize, pin_limit: usize) -> BlockCache {
         BlockCache {
             capacity,
+            pin_limit: pin_limit.min(capacity),
             entries: HashMap::new(),
             lru: BTreeMap::new(),
             anonymous: 0,
@@ -39,6 +49,10 @@ impl BlockCache {
 
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+
+    pub fn pin_limit(&self) -> usize {
+        self.pin_limit
     }
 
     /// How many of `ids` lead with a cached block.
@@ -78,7 +92,7 @@ impl BlockCache {
             .capacity
             .saturating_sub(self.entries.len() + self.anonymous);
         let need = new.len() + anonymous;
-        if need > free + evictable {
+        if need > free + evictable || self.in_use() + need + reused_free > self.pin_limit {
             return false;
         }
         for id in ids {
@@ -126,8 +140,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_host_tier_keeps_more_than_the_gpu_can_pin() {
+        let mut c = BlockCache::new(8, 3);
+        assert!(!c.reserve(&[1, 2, 3, 4], 0), "more than the GPU holds");
+        assert!(c.reserve(&[1, 2, 3], 0));
+        c.release(&[1, 2, 3], 0);
+        assert!(c.reserve(&[4, 5], 1));
+        c.release(&[4, 5], 1);
+        assert_eq!(c.cached_free(), 5, "the cache keeps what no request pins");
+        assert_eq!(c.leading_hits(&[1, 2, 3]), 3);
+    }
+
+    #[test]
     fn a_released_prompt_is_a_hit_for_the_next_with_its_prefix() {
-        let mut c = BlockCache::new(10);
+        let mut c = BlockCache::new(10, 10);
         assert_eq!(c.leading_hits(&[1, 2, 3]), 0);
         assert!(c.reserve(&[1, 2, 3], 2));
         assert_eq!(c.in_use(), 5);
@@ -140,7 +166,7 @@ mod tests {
 
     #[test]
     fn the_least_recently_used_unpinned_blocks_go_first() {
-        let mut c = BlockCache::new(4);
+        let mut c = BlockCache::new(4, 4);
         assert!(c.reserve(&[1, 2], 0));
         c.release(&[1, 2], 0);
         assert!(c.reserve(&[3, 4], 0));
@@ -156,7 +182,7 @@ mod tests {
 
     #[test]
     fn pinned_blocks_are_never_evicted_and_a_full_cache_refuses() {
-        let mut c = BlockCache::new(4);
+        let mut c = BlockCache::new(4, 4);
         assert!(c.reserve(&[1, 2], 1));
         assert!(!c.reserve(&[3, 4], 0), "one block of room left");
         assert_eq!(c.in_use(), 3, "a refusal changes nothing");

@@ -14,8 +14,12 @@ use std::collections::VecDeque;
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
     pub gpu: Gpu,
-    /// KV cache room, in trace blocks of 512 tokens.
+    /// KV room on the GPU, in trace blocks of 512 tokens: what running
+    /// requests may hold.
     pub kv_blocks: usize,
+    /// Blocks the prefix cache keeps in all (the GPU's and a host-memory
+    /// tier's); at least `kv_blocks`.
+    pub cache_blocks: usize,
     /// vLLM's `max_num_seqs`.
     pub max_running: usize,
     /// vLLM's `max_num_batched_tokens` (a step's token budget).
@@ -29,6 +33,7 @@ impl Default for EngineConfig {
             // 440,000 tokens of KV: an H100 80 GB at gpu_memory_utilization
             // 0.9 with Llama-3.1-8B's 16 GB of weights.
             kv_blocks: 440_000 / BLOCK_TOKENS as usize,
+            cache_blocks: 440_000 / BLOCK_TOKENS as usize,
             // vLLM's defaults on an 80 GB GPU.
             max_running: 1024,
             step_tokens: 8192,
@@ -115,7 +120,7 @@ pub struct Engine {
 impl Engine {
     pub fn new(config: EngineConfig) -> Engine {
         Engine {
-            cache: BlockCache::new(config.kv_blocks),
+            cache: BlockCache::new(config.cache_blocks.max(config.kv_blocks), config.kv_blocks),
             config,
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -150,7 +155,7 @@ impl Engine {
 
     /// The share of KV blocks in use by running requests (0 to 1).
     pub fn kv_usage(&self) -> f64 {
-        self.cache.in_use() as f64 / self.cache.capacity().max(1) as f64
+        self.cache.in_use() as f64 / self.cache.pin_limit().max(1) as f64
     }
 
     pub fn counters(&self) -> Counters {
@@ -397,6 +402,7 @@ mod tests {
     fn requests_wait_for_kv_room_in_arrival_order() {
         let config = EngineConfig {
             kv_blocks: 4,
+            cache_blocks: 4,
             ..EngineConfig::default()
         };
         let mut e = Engine::new(config);

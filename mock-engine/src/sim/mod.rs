@@ -60,6 +60,10 @@ pub struct SimArgs {
     /// tokens, an H100 80 GB with an 8B model)
     #[arg(long)]
     pub kv_blocks: Option<usize>,
+    /// Blocks each pod's prefix cache keeps in all, GPU and a host-memory
+    /// tier (default: --kv-blocks, no tier)
+    #[arg(long)]
+    pub cache_blocks: Option<usize>,
     /// The model the pods serve
     #[arg(long, default_value = "sim-model")]
     pub model: String,
@@ -89,9 +93,11 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
     }
     let clock = Clock::new(args.time_scale);
     let gpu = Gpu::default();
+    let kv_blocks = args.kv_blocks.unwrap_or(EngineConfig::default().kv_blocks);
     let config = EngineConfig {
         gpu,
-        kv_blocks: args.kv_blocks.unwrap_or(EngineConfig::default().kv_blocks),
+        kv_blocks,
+        cache_blocks: args.cache_blocks.unwrap_or(kv_blocks).max(kv_blocks),
         ..EngineConfig::default()
     };
     let roles = (0..args.prefill)
@@ -144,7 +150,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
     println!(
         "{}",
         serde_json::json!({"ready": true, "engine": args.engine, "time_scale": args.time_scale,
-            "kv_blocks": config.kv_blocks,
+            "kv_blocks": config.kv_blocks, "cache_blocks": config.cache_blocks,
             "prefill": describe(Role::Prefill), "decode": describe(Role::Decode)})
     );
     std::future::pending::<()>().await;
