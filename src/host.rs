@@ -105,13 +105,16 @@ pub enum Histogram {
     /// Microseconds of the router's own work, from the end of the client's
     /// body to the prefill leaving.
     RoutingDuration,
+    /// Estimated prompt tokens a decider's decode pod did not hold.
+    UncachedTokens,
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 3] = [
+    pub const ALL: [Histogram; 4] = [
         Histogram::PrefillDuration,
         Histogram::FirstByteDuration,
         Histogram::RoutingDuration,
+        Histogram::UncachedTokens,
     ];
 
     pub fn name(self) -> &'static str {
@@ -119,6 +122,7 @@ impl Histogram {
             Histogram::PrefillDuration => "pd_router.prefill_duration",
             Histogram::FirstByteDuration => "pd_router.first_byte_duration",
             Histogram::RoutingDuration => "pd_router.routing_duration",
+            Histogram::UncachedTokens => "pd_router.uncached_tokens",
         }
     }
 }
@@ -167,6 +171,9 @@ pub trait Telemetry {
     fn record(&self, _histogram: Histogram, _model: &str, _value: u64) {}
     /// Counts a local reply with `status`.
     fn count_reply(&self, _status: u16) {}
+    /// Counts a decider's verdict on a request of the model named `model`:
+    /// `split`, or why it stayed whole (`sched::decider`).
+    fn count_decision(&self, _model: &str, _reason: &'static str) {}
 }
 
 /// The host operations one HTTP stream needs. Writes return errors: the flow

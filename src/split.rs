@@ -19,7 +19,6 @@ use crate::engine::{
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::reconcile;
-use crate::sched::estimate_tokens;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
 use std::rc::Rc;
 
@@ -56,6 +55,17 @@ impl<'a> SplitContext<'a> {
     }
 }
 
+/// What a model's decider made of a placement (`models[].decider`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decided {
+    /// `split`, or why the request stays whole (`sched::decider`).
+    pub reason: &'static str,
+    /// Estimated prompt tokens the decode pod does not hold.
+    pub uncached_tokens: u64,
+    /// What the decode prefix table knew of the prompt.
+    pub decode_prefix: PrefixMatch,
+}
+
 /// The pods a request was placed on.
 #[derive(Debug, Clone)]
 pub enum Placement {
@@ -66,11 +76,18 @@ pub enum Placement {
         reason: &'static str,
         /// What the prefix table knew of the prompt when it was placed.
         prefix: PrefixMatch,
+        /// The decider's verdict, when the model has one.
+        decided: Option<Box<Decided>>,
     },
     /// A pod that serves both phases: no prefill call.
     Combined {
         pod: Rc<Endpoint>,
         reason: &'static str,
+    },
+    /// The decider keeps the request whole on its decode pod.
+    Unsplit {
+        pod: Rc<Endpoint>,
+        decided: Box<Decided>,
     },
 }
 
@@ -84,6 +101,7 @@ impl Placement {
             decode: Rc::clone(roleset.decode.first()?),
             reason: "fixed",
             prefix: PrefixMatch::default(),
+            decided: None,
         })
     }
 }
@@ -110,12 +128,14 @@ pub struct SplitRequest {
 }
 
 /// Why a request on a split path goes to one pod, unsplit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum UnsplitReason {
     /// A combined pod serves it (the scheduler's reason).
     Combined(&'static str),
     /// The engine does not split this request (vLLM NIXL with `n > 1`).
     NotSplittable,
+    /// The model's decider keeps it on its decode pod.
+    Decided(Box<Decided>),
 }
 
 /// What to do with a request.
@@ -138,6 +158,8 @@ pub struct SplitPlan {
     pub decode_pod: Rc<Endpoint>,
     pub reason: &'static str,
     pub prefix: PrefixMatch,
+    /// The decider's verdict (`split`), when the model has one.
+    pub decided: Option<Box<Decided>>,
     pub prefill_body: Vec<u8>,
     /// Request headers the prefill call carries besides the flow's own
     /// (a DP rank, a request id both legs share); they replace those.
@@ -232,9 +254,9 @@ pub fn read(
     })
 }
 
-/// The prompt's length estimate and, for the prefix policy, its block
-/// hashes: `messages` (then `tools`), `prompt`, or `input`, as sent. Only
-/// the prefix policy reads the bytes; the others need the length alone.
+/// The prompt's length estimate and, for the policies that remember or hash
+/// prefixes and for a decider, its block hashes: `messages` (then `tools`),
+/// `prompt`, or `input`, as sent. The others need the length alone.
 fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &Members) -> PromptKey {
     let parts: Vec<&[u8]> = match api {
         Api::ChatCompletions => ["messages", "tools"]
@@ -245,9 +267,11 @@ fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &Member
         Api::Responses => top.raw(body, "input").into_iter().collect(),
     };
     let len: usize = parts.iter().map(|p| p.len()).sum();
-    let hashes = if model.prefill_policy.hashes_prompt() {
+    let hashes = if model.prefill_policy.hashes_prompt() || model.decider.is_some() {
         let blocks = match model.prefill_policy {
-            PrefillPolicy::ConsistentHash => s.consistent_hash_blocks.min(s.prefix_max_blocks),
+            PrefillPolicy::ConsistentHash if model.decider.is_none() => {
+                s.consistent_hash_blocks.min(s.prefix_max_blocks)
+            }
             _ => s.prefix_max_blocks,
         };
         let cap = s.prefix_block_bytes.saturating_mul(blocks);
@@ -261,7 +285,7 @@ fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &Member
         Vec::new()
     };
     PromptKey {
-        tokens: estimate_tokens(len),
+        tokens: model.estimate_tokens(len),
         hashes,
     }
 }
@@ -295,7 +319,7 @@ pub fn build(
     placement: Placement,
     entropy: &mut dyn IdSource,
 ) -> Result<Plan, PdError> {
-    let (prefill, decode, reason, prefix) = match placement {
+    let (prefill, decode, reason, prefix, decided) = match placement {
         Placement::Combined { pod, reason } => {
             return Ok(Plan::Unsplit {
                 request,
@@ -303,12 +327,20 @@ pub fn build(
                 why: UnsplitReason::Combined(reason),
             })
         }
+        Placement::Unsplit { pod, decided } => {
+            return Ok(Plan::Unsplit {
+                request,
+                pod,
+                why: UnsplitReason::Decided(decided),
+            })
+        }
         Placement::Split {
             prefill,
             decode,
             reason,
             prefix,
-        } => (prefill, decode, reason, prefix),
+            decided,
+        } => (prefill, decode, reason, prefix, decided),
     };
     let handler = view.registry.resolve(&request.model.engine);
     let mut ctx = handoff_context(view, &request, &decode, entropy);
@@ -367,6 +399,7 @@ pub fn build(
         decode_pod: decode,
         reason,
         prefix,
+        decided,
         prefill_body,
         prefill_headers: legs.prefill.headers,
         decode: decode_leg,

@@ -11,13 +11,14 @@ use crate::fleet::Fleet;
 use std::collections::HashMap;
 
 /// The tags pd-router's stat names carry.
-pub const TAGS: [&str; 6] = [
+pub const TAGS: [&str; 7] = [
     "pd_model",
     "pd_roleset",
     "pd_role",
     "pd_pod",
     "pd_status",
     "pd_vm",
+    "pd_reason",
 ];
 
 /// A value as a tag value: the encoding's separators (`;`, `=`) and

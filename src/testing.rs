@@ -74,6 +74,8 @@ pub struct FakeHost {
     pub counters: RefCell<Vec<Counter>>,
     pub pod_events: RefCell<Vec<(String, PodEvent)>>,
     pub logs: RefCell<Vec<String>>,
+    /// Decider verdicts counted, by model and reason.
+    pub decisions: RefCell<Vec<(String, &'static str)>>,
     /// Returned in turn by `random_u64`; none left is an error.
     pub randoms: Vec<u64>,
     pub shared: RefCell<MemoryStore>,
@@ -122,6 +124,7 @@ impl Default for FakeHost {
             counters: RefCell::new(Vec::new()),
             pod_events: RefCell::new(Vec::new()),
             logs: RefCell::new(Vec::new()),
+            decisions: RefCell::new(Vec::new()),
             randoms: Vec::new(),
             shared: RefCell::new(MemoryStore::default()),
             refuse_header_writes: false,
@@ -287,6 +290,10 @@ impl Telemetry for FakeHost {
     }
     fn count_reply(&self, _status: u16) {
         self.count("stat increment");
+    }
+    fn count_decision(&self, model: &str, reason: &'static str) {
+        self.count("stat increment");
+        self.work(|| self.decisions.borrow_mut().push((model.to_owned(), reason)));
     }
 }
 

@@ -26,7 +26,14 @@ const CONFIG: &str = r#"{
     {"name": "trt-m", "engine": "trtllm", "rolesets": [{"prefill": ["10.0.0.5:8000"], "decode": ["10.0.0.6:8000"]}]},
     {"name": "trt-b64", "engine": "trtllm", "trt_token_ids_b64": true, "rolesets": [{"prefill": ["10.0.0.5:8000"], "decode": ["10.0.0.6:8000"]}]},
     {"name": "other-m", "engine": "mystery", "rolesets": [{"prefill": ["10.0.0.7:8000"], "decode": ["10.0.0.8:8000"]}]},
-    {"name": "lonely-m", "engine": "vllm", "rolesets": [{"prefill": ["10.0.0.9:8000"]}]}
+    {"name": "lonely-m", "engine": "vllm", "rolesets": [{"prefill": ["10.0.0.9:8000"]}]},
+    {"name": "decided-m", "engine": "vllm", "decider": {"min_prompt_tokens": 256, "min_uncached_tokens": 256},
+     "rolesets": [{"prefill": [{"address":"10.0.1.1:8000","name":"dp0"}],
+                   "decode": [{"address":"10.0.1.2:8000","name":"dd0"}, {"address":"10.0.1.3:8000","name":"dd1"}]}]},
+    {"name": "trt-decided", "engine": "trtllm", "decider": {},
+     "rolesets": [{"prefill": ["10.0.3.1:8000"], "decode": ["10.0.3.2:8000"]}]},
+    {"name": "local-m", "engine": "vllm", "decider": {"min_prompt_tokens": 0, "min_uncached_tokens": 0, "prefill_saturated_local": true},
+     "rolesets": [{"prefill": [{"address":"10.0.2.1:8000","name":"lp0"}], "decode": [{"address":"10.0.2.2:8000","name":"ld0"}]}]}
   ]
 }"#;
 
@@ -1337,4 +1344,134 @@ fn a_responses_stream_waits_at_its_terminal_event() {
         String::from_utf8(host.response.clone()).unwrap(),
         done.replace("\"cached_tokens\":8", "\"cached_tokens\":3")
     );
+}
+
+/// A completion of `prompt` for a decider's model, on `host`'s shared data.
+fn decided(host: &mut FakeHost, model: &str, prompt: &str) {
+    next_request(
+        host,
+        &format!(r#"{{"model":"{model}","prompt":"{prompt}"}}"#),
+    );
+}
+
+#[test]
+fn a_decider_keeps_a_short_prompt_whole_on_a_decode_pod() {
+    let r = router();
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = post("/v1/completions", "");
+    decided(&mut host, "decided-m", "hi there");
+    let client = host.body.clone();
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert!(host.dispatched.is_empty(), "no prefill for a short prompt");
+    let to = host.header(ROUTING).expect("routed");
+    assert!(to == "10.0.1.2:8000" || to == "10.0.1.3:8000", "{to}");
+    assert_eq!(host.body, client, "the client's body, byte for byte");
+    assert_eq!(
+        host.decisions.borrow().as_slice(),
+        &[("decided-m".to_owned(), "short")]
+    );
+    assert_eq!(host.counted(Counter::Unsplit), 1);
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host), "its decode load is given back");
+}
+
+#[test]
+fn a_decider_splits_a_long_fresh_prompt_then_keeps_its_next_turn_on_the_same_decode() {
+    let r = router();
+    let turn = "x".repeat(3000);
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = post("/v1/completions", "");
+    decided(&mut host, "decided-m", &turn);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(host.dispatched.len(), 1, "a long fresh prompt is split");
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    let served = host.header(ROUTING).expect("decode routed");
+    assert_eq!(
+        host.decisions.borrow()[0],
+        ("decided-m".to_owned(), "split")
+    );
+    flow.on_stream_end(&mut host);
+
+    // The same prefix with a new last turn: the decode pod holds all but it.
+    for _ in 0..4 {
+        let mut flow = Flow::new(Rc::clone(&r));
+        decided(
+            &mut host,
+            "decided-m",
+            &format!("{turn} and then one more question"),
+        );
+        assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+        assert!(
+            host.dispatched.is_empty(),
+            "no prefill for what the decode holds"
+        );
+        assert_eq!(host.header(ROUTING).as_deref(), Some(served.as_str()));
+        assert_eq!(
+            host.decisions.borrow()[0],
+            ("decided-m".to_owned(), "cached")
+        );
+        flow.on_stream_end(&mut host);
+    }
+    assert!(all_zero(&r, &host));
+}
+
+#[test]
+fn a_decider_keeps_work_local_when_every_prefill_pod_queues() {
+    use pd_router::pods::{update_scraped, PodMetrics, StoredMetrics};
+    let r = router();
+    let fleet = r.fleet();
+    let model = fleet.model("local-m").expect("model");
+    let (p, d) = (&model.rolesets[0].prefill[0], &model.rolesets[0].decode[0]);
+    let mut host = post("/v1/completions", "");
+    let now = host.clock_us.get() / 1000;
+    let metrics = |waiting: f64| StoredMetrics {
+        at_ms: now,
+        metrics: PodMetrics {
+            waiting,
+            ..PodMetrics::default()
+        },
+    };
+    let key = r.keys().scraped();
+    update_scraped(&mut host, &key, |t| {
+        t.insert(p.id, metrics(3.0));
+        t.insert(d.id, metrics(0.0));
+    })
+    .expect("scraped");
+    r.refresh_metrics(&host);
+    let mut flow = Flow::new(Rc::clone(&r));
+    decided(&mut host, "local-m", &"y".repeat(3000));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert!(host.dispatched.is_empty());
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.2.2:8000"));
+    assert_eq!(
+        host.decisions.borrow().as_slice(),
+        &[("local-m".to_owned(), "prefill_saturated")]
+    );
+
+    // A busy decode too: split after all.
+    update_scraped(&mut host, &key, |t| {
+        t.insert(d.id, metrics(2.0));
+    })
+    .expect("scraped");
+    r.refresh_metrics(&host);
+    let mut flow = Flow::new(Rc::clone(&r));
+    decided(&mut host, "local-m", &"y".repeat(3000));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(host.dispatched.len(), 1);
+    assert_eq!(host.decisions.borrow()[0], ("local-m".to_owned(), "split"));
+}
+
+#[test]
+fn a_tensorrt_llm_decider_sends_a_short_prompt_to_the_generation_server_as_sent() {
+    // TensorRT-LLM's own orchestrator prefills locally the same way: the
+    // original request, no disaggregated_params, to a generation server.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", "");
+    decided(&mut host, "trt-decided", "short");
+    let client = host.body.clone();
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert!(host.dispatched.is_empty());
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.3.2:8000"));
+    assert_eq!(host.body, client);
+    assert_eq!(host.decisions.borrow()[0].1, "short");
 }

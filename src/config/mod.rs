@@ -331,4 +331,44 @@ mod tests {
         let d = &c.models[0].rolesets[0].decode[0];
         assert_eq!((d.dp_size, d.kv_port), (1, DEFAULT_KV_PORT));
     }
+
+    #[test]
+    fn a_decider_is_off_unless_configured_and_refused_where_decodes_cannot_serve_whole() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","rolesets":[]},
+                {"name":"d","engine":"vllm","decider":{"min_uncached_tokens":64},"bytes_per_token":3.5,"rolesets":[]}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(c.model("m").expect("m").decider, None);
+        let d = c.model("d").expect("d");
+        let decider = d.decider.expect("decider");
+        assert_eq!(
+            (
+                decider.min_prompt_tokens,
+                decider.min_uncached_tokens,
+                decider.prefill_saturated_local
+            ),
+            (256, 64, false)
+        );
+        assert_eq!(d.bytes_per_token, 3.5);
+        let e =
+            parse_err(r#"{"models":[{"name":"s","engine":"sglang","decider":{},"rolesets":[]}]}"#);
+        assert!(
+            e.contains(
+                "models[0].decider: SGLang decode servers refuse requests without bootstrap data"
+            ),
+            "{e}"
+        );
+        let e = parse_err(
+            r#"{"models":[{"name":"m","engine":"vllm","bytes_per_token":0,"rolesets":[]}]}"#,
+        );
+        assert!(
+            e.contains("models[0].bytes_per_token: must be a finite number above 0"),
+            "{e}"
+        );
+        let e = parse_err(
+            r#"{"models":[{"name":"m","engine":"vllm","decider":{"min_tokens":1},"rolesets":[]}]}"#,
+        );
+        assert!(e.contains("unknown field `min_tokens`"), "{e}");
+    }
 }

@@ -2,7 +2,7 @@
 //! checked beyond types (see `validate`). Unknown keys are errors.
 
 use crate::discovery::KubeDiscovery;
-use crate::fleet::{Scheduling, TokenRange};
+use crate::fleet::{Decider, Scheduling, TokenRange};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -84,6 +84,10 @@ pub(super) struct RawModel {
     pub decode_policy: Option<String>,
     #[serde(default)]
     pub trt_token_ids_b64: bool,
+    #[serde(default)]
+    pub decider: Option<Decider>,
+    #[serde(default)]
+    pub bytes_per_token: Option<f64>,
     #[serde(default)]
     pub rolesets: Vec<RawRoleset>,
     #[serde(default)]

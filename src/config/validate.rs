@@ -8,8 +8,9 @@ use super::{
 };
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
-    Connector, DecodePolicy, Endpoint, EngineKind, Model, ModelSettings, NixlPeer, PrefillPolicy,
-    RolesetPods, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
+    Connector, Decider, DecodePolicy, Endpoint, EngineKind, Model, ModelSettings, NixlPeer,
+    PrefillPolicy, RolesetPods, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_BYTES_PER_TOKEN,
+    DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use crate::pods::HealthRule;
 use std::net::SocketAddr;
@@ -233,6 +234,8 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
             &DecodePolicy::NAMES,
         )?,
         trt_token_ids_b64: m.trt_token_ids_b64,
+        decider: decider(m.decider, &m.engine, mp)?,
+        bytes_per_token: bytes_per_token(m.bytes_per_token, mp)?,
         name: m.name,
         engine: m.engine,
     };
@@ -257,6 +260,33 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
     }
     let combined = endpoints(m.combined, &format!("{mp}.combined"))?;
     Ok(Model::new(settings, rolesets, combined))
+}
+
+/// A decider, where the engine's decode can serve a request unsplit: vLLM's
+/// and TensorRT-LLM's decode (generation) servers compute a prompt that
+/// came without a hand-off; SGLang's refuse one without bootstrap data.
+fn decider(d: Option<Decider>, engine: &str, mp: &str) -> Result<Option<Decider>, ConfigError> {
+    if d.is_some() && EngineKind::of(engine) == EngineKind::Sglang {
+        return Err(err(
+            format!("{mp}.decider"),
+            "SGLang decode servers refuse requests without bootstrap data, so this model \
+             cannot send a request unsplit to its decode pod: remove the decider, and serve \
+             short prompts on pods that do both phases (`combined`, with `prompt_tokens` \
+             buckets)",
+        ));
+    }
+    Ok(d)
+}
+
+fn bytes_per_token(v: Option<f64>, mp: &str) -> Result<f64, ConfigError> {
+    match v {
+        None => Ok(DEFAULT_BYTES_PER_TOKEN),
+        Some(b) if b.is_finite() && b > 0.0 => Ok(b),
+        Some(_) => Err(err(
+            format!("{mp}.bytes_per_token"),
+            "must be a finite number above 0",
+        )),
+    }
 }
 
 /// vLLM NIXL push tells the decode where the prefill's side channel is, and

@@ -11,6 +11,7 @@
 use super::kube::{DiscoveredPod, PodRole};
 use crate::fleet::{
     Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, PrefillPolicy, RolesetPods,
+    DEFAULT_BYTES_PER_TOKEN,
 };
 use std::collections::BTreeMap;
 
@@ -46,6 +47,8 @@ pub fn build_fleet(configured: &[Model], pods: &[DiscoveredPod]) -> (Fleet, Vec<
                 prefill_policy: PrefillPolicy::default(),
                 decode_policy: DecodePolicy::default(),
                 trt_token_ids_b64: false,
+                decider: None,
+                bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             },
             Vec::new(),
             Vec::new(),

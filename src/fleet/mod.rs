@@ -15,7 +15,7 @@ mod policy;
 pub use connector::Connector;
 pub use engine_kind::EngineKind;
 pub use id::{fnv1a, fnv1a_extend, ModelId, PodId};
-pub use policy::{DecodePolicy, PrefillPolicy, Scheduling, TokenRange};
+pub use policy::{Decider, DecodePolicy, PrefillPolicy, Scheduling, TokenRange};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -26,6 +26,8 @@ use std::rc::Rc;
 pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 /// vLLM P2P NCCL's default `kv_port`.
 pub const DEFAULT_KV_PORT: u16 = 14579;
+/// About four bytes a token for English BPE vocabularies.
+pub const DEFAULT_BYTES_PER_TOKEN: f64 = 4.0;
 /// vLLM NIXL's default `VLLM_NIXL_SIDE_CHANNEL_PORT`.
 pub const DEFAULT_NIXL_SIDE_CHANNEL_PORT: u16 = 5600;
 
@@ -124,7 +126,7 @@ pub struct RolesetPods {
 }
 
 /// How a model is served, whatever its pods.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ModelSettings {
     pub name: String,
     /// Free text: unknown engines get the default handler.
@@ -135,9 +137,13 @@ pub struct ModelSettings {
     /// TensorRT-LLM chat: the context phase answers the prompt's ids as one
     /// base64 string (`gen_tokids_ctxbytes` in TensorRT-LLM's orchestrator).
     pub trt_token_ids_b64: bool,
+    /// When a request goes unsplit to its decode pod (none: always split).
+    pub decider: Option<Decider>,
+    /// Bytes per token of this model's prompts, for length estimates.
+    pub bytes_per_token: f64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Model {
     pub id: ModelId,
     pub name: String,
@@ -149,6 +155,8 @@ pub struct Model {
     pub prefill_policy: PrefillPolicy,
     pub decode_policy: DecodePolicy,
     pub trt_token_ids_b64: bool,
+    pub decider: Option<Decider>,
+    pub bytes_per_token: f64,
     pub rolesets: Vec<Roleset>,
     /// Pods that serve both phases: no prefill call.
     pub combined: Vec<Rc<Endpoint>>,
@@ -194,6 +202,8 @@ impl Model {
             prefill_policy: settings.prefill_policy,
             decode_policy: settings.decode_policy,
             trt_token_ids_b64: settings.trt_token_ids_b64,
+            decider: settings.decider,
+            bytes_per_token: settings.bytes_per_token,
             rolesets,
             combined,
             pods,
@@ -232,12 +242,25 @@ impl Model {
             prefill_policy: self.prefill_policy,
             decode_policy: self.decode_policy,
             trt_token_ids_b64: self.trt_token_ids_b64,
+            decider: self.decider,
+            bytes_per_token: self.bytes_per_token,
         }
+    }
+
+    /// Estimated tokens in `bytes` bytes of this model's prompts (the router
+    /// does not tokenize).
+    pub fn estimate_tokens(&self, bytes: usize) -> u64 {
+        let per = if self.bytes_per_token > 0.0 {
+            self.bytes_per_token
+        } else {
+            DEFAULT_BYTES_PER_TOKEN
+        };
+        (bytes as f64 / per).ceil() as u64
     }
 }
 
 /// The models and their pods, as known now.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Fleet {
     models: Vec<Rc<Model>>,
     by_name: HashMap<String, usize>,
@@ -295,6 +318,8 @@ mod tests {
             prefill_policy: PrefillPolicy::default(),
             decode_policy: DecodePolicy::default(),
             trt_token_ids_b64: false,
+            decider: None,
+            bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
         }
     }
 

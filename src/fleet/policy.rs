@@ -197,6 +197,35 @@ impl Scheduling {
     }
 }
 
+/// When a request of a model with rolesets goes to its decode pod unsplit
+/// (`models[].decider`; off when absent): a split pays a prefill call, a KV
+/// transfer and a second queue, which a short prompt, or one whose prefix
+/// the decode pod already holds, does not repay (llm-d's prefix-based PD
+/// decider, vllm-router's `pd_uncached_token_threshold`, TensorRT-LLM's
+/// `max_local_prefill_length`).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Decider {
+    /// Prompts of fewer estimated tokens are not split.
+    pub min_prompt_tokens: u64,
+    /// Prompts of which fewer tokens are not already on the chosen decode
+    /// pod are not split.
+    pub min_uncached_tokens: u64,
+    /// When every prefill pod of the roleset has requests waiting (scraped)
+    /// and the decode pod has none, the decode pod computes the prompt.
+    pub prefill_saturated_local: bool,
+}
+
+impl Default for Decider {
+    fn default() -> Self {
+        Decider {
+            min_prompt_tokens: 256,
+            min_uncached_tokens: 256,
+            prefill_saturated_local: false,
+        }
+    }
+}
+
 /// An inclusive range of prompt lengths, in estimated tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

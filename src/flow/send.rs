@@ -7,8 +7,9 @@ use super::prefill::PendingPrefill;
 use super::{Attempt, Flow, Phase, Sent, WatchedPrefill};
 use crate::api::Api;
 use crate::error::PdError;
-use crate::host::{Counter, Host};
-use crate::split::{self, Plan, SplitRequest, UnsplitReason};
+use crate::fleet::Endpoint;
+use crate::host::{Counter, Histogram, Host};
+use crate::split::{self, Decided, Plan, SplitRequest, UnsplitReason};
 use std::rc::Rc;
 
 impl Flow {
@@ -56,6 +57,29 @@ impl Flow {
         self.send(host, plan, attempt)
     }
 
+    /// Counts and logs a decider's verdict, and remembers the decode pod as
+    /// the holder of the prompt (it computes or pulls all of it).
+    fn report_decision<H: Host>(
+        &self,
+        host: &mut H,
+        request: &SplitRequest,
+        decode: &Endpoint,
+        decided: &Decided,
+    ) {
+        let model = &request.model.name;
+        host.count_decision(model, decided.reason);
+        host.record(Histogram::UncachedTokens, model, decided.uncached_tokens);
+        self.debug(host, || {
+            format!(
+                "decider: {} for decode {} ({} of {} prompt tokens not on it)",
+                decided.reason, decode.address, decided.uncached_tokens, request.prompt.tokens
+            )
+        });
+        let now = host.now_ms();
+        let router = Rc::clone(&self.router);
+        router.remember_decode(host, request, &decided.decode_prefix, decode.id, now);
+    }
+
     /// Sends a planned request on: the prefill dispatched (and, for
     /// concurrent engines, the decode too), or the whole request to one pod.
     fn send<H: Host>(
@@ -77,6 +101,10 @@ impl Flow {
                         self.debug(host, || format!("combined pod {} ({reason})", pod.address));
                     }
                     UnsplitReason::NotSplittable => host.increment(Counter::Unsplit),
+                    UnsplitReason::Decided(decided) => {
+                        host.increment(Counter::Unsplit);
+                        self.report_decision(host, &request, &pod, &decided);
+                    }
                 }
                 return self.forward_unsplit(host, request.model.id, &pod);
             }
@@ -91,6 +119,9 @@ impl Flow {
         );
         let router = Rc::clone(&self.router);
         router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);
+        if let Some(decided) = &plan.decided {
+            self.report_decision(host, &plan.request, &plan.decode_pod, decided);
+        }
         let token = match self.dispatch_prefill(host, &plan) {
             Ok(t) => t,
             Err(e) => {

@@ -72,6 +72,17 @@ impl SharedKeys {
     }
 }
 
+impl SharedKeys {
+    /// One slot of the decode prefix table: which decode pod last served a
+    /// prompt (the decider's; as [`SharedKeys::prefix_slot`]).
+    pub fn decode_prefix_slot(&self, slot: u32) -> Key {
+        let mut k = Key::from(self.prefix.as_str());
+        k.push_str(".dpfx.");
+        k.push_decimal(u64::from(slot));
+        k
+    }
+}
+
 /// A key built on the stack: the prefix (`pd_router.` and a 16-digit
 /// fingerprint) and the longest suffix fit in 64 bytes with room to spare.
 pub type Key = InlineStr<64>;

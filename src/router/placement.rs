@@ -4,11 +4,30 @@
 
 use super::Router;
 use crate::error::PdError;
+use crate::fleet::Decider;
 use crate::fleet::{Model, ModelId, PodId, PrefillPolicy};
 use crate::pods::{LoadTable, SharedStore};
+use crate::sched::decider::{self, decide, Figures};
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
 use crate::sched::{schedule, Choice, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64};
-use crate::split::{Placement, SplitRequest};
+use crate::split::{Decided, Placement, SplitRequest};
+
+/// How far apart the decode prefix table's checkpoints are, in blocks: the
+/// decider compares the tokens a decode pod holds with a threshold of a few
+/// hundred tokens, so a match is found to within four blocks (512 bytes at
+/// the default block size) rather than the prefill table's sixteen.
+const DECODE_CHECKPOINT_EVERY: usize = 4;
+
+/// The slots of `model`'s pods for which `pick` holds.
+fn slots_of(model: &Model, pick: impl Fn(PodId) -> bool) -> Vec<usize> {
+    model
+        .pods
+        .iter()
+        .enumerate()
+        .filter(|(_, id)| pick(**id))
+        .map(|(slot, _)| slot)
+        .collect()
+}
 use std::rc::Rc;
 
 impl Router {
@@ -61,7 +80,9 @@ impl Router {
         v
     }
 
-    /// Chooses pods for `request` from the shared load and the prefix table.
+    /// Chooses pods for `request` from the shared load and the prefix table;
+    /// with a decider, keeps it whole on its decode pod when a split would
+    /// not pay (`sched::decider`).
     pub fn place<S: SharedStore + ?Sized>(
         &self,
         store: &mut S,
@@ -71,16 +92,44 @@ impl Router {
         now_ms: u64,
     ) -> Result<Placement, PdError> {
         let model = &request.model;
-        let s = &self.config.scheduling;
-        // Only the prefix-cache policy reads the table (consistent hashing
-        // needs no memory of where prompts went).
-        let remembered: &[u64] = if model.prefill_policy == PrefillPolicy::PrefixCache {
-            &request.prompt.hashes
-        } else {
-            &[]
+        let found = self.prefill_prefix(&*store, request, now_ms);
+        let seen = model
+            .decider
+            .map(|_| self.decode_prefix(&*store, request, now_ms));
+        let table = self.load(&*store, model.id);
+        let pods = self.pod_states(model, &table, now_ms);
+        let excluded = slots_of(model, |id| exclude.contains(&id));
+        // Seeded from the host at the first draw: a placement with one
+        // candidate pair needs no randomness and costs no host call.
+        let mut rng: Option<SplitMix64> = None;
+        let mut draw = || {
+            rng.get_or_insert_with(|| SplitMix64(random(&mut *store)))
+                .next_u64()
         };
-        let found = prefix::walk(
-            remembered,
+        let first = self.choose(request, &pods, &found, &excluded, &mut draw)?;
+        let (Some(decider), Some(seen)) = (model.decider, seen) else {
+            return Ok(first);
+        };
+        let placed =
+            self.follow_decode_kv(request, &pods, &found, &excluded, &mut draw, first, &seen);
+        Ok(self.apply_decider(&decider, request, &pods, placed, seen))
+    }
+
+    /// What the prefill prefix table knows of the prompt (only the
+    /// prefix-cache policy reads it: consistent hashing needs no memory of
+    /// where prompts went).
+    fn prefill_prefix<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        request: &SplitRequest,
+        now_ms: u64,
+    ) -> PrefixMatch {
+        let s = &self.config.scheduling;
+        if request.model.prefill_policy != PrefillPolicy::PrefixCache {
+            return PrefixMatch::default();
+        }
+        prefix::walk(
+            &request.prompt.hashes,
             |h| {
                 let key = self
                     .keys
@@ -90,24 +139,45 @@ impl Router {
             },
             now_ms,
             s.prefix_ttl_ms,
-        );
-        let table = self.load(&*store, model.id);
-        let pods = self.pod_states(model, &table, now_ms);
-        let excluded: Vec<usize> = model
-            .pods
-            .iter()
-            .enumerate()
-            .filter(|(_, id)| exclude.contains(id))
-            .map(|(slot, _)| slot)
-            .collect();
+        )
+    }
+
+    /// What the decode prefix table knows of the prompt: which decode pod
+    /// last served how much of it.
+    fn decode_prefix<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        request: &SplitRequest,
+        now_ms: u64,
+    ) -> PrefixMatch {
+        let s = &self.config.scheduling;
+        prefix::walk_every(
+            &request.prompt.hashes,
+            |h| {
+                let key = self
+                    .keys
+                    .decode_prefix_slot(prefix::slot_of(h, s.prefix_table_slots));
+                let (v, _) = store.shared_get(&key);
+                v.as_deref().and_then(PrefixEntry::decode)
+            },
+            now_ms,
+            s.prefix_ttl_ms,
+            DECODE_CHECKPOINT_EVERY,
+        )
+    }
+
+    /// One run of the scheduler over `pods`, `excluded` slots left out.
+    fn choose(
+        &self,
+        request: &SplitRequest,
+        pods: &[PodState],
+        found: &PrefixMatch,
+        excluded: &[usize],
+        draw: &mut dyn FnMut() -> u64,
+    ) -> Result<Placement, PdError> {
+        let model = &request.model;
+        let s = &self.config.scheduling;
         let match_of = |slot: usize| model.pods.get(slot).map_or(0.0, |id| found.percent(*id));
-        // Seeded from the host at the first draw: a placement with one
-        // candidate pair needs no randomness and costs no host call.
-        let mut rng: Option<SplitMix64> = None;
-        let mut draw = || {
-            rng.get_or_insert_with(|| SplitMix64(random(&mut *store)))
-                .next_u64()
-        };
         let mut decode_turn = |roleset: usize| self.next_decode_turn(model, roleset);
         let key_block = s.consistent_hash_blocks.min(request.prompt.hashes.len());
         let mut query = PlacementRequest {
@@ -120,10 +190,10 @@ impl Router {
             load_bound: LoadBound::of(s),
             prefill_turn: self.next_turn(model.id),
             decode_turn: &mut decode_turn,
-            random: &mut draw,
-            exclude: &excluded,
+            random: draw,
+            exclude: excluded,
         };
-        match schedule(model, &pods, &mut query, s) {
+        match schedule(model, pods, &mut query, s) {
             Choice::Split {
                 prefill,
                 decode,
@@ -132,7 +202,8 @@ impl Router {
                 prefill: Rc::clone(prefill),
                 decode: Rc::clone(decode),
                 reason,
-                prefix: found,
+                prefix: found.clone(),
+                decided: None,
             }),
             Choice::Combined { pod, reason } => Ok(Placement::Combined {
                 pod: Rc::clone(pod),
@@ -149,6 +220,149 @@ impl Router {
                 "no pod of model `{}` serves prompts of about {} tokens",
                 model.name, request.prompt.tokens
             ))),
+        }
+    }
+
+    /// A decode pod holds the KV it pulled or computed: when the decode
+    /// prefix table names a healthy one for most of the prompt, the pair is
+    /// chosen again within its rolesets, with it as the decode pod.
+    #[allow(clippy::too_many_arguments)]
+    fn follow_decode_kv(
+        &self,
+        request: &SplitRequest,
+        pods: &[PodState],
+        found: &PrefixMatch,
+        excluded: &[usize],
+        draw: &mut dyn FnMut() -> u64,
+        first: Placement,
+        seen: &PrefixMatch,
+    ) -> Placement {
+        let model = &request.model;
+        let min = self.config.scheduling.prefix_affinity_min_match;
+        let Some((holder, _)) = seen.by_pod.iter().find(|(_, m)| *m >= min) else {
+            return first;
+        };
+        let Placement::Split { decode, .. } = &first else {
+            return first;
+        };
+        if decode.id == *holder {
+            return first;
+        }
+        let rolesets: Vec<&crate::fleet::Roleset> = model
+            .rolesets
+            .iter()
+            .filter(|r| r.decode.iter().any(|d| d.id == *holder))
+            .collect();
+        let keep = |id: PodId| {
+            id == *holder
+                || rolesets
+                    .iter()
+                    .any(|r| r.prefill.iter().any(|p| p.id == id))
+        };
+        let mut only = slots_of(model, |id| !keep(id));
+        only.extend_from_slice(excluded);
+        match self.choose(request, pods, found, &only, draw) {
+            Ok(p @ Placement::Split { .. }) => p,
+            _ => first,
+        }
+    }
+
+    /// The decider's verdict on a split placement.
+    fn apply_decider(
+        &self,
+        decider: &Decider,
+        request: &SplitRequest,
+        pods: &[PodState],
+        placed: Placement,
+        seen: PrefixMatch,
+    ) -> Placement {
+        let Placement::Split {
+            prefill,
+            decode,
+            reason,
+            prefix,
+            ..
+        } = placed
+        else {
+            return placed;
+        };
+        let model = &request.model;
+        let prompt_tokens = request.prompt.tokens;
+        let held_bytes = seen.depth * self.config.scheduling.prefix_block_bytes;
+        let decode_cached_tokens = if seen.percent(decode.id) > 0.0 {
+            model.estimate_tokens(held_bytes).min(prompt_tokens)
+        } else {
+            0
+        };
+        let waiting = |id: PodId| {
+            model
+                .pods
+                .iter()
+                .position(|p| *p == id)
+                .and_then(|slot| pods.get(slot))
+                .and_then(|s| s.metrics)
+                .is_some_and(|m| m.waiting >= 1.0)
+        };
+        let roleset_prefills: Vec<PodId> = model
+            .rolesets
+            .iter()
+            .filter(|r| r.decode.iter().any(|d| d.id == decode.id))
+            .flat_map(|r| r.prefill.iter().map(|p| p.id))
+            .collect();
+        let figures = Figures {
+            prompt_tokens,
+            decode_cached_tokens,
+            prefill_saturated: !roleset_prefills.is_empty()
+                && roleset_prefills.iter().all(|p| waiting(*p)),
+            decode_saturated: waiting(decode.id),
+        };
+        let verdict = decide(decider, &figures);
+        let decided = Box::new(Decided {
+            reason: verdict.unwrap_or(decider::SPLIT),
+            uncached_tokens: figures.uncached_tokens(),
+            decode_prefix: seen,
+        });
+        match verdict {
+            Some(_) => Placement::Unsplit {
+                pod: decode,
+                decided,
+            },
+            None => Placement::Split {
+                prefill,
+                decode,
+                reason,
+                prefix,
+                decided: Some(decided),
+            },
+        }
+    }
+
+    /// Records `pod` as the decode pod that last served the prompt, for the
+    /// decider's next look (as [`Router::remember_prefix`], checkpoints
+    /// closer together: the decider compares tokens, not pods).
+    pub fn remember_decode<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        request: &SplitRequest,
+        seen: &PrefixMatch,
+        pod: PodId,
+        now_ms: u64,
+    ) {
+        let held = if seen.percent(pod) > 0.0 {
+            seen.depth
+        } else {
+            0
+        };
+        let slots = self.config.scheduling.prefix_table_slots;
+        let hashes = &request.prompt.hashes;
+        for h in prefix::to_record_every(hashes, held, DECODE_CHECKPOINT_EVERY) {
+            let entry = PrefixEntry {
+                hash: h,
+                pod,
+                at_ms: now_ms,
+            };
+            let key = self.keys.decode_prefix_slot(prefix::slot_of(h, slots));
+            let _ = store.shared_set(&key, &entry.encode(), None);
         }
     }
 

@@ -33,6 +33,7 @@ fn prefill_of(p: &Placement) -> String {
     match p {
         Placement::Split { prefill, .. } => prefill.address.clone(),
         Placement::Combined { pod, .. } => format!("combined {}", pod.address),
+        Placement::Unsplit { pod, .. } => format!("unsplit {}", pod.address),
     }
 }
 

@@ -10,6 +10,7 @@
 //! the prefix cache say so), then [`score`] (the model's policies).
 
 mod candidates;
+pub mod decider;
 mod fast_paths;
 pub mod prefix;
 mod score;
@@ -190,12 +191,6 @@ pub fn schedule<'m>(
         }
     }
     score::by_policy(model, &pool, pods, req, s)
-}
-
-/// Estimated tokens in a prompt of `bytes` bytes (about four bytes a token
-/// for English BPE vocabularies; the router does not tokenize).
-pub fn estimate_tokens(bytes: usize) -> u64 {
-    (bytes as u64).div_ceil(4)
 }
 
 #[cfg(test)]

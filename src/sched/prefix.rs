@@ -86,10 +86,21 @@ impl PrefixMatch {
     }
 }
 
+/// How far apart the prefill table's checkpoints are, in blocks.
+pub const PREFILL_CHECKPOINT_EVERY: usize = 16;
+
 /// The block indices stored in the table for a prompt of `n` blocks.
 pub fn checkpoints(n: usize) -> Vec<usize> {
+    checkpoints_every(n, PREFILL_CHECKPOINT_EVERY)
+}
+
+/// The block indices stored for a prompt of `n` blocks when checkpoints are
+/// `every` blocks apart (besides the powers of two and the last block): a
+/// match is found to within `every` blocks.
+pub fn checkpoints_every(n: usize, every: usize) -> Vec<usize> {
+    let every = every.max(1);
     (0..n)
-        .filter(|i| (i + 1).is_power_of_two() || (i + 1) % 16 == 0 || i + 1 == n)
+        .filter(|i| (i + 1).is_power_of_two() || (i + 1) % every == 0 || i + 1 == n)
         .collect()
 }
 
@@ -100,15 +111,26 @@ pub fn checkpoints(n: usize) -> Vec<usize> {
 /// depth as a percentage of the prompt's blocks.
 pub fn walk(
     hashes: &[u64],
+    lookup: impl FnMut(u64) -> Option<PrefixEntry>,
+    now_ms: u64,
+    ttl_ms: u64,
+) -> PrefixMatch {
+    walk_every(hashes, lookup, now_ms, ttl_ms, PREFILL_CHECKPOINT_EVERY)
+}
+
+/// [`walk`] over a table whose checkpoints are `every` blocks apart.
+pub fn walk_every(
+    hashes: &[u64],
     mut lookup: impl FnMut(u64) -> Option<PrefixEntry>,
     now_ms: u64,
     ttl_ms: u64,
+    every: usize,
 ) -> PrefixMatch {
     let mut m = PrefixMatch {
         blocks: hashes.len(),
         ..Default::default()
     };
-    let cps = checkpoints(hashes.len());
+    let cps = checkpoints_every(hashes.len(), every);
     let mut probe = |k: usize| {
         let h = *cps.get(k).and_then(|i| hashes.get(*i))?;
         lookup(h).filter(|e| e.hash == h && now_ms.saturating_sub(e.at_ms) <= ttl_ms)
@@ -145,7 +167,12 @@ pub fn walk(
 /// The checkpoint hashes `pod` should record: those past the depth it
 /// already holds.
 pub fn to_record(hashes: &[u64], held_depth: usize) -> Vec<u64> {
-    checkpoints(hashes.len())
+    to_record_every(hashes, held_depth, PREFILL_CHECKPOINT_EVERY)
+}
+
+/// [`to_record`] for a table whose checkpoints are `every` blocks apart.
+pub fn to_record_every(hashes: &[u64], held_depth: usize, every: usize) -> Vec<u64> {
+    checkpoints_every(hashes.len(), every)
         .into_iter()
         .filter(|i| *i >= held_depth)
         .filter_map(|i| hashes.get(i).copied())

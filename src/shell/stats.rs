@@ -33,7 +33,9 @@ pub(super) struct Stats {
     labels: RefCell<HashMap<String, PodLabels>>,
     max_pod_stats: usize,
     /// Per model, its histograms in [`Histogram::ALL`] order.
-    histograms: RefCell<HashMap<String, [Option<u32>; 3]>>,
+    histograms: RefCell<HashMap<String, [Option<u32>; Histogram::ALL.len()]>>,
+    /// Decider verdicts, by model and reason (bounded like the histograms).
+    decisions: RefCell<HashMap<(String, &'static str), Option<u32>>>,
     replies: RefCell<HashMap<u16, Option<u32>>>,
     /// This VM's linear memory, to see leaks under load; defined at the
     /// first tick, so a VM that never ticks (Envoy's base VM) shows none.
@@ -109,6 +111,25 @@ impl Stats {
             define(
                 MetricType::Counter,
                 &tagged("pd_router.replies", &[("pd_status", &s)]),
+            )
+        });
+        if let Some(id) = id {
+            let _ = abi::increment_metric(id, 1);
+        }
+    }
+
+    /// Counts a decider's verdict.
+    pub(super) fn count_decision(&self, model: &str, reason: &'static str) {
+        let mut ds = self.decisions.borrow_mut();
+        let known = ds.len() < MAX_MODEL_STATS * 4;
+        let label = if known { model } else { "other" };
+        let id = *ds.entry((label.to_owned(), reason)).or_insert_with(|| {
+            define(
+                MetricType::Counter,
+                &tagged(
+                    "pd_router.decisions",
+                    &[("pd_model", label), ("pd_reason", reason)],
+                ),
             )
         });
         if let Some(id) = id {

@@ -188,6 +188,10 @@ impl Telemetry for StreamHost {
     fn count_reply(&self, status: u16) {
         self.stats.count_reply(status);
     }
+
+    fn count_decision(&self, model: &str, reason: &'static str) {
+        self.stats.count_decision(model, reason);
+    }
 }
 
 impl Host for StreamHost {

@@ -254,6 +254,7 @@ pub fn for_each_split(
                         decode: Rc::clone(&roleset.decode[0]),
                         reason: "fixed",
                         prefix: Default::default(),
+                        decided: None,
                     };
                     let mut entropy = entropy(client);
                     let plan = split::read(&view, api, "fuzz-1", client.to_vec())
