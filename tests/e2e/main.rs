@@ -12,6 +12,7 @@
 )]
 
 mod bad_input;
+mod decider;
 mod deploy;
 mod discovery;
 mod engines;
