@@ -11,7 +11,8 @@
 //! and the randomness come from the caller.
 
 use crate::api::{read_fields, Api, ClientFields};
-use crate::body::{LegBody, Members, SourceMismatch};
+use crate::body::{Edit, Edits, LegBody, Members, SourceMismatch};
+use crate::transfer::client_params;
 use crate::engine::{
     build_legs, Degraded, IdSource, LearnedPods, LegEdits, Merged, NothingLearned, PdContext,
     PrefillAnswer, Registry,
@@ -125,6 +126,9 @@ pub struct SplitRequest {
     /// The model as the fleet had it when the request arrived.
     pub model: Rc<Model>,
     pub prompt: PromptKey,
+    /// The client's own `kv_transfer_params` members (vLLM), kept on both
+    /// legs.
+    pub client_params: Option<Vec<(String, String)>>,
 }
 
 /// Why a request on a split path goes to one pod, unsplit.
@@ -243,8 +247,10 @@ pub fn read(
         }
         .into());
     }
+    let client_params = handler.client_params(&body, &top)?;
     let prompt = prompt_key(view.scheduling, &model, api, &body, &top);
     Ok(SplitRequest {
+        client_params,
         request_id: request_id.to_owned(),
         body,
         top,
@@ -378,6 +384,10 @@ pub fn build(
             }
         }
     }
+    if let Some(kept) = &request.client_params {
+        keep_client_params(&mut legs.prefill.body, kept, &[]);
+        keep_client_params(&mut legs.decode.body, kept, &[]);
+    }
     let prefill_body = request
         .top
         .render(&request.body, &legs.prefill.body)
@@ -408,6 +418,23 @@ pub fn build(
     }))
 }
 
+/// Adds the client's own `kv_transfer_params` members to the one a leg's
+/// hand-off writes (`answer`: where a copied value comes from). A leg whose
+/// hand-off writes none keeps the client's member as sent.
+fn keep_client_params(edits: &mut Edits, kept: &[(String, String)], answer: &[u8]) {
+    let current = match edits.get("kv_transfer_params") {
+        Some(Edit::Set(v)) => v.to_string(),
+        Some(Edit::Copy { span, source_len }) if *source_len == answer.len() => answer
+            .get(span.clone())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default(),
+        _ => return,
+    };
+    if let Some(m) = client_params::merged(&current, kept) {
+        edits.set_raw("kv_transfer_params", m);
+    }
+}
+
 /// Merges a successful prefill answer into the decode leg of a sequential
 /// split.
 pub fn merge(
@@ -436,6 +463,9 @@ pub fn merge(
         &plan.prefill_pod,
         &mut decode,
     )?;
+    if let Some(kept) = &request.client_params {
+        keep_client_params(&mut decode.body, kept, answer);
+    }
     let degraded = match merged {
         Merged::Answer { body, content_type } => {
             return Ok(AfterPrefill::Reply { body, content_type })

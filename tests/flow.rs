@@ -1475,3 +1475,40 @@ fn a_tensorrt_llm_decider_sends_a_short_prompt_to_the_generation_server_as_sent(
     assert_eq!(host.body, client);
     assert_eq!(host.decisions.borrow()[0].1, "short");
 }
+
+#[test]
+fn a_clients_own_kv_transfer_params_reach_both_legs_and_hand_off_keys_do_not() {
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"vllm-m","prompt":"p","kv_transfer_params":{"lmcache.tag.user":"u1"}}"#,
+    );
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    let prefill: serde_json::Value =
+        serde_json::from_slice(&host.dispatched[0].body).expect("prefill JSON");
+    assert_eq!(prefill["kv_transfer_params"]["do_remote_decode"], true);
+    assert_eq!(prefill["kv_transfer_params"]["lmcache.tag.user"], "u1");
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    let decode: serde_json::Value = serde_json::from_str(&host.body_str()).expect("decode JSON");
+    assert_eq!(decode["kv_transfer_params"]["remote_engine_id"], "e");
+    assert_eq!(decode["kv_transfer_params"]["lmcache.tag.user"], "u1");
+    assert!(
+        host.body_str()
+            .contains(r#""future":{"n":18446744073709551615},"lmcache.tag.user":"u1"}"#),
+        "the prefill's params relayed verbatim, the client's after them: {}",
+        host.body_str()
+    );
+
+    for key in ["remote_engine_id", "remote_prefill_cached_tokens", "do_remote_prefill"] {
+        let mut flow = Flow::new(router());
+        let body = format!(r#"{{"model":"vllm-m","prompt":"p","kv_transfer_params":{{"{key}":1}}}}"#);
+        let mut host = post("/v1/completions", &body);
+        send_request(&mut flow, &mut host);
+        let (status, v) = host.reply();
+        assert_eq!(status, 400, "{key}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(&format!("kv_transfer_params.{key}")), "{msg}");
+        assert!(host.dispatched.is_empty());
+    }
+}

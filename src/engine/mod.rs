@@ -9,6 +9,7 @@ mod vllm;
 
 use crate::api::{Api, ClientFields};
 use crate::body::{Edits, Members};
+use crate::error::ClientError;
 use crate::fleet::{Connector, Endpoint};
 use std::collections::BTreeMap;
 
@@ -60,6 +61,17 @@ pub trait EngineHandler {
     /// Top-level keys this engine's hand-off writes; a client may not send them.
     fn owned_keys(&self) -> &'static [&'static str] {
         &[]
+    }
+
+    /// What the client sent inside a member the hand-off also writes, kept
+    /// for both legs (vLLM's `kv_transfer_params` settings), or why the
+    /// request is refused. `None`: nothing to keep.
+    fn client_params(
+        &self,
+        _body: &[u8],
+        _top: &Members,
+    ) -> Result<Option<Vec<(String, String)>>, ClientError> {
+        Ok(None)
     }
 
     /// Whether `pod` can take a prefill now; `connector` is the vLLM KV

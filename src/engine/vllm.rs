@@ -3,6 +3,9 @@ use super::{
 };
 use crate::fleet::{Connector, Endpoint};
 use crate::handoff::LearnedPods;
+use crate::body::Members;
+use crate::error::ClientError;
+use crate::transfer::client_params::{self, Refused};
 use crate::transfer::{agent, Relay};
 
 /// vLLM: delegates the hand-off to the KV-transfer agent of the prefill pod,
@@ -34,7 +37,28 @@ impl EngineHandler for VllmHandler {
     }
 
     fn owned_keys(&self) -> &'static [&'static str] {
-        &["kv_transfer_params", "disagg_prefill_resp"]
+        &["disagg_prefill_resp"]
+    }
+
+    fn client_params(
+        &self,
+        body: &[u8],
+        top: &Members,
+    ) -> Result<Option<Vec<(String, String)>>, ClientError> {
+        let Some(raw) = top.raw_non_null(body, "kv_transfer_params") else {
+            return Ok(None);
+        };
+        match client_params::kept(raw) {
+            Ok(kept) => Ok(Some(kept)),
+            Err(Refused::NotAnObject) => Err(ClientError::BadField {
+                field: "kv_transfer_params".into(),
+                message: "must be an object".into(),
+            }),
+            Err(Refused::Owned(key)) => Err(ClientError::RouterOwnedKey {
+                key: format!("kv_transfer_params.{key}"),
+                engine: self.name().into(),
+            }),
+        }
     }
 
     fn should_split(&self, ctx: &PdContext, prefill: &Endpoint) -> bool {

@@ -3,6 +3,7 @@
 //! The vLLM handler picks an agent per prefill pod (else per model, else the
 //! global default) and delegates both halves of the hand-off to it.
 
+pub mod client_params;
 mod mooncake;
 mod neuron;
 mod nixl;
