@@ -54,10 +54,15 @@ pub enum Counter {
     DiscoveryFailure,
     /// Decode answers rewritten (cached tokens, prompt logprobs).
     AnswerRewritten,
+    /// Decodes that failed after the prefill answered (5xx, a reset or
+    /// refused connection, an error event opening a 200 stream).
+    DecodeFailed,
+    /// Clients that left while their prefill was in flight.
+    ClientGone,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 14] = [
+    pub const ALL: [Counter; 16] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -72,6 +77,8 @@ impl Counter {
         Counter::DiscoveryList,
         Counter::DiscoveryFailure,
         Counter::AnswerRewritten,
+        Counter::DecodeFailed,
+        Counter::ClientGone,
     ];
 
     pub fn name(self) -> &'static str {
@@ -90,6 +97,8 @@ impl Counter {
             Counter::DiscoveryList => "pd_router.discovery.lists",
             Counter::DiscoveryFailure => "pd_router.discovery.failures",
             Counter::AnswerRewritten => "pd_router.answers_rewritten",
+            Counter::DecodeFailed => "pd_router.decode_failed",
+            Counter::ClientGone => "pd_router.client_gone",
         }
     }
 }
@@ -133,13 +142,16 @@ pub enum PodEvent {
     PrefillSelected,
     DecodeSelected,
     Ejected,
+    /// A decode on this pod failed after its hand-off.
+    DecodeFailed,
 }
 
 impl PodEvent {
-    pub const ALL: [PodEvent; 3] = [
+    pub const ALL: [PodEvent; 4] = [
         PodEvent::PrefillSelected,
         PodEvent::DecodeSelected,
         PodEvent::Ejected,
+        PodEvent::DecodeFailed,
     ];
 
     pub fn suffix(self) -> &'static str {
@@ -147,6 +159,7 @@ impl PodEvent {
             PodEvent::PrefillSelected => "prefill_selected",
             PodEvent::DecodeSelected => "decode_selected",
             PodEvent::Ejected => "ejected",
+            PodEvent::DecodeFailed => "decode_failed",
         }
     }
 }
@@ -216,6 +229,13 @@ pub trait Host: SharedStore + Telemetry {
     /// The response body Envoy holds for the filter: the current chunk, or
     /// everything buffered while the filter paused the response.
     fn response_body(&self) -> Result<Vec<u8>, HostError>;
+    /// Up to `max` bytes from the start of that body (a cheaper read when
+    /// only its first event matters).
+    fn response_body_head(&self, max: usize) -> Result<Vec<u8>, HostError> {
+        let mut b = self.response_body()?;
+        b.truncate(max);
+        Ok(b)
+    }
     /// Replaces the first `old_len` bytes of that body with `body`.
     fn replace_response_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError>;
     /// Lets a paused response go on to the client.

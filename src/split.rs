@@ -12,7 +12,6 @@
 
 use crate::api::{read_fields, Api, ClientFields};
 use crate::body::{Edit, Edits, LegBody, Members, SourceMismatch};
-use crate::transfer::client_params;
 use crate::engine::{
     build_legs, Degraded, IdSource, LearnedPods, LegEdits, Merged, NothingLearned, PdContext,
     PrefillAnswer, Registry,
@@ -21,6 +20,7 @@ use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::reconcile;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
+use crate::transfer::client_params;
 use std::rc::Rc;
 
 /// What a split needs to know of the router.

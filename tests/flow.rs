@@ -32,6 +32,12 @@ const CONFIG: &str = r#"{
                    "decode": [{"address":"10.0.1.2:8000","name":"dd0"}, {"address":"10.0.1.3:8000","name":"dd1"}]}]},
     {"name": "trt-decided", "engine": "trtllm", "decider": {},
      "rolesets": [{"prefill": ["10.0.3.1:8000"], "decode": ["10.0.3.2:8000"]}]},
+    {"name": "health-m", "engine": "vllm", "prefill_policy": "round_robin", "decode_policy": "round_robin",
+     "rolesets": [{"prefill": [{"address":"10.0.4.1:8000","name":"hp0"}, {"address":"10.0.4.2:8000","name":"hp1"}],
+                   "decode": [{"address":"10.0.4.3:8000","name":"hd0"}, {"address":"10.0.4.4:8000","name":"hd1"}]}]},
+    {"name": "pair-m", "engine": "vllm", "prefill_policy": "random", "decode_policy": "random",
+     "rolesets": [{"prefill": [{"address":"10.0.5.1:8000","name":"pp0"}, {"address":"10.0.5.2:8000","name":"pp1"}],
+                   "decode": [{"address":"10.0.5.3:8000","name":"pd0"}, {"address":"10.0.5.4:8000","name":"pd1"}]}]},
     {"name": "local-m", "engine": "vllm", "decider": {"min_prompt_tokens": 0, "min_uncached_tokens": 0, "prefill_saturated_local": true},
      "rolesets": [{"prefill": [{"address":"10.0.2.1:8000","name":"lp0"}], "decode": [{"address":"10.0.2.2:8000","name":"ld0"}]}]}
   ]
@@ -1500,9 +1506,14 @@ fn a_clients_own_kv_transfer_params_reach_both_legs_and_hand_off_keys_do_not() {
         host.body_str()
     );
 
-    for key in ["remote_engine_id", "remote_prefill_cached_tokens", "do_remote_prefill"] {
+    for key in [
+        "remote_engine_id",
+        "remote_prefill_cached_tokens",
+        "do_remote_prefill",
+    ] {
         let mut flow = Flow::new(router());
-        let body = format!(r#"{{"model":"vllm-m","prompt":"p","kv_transfer_params":{{"{key}":1}}}}"#);
+        let body =
+            format!(r#"{{"model":"vllm-m","prompt":"p","kv_transfer_params":{{"{key}":1}}}}"#);
         let mut host = post("/v1/completions", &body);
         send_request(&mut flow, &mut host);
         let (status, v) = host.reply();
@@ -1511,4 +1522,199 @@ fn a_clients_own_kv_transfer_params_reach_both_legs_and_hand_off_keys_do_not() {
         assert!(msg.contains(&format!("kv_transfer_params.{key}")), "{msg}");
         assert!(host.dispatched.is_empty());
     }
+}
+
+/// One vLLM split of `health-m` on `host`'s shared data, its decode answered
+/// with `status` (and, for a 200, `first_event` as its stream's first bytes).
+/// Returns (prefill, decode) addresses.
+fn split_answered(
+    r: &Rc<Router>,
+    host: &mut FakeHost,
+    status: u16,
+    first_event: &str,
+) -> (String, String) {
+    let mut flow = Flow::new(Rc::clone(r));
+    next_request(host, r#"{"model":"health-m","prompt":"p","stream":true}"#);
+    assert_eq!(send_request(&mut flow, host), Action::Pause);
+    let prefill = host.dispatched[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k == ROUTING)
+        .unwrap()
+        .1
+        .clone();
+    answer(&mut flow, host, Some(200), VLLM_ANSWER);
+    let decode = host.header(ROUTING).unwrap();
+    host.upstream_headers = vec![
+        (":status".into(), status.to_string()),
+        ("content-type".into(), "text/event-stream".into()),
+    ];
+    flow.on_response_headers(host);
+    host.response = first_event.as_bytes().to_vec();
+    let n = host.response.len();
+    flow.on_response_body(host, n, true);
+    flow.on_stream_end(host);
+    r.refresh_metrics(&*host);
+    (prefill, decode)
+}
+
+const TOKEN_EVENT: &str = "data: {\"id\":\"d\",\"choices\":[{\"text\":\"x\"}]}\n\n";
+const ERROR_EVENT: &str = "data: {\"error\":{\"message\":\"KV transfer failed\",\"code\":500}}\n\n";
+
+#[test]
+fn a_decode_failing_every_hand_off_is_ejected_after_its_streak() {
+    let r = router();
+    let mut host = post("/v1/completions", "");
+    let failures = r.config.health.eject_after_failures as usize;
+    let mut sent_to_bad = 0;
+    let mut bad_failures = 0;
+    let (mut counted_failed, mut ejections, mut pod_failed) = (0, 0, 0);
+    for _ in 0..20 {
+        let (_, decode) = split_answered(&r, &mut host, 200, TOKEN_EVENT);
+        if decode == "10.0.4.4:8000" {
+            sent_to_bad += 1;
+        }
+        let _ = decode;
+        // Every decode on hd1 fails: 500s and error events alternate.
+        let mut flow = Flow::new(Rc::clone(&r));
+        next_request(
+            &mut host,
+            r#"{"model":"health-m","prompt":"p","stream":true}"#,
+        );
+        send_request(&mut flow, &mut host);
+        answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+        let decode = host.header(ROUTING).unwrap();
+        let failing = decode == "10.0.4.4:8000";
+        let status = if failing && bad_failures % 2 == 0 {
+            500
+        } else {
+            200
+        };
+        host.upstream_headers = vec![
+            (":status".into(), status.to_string()),
+            ("content-type".into(), "text/event-stream".into()),
+        ];
+        flow.on_response_headers(&mut host);
+        host.response = if failing { ERROR_EVENT } else { TOKEN_EVENT }
+            .as_bytes()
+            .to_vec();
+        let n = host.response.len();
+        flow.on_response_body(&mut host, n, true);
+        flow.on_stream_end(&mut host);
+        counted_failed += host.counted(Counter::DecodeFailed);
+        ejections += host.counted(Counter::Ejection);
+        pod_failed += host
+            .pod_events
+            .borrow()
+            .iter()
+            .filter(|(p, e)| p == "hd1" && *e == PodEvent::DecodeFailed)
+            .count();
+        if failing {
+            sent_to_bad += 1;
+            bad_failures += 1;
+        }
+    }
+    assert_eq!(
+        bad_failures, failures,
+        "hd1 gets no request after its ejection"
+    );
+    assert_eq!(counted_failed, failures);
+    assert_eq!(ejections, 1);
+    assert_eq!(pod_failed, failures, "counted per pod");
+    assert!(sent_to_bad >= failures);
+    assert!(all_zero(&r, &host));
+}
+
+#[test]
+fn a_pair_that_fails_while_both_pods_work_with_others_is_avoided() {
+    let r = router();
+    let mut host = post("/v1/completions", "");
+    let failures = r.config.health.eject_after_failures as usize;
+    let (mut pair_failures, mut after, mut ejections) = (0, 0, 0);
+    for _ in 0..80 {
+        let mut flow = Flow::new(Rc::clone(&r));
+        next_request(
+            &mut host,
+            r#"{"model":"pair-m","prompt":"p","stream":true}"#,
+        );
+        send_request(&mut flow, &mut host);
+        let prefill = host.dispatched[0]
+            .headers
+            .iter()
+            .find(|(k, _)| k == ROUTING)
+            .unwrap()
+            .1
+            .clone();
+        answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+        let decode = host.header(ROUTING).unwrap();
+        // Only hp0 -> hd1 fails; each pod works with the other.
+        let bad = prefill == "10.0.5.1:8000" && decode == "10.0.5.4:8000";
+        if pair_failures >= failures && bad {
+            after += 1;
+        }
+        host.upstream_headers = vec![
+            (":status".into(), if bad { "500" } else { "200" }.into()),
+            ("content-type".into(), "text/event-stream".into()),
+        ];
+        flow.on_response_headers(&mut host);
+        host.response = TOKEN_EVENT.as_bytes().to_vec();
+        let n = host.response.len();
+        flow.on_response_body(&mut host, n, true);
+        flow.on_stream_end(&mut host);
+        ejections += host.counted(Counter::Ejection);
+        r.refresh_metrics(&host);
+        if bad {
+            pair_failures += 1;
+        }
+    }
+    assert_eq!(
+        pair_failures, failures,
+        "no hand-off on the pair once it is avoided"
+    );
+    assert_eq!(after, 0);
+    assert_eq!(ejections, 0, "neither pod is ejected");
+    assert!(all_zero(&r, &host));
+}
+
+#[test]
+fn a_client_that_leaves_during_its_prefill_is_forgotten_at_once() {
+    let r = router();
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    flow.on_stream_end(&mut host);
+    assert_eq!(host.counted(Counter::ClientGone), 1);
+    assert!(all_zero(&r, &host), "its load is given back at once");
+    // The prefill's answer, when it comes, leads nowhere.
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 0);
+    assert!(host.replies.is_empty());
+}
+
+#[test]
+fn a_decode_is_not_sent_after_its_prefills_kv_lease() {
+    // A clock that moves 31 s at each reading: by the time the decode
+    // would leave, the prefill's 30 s lease is over.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    host.clock_step_us = 31_000_000;
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    // Prefilled again (the one retry), not decoded with the stale hand-off.
+    assert_eq!(host.dispatched.len(), 2);
+    assert_eq!(host.resumed, 0);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    let (status, v) = host.reply();
+    assert_eq!(status, 503);
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("KV lease (30000 ms) ran out"), "{msg}");
+    assert_eq!(v["error"]["code"], "handoff_expired");
+    assert_eq!(host.resumed, 0, "no decode reads freed blocks");
+
+    // The same split with a still clock goes through.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", r#"{"model":"vllm-m","prompt":"p"}"#);
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
 }

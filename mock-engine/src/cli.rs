@@ -36,6 +36,11 @@ Fault SPEC (POST /v1/* only; --fault may be repeated):
                             then answer 500
   fail-after:N              the other faults apply from request N+1 on (alone:
                             status:500); at most one
+  fail-from:NAME            vllm decode: a hand-off whose kv_transfer_params
+                            name the prefill pod NAME fails with 500 (KV
+                            transfer failed); others work
+  error-event               answer 200 with a stream whose first event is an
+                            error (a failed KV transfer on a streamed request)
 
 Flags that do not apply to the chosen engine and role are ignored with a
 warning, so one flag set can be passed to every pod.";
@@ -247,6 +252,7 @@ fn parse_fault(v: &str) -> Result<Fault, String> {
         "hang" => return Ok(Fault::Hang),
         "reset" => return Ok(Fault::Reset),
         "truncate" => return Ok(Fault::Truncate),
+        "error-event" => return Ok(Fault::ErrorEvent),
         "fail-after-transfer" => return Ok(Fault::FailAfterTransfer(DEFAULT_FAIL_AFTER_TRANSFER)),
         _ => {}
     }
@@ -254,6 +260,12 @@ fn parse_fault(v: &str) -> Result<Fault, String> {
         return parse_ms(ms)
             .map(Fault::FailAfterTransfer)
             .map_err(|e| format!("fail-after-transfer:MS: {e}"));
+    }
+    if let Some(name) = v.strip_prefix("fail-from:") {
+        if name.is_empty() {
+            return Err("fail-from:NAME: NAME is a prefill pod's --name".to_string());
+        }
+        return Ok(Fault::FailFrom(name.to_owned()));
     }
     if let Some(n) = v.strip_prefix("fail-after:") {
         return n

@@ -130,6 +130,13 @@ pub enum Fault {
     /// The other faults apply only after this many POST /v1/* requests.
     /// Parsed only; [`Config::fail_after`] holds it afterwards.
     FailAfter(u64),
+    /// vLLM decode: a hand-off from the prefill pod of this name fails (500,
+    /// as vLLM's `kv_load_failure_policy` "fail" answers a pull that broke);
+    /// others work.
+    FailFrom(String),
+    /// Answer 200 with a stream whose first event is an error, as vLLM and
+    /// SGLang report a KV transfer that failed on a streamed request.
+    ErrorEvent,
 }
 
 /// The wait of the `fail-after-transfer` fault among `faults`, if any.

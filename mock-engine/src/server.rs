@@ -271,6 +271,39 @@ fn fail_response(state: &Shared, fail: Fail) -> Response {
     error_response(fail.status, fail.kind, message)
 }
 
+/// The hand-off faults: a pull from a named prefill that fails, and a
+/// stream that opens with an error event.
+fn handoff_fault(state: &Shared, faults: &[Fault], body: &[u8]) -> Option<Response> {
+    if faults.contains(&Fault::ErrorEvent) {
+        let event = format!(
+            "data: {}\n\ndata: [DONE]\n\n",
+            serde_json::json!({"error": {"message": format!("{}: KV transfer failed", state.label()),
+                "type": "InternalServerError", "param": null, "code": 500}})
+        );
+        let resp = ([(header::CONTENT_TYPE, "text/event-stream")], event).into_response();
+        return Some(kv_none(resp));
+    }
+    let from = faults.iter().find_map(|f| match f {
+        Fault::FailFrom(name) => Some(name),
+        _ => None,
+    })?;
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let engine = v
+        .get("kv_transfer_params")?
+        .get("remote_engine_id")?
+        .as_str()?;
+    (engine == format!("mock-engine-{from}")).then(|| {
+        error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock_kv_load_failure",
+            format!(
+                "{}: KV transfer failed: could not pull from {from}",
+                state.label()
+            ),
+        )
+    })
+}
+
 async fn v1_post(
     State(state): State<Shared>,
     uri: Uri,
@@ -310,6 +343,9 @@ async fn v1_post(
     }) {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         return error_response(status, "mock_fault", format!("mock fault: status {code}"));
+    }
+    if let Some(resp) = handoff_fault(&state, faults, &body) {
+        return resp;
     }
     if faults.contains(&Fault::Garbage) {
         let mut resp = (

@@ -142,6 +142,10 @@ pub struct Config {
     pub scrape: ScrapeSettings,
     pub trt: TrtSettings,
     pub kv_connector: Connector,
+    /// How long a vLLM NIXL prefill keeps its KV for the decode
+    /// (`kv_connector_extra_config.kv_lease_duration`, 30 s in vLLM): a
+    /// decode that would leave later is not sent with that hand-off.
+    pub kv_lease_ms: u64,
     pub max_body_bytes: usize,
     /// Debugging aid: answers carry `x-pd-prefill-ms` and `x-pd-routing-us`.
     pub timing_headers: bool,

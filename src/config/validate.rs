@@ -75,6 +75,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             auth_key_env: raw.trt_auth_key_env,
         },
         kv_connector,
+        kv_lease_ms: raw.kv_lease_ms,
         max_body_bytes,
         timing_headers: raw.timing_headers,
         max_pod_stats: raw.max_pod_stats,
@@ -137,6 +138,9 @@ fn check_settings(raw: &RawConfig) -> Result<(), ConfigError> {
             "prefill_timeout_ms",
             format!("must be between 1 and {}", u32::MAX),
         ));
+    }
+    if raw.kv_lease_ms == 0 {
+        return Err(err("kv_lease_ms", "must be greater than 0"));
     }
     if raw.max_body_bytes == 0 {
         return Err(err("max_body_bytes", "must be greater than 0"));

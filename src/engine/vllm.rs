@@ -1,10 +1,10 @@
 use super::{
     Degraded, EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer,
 };
-use crate::fleet::{Connector, Endpoint};
-use crate::handoff::LearnedPods;
 use crate::body::Members;
 use crate::error::ClientError;
+use crate::fleet::{Connector, Endpoint};
+use crate::handoff::LearnedPods;
 use crate::transfer::client_params::{self, Refused};
 use crate::transfer::{agent, Relay};
 

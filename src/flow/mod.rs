@@ -19,6 +19,7 @@ mod load;
 mod prefill;
 mod response;
 mod send;
+mod verdict;
 
 use crate::api::Api;
 use crate::body::BodyError;
@@ -91,6 +92,8 @@ pub struct Flow {
     held: HeldLoad,
     response: ResponseRewrite,
     timing: Timing,
+    /// A split's decode, judged by its answer.
+    decode_verdict: Option<verdict::DecodeVerdict>,
 }
 
 impl Flow {
@@ -108,6 +111,7 @@ impl Flow {
             },
             response: ResponseRewrite::default(),
             timing: Timing::default(),
+            decode_verdict: None,
         }
     }
 
@@ -272,6 +276,7 @@ impl Flow {
 
     pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {
         self.answer_headers(host);
+        self.judge_decode_headers(host);
         // Upstreams must not be able to forge which pods were used.
         let (name, ip) = match &self.prefill_pod {
             Some((n, ip)) => (Some(n.as_str()), Some(ip.as_str())),
@@ -320,13 +325,20 @@ impl Flow {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
+        self.judge_decode_body(host, body_size);
         self.answer_body(host, body_size, end_of_stream)
     }
 
     /// The stream is over (completed, failed, or the client went away): give
-    /// back whatever load it still holds. A prefill still in flight answers
-    /// into the void.
+    /// back whatever load it still holds, with the decode's verdict. A
+    /// prefill still in flight answers into the void: Envoy cannot cancel it,
+    /// so it runs on and holds its KV until the engine's lease or abort
+    /// timeout (docs/engines.md).
     pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
-        self.release(host, Release::All, None);
+        if matches!(self.phase, Phase::AwaitingPrefill(_)) {
+            host.increment(Counter::ClientGone);
+            self.phase = Phase::Replied;
+        }
+        self.release_with_verdict(host);
     }
 }

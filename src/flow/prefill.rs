@@ -6,7 +6,7 @@ use super::load::{Judgement, Release};
 use super::{Attempt, Flow, Phase, Sent};
 use crate::engine::Degraded;
 use crate::error::{upstream_message, HostError, PdError, PrefillFailure};
-use crate::fleet::Endpoint;
+use crate::fleet::{Endpoint, EngineKind};
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
@@ -37,6 +37,7 @@ fn retryable(f: &PrefillFailure) -> bool {
             | PrefillFailure::Reset
             | PrefillFailure::Timeout
             | PrefillFailure::ServerError { .. }
+            | PrefillFailure::LeaseExpired { .. }
             | PrefillFailure::Rejected {
                 status: 408 | 429,
                 ..
@@ -143,7 +144,10 @@ impl Flow {
                 let pod = Rc::clone(&pending.plan.prefill_pod);
                 let outcome = self.prefill_answered(host, &pod, status, body_size);
                 let result = match outcome {
-                    Ok(()) => self.finish(host, pending, body_size),
+                    Ok(()) => match self.lease_expired(host, &pending.plan) {
+                        Some(expired) => self.retry_or_fail(host, pending, expired),
+                        None => self.finish(host, pending, body_size),
+                    },
                     Err(f) => self.retry_or_fail(host, pending, f),
                 };
                 if let Err(e) = result {
@@ -218,6 +222,23 @@ impl Flow {
         outcome
     }
 
+    /// A decode about to leave after its prefill's KV lease ran out (vLLM
+    /// NIXL frees the blocks when `kv_lease_duration` ends): the prefill's
+    /// answer counts from when it arrived.
+    fn lease_expired<H: Host>(&self, host: &H, plan: &SplitPlan) -> Option<PrefillFailure> {
+        let model = &plan.request.model;
+        let connector = plan
+            .prefill_pod
+            .connector(model.kv_connector, self.router.connector_type());
+        if model.kind != EngineKind::Vllm || !crate::transfer::agent(connector).leased() {
+            return None;
+        }
+        let answered = self.timing.prefill_sent_ms + self.timing.prefill_ms.unwrap_or(0);
+        let age_ms = host.now_ms().saturating_sub(answered);
+        let lease_ms = self.router.config.kv_lease_ms;
+        (age_ms > lease_ms).then_some(PrefillFailure::LeaseExpired { age_ms, lease_ms })
+    }
+
     /// A failed sequential prefill: place the request again on another pod
     /// while retries remain, else fail with the prefill's error.
     fn retry_or_fail<H: Host>(
@@ -238,7 +259,10 @@ impl Flow {
         host.increment(Counter::PrefillRetry);
         self.release(host, Release::Decode, None);
         let mut attempt = p.attempt;
-        attempt.failed_on.push(p.plan.prefill_pod.id);
+        // An expired lease is no fault of the pod: it may prefill again.
+        if !matches!(failure, PrefillFailure::LeaseExpired { .. }) {
+            attempt.failed_on.push(p.plan.prefill_pod.id);
+        }
         attempt.number += 1;
         match self.place(host, p.plan.request, attempt) {
             Ok(Sent::Waiting) => Ok(()),
@@ -302,6 +326,7 @@ impl Flow {
                 }
             }
         }
+        self.await_decode_verdict(&p.plan.prefill_pod, &p.plan.decode_pod);
         self.phase = Phase::Forwarded {
             watched: None,
             body_seen: false,

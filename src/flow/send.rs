@@ -158,6 +158,7 @@ impl Flow {
             self.release(host, Release::All, None);
             return Err(e);
         }
+        self.await_decode_verdict(&plan.prefill_pod, &plan.decode_pod);
         // The prefill's report comes later, if the answer needs them.
         self.response.rewrite = plan
             .rewrite

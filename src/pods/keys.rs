@@ -73,6 +73,14 @@ impl SharedKeys {
 }
 
 impl SharedKeys {
+    /// One model's prefill/decode pairs whose hand-offs failed.
+    pub fn pairs(&self, model: ModelId) -> Key {
+        let mut k = Key::from(self.prefix.as_str());
+        k.push_str(".pairs.");
+        k.push_hex16(model.0);
+        k
+    }
+
     /// One slot of the decode prefix table: which decode pod last served a
     /// prompt (the decider's; as [`SharedKeys::prefix_slot`]).
     pub fn decode_prefix_slot(&self, slot: u32) -> Key {

@@ -8,12 +8,14 @@ mod health;
 mod keys;
 pub mod lease;
 mod load;
+mod pairs;
 mod scraped;
 mod store;
 
 pub use health::{HealthRule, Verdict};
 pub use keys::{SharedKeys, WORKER_SLOTS_KEY};
 pub use load::{update_load, LoadTable, PodCounters};
+pub use pairs::{update_pairs, PairCounters, PairTable};
 pub use scraped::{
     decode_scraped, encode_scraped, update_scraped, PodMetrics, ScrapedTable, StoredMetrics,
 };

@@ -4,7 +4,7 @@
 
 use super::Router;
 use crate::fleet::{Endpoint, ModelId, PodId};
-use crate::pods::{update_load, LoadTable, PodCounters, SharedStore, Verdict};
+use crate::pods::{update_load, update_pairs, LoadTable, PodCounters, SharedStore, Verdict};
 use std::rc::Rc;
 
 /// Load a stream holds, to give back exactly once.
@@ -139,6 +139,24 @@ impl Router {
             pod: pod.name.clone(),
             message: rule.message(&pod.name, cause),
         }))
+    }
+
+    /// Applies a hand-off's verdict to its prefill/decode pair; true when
+    /// the pair is now avoided.
+    pub fn judge_pair<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        model: ModelId,
+        pair: (PodId, PodId),
+        verdict: Verdict,
+        now_ms: u64,
+    ) -> Result<bool, String> {
+        let rule = self.config.health;
+        let mut avoided = false;
+        update_pairs(store, &self.keys.pairs(model), |t| {
+            avoided = t.judge(pair, verdict, &rule, now_ms);
+        })?;
+        Ok(avoided)
     }
 
     /// Applies `verdict` to `pod` in every model that serves it (a failed

@@ -16,7 +16,7 @@ pub use load::{Ejection, HeldLoad};
 use crate::config::Config;
 use crate::engine::Registry;
 use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, ModelId, PodId};
-use crate::pods::{decode_scraped, HealthRule, ScrapedTable, SharedKeys, SharedStore};
+use crate::pods::{decode_scraped, HealthRule, PairTable, ScrapedTable, SharedKeys, SharedStore};
 use crate::split::SplitContext;
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
 use std::cell::{Cell, RefCell};
@@ -42,6 +42,10 @@ pub struct Router {
     worker_slot: u8,
     /// This VM's copy of the scraped metrics, refreshed on each tick.
     scraped: RefCell<ScrapedTable>,
+    /// This VM's copy of each model's failing prefill/decode pairs,
+    /// refreshed on each tick (a pair is avoided within a tick of the
+    /// failure that starts it).
+    pairs: RefCell<HashMap<ModelId, PairTable>>,
     /// Mooncake engine ids per prefill pod, copied from shared data each tick.
     mooncake: RefCell<HashMap<PodId, Vec<String>>>,
     /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
@@ -72,6 +76,7 @@ impl Router {
             trt_ids: RefCell::new(trt_ids),
             worker_slot,
             scraped: RefCell::new(ScrapedTable::new()),
+            pairs: RefCell::new(HashMap::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
             mooncake: RefCell::new(HashMap::new()),
             trt_auth_key: None,
@@ -81,6 +86,14 @@ impl Router {
 
     pub fn worker_slot(&self) -> u8 {
         self.worker_slot
+    }
+
+    /// Whether this VM's copy of the pair table knows the pair as failing.
+    pub fn pair_failing(&self, model: ModelId, prefill: PodId, decode: PodId) -> bool {
+        self.pairs
+            .borrow()
+            .get(&model)
+            .is_some_and(|t| t.get(prefill, decode) != Default::default())
     }
 
     /// The fleet as known now.
@@ -180,6 +193,16 @@ impl Router {
     pub fn refresh_metrics<S: SharedStore + ?Sized>(&self, store: &S) {
         let (bytes, _) = store.shared_get(&self.keys.scraped());
         *self.scraped.borrow_mut() = decode_scraped(bytes.as_deref());
+        let pairs = self
+            .fleet()
+            .models()
+            .iter()
+            .filter_map(|m| {
+                let (bytes, _) = store.shared_get(&self.keys.pairs(m.id));
+                bytes.map(|b| (m.id, PairTable::decode(Some(&b))))
+            })
+            .collect();
+        *self.pairs.borrow_mut() = pairs;
     }
 }
 

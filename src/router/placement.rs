@@ -106,13 +106,33 @@ impl Router {
             rng.get_or_insert_with(|| SplitMix64(random(&mut *store)))
                 .next_u64()
         };
-        let first = self.choose(request, &pods, &found, &excluded, &mut draw)?;
-        let (Some(decider), Some(seen)) = (model.decider, seen) else {
-            return Ok(first);
+        let mut placed = self.choose(request, &pods, &found, &excluded, &mut draw)?;
+        if let Some(seen) = &seen {
+            placed =
+                self.follow_decode_kv(request, &pods, &found, &excluded, &mut draw, placed, seen);
+        }
+        // This VM's copy of the failing pairs, refreshed each tick.
+        let pairs = self
+            .pairs
+            .borrow()
+            .get(&model.id)
+            .cloned()
+            .unwrap_or_default();
+        let fresh = |p: &Placement| match p {
+            Placement::Split {
+                prefill, decode, ..
+            } => !pairs.avoided(prefill.id, decode.id, now_ms),
+            _ => true,
         };
-        let placed =
-            self.follow_decode_kv(request, &pods, &found, &excluded, &mut draw, first, &seen);
-        Ok(self.apply_decider(&decider, request, &pods, placed, seen))
+        if !fresh(&placed) {
+            placed = self.avoid_pair(request, &pods, &found, &excluded, &mut draw, placed, &fresh);
+        }
+        match (model.decider, seen) {
+            (Some(decider), Some(seen)) => {
+                Ok(self.apply_decider(&decider, request, &pods, placed, seen))
+            }
+            _ => Ok(placed),
+        }
     }
 
     /// What the prefill prefix table knows of the prompt (only the
@@ -265,6 +285,38 @@ impl Router {
             Ok(p @ Placement::Split { .. }) => p,
             _ => first,
         }
+    }
+
+    /// A pair whose hand-offs keep failing is avoided: the decode pod goes
+    /// first, then the prefill pod; where nothing else is left, the pair
+    /// stays (a failing hand-off beats none).
+    #[allow(clippy::too_many_arguments)]
+    fn avoid_pair(
+        &self,
+        request: &SplitRequest,
+        pods: &[PodState],
+        found: &PrefixMatch,
+        excluded: &[usize],
+        draw: &mut dyn FnMut() -> u64,
+        placed: Placement,
+        fresh: &dyn Fn(&Placement) -> bool,
+    ) -> Placement {
+        let Placement::Split {
+            prefill, decode, ..
+        } = &placed
+        else {
+            return placed;
+        };
+        for pod in [decode.slot, prefill.slot] {
+            let mut without = excluded.to_vec();
+            without.push(pod);
+            if let Ok(other) = self.choose(request, pods, found, &without, draw) {
+                if fresh(&other) {
+                    return other;
+                }
+            }
+        }
+        placed
     }
 
     /// The decider's verdict on a split placement.

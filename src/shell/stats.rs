@@ -18,6 +18,7 @@ use std::collections::{HashMap, HashSet};
 struct PodStats {
     selected: Option<u32>,
     ejected: Option<u32>,
+    decode_failed: Option<u32>,
     /// Outstanding prefills, pending decodes, healthy (0/1).
     gauges: [Option<u32>; 3],
 }
@@ -193,6 +194,7 @@ impl Stats {
         let stats = PodStats {
             selected: series(MetricType::Counter, "pd_router.pod.selected"),
             ejected: series(MetricType::Counter, "pd_router.pod.ejected"),
+            decode_failed: series(MetricType::Counter, "pd_router.pod.decode_failed"),
             gauges: if own {
                 [
                     series(MetricType::Gauge, "pd_router.pod.outstanding_prefills"),
@@ -210,6 +212,7 @@ impl Stats {
         let id = self.with_pod(pod, |s| match event {
             PodEvent::PrefillSelected | PodEvent::DecodeSelected => s.selected,
             PodEvent::Ejected => s.ejected,
+            PodEvent::DecodeFailed => s.decode_failed,
         });
         if let Some(id) = id {
             let _ = abi::increment_metric(id, 1);

@@ -267,6 +267,13 @@ impl Host for StreamHost {
         }
     }
 
+    fn response_body_head(&self, max: usize) -> Result<Vec<u8>, HostError> {
+        match abi::buffer(Buffer::HttpResponseBody, 0, max) {
+            Ok(b) => Ok(b.unwrap_or_default()),
+            Err(e) => Err(HostError::new("reading the response body", e)),
+        }
+    }
+
     fn replace_response_body(&mut self, old_len: usize, body: &[u8]) -> Result<(), HostError> {
         abi::set_buffer(Buffer::HttpResponseBody, 0, old_len, body)
             .map_err(|e| HostError::new("replacing the response body", e))

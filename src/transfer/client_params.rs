@@ -96,9 +96,20 @@ mod tests {
                 ("max_offload_tokens".to_owned(), "0".to_owned())
             ]
         );
-        for key in ["remote_engine_id", "remote_prefill_cached_tokens", "do_remote_decode", "transfer_id", "_p_side_truncated", "prompt_token_ids"] {
+        for key in [
+            "remote_engine_id",
+            "remote_prefill_cached_tokens",
+            "do_remote_decode",
+            "transfer_id",
+            "_p_side_truncated",
+            "prompt_token_ids",
+        ] {
             let raw = format!(r#"{{"lmcache.tag.user":"u1","{key}":1}}"#);
-            assert_eq!(kept(raw.as_bytes()), Err(Refused::Owned(key.to_owned())), "{key}");
+            assert_eq!(
+                kept(raw.as_bytes()),
+                Err(Refused::Owned(key.to_owned())),
+                "{key}"
+            );
         }
         assert_eq!(kept(b"[1]"), Err(Refused::NotAnObject));
         assert_eq!(kept(b"{}"), Ok(Vec::new()));
@@ -108,10 +119,19 @@ mod tests {
     fn merged_objects_keep_their_bytes_and_add_what_they_lack() {
         let k = vec![("lmcache.tag.user".to_owned(), r#""u1""#.to_owned())];
         assert_eq!(
-            merged(r#"{"do_remote_decode":true, "n":{"x":18446744073709551615} }"#, &k).as_deref(),
-            Some(r#"{"do_remote_decode":true, "n":{"x":18446744073709551615},"lmcache.tag.user":"u1"}"#)
+            merged(
+                r#"{"do_remote_decode":true, "n":{"x":18446744073709551615} }"#,
+                &k
+            )
+            .as_deref(),
+            Some(
+                r#"{"do_remote_decode":true, "n":{"x":18446744073709551615},"lmcache.tag.user":"u1"}"#
+            )
         );
-        assert_eq!(merged("{}", &k).as_deref(), Some(r#"{"lmcache.tag.user":"u1"}"#));
+        assert_eq!(
+            merged("{}", &k).as_deref(),
+            Some(r#"{"lmcache.tag.user":"u1"}"#)
+        );
         let same = vec![("a".to_owned(), "2".to_owned())];
         assert_eq!(merged(r#"{"a":1}"#, &same).as_deref(), Some(r#"{"a":1}"#));
         assert_eq!(merged("not json", &k), None);

@@ -60,6 +60,13 @@ pub trait KvTransferAgent {
         false
     }
 
+    /// Whether the prefill keeps its KV for the decode only under a lease
+    /// (vLLM NIXL pull: `kv_lease_duration`), so a decode sent after it
+    /// would read freed blocks.
+    fn leased(&self) -> bool {
+        false
+    }
+
     /// Whether `prefill_pod` can hand off now: some protocols need a fact
     /// about the pod that the router learns or is told first.
     fn prefill_ready(&self, _prefill_pod: &Endpoint, _learned: &dyn LearnedPods) -> bool {

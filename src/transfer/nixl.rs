@@ -18,6 +18,10 @@ impl KvTransferAgent for Nixl {
         "nixl"
     }
 
+    fn leased(&self) -> bool {
+        true
+    }
+
     fn augment_prefill(
         &self,
         _ctx: &mut PdContext,

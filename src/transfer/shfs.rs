@@ -14,6 +14,10 @@ impl KvTransferAgent for Shfs {
         "shfs"
     }
 
+    fn leased(&self) -> bool {
+        true
+    }
+
     fn augment_prefill(
         &self,
         _ctx: &mut PdContext,

@@ -19,7 +19,12 @@ fn chat(model: &str, turns: &[String]) -> String {
 #[test]
 fn only_prompts_that_pay_for_it_are_split() {
     let p0 = Mock::start("dc-p0", &["--engine", "vllm", "--role", "prefill"]);
-    let decode = |n: &str| Mock::start(n, &["--engine", "vllm", "--role", "decode", "--allow-recompute"]);
+    let decode = |n: &str| {
+        Mock::start(
+            n,
+            &["--engine", "vllm", "--role", "decode", "--allow-recompute"],
+        )
+    };
     let (d0, d1) = (decode("dc-d0"), decode("dc-d1"));
     let roleset = json!([{"prefill": [p0.endpoint()], "decode": [d0.endpoint(), d1.endpoint()]}]);
     let config = json!({
@@ -48,18 +53,27 @@ fn only_prompts_that_pay_for_it_are_split() {
     assert_eq!(prefills(), 0, "a short chat reaches no prefill pod");
     let got = decodes(&|r| r.header("x-request-id") == Some("dc-short"));
     assert_eq!(got.len(), 1);
-    assert_eq!(got[0].1.body, short, "the decode pod gets the client's body byte for byte");
+    assert_eq!(
+        got[0].1.body, short,
+        "the decode pod gets the client's body byte for byte"
+    );
     assert!(a.header("prefill-target-pod").is_none());
 
     // A long fresh conversation is split.
     let history = "Tell me about the history of the Roman republic in detail. ".repeat(260);
-    let first = chat("m", &[history.clone()]);
+    let first = chat("m", std::slice::from_ref(&history));
     let a = post(&url, first, &[("x-request-id", "dc-long")]);
     assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());
     assert_eq!(prefills(), 1, "a long fresh prompt is split");
-    let served = a.header("decode-target-pod").expect("decode pod").to_owned();
+    let served = a
+        .header("decode-target-pod")
+        .expect("decode pod")
+        .to_owned();
     let got = decodes(&|r| r.header("x-request-id") == Some("dc-long"));
-    assert!(got[0].1.raw("kv_transfer_params").is_some(), "the hand-off reached the decode");
+    assert!(
+        got[0].1.raw("kv_transfer_params").is_some(),
+        "the hand-off reached the decode"
+    );
 
     // The same long prefix with a new last turn goes whole to the decode pod
     // that served it, which holds all of it but the new turn.
@@ -68,10 +82,17 @@ fn only_prompts_that_pay_for_it_are_split() {
         .enumerate()
     {
         let id = format!("dc-follow-{i}");
-        let body = chat("m", &[history.clone(), "It was long.".into(), (*next).into()]);
+        let body = chat(
+            "m",
+            &[history.clone(), "It was long.".into(), (*next).into()],
+        );
         let a = post(&url, body.clone(), &[("x-request-id", &id)]);
         assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());
-        assert_eq!(a.header("decode-target-pod"), Some(served.as_str()), "turn {i}");
+        assert_eq!(
+            a.header("decode-target-pod"),
+            Some(served.as_str()),
+            "turn {i}"
+        );
         let got = decodes(&|r| r.header("x-request-id") == Some(id.as_str()));
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].0, served);
@@ -80,7 +101,11 @@ fn only_prompts_that_pay_for_it_are_split() {
     assert_eq!(prefills(), 1, "no prefill for what the decode pod holds");
 
     // A model without a decider splits short prompts as before.
-    let a = post(&url, chat("n", &["Hi".into()]), &[("x-request-id", "dc-plain")]);
+    let a = post(
+        &url,
+        chat("n", &["Hi".into()]),
+        &[("x-request-id", "dc-plain")],
+    );
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(prefills(), 2);
 

@@ -20,6 +20,7 @@ mod errors;
 mod fairness;
 mod faults;
 mod fidelity;
+mod handoff_health;
 mod handoffs;
 mod harness;
 mod kube_api;
