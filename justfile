@@ -89,8 +89,8 @@ lint: bench-setup
     cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
     cargo clippy --manifest-path bench/min-pd-filter/Cargo.toml --target wasm32-wasip1 -- -D warnings
 
-# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end.
-bench: bench-build && bench-e2e
+# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end, then the fleet simulation's short version.
+bench: bench-build && bench-e2e (bench-fleet "--quick")
     cargo bench {{native_benches}}
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --bench discovery --target wasm32-wasip1
 
@@ -107,6 +107,14 @@ bench-e2e *ARGS: bench-build
     [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/run.py {{ARGS}}
+
+# Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and sglang-router onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
+bench-fleet *ARGS: bench-setup
+    cargo build --release -p mock-engine
+    cargo build --target wasm32-wasip1 --release
+    [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
+    bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+    bench/.venv/bin/python bench/fleet.py {{ARGS}}
 
 # The flow's code and data footprint per request (cachegrind; installs valgrind).
 footprint:
