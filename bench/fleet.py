@@ -788,12 +788,14 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
     w("  and HTTP's real time, multiplied by the time scale. err: non-200 or timed out. "
       "ho m/e: decode legs whose hand-off was missing /")
     w("  expired (they computed the prompt). late99: the replayer's own lag, p99.")
-    w("@2x: the arrivals outpace the prefill pods, and P busy's window includes the backlog's "
-      "drain after the last arrival.")
-    w("vllm-router asks every pod to render (tokenize) each prompt before it routes: real work "
-      "on this machine's 2 cores, shown in")
-    w("  ovh50 (hence its lower time scale). With 64 pods (@32p) the renders outlast its 1 s "
-      "budget and it routes by load alone (hit%lim).")
+    if any(r.variant == "2x" for r in runs):
+        w("@2x: the arrivals outpace the prefill pods, and P busy's window includes the "
+          "backlog's drain after the last arrival.")
+    if any(r.config.router == "vllm-router" for r in runs):
+        w("vllm-router asks every pod to render (tokenize) each prompt before it routes: real "
+          "work on this machine's 2 cores, shown in")
+        w("  ovh50 (hence its lower time scale). Where the renders outlast its 1 s budget it "
+          "routes by load alone (missing_tokens below).")
     for n in names:
         d = (results.get(n) or {}).get("prefill_decisions")
         if d:
@@ -825,6 +827,19 @@ def write_csv(path: Path, results: dict) -> None:
                            if k == "handoffs" else r.get(k))
             row += [r.get(k) for k in CSV_EXTRA]
             wr.writerow(row)
+
+
+def plot_title(params: dict, stem: str) -> str:
+    runs = params["runs"]
+    parts = []
+    for v, x in VARIANTS.items():
+        r = next((r for n, r in runs.items() if n.endswith(x.suffix) and
+                  (x.suffix or "@" not in n)), None)
+        if r:
+            parts.append(f"{x.suffix or 'base'}: load {r['load']:g} on {r['prefill']}P+"
+                         f"{r['decode']}D")
+    return (f"Fleet simulation, the first {params['requests']} requests of the trace ("
+            + "; ".join(parts) + f"): bench/results/{stem}.txt")
 
 
 def plot(results: dict, path: Path, title: str) -> None:
@@ -1042,9 +1057,7 @@ def main() -> int:
     (a.out_dir / f"{stem}-raw.json").write_text(json.dumps(
         {"params": params, "results": results, "failed": failed}, indent=1) + "\n")
     try:
-        plot(results, a.out_dir / f"{stem}.png",
-             f"Fleet simulation: first {main_n} requests of the trace, load {a.load:g} on "
-             f"{a.prefill}P+{a.decode}D (bench/results/{stem}.txt)")
+        plot(results, a.out_dir / f"{stem}.png", plot_title(params, stem))
     except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
         log(f"plot failed: {e}")
     print(text)
