@@ -54,6 +54,9 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 MODEL = "sim-model"
+# `mock-engine sim --lease-s`'s default: how long a vLLM prefill pod keeps
+# its KV for the decode, modelled seconds.
+SIM_LEASE_S = 30.0
 
 
 # ------------------------------------------------------------ configurations
@@ -326,6 +329,8 @@ def plugin_config(c: Config, sim: dict) -> dict:
         "prefill_timeout_ms": 300000,
         "max_body_bytes": 33554432,
         "scrape_interval_ms": 1000,
+        # The sims' vLLM NIXL lease (30 modelled s) in real time.
+        "kv_lease_ms": max(1, round(SIM_LEASE_S * 1000 / sim["time_scale"])),
         "models": [model],
     }, {k: v for k, v in c.plugin.items()})
 
