@@ -11,6 +11,12 @@ pub enum Api {
     ChatCompletions,
     /// The Responses API: like chat, with `input` and `max_output_tokens`.
     Responses,
+    /// Anthropic's Messages API (`/v1/messages`, served by vLLM and
+    /// SGLang): `system` and `messages`, a required `max_tokens`.
+    Messages,
+    /// vLLM's token-in API (`/inference/v1/generate`, used by llm-d):
+    /// `token_ids`, the limits inside `sampling_params`.
+    Generate,
 }
 
 impl Api {
@@ -21,23 +27,56 @@ impl Api {
             "/v1/completions" => Some(Api::Completions),
             "/v1/chat/completions" => Some(Api::ChatCompletions),
             "/v1/responses" => Some(Api::Responses),
+            "/v1/messages" => Some(Api::Messages),
+            "/inference/v1/generate" => Some(Api::Generate),
             _ => None,
         }
     }
 
-    /// The key that caps generated tokens on this API.
+    /// The key that caps generated tokens on this API (inside
+    /// `sampling_params` for [`Api::Generate`]).
     pub fn max_tokens_key(self) -> &'static str {
         match self {
             Api::Responses => "max_output_tokens",
             _ => "max_tokens",
         }
     }
+
+    /// The object the token limits live in: the body's top level, or for
+    /// [`Api::Generate`] its `sampling_params`.
+    pub fn limits_member(self) -> Option<&'static str> {
+        match self {
+            Api::Generate => Some("sampling_params"),
+            _ => None,
+        }
+    }
+
+    /// vLLM reads this API's request id from the body's `request_id`, not
+    /// from the `X-Request-Id` header.
+    pub fn id_in_body(self) -> bool {
+        matches!(self, Api::Responses | Api::Generate)
+    }
+
+    /// The members that hold the prompt, in the order the engine reads them.
+    pub fn prompt_keys(self) -> &'static [&'static str] {
+        match self {
+            Api::ChatCompletions => &["messages", "tools"],
+            Api::Completions => &["prompt"],
+            Api::Responses => &["input"],
+            Api::Messages => &["system", "messages", "tools"],
+            Api::Generate => &["token_ids"],
+        }
+    }
 }
 
 /// Keys the router reads or writes on every engine. A duplicate of any of them
 /// is rejected: the router and the engine could each honour a different copy.
-pub const CONTROLLED_KEYS: [&str; 12] = [
+pub const CONTROLLED_KEYS: [&str; 16] = [
     "model",
+    "system",
+    "tools",
+    "token_ids",
+    "sampling_params",
     "stream",
     "stream_options",
     "n",
@@ -60,6 +99,7 @@ pub const MAX_N: u64 = 128;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientFields {
     pub api: Api,
+    /// Empty only on [`Api::Generate`], where `model` is optional.
     pub model: String,
     pub stream: bool,
     pub n: u64,
@@ -87,6 +127,38 @@ fn bad(field: &str, what: &str) -> ClientError {
     }
 }
 
+/// Limits read inside `sampling_params` ([`Api::Generate`]).
+const SAMPLING_KEYS: [&str; 3] = ["max_tokens", "min_tokens", "n"];
+
+/// [`Api::Generate`]'s `sampling_params`, parsed, with its `n`; a limit the
+/// router writes there must not be there twice or mistyped.
+fn sampling_params(body: &[u8], top: &Members) -> Result<u64, ClientError> {
+    let Some(raw) = top.raw_non_null(body, "sampling_params") else {
+        return Ok(1);
+    };
+    let field = |k: &str| format!("sampling_params.{k}");
+    let inner = Members::parse(raw).map_err(|_| bad("sampling_params", "must be an object"))?;
+    if let Some(dup) = inner.first_duplicate(&SAMPLING_KEYS) {
+        return Err(ClientError::DuplicateKey(field(dup)));
+    }
+    for key in ["max_tokens", "min_tokens"] {
+        if let Some(v) = inner.raw_non_null(raw, key) {
+            serde_json::from_slice::<u64>(v)
+                .map_err(|_| bad(&field(key), "must be a non-negative integer"))?;
+        }
+    }
+    match inner.raw_non_null(raw, "n") {
+        None => Ok(1),
+        Some(v) => match serde_json::from_slice::<u64>(v) {
+            Ok(n) if (1..=MAX_N).contains(&n) => Ok(n),
+            _ => Err(bad(
+                &field("n"),
+                &format!("must be an integer from 1 to {MAX_N}"),
+            )),
+        },
+    }
+}
+
 /// Reads and type-checks the fields the router relies on. Only top-level
 /// values are parsed; `messages` and `prompt` are looked at, never rebuilt.
 pub fn read_fields(api: Api, body: &[u8], top: &Members) -> Result<ClientFields, ClientError> {
@@ -94,6 +166,9 @@ pub fn read_fields(api: Api, body: &[u8], top: &Members) -> Result<ClientFields,
         return Err(ClientError::DuplicateKey(dup.to_owned()));
     }
     let model = match top.raw_non_null(body, "model") {
+        // vLLM's generate API serves its one model without a name; the
+        // gateway picks the model when it serves only one.
+        None if api == Api::Generate => String::new(),
         None => return Err(bad("model", "is required")),
         Some(raw) => match serde_json::from_slice::<String>(raw) {
             Ok(m) if !m.is_empty() => m,
@@ -107,8 +182,12 @@ pub fn read_fields(api: Api, body: &[u8], top: &Members) -> Result<ClientFields,
             serde_json::from_slice::<bool>(raw).map_err(|_| bad("stream", "must be a boolean"))?
         }
     };
+    let sampled_n = match api {
+        Api::Generate => Some(sampling_params(body, top)?),
+        _ => None,
+    };
     let n = match top.raw_non_null(body, "n") {
-        None => 1,
+        None => sampled_n.unwrap_or(1),
         Some(raw) => match serde_json::from_slice::<u64>(raw) {
             Ok(n) if (1..=MAX_N).contains(&n) => n,
             _ => return Err(bad("n", &format!("must be an integer from 1 to {MAX_N}"))),
@@ -140,13 +219,26 @@ pub fn read_fields(api: Api, body: &[u8], top: &Members) -> Result<ClientFields,
                 .unwrap_or(false)
         }
     };
-    let mut prompt_batch = None;
+    let prompt_batch = check_prompt(api, body, top)?;
+    Ok(ClientFields {
+        api,
+        model,
+        stream,
+        n,
+        prompt_batch,
+        include_usage,
+    })
+}
+
+/// The API's prompt members are there and of the right kind; for a
+/// completions batch, how many prompts.
+fn check_prompt(api: Api, body: &[u8], top: &Members) -> Result<Option<usize>, ClientError> {
     match api {
         Api::Completions => {
             let raw = top
                 .raw_non_null(body, "prompt")
                 .ok_or_else(|| bad("prompt", "is required"))?;
-            prompt_batch = prompt_batch_size(raw)?;
+            return prompt_batch_size(raw);
         }
         Api::ChatCompletions => {
             let raw = top
@@ -164,15 +256,31 @@ pub fn read_fields(api: Api, body: &[u8], top: &Members) -> Result<ClientFields,
                 return Err(bad("input", "must be a string or an array"));
             }
         }
+        Api::Messages => {
+            let raw = top
+                .raw_non_null(body, "messages")
+                .ok_or_else(|| bad("messages", "is required"))?;
+            if raw.first() != Some(&b'[') {
+                return Err(bad("messages", "must be an array"));
+            }
+            // The prefill leg caps it at 1; a decode leg without the
+            // client's own would be refused after the prefill ran.
+            if top.raw_non_null(body, "max_tokens").is_none() {
+                return Err(bad("max_tokens", "is required"));
+            }
+        }
+        Api::Generate => {
+            let raw = top
+                .raw_non_null(body, "token_ids")
+                .ok_or_else(|| bad("token_ids", "is required"))?;
+            let ids: Vec<u64> = serde_json::from_slice(raw)
+                .map_err(|_| bad("token_ids", "must be an array of token ids"))?;
+            if ids.is_empty() {
+                return Err(bad("token_ids", "must not be empty"));
+            }
+        }
     }
-    Ok(ClientFields {
-        api,
-        model,
-        stream,
-        n,
-        prompt_batch,
-        include_usage,
-    })
+    Ok(None)
 }
 
 /// `prompt` is a string, a list of token ids (one prompt), or a list of
@@ -308,6 +416,69 @@ mod tests {
                 other => panic!("{body}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn messages_and_generate_fields() {
+        let f = fields(
+            Api::Messages,
+            r#"{"model":"m","system":"s","messages":[],"max_tokens":9,"stream":true}"#,
+        )
+        .unwrap();
+        assert!(f.stream && !f.include_usage);
+        assert_eq!(f.batch_size(), None);
+        let f = fields(
+            Api::Generate,
+            r#"{"token_ids":[1,2],"sampling_params":{"n":3,"max_tokens":5}}"#,
+        )
+        .unwrap();
+        assert_eq!((f.model.as_str(), f.n), ("", 3), "model is optional here");
+        let cases = [
+            (
+                Api::Messages,
+                r#"{"model":"m","messages":[]}"#,
+                "max_tokens",
+            ),
+            (Api::Messages, r#"{"model":"m","max_tokens":1}"#, "messages"),
+            (Api::Generate, r#"{"model":"m"}"#, "token_ids"),
+            (Api::Generate, r#"{"token_ids":[]}"#, "token_ids"),
+            (Api::Generate, r#"{"token_ids":["a"]}"#, "token_ids"),
+            (
+                Api::Generate,
+                r#"{"token_ids":[1],"sampling_params":[1]}"#,
+                "sampling_params",
+            ),
+            (
+                Api::Generate,
+                r#"{"token_ids":[1],"sampling_params":{"min_tokens":-1}}"#,
+                "sampling_params.min_tokens",
+            ),
+            (
+                Api::Generate,
+                r#"{"token_ids":[1],"sampling_params":{"n":0}}"#,
+                "sampling_params.n",
+            ),
+        ];
+        for (api, body, field) in cases {
+            match fields(api, body) {
+                Err(ClientError::BadField { field: f, .. }) => assert_eq!(f, field, "{body}"),
+                other => panic!("{body}: {other:?}"),
+            }
+        }
+        assert_eq!(
+            fields(
+                Api::Generate,
+                r#"{"token_ids":[1],"sampling_params":{"max_tokens":1,"max_tokens":9}}"#
+            ),
+            Err(ClientError::DuplicateKey(
+                "sampling_params.max_tokens".into()
+            ))
+        );
+        assert_eq!(Api::from_path("/v1/messages"), Some(Api::Messages));
+        assert_eq!(
+            Api::from_path("/inference/v1/generate"),
+            Some(Api::Generate)
+        );
     }
 
     #[test]

@@ -59,10 +59,12 @@ pub enum Counter {
     DecodeFailed,
     /// Clients that left while their prefill was in flight.
     ClientGone,
+    /// `GET /v1/models` (and `/v1/models/{id}`) answered by the gateway.
+    ModelsListed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 16] = [
+    pub const ALL: [Counter; 17] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -79,6 +81,7 @@ impl Counter {
         Counter::AnswerRewritten,
         Counter::DecodeFailed,
         Counter::ClientGone,
+        Counter::ModelsListed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -99,6 +102,7 @@ impl Counter {
             Counter::AnswerRewritten => "pd_router.answers_rewritten",
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",
+            Counter::ModelsListed => "pd_router.models_listed",
         }
     }
 }

@@ -17,6 +17,8 @@
 
 pub mod api;
 pub mod body;
+pub mod calls;
+pub mod catalog;
 pub mod codec;
 pub mod config;
 pub mod discovery;
@@ -28,6 +30,7 @@ pub mod handoff;
 pub mod host;
 pub mod hostwire;
 pub mod inline_str;
+pub mod multipart;
 pub mod pods;
 pub mod reconcile;
 pub mod root;

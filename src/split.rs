@@ -123,8 +123,11 @@ pub struct SplitRequest {
     pub body: Vec<u8>,
     pub top: Members,
     pub fields: ClientFields,
-    /// The model as the fleet had it when the request arrived.
+    /// The model as the fleet had it when the request arrived (an
+    /// adapter's base model).
     pub model: Rc<Model>,
+    /// The LoRA adapter the request named, served by `model`'s pods.
+    pub adapter: Option<String>,
     pub prompt: PromptKey,
     /// The client's own `kv_transfer_params` members (vLLM), kept on both
     /// legs.
@@ -233,12 +236,16 @@ pub fn read(
     body: Vec<u8>,
 ) -> Result<SplitRequest, PdError> {
     let top = Members::parse(&body)?;
-    let fields = read_fields(api, &body, &top)?;
-    let model = view
+    let mut fields = read_fields(api, &body, &top)?;
+    if fields.model.is_empty() {
+        fields.model = only_model(view.fleet)?;
+    }
+    let served = view
         .fleet
-        .model(&fields.model)
-        .cloned()
+        .serve(&fields.model)
         .ok_or_else(|| ClientError::UnknownModel(fields.model.clone()))?;
+    let model = Rc::clone(served.model);
+    let adapter = served.adapter.map(str::to_owned);
     let handler = view.registry.resolve(&model.engine);
     if let Some(key) = handler.owned_keys().iter().find(|k| top.contains(k)) {
         return Err(ClientError::RouterOwnedKey {
@@ -248,7 +255,14 @@ pub fn read(
         .into());
     }
     let client_params = handler.client_params(&body, &top)?;
-    let prompt = prompt_key(view.scheduling, &model, api, &body, &top);
+    let prompt = prompt_key(
+        view.scheduling,
+        &model,
+        adapter.as_deref(),
+        api,
+        &body,
+        &top,
+    );
     Ok(SplitRequest {
         client_params,
         request_id: request_id.to_owned(),
@@ -256,22 +270,40 @@ pub fn read(
         top,
         fields,
         model,
+        adapter,
         prompt,
     })
 }
 
+/// The model of a request that names none (vLLM's generate API): the
+/// gateway's only model, as a single engine would serve it.
+fn only_model(fleet: &Fleet) -> Result<String, ClientError> {
+    match fleet.models() {
+        [one] => Ok(one.name.clone()),
+        many => Err(ClientError::BadField {
+            field: "model".into(),
+            message: format!("is required: this gateway serves {} models", many.len()),
+        }),
+    }
+}
+
 /// The prompt's length estimate and, for the policies that remember or hash
-/// prefixes and for a decider, its block hashes: `messages` (then `tools`),
-/// `prompt`, or `input`, as sent. The others need the length alone.
-fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &Members) -> PromptKey {
-    let parts: Vec<&[u8]> = match api {
-        Api::ChatCompletions => ["messages", "tools"]
-            .iter()
-            .filter_map(|k| top.raw(body, k))
-            .collect(),
-        Api::Completions => top.raw(body, "prompt").into_iter().collect(),
-        Api::Responses => top.raw(body, "input").into_iter().collect(),
-    };
+/// prefixes and for a decider, its block hashes: the API's prompt members
+/// (`messages` then `tools`, `prompt`, `input`, ...) as sent. The others
+/// need the length alone.
+fn prompt_key(
+    s: &Scheduling,
+    model: &Model,
+    adapter: Option<&str>,
+    api: Api,
+    body: &[u8],
+    top: &Members,
+) -> PromptKey {
+    let parts: Vec<&[u8]> = api
+        .prompt_keys()
+        .iter()
+        .filter_map(|k| top.raw(body, k))
+        .collect();
     let len: usize = parts.iter().map(|p| p.len()).sum();
     let hashes = if model.prefill_policy.hashes_prompt() || model.decider.is_some() {
         let blocks = match model.prefill_policy {
@@ -282,18 +314,21 @@ fn prompt_key(s: &Scheduling, model: &Model, api: Api, body: &[u8], top: &Member
         };
         let cap = s.prefix_block_bytes.saturating_mul(blocks);
         let mut key = Vec::with_capacity(len.min(cap));
-        for p in parts {
+        for p in parts.iter() {
             let room = cap.saturating_sub(key.len());
             key.extend_from_slice(p.get(..p.len().min(room)).unwrap_or_default());
         }
-        block_hashes(&key, model.id.0, s.prefix_block_bytes, blocks)
+        let seed = model.prefix_seed(adapter);
+        block_hashes(&key, seed, s.prefix_block_bytes, blocks)
     } else {
         Vec::new()
     };
-    PromptKey {
-        tokens: model.estimate_tokens(len),
-        hashes,
-    }
+    let tokens = match (api, parts.first()) {
+        // Token ids are counted, not estimated (read_fields checked them).
+        (Api::Generate, Some(ids)) => ids.iter().filter(|&&b| b == b',').count() as u64 + 1,
+        _ => model.estimate_tokens(len),
+    };
+    PromptKey { tokens, hashes }
 }
 
 /// What a handler sees of `request`, split with `decode` as its decode pod.
@@ -596,7 +631,14 @@ mod tests {
         let top = Members::parse(body.as_bytes()).expect("parse");
         let key = |name: &str| {
             let m = fleet.model(name).expect("model");
-            prompt_key(&c.scheduling, m, Api::Completions, body.as_bytes(), &top)
+            prompt_key(
+                &c.scheduling,
+                m,
+                None,
+                Api::Completions,
+                body.as_bytes(),
+                &top,
+            )
         };
         assert_eq!(key("m").hashes.len(), 1002 / 128);
         assert!(key("n").hashes.is_empty());

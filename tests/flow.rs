@@ -619,7 +619,7 @@ fn wrong_method_and_empty_body_are_refused_at_the_headers() {
 #[test]
 fn unsplit_paths_still_get_a_router_chosen_upstream() {
     let mut flow = Flow::new(router());
-    let mut host = post("/v1/models", "");
+    let mut host = post("/health", "");
     host.set_request_header(":method", Some("GET")).unwrap();
     assert_eq!(flow.on_request_headers(&mut host, true), Action::Continue);
     let chosen = host.header(ROUTING).expect("routing header");
@@ -745,9 +745,14 @@ fn all_zero(r: &Router, host: &FakeHost) -> bool {
 /// A fresh request on `host`'s shared data (the same "Envoy"), with fresh
 /// host randomness (Envoy's never runs dry or repeats).
 fn next_request(host: &mut FakeHost, body: &str) {
+    next_request_to(host, "/v1/completions", body);
+}
+
+/// [`next_request`] on `path`.
+fn next_request_to(host: &mut FakeHost, path: &str, body: &str) {
     static DRAWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     let shared = std::mem::take(&mut host.shared);
-    *host = post("/v1/completions", body);
+    *host = post(path, body);
     host.shared = shared;
     host.randoms = (0..16)
         .map(|_| {
@@ -1717,4 +1722,258 @@ fn a_decode_is_not_sent_after_its_prefills_kv_lease() {
     send_request(&mut flow, &mut host);
     answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
     assert_eq!(host.resumed, 1);
+}
+
+const GATEWAY: &str = r#"{
+  "max_body_bytes": 4096,
+  "models": [
+    {"name": "a", "engine": "vllm", "adapters": ["a-sql", "a-chat"],
+     "rolesets": [{"prefill": ["10.1.0.1:8000"], "decode": ["10.1.0.2:8000", "10.1.0.3:8000"]}]},
+    {"name": "b", "engine": "vllm", "rolesets": [{"prefill": ["10.2.0.1:8000"], "decode": ["10.2.0.2:8000"]}]},
+    {"name": "c", "engine": "sglang", "combined": ["10.3.0.1:30000"]},
+    {"name": "t", "engine": "trtllm", "rolesets": [{"prefill": ["10.4.0.1:8000"], "decode": ["10.4.0.2:8000"]}]}
+  ]
+}"#;
+
+fn gateway() -> Rc<Router> {
+    Rc::new(Router::new(Config::parse(GATEWAY.as_bytes()).expect("config"), 0).expect("router"))
+}
+
+fn get(path: &str) -> FakeHost {
+    let mut host = post(path, "");
+    host.set_request_header(":method", Some("GET")).unwrap();
+    host
+}
+
+#[test]
+fn the_gateway_answers_its_model_list() {
+    let mut flow = Flow::new(gateway());
+    let mut host = get("/v1/models");
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Pause);
+    let (status, list) = host.reply();
+    assert_eq!(status, 200);
+    assert_eq!(list["object"], "list");
+    let ids: Vec<(&str, &str)> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap(),
+                c["parent"].as_str().unwrap_or("-"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("a", "-"),
+            ("a-sql", "a"),
+            ("a-chat", "a"),
+            ("b", "-"),
+            ("c", "-"),
+            ("t", "-")
+        ]
+    );
+    assert!(host.dispatched.is_empty() && host.header(ROUTING).is_none());
+    assert_eq!(host.counted(Counter::ModelsListed), 1);
+
+    let mut flow = Flow::new(gateway());
+    let mut host = get("/v1/models/a-chat");
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Pause);
+    let (status, card) = host.reply();
+    assert_eq!(
+        (status, card["id"].as_str(), card["parent"].as_str()),
+        (200, Some("a-chat"), Some("a"))
+    );
+
+    let mut flow = Flow::new(gateway());
+    let mut host = get("/v1/models/nope");
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Pause);
+    expect_error(&host, 404, "nope");
+}
+
+/// Sends `body` to `path` on `r` and returns the pod it went to, after
+/// checking the load it held came back.
+fn by_model(r: &Rc<Router>, host: &mut FakeHost, path: &str, body: &str) -> Option<String> {
+    next_request_to(host, path, body);
+    let mut flow = Flow::new(Rc::clone(r));
+    let action = send_request(&mut flow, host);
+    if !host.replies.is_empty() {
+        return None;
+    }
+    assert_eq!(action, Action::Continue);
+    assert!(host.dispatched.is_empty(), "nothing is split");
+    let held: u32 = load(r, host).iter().map(|l| l.1).sum();
+    assert_eq!(held, 1, "counted in the pod's load");
+    flow.on_stream_end(host);
+    assert!(all_zero(r, host));
+    host.header(ROUTING)
+}
+
+#[test]
+fn calls_that_name_a_model_reach_only_its_pods() {
+    let r = gateway();
+    let mut host = post("/", "");
+    let pods = |m: &str| -> &[&str] {
+        match m {
+            "a" | "a-sql" | "a-chat" => &["10.1.0.2:8000", "10.1.0.3:8000"],
+            "b" => &["10.2.0.2:8000"],
+            "c" => &["10.3.0.1:30000"],
+            _ => &["10.4.0.2:8000"],
+        }
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0..40 {
+        let model = ["a", "b", "c", "t", "a-sql"][i % 5];
+        let path = ["/v1/embeddings", "/tokenize", "/v1/score", "/pooling"][i % 4];
+        let body = format!(r#"{{"input":"x","model":"{model}"}}"#);
+        let pod = by_model(&r, &mut host, path, &body).expect("routed");
+        assert!(
+            pods(model).contains(&pod.as_str()),
+            "{model} {path} went to {pod}"
+        );
+        seen.insert(pod);
+    }
+    assert_eq!(seen.len(), 5, "both of a's decode pods serve: {seen:?}");
+
+    assert_eq!(
+        by_model(
+            &r,
+            &mut host,
+            "/v1/embeddings",
+            r#"{"model":"zzz","input":"x"}"#
+        ),
+        None
+    );
+    expect_error(&host, 404, "zzz");
+    assert_eq!(
+        by_model(
+            &r,
+            &mut host,
+            "/v1/embeddings",
+            r#"{"model":"a","model":"b"}"#
+        ),
+        None
+    );
+    expect_error(&host, 400, "model");
+
+    // No model named: any decode pod, in turn, holding no load.
+    let mut flow = Flow::new(Rc::clone(&r));
+    next_request_to(&mut host, "/v1/load_lora_adapter", r#"{"lora_name":"x"}"#);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert!(host.header(ROUTING).is_some());
+    assert!(all_zero(&r, &host));
+}
+
+#[test]
+fn a_multipart_form_routes_by_its_model_field() {
+    let r = gateway();
+    let form = "--XX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF\r\n--XX\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nb\r\n--XX--\r\n";
+    let mut host = post("/v1/audio/transcriptions", form);
+    host.set_request_header("content-type", Some("multipart/form-data; boundary=XX"))
+        .unwrap();
+    let mut flow = Flow::new(Rc::clone(&r));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.2.0.2:8000"));
+    assert_eq!(host.body_str(), form, "the body is not touched");
+}
+
+#[test]
+fn an_adapter_splits_on_its_base_models_pods() {
+    let r = gateway();
+    let client = r#"{"model":"a-sql","prompt":"select","max_tokens":9}"#;
+    let mut host = post("/v1/completions", client);
+    let mut flow = Flow::new(Rc::clone(&r));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(dispatched_to(&host, 0), "10.1.0.1:8000");
+    assert!(String::from_utf8_lossy(&host.dispatched[0].body).contains(r#""model":"a-sql""#));
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert!(["10.1.0.2:8000", "10.1.0.3:8000"].contains(&host.header(ROUTING).unwrap().as_str()));
+    assert!(host.body_str().starts_with(r#"{"model":"a-sql""#));
+}
+
+#[test]
+fn messages_split_with_max_tokens_capped_on_the_prefill() {
+    let mut flow = Flow::new(gateway());
+    let client = r#"{"model":"a","system":"be brief","messages":[{"role":"user","content":"hi"}],"max_tokens":50,"min_tokens":2,"stream":true}"#;
+    let mut host = post("/v1/messages", client);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(
+        String::from_utf8_lossy(&host.dispatched[0].body),
+        r#"{"model":"a","system":"be brief","messages":[{"role":"user","content":"hi"}],"max_tokens":1,"stream":false,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}"#
+    );
+    let answer_body = r#"{"id":"msg_1","type":"message","content":[],"usage":{"input_tokens":5,"output_tokens":1},"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"h","remote_port":1}}"#;
+    answer(&mut flow, &mut host, Some(200), answer_body);
+    assert_eq!(
+        host.body_str(),
+        r#"{"model":"a","system":"be brief","messages":[{"role":"user","content":"hi"}],"max_tokens":50,"min_tokens":2,"stream":true,"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"h","remote_port":1}}"#
+    );
+
+    // Anthropic's API requires max_tokens: without it the decode would be
+    // refused after the prefill ran.
+    let mut flow = Flow::new(gateway());
+    let mut host = post("/v1/messages", r#"{"model":"a","messages":[]}"#);
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 400, "max_tokens");
+}
+
+#[test]
+fn generate_caps_the_tokens_inside_sampling_params() {
+    let mut flow = Flow::new(gateway());
+    let client = r#"{"model":"b","token_ids":[1,2,3],"sampling_params":{"temperature":0,"max_tokens":50,"min_tokens":3},"stream":true}"#;
+    let mut host = post("/inference/v1/generate", client);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(
+        String::from_utf8_lossy(&host.dispatched[0].body),
+        r#"{"model":"b","token_ids":[1,2,3],"sampling_params":{"temperature":0,"max_tokens":1},"stream":false,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}"#
+    );
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert!(host.body_str().starts_with(&client[..client.len() - 1]));
+
+    // Without sampling_params, one is made; without a model, a gateway of
+    // several models cannot tell which.
+    let mut flow = Flow::new(gateway());
+    let mut host = post("/inference/v1/generate", r#"{"model":"b","token_ids":[7]}"#);
+    send_request(&mut flow, &mut host);
+    assert!(String::from_utf8_lossy(&host.dispatched[0].body)
+        .contains(r#""sampling_params":{"max_tokens":1}"#));
+    let mut flow = Flow::new(gateway());
+    let mut host = post("/inference/v1/generate", r#"{"token_ids":[7]}"#);
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 400, "4 models");
+    let mut flow = Flow::new(gateway());
+    let mut host = post(
+        "/inference/v1/generate",
+        r#"{"model":"b","token_ids":[7],"sampling_params":{"max_tokens":"9"}}"#,
+    );
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 400, "sampling_params.max_tokens");
+}
+
+#[test]
+fn engines_without_a_handoff_on_a_path_serve_it_unsplit() {
+    for (path, body, pod) in [
+        (
+            "/v1/messages",
+            r#"{"model":"t","messages":[],"max_tokens":5}"#,
+            "10.4.0.2:8000",
+        ),
+        (
+            "/inference/v1/generate",
+            r#"{"model":"c","token_ids":[1]}"#,
+            "10.3.0.1:30000",
+        ),
+    ] {
+        let mut flow = Flow::new(gateway());
+        let mut host = post(path, body);
+        assert_eq!(
+            send_request(&mut flow, &mut host),
+            Action::Continue,
+            "{path}"
+        );
+        assert!(host.dispatched.is_empty());
+        assert_eq!(host.header(ROUTING).as_deref(), Some(pod));
+        assert_eq!(host.body_str(), body);
+    }
 }

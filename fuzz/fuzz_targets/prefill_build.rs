@@ -3,7 +3,8 @@
 //!
 //! Checks: both legs are JSON objects (as `serde_json::Value`s whenever the
 //! client body was one); the prefill leg carries the common constraints
-//! (one token, no streaming, no stream options or minimums); nothing panics.
+//! (one token, no streaming, no stream options or minimums; the token
+//! limits inside `sampling_params` for the generate API); nothing panics.
 #![no_main]
 #![allow(
     clippy::unwrap_used,
@@ -50,11 +51,21 @@ fuzz_target!(|data: &[u8]| {
         }
 
         let p = Members::parse(prefill).expect("checked above");
-        let max_key = plan.request.fields.api.max_tokens_key();
+        let api = plan.request.fields.api;
+        let max_key = api.max_tokens_key();
+        let (limits, within) = match api.limits_member() {
+            Some(member) => (p.raw(prefill, member).expect("limits member"), member),
+            None => (&prefill[..], "the body"),
+        };
+        let lp = Members::parse(limits).expect("limits are an object");
         assert_eq!(
-            p.raw(prefill, max_key),
+            lp.raw(limits, max_key),
             Some(&b"1"[..]),
-            "{max_key} ({what})"
+            "{max_key} in {within} ({what})"
+        );
+        assert!(
+            !lp.contains("min_tokens"),
+            "min_tokens in {within} ({what})"
         );
         assert_eq!(
             p.raw(prefill, "stream"),

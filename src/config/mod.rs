@@ -212,6 +212,40 @@ mod tests {
     }
 
     #[test]
+    fn adapter_names_are_distinct_from_models_and_each_other() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","adapters":["sql","chat"],"rolesets":[]}]}"#,
+        )
+        .expect("valid");
+        assert_eq!(c.model("m").expect("model").adapters, ["sql", "chat"]);
+        for (json, at) in [
+            (
+                r#"[{"name":"m","engine":"vllm","adapters":[""]}]"#,
+                "models[0].adapters[0]",
+            ),
+            (
+                r#"[{"name":"m","engine":"vllm","adapters":["m"]}]"#,
+                "models[0].adapters[0]",
+            ),
+            (
+                r#"[{"name":"m","engine":"vllm","adapters":["a","a"]}]"#,
+                "models[0].adapters[1]",
+            ),
+            (
+                r#"[{"name":"m","engine":"vllm","adapters":["n"]},{"name":"n","engine":"vllm"}]"#,
+                "models[0].adapters[0]",
+            ),
+            (
+                r#"[{"name":"m","engine":"vllm","adapters":["a"]},{"name":"n","engine":"vllm","adapters":["a"]}]"#,
+                "models[1].adapters[0]",
+            ),
+        ] {
+            let e = parse_err(&format!(r#"{{"models":{json}}}"#));
+            assert!(e.contains(at), "{json}: {e}");
+        }
+    }
+
+    #[test]
     fn base64_token_ids_are_a_tensorrt_llm_setting() {
         let c = Config::parse(
             br#"{"models":[{"name":"m","engine":"trtllm","trt_token_ids_b64":true,"rolesets":[]}]}"#,

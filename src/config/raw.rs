@@ -91,6 +91,8 @@ pub(super) struct RawModel {
     #[serde(default)]
     pub bytes_per_token: Option<f64>,
     #[serde(default)]
+    pub adapters: Vec<String>,
+    #[serde(default)]
     pub rolesets: Vec<RawRoleset>,
     #[serde(default)]
     pub combined: Vec<RawEndpoint>,

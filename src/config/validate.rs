@@ -50,6 +50,7 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         models.push(model(m, &format!("models[{mi}]"))?);
     }
     check_push_peers(&models, kv_connector)?;
+    check_adapter_names(&models)?;
     Ok(Config {
         scrape: ScrapeSettings {
             interval_ms: raw.scrape_interval_ms,
@@ -240,6 +241,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         trt_token_ids_b64: m.trt_token_ids_b64,
         decider: decider(m.decider, &m.engine, mp)?,
         bytes_per_token: bytes_per_token(m.bytes_per_token, mp)?,
+        adapters: adapters(m.adapters, &m.name, mp)?,
         name: m.name,
         engine: m.engine,
     };
@@ -291,6 +293,46 @@ fn bytes_per_token(v: Option<f64>, mp: &str) -> Result<f64, ConfigError> {
             "must be a finite number above 0",
         )),
     }
+}
+
+/// A model's LoRA adapters: names a request can give as its `model`.
+fn adapters(list: Vec<String>, model: &str, mp: &str) -> Result<Vec<String>, ConfigError> {
+    for (i, a) in list.iter().enumerate() {
+        let at = format!("{mp}.adapters[{i}]");
+        if a.is_empty() {
+            return Err(err(at, "must not be empty"));
+        }
+        if a == model {
+            return Err(err(at, "is the model's own name: list only its adapters"));
+        }
+        if list.get(..i).is_some_and(|seen| seen.contains(a)) {
+            return Err(err(at, format!("adapter {a:?} is listed twice")));
+        }
+    }
+    Ok(list)
+}
+
+/// A name means one set of weights: an adapter named like another model,
+/// or listed under two models, would be placed on pods that may not have it.
+fn check_adapter_names(models: &[Model]) -> Result<(), ConfigError> {
+    for (mi, m) in models.iter().enumerate() {
+        for (ai, a) in m.adapters.iter().enumerate() {
+            let at = format!("models[{mi}].adapters[{ai}]");
+            if models.iter().any(|o| o.name == *a) {
+                return Err(err(at, format!("{a:?} is also a model's name")));
+            }
+            if let Some(o) = models
+                .get(..mi)
+                .and_then(|before| before.iter().find(|o| o.adapters.contains(a)))
+            {
+                return Err(err(
+                    at,
+                    format!("adapter {a:?} is also listed under model {:?}", o.name),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// vLLM NIXL push tells the decode where the prefill's side channel is, and

@@ -49,6 +49,7 @@ pub fn build_fleet(configured: &[Model], pods: &[DiscoveredPod]) -> (Fleet, Vec<
                 trt_token_ids_b64: false,
                 decider: None,
                 bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
+                adapters: Vec::new(),
             },
             Vec::new(),
             Vec::new(),

@@ -113,9 +113,12 @@ pub trait EngineHandler {
 
 /// The prefill-leg constraints shared by every engine (the union used by
 /// AIBrix, vLLM's proxy and llm-d): one token, no streaming, no minimums.
-pub fn prefill_constraints(fields: &ClientFields, top: &Members) -> Edits {
+pub fn prefill_constraints(fields: &ClientFields, body: &[u8], top: &Members) -> Edits {
     let mut e = Edits::new();
-    e.set_u64(fields.api.max_tokens_key(), 1);
+    match fields.api.limits_member() {
+        Some(member) => e.set_raw(member, sampling_limits(body, top, member)),
+        None => e.set_u64(fields.api.max_tokens_key(), 1),
+    }
     // vLLM's proxy only caps max_completion_tokens when the client sent it;
     // adding it elsewhere would be an unknown field on the completions API.
     if fields.api != Api::Responses && top.contains("max_completion_tokens") {
@@ -133,6 +136,23 @@ pub fn prefill_constraints(fields: &ClientFields, top: &Members) -> Edits {
         e.set_bool("background", false);
     }
     e
+}
+
+/// The client's `member` object (vLLM's `sampling_params`) with one token
+/// and no minimum, its other members byte for byte; `{"max_tokens":1}`
+/// when it sent none. [`crate::api::read_fields`] checked it is an object.
+fn sampling_limits(body: &[u8], top: &Members, member: &str) -> String {
+    let mut limits = Edits::new();
+    limits.set_u64("max_tokens", 1);
+    limits.remove("min_tokens");
+    let rendered = top.raw_non_null(body, member).and_then(|raw| {
+        let inner = Members::parse(raw).ok()?;
+        inner.render(raw, &limits).ok()
+    });
+    match rendered.and_then(|r| String::from_utf8(r).ok()) {
+        Some(r) => r,
+        None => "{\"max_tokens\":1}".to_owned(),
+    }
 }
 
 /// Engine handlers by name; unknown names resolve to [`DefaultHandler`].
@@ -237,7 +257,7 @@ pub fn build_legs(
 ) -> Result<Legs, EngineError> {
     let mut legs = Legs {
         prefill: LegEdits {
-            body: prefill_constraints(ctx.fields, ctx.top),
+            body: prefill_constraints(ctx.fields, ctx.body, ctx.top),
             headers: Vec::new(),
         },
         decode: LegEdits::default(),

@@ -1,4 +1,5 @@
 use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
+use crate::api::Api;
 use crate::body::push_json_str;
 use crate::fleet::Endpoint;
 
@@ -42,6 +43,12 @@ impl EngineHandler for SglangHandler {
 
     fn concurrent(&self) -> bool {
         true
+    }
+
+    fn should_split(&self, ctx: &PdContext, _prefill: &Endpoint) -> bool {
+        // vLLM's token-in API; SGLang serves no such path, and its decode
+        // says so better than a split would.
+        ctx.fields.api != Api::Generate
     }
 
     fn owned_keys(&self) -> &'static [&'static str] {

@@ -27,6 +27,12 @@ impl EngineHandler for TrtllmHandler {
         false
     }
 
+    fn should_split(&self, ctx: &PdContext, _prefill: &Endpoint) -> bool {
+        // trtllm-serve has no Messages or token-in API: the generation
+        // server answers such a path itself (its local prefill, or a 404).
+        !matches!(ctx.fields.api, Api::Messages | Api::Generate)
+    }
+
     fn owned_keys(&self) -> &'static [&'static str] {
         &["disaggregated_params", IDS, IDS_B64]
     }

@@ -141,6 +141,9 @@ pub struct ModelSettings {
     pub decider: Option<Decider>,
     /// Bytes per token of this model's prompts, for length estimates.
     pub bytes_per_token: f64,
+    /// LoRA adapters its pods serve besides the base weights: requests name
+    /// them as their `model`.
+    pub adapters: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -157,6 +160,7 @@ pub struct Model {
     pub trt_token_ids_b64: bool,
     pub decider: Option<Decider>,
     pub bytes_per_token: f64,
+    pub adapters: Vec<String>,
     pub rolesets: Vec<Roleset>,
     /// Pods that serve both phases: no prefill call.
     pub combined: Vec<Rc<Endpoint>>,
@@ -204,6 +208,7 @@ impl Model {
             trt_token_ids_b64: settings.trt_token_ids_b64,
             decider: settings.decider,
             bytes_per_token: settings.bytes_per_token,
+            adapters: settings.adapters,
             rolesets,
             combined,
             pods,
@@ -244,7 +249,28 @@ impl Model {
             trt_token_ids_b64: self.trt_token_ids_b64,
             decider: self.decider,
             bytes_per_token: self.bytes_per_token,
+            adapters: self.adapters.clone(),
         }
+    }
+
+    /// The seed of this model's prefix hashes for requests naming `adapter`
+    /// (or the base weights): different weights leave different KV, so an
+    /// adapter's prompts never match the base model's cache or another's.
+    pub fn prefix_seed(&self, adapter: Option<&str>) -> u64 {
+        match adapter {
+            None => self.id.0,
+            Some(a) => xxhash_rust::xxh64::xxh64(a.as_bytes(), self.id.0),
+        }
+    }
+
+    /// Whether a request can be placed at all: a roleset with both roles,
+    /// or a pod that serves both phases.
+    pub fn is_routable(&self) -> bool {
+        !self.combined.is_empty()
+            || self
+                .rolesets
+                .iter()
+                .any(|r| !r.prefill.is_empty() && !r.decode.is_empty())
     }
 
     /// Estimated tokens in `bytes` bytes of this model's prompts (the router
@@ -264,11 +290,23 @@ impl Model {
 pub struct Fleet {
     models: Vec<Rc<Model>>,
     by_name: HashMap<String, usize>,
+    /// Adapter name → the index of its base model.
+    adapters: HashMap<String, usize>,
+}
+
+/// What a request's `model` names: a model, or one of its LoRA adapters
+/// (placed on the base model's pods, in its load).
+#[derive(Debug, Clone, Copy)]
+pub struct Served<'a> {
+    pub model: &'a Rc<Model>,
+    pub adapter: Option<&'a str>,
 }
 
 impl Fleet {
     /// A fleet of `models`; of two models with one name the first is kept
-    /// (configuration and discovery refuse or merge duplicates before).
+    /// (configuration and discovery refuse or merge duplicates before). An
+    /// adapter name that is also a model's, or an earlier adapter's, is
+    /// dropped: a name means one set of weights.
     pub fn new(models: Vec<Model>) -> Fleet {
         let mut fleet = Fleet::default();
         for m in models {
@@ -277,12 +315,34 @@ impl Fleet {
                 fleet.models.push(Rc::new(m));
             }
         }
+        for (i, m) in fleet.models.iter().enumerate() {
+            for a in &m.adapters {
+                if !fleet.by_name.contains_key(a) && !fleet.adapters.contains_key(a) {
+                    fleet.adapters.insert(a.clone(), i);
+                }
+            }
+        }
         fleet
     }
 
     /// The model named `name`, exactly as the client spelt it.
     pub fn model(&self, name: &str) -> Option<&Rc<Model>> {
         self.by_name.get(name).and_then(|i| self.models.get(*i))
+    }
+
+    /// What `name` names: a model, or an adapter of one.
+    pub fn serve(&self, name: &str) -> Option<Served<'_>> {
+        if let Some(model) = self.model(name) {
+            return Some(Served {
+                model,
+                adapter: None,
+            });
+        }
+        let (adapter, i) = self.adapters.get_key_value(name)?;
+        Some(Served {
+            model: self.models.get(*i)?,
+            adapter: Some(adapter.as_str()),
+        })
     }
 
     pub fn models(&self) -> &[Rc<Model>] {
@@ -320,7 +380,37 @@ mod tests {
             trt_token_ids_b64: false,
             decider: None,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
+            adapters: Vec::new(),
         }
+    }
+
+    #[test]
+    fn adapters_name_their_base_model_and_never_shadow_a_model() {
+        let with = |name: &str, adapters: &[&str]| {
+            let mut s = settings(name);
+            s.adapters = adapters.iter().map(|a| a.to_string()).collect();
+            Model::new(s, Vec::new(), vec![ep("10.0.0.1:1")])
+        };
+        let f = Fleet::new(vec![
+            with("base", &["sql", "b"]),
+            with("b", &["chat", "sql"]),
+        ]);
+        let sql = f.serve("sql").expect("adapter");
+        assert_eq!(
+            (sql.model.name.as_str(), sql.adapter),
+            ("base", Some("sql"))
+        );
+        let b = f.serve("b").expect("model");
+        assert_eq!(
+            (b.model.name.as_str(), b.adapter),
+            ("b", None),
+            "a model wins"
+        );
+        assert_eq!(f.serve("chat").expect("adapter").model.name, "b");
+        assert!(f.serve("nope").is_none());
+        let base = f.model("base").expect("base");
+        assert_ne!(base.prefix_seed(Some("sql")), base.prefix_seed(None));
+        assert_ne!(base.prefix_seed(Some("sql")), base.prefix_seed(Some("b")));
     }
 
     #[test]

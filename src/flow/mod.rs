@@ -12,6 +12,7 @@
 //! randomness as a split draws on it, [`head`] what is kept of the client's
 //! headers.
 
+mod by_model;
 mod decode;
 mod head;
 mod ids;
@@ -23,10 +24,12 @@ mod verdict;
 
 use crate::api::Api;
 use crate::body::BodyError;
+use crate::calls::Call;
 use crate::config::Routing;
 use crate::error::{ClientError, PdError};
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
+use crate::multipart;
 use crate::router::unsplit;
 use crate::router::{HeldLoad, Router};
 use head::RequestHead;
@@ -47,11 +50,21 @@ struct WatchedPrefill {
     pod: Rc<Endpoint>,
 }
 
+/// What a buffered body is for.
+#[derive(Debug, Clone)]
+enum Buffered {
+    /// A split path.
+    Split(Api),
+    /// A call routed by the model it names; the multipart boundary when the
+    /// body is a form.
+    ByModel { boundary: Option<String> },
+}
+
 enum Phase {
     /// Before request headers.
     Start,
-    /// A split path: collecting the body.
-    Buffering(Api),
+    /// Collecting the body.
+    Buffering(Buffered),
     /// Paused until the prefill answers.
     AwaitingPrefill(Box<PendingPrefill>),
     /// The request went upstream. For concurrent engines the prefill may
@@ -199,8 +212,16 @@ impl Flow {
         self.head.path = header(":path").unwrap_or_default();
         let method = raw(":method").unwrap_or_default();
 
-        let Some(api) = Api::from_path(&self.head.path) else {
-            return self.pass_through(host);
+        let api = match Call::of(method, &self.head.path, !end_of_stream) {
+            Call::Split(api) => api,
+            Call::ListModels => return self.reply_models(host, None),
+            Call::ShowModel(id) => return self.reply_models(host, Some(&id)),
+            Call::PassThrough => return self.pass_through(host),
+            Call::ByModel => {
+                let boundary =
+                    header("content-type").and_then(|t| multipart::boundary(&t).map(str::to_owned));
+                return self.buffer(host, &headers, Buffered::ByModel { boundary });
+            }
         };
         if method != b"POST" {
             let method = String::from_utf8_lossy(method).into_owned();
@@ -209,16 +230,35 @@ impl Flow {
         if end_of_stream {
             return self.fail(host, BodyError::Empty.into());
         }
+        self.buffer(host, &headers, Buffered::Split(api))
+    }
+
+    /// Collects the body of a request the router must read before choosing
+    /// its pod, within `max_body_bytes`.
+    fn buffer<H: Host>(
+        &mut self,
+        host: &mut H,
+        headers: &[(String, Vec<u8>)],
+        kind: Buffered,
+    ) -> Action {
+        let raw = |name: &str| {
+            headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_slice())
+        };
+        let limit = self.router.config.max_body_bytes;
         let declared = raw("content-length")
             .and_then(|l| std::str::from_utf8(l).ok())
             .and_then(|l| l.trim().parse::<u64>().ok());
-        if declared.is_some_and(|n| n > config.max_body_bytes as u64) {
-            let limit = config.max_body_bytes;
+        if declared.is_some_and(|n| n > limit as u64) {
             return self.fail(host, ClientError::TooLarge { limit }.into());
         }
-        self.head.authority = header(":authority").unwrap_or_default();
-        self.head.forwarded = head::forwarded(&headers);
-        self.phase = Phase::Buffering(api);
+        self.head.authority = raw(":authority")
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        self.head.forwarded = head::forwarded(headers);
+        self.phase = Phase::Buffering(kind);
         // Pausing keeps the header map writable until the decode routing header
         // is known (needs allow_on_headers_stop_iteration in the filter config).
         Action::Pause
@@ -226,25 +266,32 @@ impl Flow {
 
     /// Paths the router does not split go to a healthy decode pod it chose.
     fn pass_through<H: Host>(&mut self, host: &mut H) -> Action {
+        match self.send_to_any_decode(host) {
+            Ok(()) => Action::Continue,
+            Err(e) => self.fail(host, e),
+        }
+    }
+
+    /// Points the request at the next healthy decode pod of any model, in
+    /// turn: calls that name no model. Such calls hold no load: the router
+    /// cannot tell a `/health` from a generation.
+    fn send_to_any_decode<H: Host>(&mut self, host: &mut H) -> Result<(), PdError> {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
         let pods = unsplit::decode_pods(&router.fleet());
         let turn = router.next_unsplit_turn();
-        let Some(pod) = unsplit::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
-        else {
-            let model = "(any)".into();
-            return self.fail(host, PdError::NoEndpoint { model });
-        };
-        if let Err(e) = host.set_request_header(&router.config.routing.header, Some(&pod.address)) {
-            return self.fail(host, e.into());
-        }
+        let pod = unsplit::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
+            .ok_or_else(|| PdError::NoEndpoint {
+                model: "(any)".into(),
+            })?;
+        host.set_request_header(&router.config.routing.header, Some(&pod.address))?;
         host.increment(Counter::Unsplit);
         self.decode_pod = Some(Rc::clone(pod));
         self.phase = Phase::Forwarded {
             watched: None,
             body_seen: false,
         };
-        Action::Continue
+        Ok(())
     }
 
     pub fn on_request_body<H: Host>(
@@ -253,8 +300,9 @@ impl Flow {
         body_size: usize,
         end_of_stream: bool,
     ) -> Action {
-        match self.phase {
-            Phase::Buffering(api) => {
+        match &self.phase {
+            Phase::Buffering(kind) => {
+                let kind = kind.clone();
                 let limit = self.router.config.max_body_bytes;
                 if body_size > limit {
                     return self.fail(host, ClientError::TooLarge { limit }.into());
@@ -263,7 +311,13 @@ impl Flow {
                     // body_size is the total buffered so far; read once at the end.
                     return Action::Pause;
                 }
-                match self.split(host, api, body_size) {
+                let sent = match kind {
+                    Buffered::Split(api) => self.split(host, api, body_size),
+                    Buffered::ByModel { boundary } => {
+                        self.route_by_model(host, boundary.as_deref(), body_size)
+                    }
+                };
+                match sent {
                     Ok(Sent::Upstream) => Action::Continue,
                     Ok(Sent::Waiting) => Action::Pause,
                     Err(e) => self.fail(host, e),

@@ -83,8 +83,11 @@ pub fn decide(
     } else {
         None
     };
-    // A Responses stream always ends with the whole response, usage included.
-    let usage = !report.stream || report.include_usage || report.api == Api::Responses;
+    // A Responses stream always ends with the whole response, usage
+    // included; a Messages stream always states usage.
+    let usage = !report.stream
+        || report.include_usage
+        || matches!(report.api, Api::Responses | Api::Messages);
     if !usage && logprobs.is_none() {
         return AnswerNeeds::None;
     }
@@ -190,7 +193,7 @@ impl Rewrite {
         // A scan is far cheaper than a parse, and most stream events (a
         // token's delta) hold nothing to rewrite.
         let has = |needle: &[u8]| obj.windows(needle.len()).any(|w| w == needle);
-        let usage = self.plan.usage && has(b"cached_tokens");
+        let usage = self.plan.usage && usage::USAGE_NEEDLES.iter().any(|n| has(n));
         let choices = self.plan.logprobs.is_some() && has(b"\"choices\"");
         let Some(report) = &self.report else {
             return if usage || choices {
@@ -283,7 +286,7 @@ impl Rewrite {
     /// Whether `bytes` hold anything this rewrite may change.
     fn may_touch(&self, bytes: &[u8]) -> bool {
         let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
-        (self.plan.usage && has(b"cached_tokens"))
+        (self.plan.usage && usage::USAGE_NEEDLES.iter().any(|n| has(n)))
             || (self.plan.logprobs.is_some() && has(b"\"choices\""))
     }
 }

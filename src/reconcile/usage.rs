@@ -8,7 +8,9 @@
 //! in the answer's `kv_transfer_params.remote_prefill_cached_tokens`;
 //! SGLang in `usage.prompt_tokens_details.cached_tokens` (with
 //! `--enable-cache-report`). `/v1/responses` names them
-//! `input_tokens_details` and `input_tokens`.
+//! `input_tokens_details` and `input_tokens`; Anthropic's `/v1/messages`
+//! has the count flat in `usage.cache_read_input_tokens`, bounded here by
+//! `input_tokens` (vLLM reports the whole prompt there).
 
 use super::json::{ambiguous, edit_object, object_member, u64_member};
 use crate::body::Members;
@@ -19,13 +21,26 @@ const SHAPES: [(&str, &str); 2] = [
     ("input_tokens_details", "input_tokens"),
 ];
 
+/// `(count, prompt count)` member names of a usage object that holds its
+/// cached count flat (Anthropic's Messages API).
+const FLAT: (&str, &str) = ("cache_read_input_tokens", "input_tokens");
+
 /// Every member name a usage object's counts are read from or written to.
-const USAGE_KEYS: [&str; 4] = [
+const USAGE_KEYS: [&str; 5] = [
     "prompt_tokens_details",
     "prompt_tokens",
     "input_tokens_details",
     "input_tokens",
+    "cache_read_input_tokens",
 ];
+
+/// Bytes a usage the rewrite may change contains: a scan for them is far
+/// cheaper than a parse, and most stream events hold neither.
+pub(super) const USAGE_NEEDLES: [&[u8]; 2] = [b"cached_tokens", b"cache_read_input_tokens"];
+
+/// Objects a stream event carries its usage in: a Responses event's
+/// `response`, a Messages `message_start`'s `message`.
+const CONTAINERS: [&str; 2] = ["response", "message"];
 
 /// The cached-token count a usage object states, and its prompt length.
 fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
@@ -33,7 +48,7 @@ fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
     if ambiguous(&top, &USAGE_KEYS) {
         return None;
     }
-    SHAPES.iter().find_map(|(details, prompt)| {
+    let nested = SHAPES.iter().find_map(|(details, prompt)| {
         let d = object_member(&top, usage, details)?;
         let dtop = Members::parse(d).ok()?;
         if ambiguous(&dtop, &["cached_tokens"]) {
@@ -41,6 +56,10 @@ fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
         }
         let cached = u64_member(&dtop, d, "cached_tokens")?;
         Some((cached, u64_member(&top, usage, prompt)))
+    });
+    nested.or_else(|| {
+        let cached = u64_member(&top, usage, FLAT.0)?;
+        Some((cached, u64_member(&top, usage, FLAT.1)))
     })
 }
 
@@ -69,12 +88,13 @@ pub fn prefill_cached_tokens_in(answer: &[u8], top: &Members) -> Option<u64> {
 }
 
 /// Sets the cached-token count in `usage` of the answer or stream chunk
-/// `obj` (or of its `response`, for a Responses stream event) where the
-/// decode stated one; never adds one where it stated none (a single engine
-/// without the details option reports none). `None`: nothing to change.
+/// `obj` (or of its `response` or `message`, for a Responses or Messages
+/// stream event) where the decode stated one; never adds one where it
+/// stated none (a single engine without the details option reports none).
+/// `None`: nothing to change.
 pub fn set_cached_tokens(obj: &[u8], cached: u64) -> Option<Vec<u8>> {
     edit_object(obj, |top, edits| {
-        if ambiguous(top, &["usage", "response"]) {
+        if ambiguous(top, &["usage", "response", "message"]) {
             return None;
         }
         if let Some(usage) = object_member(top, obj, "usage") {
@@ -84,9 +104,11 @@ pub fn set_cached_tokens(obj: &[u8], cached: u64) -> Option<Vec<u8>> {
             );
             return Some(());
         }
-        let response = object_member(top, obj, "response")?;
-        let new = set_cached_tokens(response, cached)?;
-        edits.set_raw("response", String::from_utf8(new).ok()?);
+        let (key, inner) = CONTAINERS
+            .iter()
+            .find_map(|k| Some((*k, object_member(top, obj, k)?)))?;
+        let new = set_cached_tokens(inner, cached)?;
+        edits.set_raw(key, String::from_utf8(new).ok()?);
         Some(())
     })
 }
@@ -96,9 +118,17 @@ fn set_in_usage(usage: &[u8], cached: u64) -> Option<Vec<u8>> {
         if ambiguous(top, &USAGE_KEYS) {
             return None;
         }
-        let (details, prompt) = SHAPES
+        let Some((details, prompt)) = SHAPES
             .iter()
-            .find(|(d, _)| object_member(top, usage, d).is_some())?;
+            .find(|(d, _)| object_member(top, usage, d).is_some())
+        else {
+            let old = u64_member(top, usage, FLAT.0)?;
+            let bound = u64_member(top, usage, FLAT.1).map_or(cached, |p| cached.min(p));
+            if old != bound {
+                edits.set_u64(FLAT.0, bound);
+            }
+            return Some(());
+        };
         let d = object_member(top, usage, details)?;
         let bound = u64_member(top, usage, prompt).map_or(cached, |p| cached.min(p));
         let new = edit_object(d, |dtop, dedits| {
@@ -170,6 +200,25 @@ mod tests {
             out,
             r#"{"type":"response.completed","sequence_number":9,"response":{"id":"r","output":[{"x":1.50}],"usage":{"input_tokens":8,"input_tokens_details":{"cached_tokens":3},"output_tokens":2}}}"#
         );
+    }
+
+    #[test]
+    fn a_messages_usage_holds_its_count_flat() {
+        let answer = br#"{"type":"message","usage":{"input_tokens":12,"output_tokens":1,"cache_read_input_tokens":4}}"#;
+        assert_eq!(prefill_cached_tokens(answer), Some(4));
+        let decode = br#"{"type":"message","usage":{"input_tokens":12,"output_tokens":9,"cache_read_input_tokens":12}}"#;
+        let out = String::from_utf8(set_cached_tokens(decode, 4).unwrap()).unwrap();
+        assert_eq!(
+            out,
+            r#"{"type":"message","usage":{"input_tokens":12,"output_tokens":9,"cache_read_input_tokens":4}}"#
+        );
+        let start = br#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":12,"output_tokens":0,"cache_read_input_tokens":12}}}"#;
+        let out = String::from_utf8(set_cached_tokens(start, 30).unwrap_or_default()).unwrap();
+        assert_eq!(out, "", "bounded by input_tokens: 12, already there");
+        let out = String::from_utf8(set_cached_tokens(start, 5).unwrap()).unwrap();
+        assert!(out.contains(r#""cache_read_input_tokens":5"#), "{out}");
+        let delta = br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#;
+        assert_eq!(set_cached_tokens(delta, 5), None, "never added");
     }
 
     #[test]

@@ -9,7 +9,9 @@ use crate::fleet::{Model, ModelId, PodId, PrefillPolicy};
 use crate::pods::{LoadTable, SharedStore};
 use crate::sched::decider::{self, decide, Figures};
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
-use crate::sched::{schedule, Choice, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64};
+use crate::sched::{
+    schedule, unsplit_pod, Choice, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64,
+};
 use crate::split::{Decided, Placement, SplitRequest};
 
 /// How far apart the decode prefix table's checkpoints are, in blocks: the
@@ -132,6 +134,46 @@ impl Router {
                 Ok(self.apply_decider(&decider, request, &pods, placed, seen))
             }
             _ => Ok(placed),
+        }
+    }
+
+    /// The pod for a call of `model` the router does not split (it names
+    /// the model, as embeddings and tokenize calls do): one of the model's
+    /// decode or combined pods, by its decode policy.
+    pub fn place_unsplit<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        model: &Model,
+        random: &mut dyn FnMut(&mut S) -> u64,
+        now_ms: u64,
+    ) -> Result<Rc<crate::fleet::Endpoint>, PdError> {
+        let table = self.load(&*store, model.id);
+        let pods = self.pod_states(model, &table, now_ms);
+        let mut rng: Option<SplitMix64> = None;
+        let mut draw = || {
+            rng.get_or_insert_with(|| SplitMix64(random(&mut *store)))
+                .next_u64()
+        };
+        let mut no_turn = |_: usize| 0;
+        let mut query = PlacementRequest {
+            prompt_tokens: 0,
+            prefix_match: &|_| 0.0,
+            prefix_key: None,
+            load_bound: LoadBound::of(&self.config.scheduling),
+            prefill_turn: self.next_turn(model.id),
+            decode_turn: &mut no_turn,
+            random: &mut draw,
+            exclude: &[],
+        };
+        match unsplit_pod(model, &pods, &mut query, &self.config.scheduling) {
+            Ok(pod) => Ok(Rc::clone(pod)),
+            Err(NoPod::AllUnhealthy) => Err(PdError::Unavailable(format!(
+                "every decode pod of model `{}` is unhealthy; retry later",
+                model.name
+            ))),
+            Err(_) => Err(PdError::NoEndpoint {
+                model: model.name.clone(),
+            }),
         }
     }
 

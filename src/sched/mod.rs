@@ -15,7 +15,7 @@ mod fast_paths;
 pub mod prefix;
 mod score;
 
-use crate::fleet::{Endpoint, Model, Scheduling};
+use crate::fleet::{DecodePolicy, Endpoint, Model, Scheduling};
 use crate::pods::PodMetrics;
 use std::rc::Rc;
 
@@ -191,6 +191,47 @@ pub fn schedule<'m>(
         }
     }
     score::by_policy(model, &pool, pods, req, s)
+}
+
+/// The pod for a call of `model` that is not split (embeddings,
+/// tokenize, an engine's unsplit path): any of its usable decode or
+/// combined pods, by the model's decode policy; equal pods in random order.
+pub fn unsplit_pod<'m>(
+    model: &'m Model,
+    pods: &[PodState],
+    req: &mut PlacementRequest,
+    s: &Scheduling,
+) -> Result<&'m Rc<Endpoint>, NoPod> {
+    let mut all: Vec<&Rc<Endpoint>> = Vec::new();
+    for e in model
+        .rolesets
+        .iter()
+        .flat_map(|r| r.decode.iter())
+        .chain(model.combined.iter())
+    {
+        if !all.iter().any(|seen| seen.id == e.id) {
+            all.push(e);
+        }
+    }
+    if all.is_empty() {
+        return Err(NoPod::NotConfigured);
+    }
+    let mut usable: Vec<&Rc<Endpoint>> = all
+        .into_iter()
+        .filter(|e| !req.exclude.contains(&e.slot) && !state(pods, e).unhealthy)
+        .collect();
+    let turn = match model.decode_policy {
+        DecodePolicy::RoundRobin => req.prefill_turn,
+        _ => {
+            shuffle(&mut usable, req.random);
+            0
+        }
+    };
+    let eps: Vec<&Endpoint> = usable.iter().map(|e| e.as_ref()).collect();
+    let scores = score::decode_scores(model.decode_policy, &eps, pods, req, s, turn);
+    score::argmin(&scores)
+        .and_then(|i| usable.get(i).copied())
+        .ok_or(NoPod::AllUnhealthy)
 }
 
 #[cfg(test)]

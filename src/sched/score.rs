@@ -187,7 +187,7 @@ fn eps<'m>(c: &[Candidate<'m>]) -> Vec<&'m Endpoint> {
 }
 
 /// The index of the lowest finite score; the first of equals.
-fn argmin(scores: &[f64]) -> Option<usize> {
+pub(super) fn argmin(scores: &[f64]) -> Option<usize> {
     scores
         .iter()
         .enumerate()

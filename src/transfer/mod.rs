@@ -101,15 +101,15 @@ const MAX_REQUEST_ID_BYTES: usize = 256;
 
 /// The request id both legs carry: what the client sent (Envoy makes one
 /// when it did not), else a fresh one. Set on both legs' headers, and for
-/// `/v1/responses` in the body too (vLLM's Responses API reads its id from
-/// the body `request_id`, not the header).
+/// `/v1/responses` and `/inference/v1/generate` in the body too (vLLM reads
+/// their id from the body `request_id`, not the header).
 fn pair_by_request_id(
     ctx: &mut PdContext,
     legs: &mut Legs,
     id: Option<String>,
 ) -> Result<String, EngineError> {
-    let responses = ctx.fields.api == crate::api::Api::Responses;
-    // vLLM's Responses API takes its id from the body: a client's own
+    let responses = ctx.fields.api.id_in_body();
+    // vLLM's Responses and generate APIs take their id from the body: a client's own
     // `request_id` there is kept (equal on both legs, it pairs) and is the
     // id the engines know the request by.
     let body_id = if responses && id.is_none() {

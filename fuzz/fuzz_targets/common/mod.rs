@@ -31,7 +31,13 @@ pub const CONNECTORS: [Option<&str>; 7] = [
     Some("nixl_push"),
     Some("p2p_nccl"),
 ];
-pub const APIS: [Api; 3] = [Api::Completions, Api::ChatCompletions, Api::Responses];
+pub const APIS: [Api; 5] = [
+    Api::Completions,
+    Api::ChatCompletions,
+    Api::Responses,
+    Api::Messages,
+    Api::Generate,
+];
 
 /// One model configuration of the matrix.
 pub struct Case {
