@@ -103,10 +103,12 @@ lint: bench-setup
     cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
     cargo clippy --manifest-path bench/min-pd-filter/Cargo.toml --target wasm32-wasip1 -- -D warnings
 
-# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end.
+# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), the API server's bytes a minute for list polling vs watches, then end to end.
 bench: bench-build && bench-e2e
     cargo bench {{native_benches}}
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --bench discovery --target wasm32-wasip1
+    # What discovery costs the API server: list polling vs watches, 2,000 realistic pods, 10 replicas.
+    .venv/bin/python bench/kube_api_bytes.py
 
 native_benches := "-p pd-router -p mock-engine --bench select --bench host_calls --bench discovery"
 

@@ -960,10 +960,10 @@ def check_rbac(v, secret, sa_name, namespace, failures):
         role = next((d for d in v.all("Role") if d.name == rb.obj["roleRef"]["name"] and d.ns == namespace), None)
         for rule in (role.obj.get("rules") if role else []) or []:
             if "" in rule.get("apiGroups", []) and "pods" in rule.get("resources", []) \
-                    and {"get", "list"} <= set(rule.get("verbs", [])):
+                    and {"get", "list", "watch"} <= set(rule.get("verbs", [])):
                 granted = True
     if not granted:
-        failures.add(sa, f"no RoleBinding in {namespace} grants it get/list on pods")
+        failures.add(sa, f"no RoleBinding in {namespace} grants it get/list/watch on pods")
 
 
 def ssl_ca_bundle():

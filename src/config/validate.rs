@@ -50,6 +50,10 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         models.push(model(m, &format!("models[{mi}]"))?);
     }
     check_push_peers(&models, kv_connector)?;
+    let discovery = discovery.map(|mut d| {
+        d.narrow_to(models.iter().map(|m| m.name.as_str()));
+        d
+    });
     Ok(Config {
         scrape: ScrapeSettings {
             interval_ms: raw.scrape_interval_ms,
@@ -200,6 +204,20 @@ fn check_discovery(d: &KubeDiscovery) -> Result<(), ConfigError> {
     }
     if d.page_size == 0 {
         return Err(err(format!("{p}.page_size"), "must be greater than 0"));
+    }
+    // The API server takes timeoutSeconds as an int64, but a watch that
+    // outlives the lease (and stalls changes) helps nobody.
+    if d.watch_seconds == 0 || d.watch_seconds > 600 {
+        return Err(err(
+            format!("{p}.watch_seconds"),
+            "must be between 1 and 600",
+        ));
+    }
+    if d.stale_after_ms < d.interval_ms.max(d.watch_seconds.saturating_mul(1000)) {
+        return Err(err(
+            format!("{p}.stale_after_ms"),
+            "must be at least interval_ms and watch_seconds (a fresh set would read as stale)",
+        ));
     }
     Ok(())
 }

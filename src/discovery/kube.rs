@@ -18,8 +18,18 @@ pub struct KubeDiscovery {
     /// Empty: every namespace (`/api/v1/pods`).
     #[serde(default = "d_namespace")]
     pub namespace: String,
-    #[serde(default = "d_label_selector")]
-    pub label_selector: String,
+    /// The `labelSelector`. Unset: `model.aibrix.ai/name in (<models>)`
+    /// over the configured models whose names are label values, else
+    /// `model.aibrix.ai/name` (see [`KubeDiscovery::narrow_to`]); empty:
+    /// every pod.
+    #[serde(default)]
+    pub label_selector: Option<String>,
+    /// The `fieldSelector`: only Running pods can be routed to, so the API
+    /// server need not send the others.
+    #[serde(default = "d_field_selector")]
+    pub field_selector: String,
+    /// List mode: how often the pods are listed. Watch mode: the base of
+    /// the backoff after a failure.
     #[serde(default = "d_interval_ms")]
     pub interval_ms: u64,
     #[serde(default = "d_timeout_ms")]
@@ -36,6 +46,18 @@ pub struct KubeDiscovery {
     /// the cache on Kubernetes 1.34+ and from etcd before.
     #[serde(default = "d_true")]
     pub list_from_cache: bool,
+    /// One LIST, then bounded watches from its resourceVersion (`false`: a
+    /// LIST every `interval_ms`).
+    #[serde(default = "d_true")]
+    pub watch: bool,
+    /// How long each bounded watch stays open (`timeoutSeconds`): a change
+    /// reaches the router at most this much (and a jitter) later.
+    #[serde(default = "d_watch_seconds")]
+    pub watch_seconds: u64,
+    /// A pod set not confirmed by the API server for this long is stale:
+    /// logged once, until it is current again.
+    #[serde(default = "d_stale_after_ms")]
+    pub stale_after_ms: u64,
 }
 
 fn d_authority() -> String {
@@ -44,8 +66,14 @@ fn d_authority() -> String {
 fn d_namespace() -> String {
     "default".into()
 }
-fn d_label_selector() -> String {
-    "model.aibrix.ai/name".into()
+fn d_field_selector() -> String {
+    "status.phase=Running".into()
+}
+fn d_watch_seconds() -> u64 {
+    2
+}
+fn d_stale_after_ms() -> u64 {
+    30_000
 }
 fn d_interval_ms() -> u64 {
     2000
@@ -194,6 +222,8 @@ pub struct Page {
     pub skipped: Vec<(String, Skipped)>,
     /// `metadata.continue`: more pages follow.
     pub next: Option<String>,
+    /// `metadata.resourceVersion`: where a watch of this list starts.
+    pub resource_version: Option<String>,
 }
 
 /// Percent-encodes a query value (RFC 3986 unreserved characters stay).
@@ -209,25 +239,98 @@ fn encode(value: &str) -> String {
     out
 }
 
+/// Whether `value` is a valid label value (apimachinery
+/// `IsValidLabelValue`): at most 63 characters, alphanumerics with `-`, `_`
+/// and `.` inside.
+pub fn is_label_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.');
+    match (b.first(), b.last()) {
+        (Some(f), Some(l)) => {
+            b.len() <= 63
+                && f.is_ascii_alphanumeric()
+                && l.is_ascii_alphanumeric()
+                && b.iter().all(inner)
+        }
+        _ => false,
+    }
+}
+
 impl KubeDiscovery {
-    /// The path of a LIST: the first page, or the one after `next`.
-    pub fn list_path(&self, next: Option<&str>) -> String {
-        let base = if self.namespace.is_empty() {
+    /// Fills in an unset `label_selector`: the model label with the
+    /// configured model names that can be label values (others cannot be
+    /// on a pod), so the API server sends only pods the router serves.
+    pub fn narrow_to<'a>(&mut self, models: impl IntoIterator<Item = &'a str>) {
+        if self.label_selector.is_some() {
+            return;
+        }
+        let mut names: Vec<&str> = models.into_iter().filter(|m| is_label_value(m)).collect();
+        names.sort_unstable();
+        names.dedup();
+        self.label_selector = Some(if names.is_empty() {
+            labels::MODEL.to_owned()
+        } else {
+            format!("{} in ({})", labels::MODEL, names.join(","))
+        });
+    }
+
+    fn selector(&self) -> &str {
+        self.label_selector.as_deref().unwrap_or(labels::MODEL)
+    }
+
+    fn base_path(&self) -> String {
+        if self.namespace.is_empty() {
             "/api/v1/pods".to_owned()
         } else {
             format!("/api/v1/namespaces/{}/pods", encode(&self.namespace))
-        };
-        let mut q = vec![format!("limit={}", self.page_size)];
-        if !self.label_selector.is_empty() {
-            q.insert(0, format!("labelSelector={}", encode(&self.label_selector)));
         }
+    }
+
+    /// `labelSelector` and `fieldSelector`, those that are set.
+    fn selectors(&self) -> Vec<String> {
+        let mut q = Vec::with_capacity(2);
+        if !self.selector().is_empty() {
+            q.push(format!("labelSelector={}", encode(self.selector())));
+        }
+        if !self.field_selector.is_empty() {
+            q.push(format!("fieldSelector={}", encode(&self.field_selector)));
+        }
+        q
+    }
+
+    /// The path of a LIST: the first page, or the one after `next`.
+    pub fn list_path(&self, next: Option<&str>) -> String {
+        let mut q = self.selectors();
+        q.push(format!("limit={}", self.page_size));
         match next {
             // A continue token carries its own resource version.
             Some(token) => q.push(format!("continue={}", encode(token))),
             None if self.list_from_cache => q.push("resourceVersion=0".into()),
             None => {}
         }
-        format!("{base}?{}", q.join("&"))
+        format!("{}?{}", self.base_path(), q.join("&"))
+    }
+
+    /// The path of a bounded watch from `resource_version`: the API server
+    /// closes it after `watch_seconds`, so the call's answer is complete.
+    pub fn watch_path(&self, resource_version: &str) -> String {
+        let mut q = self.selectors();
+        q.push("watch=1".into());
+        q.push("allowWatchBookmarks=true".into());
+        q.push(format!("resourceVersion={}", encode(resource_version)));
+        q.push(format!("timeoutSeconds={}", self.watch_seconds));
+        format!("{}?{}", self.base_path(), q.join("&"))
+    }
+
+    /// The bound on one call: a watch stays open `watch_seconds` before it
+    /// answers, so its timeout adds that to `timeout_ms`.
+    pub fn call_timeout_ms(&self, watching: bool) -> u64 {
+        if watching {
+            self.timeout_ms
+                .saturating_add(self.watch_seconds.saturating_mul(1000))
+        } else {
+            self.timeout_ms
+        }
     }
 }
 
@@ -244,10 +347,12 @@ struct PodList {
 struct ListMeta {
     #[serde(default, rename = "continue")]
     next: Option<String>,
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: Option<String>,
 }
 
 #[derive(Deserialize)]
-struct Pod {
+pub(super) struct Pod {
     metadata: ObjectMeta,
     #[serde(default)]
     status: Option<PodStatus>,
@@ -264,6 +369,8 @@ struct ObjectMeta {
     annotations: Option<BTreeMap<String, String>>,
     #[serde(default, rename = "deletionTimestamp")]
     deletion_timestamp: Option<String>,
+    #[serde(default, rename = "resourceVersion")]
+    resource_version: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -289,19 +396,38 @@ pub fn read_page(body: &[u8], qualify: bool) -> Result<Page, String> {
     let list: PodList = serde_json::from_slice(body).map_err(|e| format!("not a PodList: {e}"))?;
     let mut page = Page {
         next: list.metadata.next.filter(|t| !t.is_empty()),
+        resource_version: list.metadata.resource_version.filter(|v| !v.is_empty()),
         ..Page::default()
     };
     for item in list.items.unwrap_or_default() {
-        let name = match (&item.metadata.namespace, qualify) {
-            (Some(ns), true) => format!("{ns}/{}", item.metadata.name),
-            _ => item.metadata.name.clone(),
-        };
-        match routable(&item, &name) {
+        let (name, read) = read_pod(&item, qualify);
+        match read {
             Ok(pod) => page.pods.push(pod),
             Err(why) => page.skipped.push((name, why)),
         }
     }
     Ok(page)
+}
+
+impl Pod {
+    /// `metadata.resourceVersion`, where it is set and not empty.
+    pub(super) fn resource_version(&self) -> Option<&str> {
+        self.metadata
+            .resource_version
+            .as_deref()
+            .filter(|v| !v.is_empty())
+    }
+}
+
+/// A pod's name (with its namespace when `qualify`) and what it serves, or
+/// why it is not routed to.
+pub(super) fn read_pod(item: &Pod, qualify: bool) -> (String, Result<DiscoveredPod, Skipped>) {
+    let name = match (&item.metadata.namespace, qualify) {
+        (Some(ns), true) => format!("{ns}/{}", item.metadata.name),
+        _ => item.metadata.name.clone(),
+    };
+    let read = routable(item, &name);
+    (name, read)
 }
 
 /// AIBrix's rules: Ready, an IP, not terminating; plus Running (stricter

@@ -223,20 +223,53 @@ fn list_paths_encode_the_selector_and_page() {
     let mut c = cfg();
     assert_eq!(
         c.list_path(None),
-        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&limit=500&resourceVersion=0"
+        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&fieldSelector=status.phase%3DRunning&limit=500&resourceVersion=0"
     );
     assert_eq!(
         c.list_path(Some("eyJ2I+/=")),
-        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&limit=500&continue=eyJ2I%2B%2F%3D",
+        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&fieldSelector=status.phase%3DRunning&limit=500&continue=eyJ2I%2B%2F%3D",
         "a continue token carries its own resource version"
     );
     c.namespace = String::new();
-    c.label_selector = "role-name in (prefill,decode)".into();
+    c.label_selector = Some("role-name in (prefill,decode)".into());
     c.list_from_cache = false;
+    c.field_selector = String::new();
     assert_eq!(
         c.list_path(None),
         "/api/v1/pods?labelSelector=role-name%20in%20%28prefill%2Cdecode%29&limit=500"
     );
+    assert_eq!(
+        c.watch_path("4711"),
+        "/api/v1/pods?labelSelector=role-name%20in%20%28prefill%2Cdecode%29&watch=1&allowWatchBookmarks=true&resourceVersion=4711&timeoutSeconds=2"
+    );
+    assert_eq!(c.call_timeout_ms(true), 4000, "the window plus timeout_ms");
+    assert_eq!(c.call_timeout_ms(false), 2000);
+}
+
+#[test]
+fn an_unset_selector_narrows_to_the_configured_models_that_can_be_labels() {
+    let mut c = cfg();
+    c.narrow_to(["qwen3-8b", "Qwen/Qwen3-8B", "llama", "qwen3-8b"]);
+    assert_eq!(
+        c.label_selector.as_deref(),
+        Some("model.aibrix.ai/name in (llama,qwen3-8b)")
+    );
+    let mut c = cfg();
+    c.narrow_to(["Qwen/Qwen3-8B"]);
+    assert_eq!(c.label_selector.as_deref(), Some("model.aibrix.ai/name"));
+    let mut c = cfg();
+    c.label_selector = Some(String::new());
+    c.narrow_to(["llama"]);
+    assert_eq!(
+        c.label_selector.as_deref(),
+        Some(""),
+        "set by the user: kept"
+    );
+    assert!(!c.list_path(None).contains("labelSelector"));
+    for bad in ["", "-a", "a-", "a/b", &"x".repeat(64)] {
+        assert!(!super::kube::is_label_value(bad), "{bad:?}");
+    }
+    assert!(super::kube::is_label_value("a.b_c-9"));
 }
 
 #[test]

@@ -33,6 +33,7 @@ struct FakeRoot {
     logs: RefCell<Vec<(Level, String)>>,
     counters: RefCell<Vec<Counter>>,
     discovered: RefCell<Option<u64>>,
+    age: RefCell<Option<u64>>,
 }
 
 impl FakeRoot {
@@ -46,6 +47,7 @@ impl FakeRoot {
             logs: RefCell::new(Vec::new()),
             counters: RefCell::new(Vec::new()),
             discovered: RefCell::new(None),
+            age: RefCell::new(None),
         }
     }
 
@@ -111,6 +113,9 @@ impl RootHost for FakeRoot {
     }
     fn record_discovered(&self, pods: u64) {
         *self.discovered.borrow_mut() = Some(pods);
+    }
+    fn record_discovery_age(&self, age_ms: u64) {
+        *self.age.borrow_mut() = Some(age_ms);
     }
     fn know_fleet(&self, _fleet: &Fleet) {}
     fn record_pod(&self, _pod: &str, _outstanding: u32, _pending: u32, _healthy: bool) {}
@@ -295,6 +300,127 @@ fn discovery_publishes_a_list_and_keeps_the_last_good_set_when_lists_fail() {
     b.on_tick(hb);
     assert_eq!(a.router.fleet().pods().len(), 2);
     assert_eq!(b.router.fleet().pods().len(), 2);
+}
+
+const WATCHED: &str = r#"{"scrape_interval_ms":0,
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"stale_after_ms":5000}},
+    "models":[{"name":"m","engine":"vllm"}]}"#;
+
+fn watch_events(events: &[(&str, Value)]) -> Vec<u8> {
+    events
+        .iter()
+        .flat_map(|(kind, object)| {
+            let mut line =
+                serde_json::to_vec(&json!({"type": kind, "object": object})).expect("json");
+            line.push(b'\n');
+            line
+        })
+        .collect()
+}
+
+/// Ticks until the lister calls (the jitter delays it), at most 40 s.
+fn next_call(root: &mut Root, host: &mut FakeRoot) -> Call {
+    for _ in 0..400 {
+        root.on_tick(host);
+        if let Some(call) = host.take_calls().pop() {
+            return call;
+        }
+        host.now += 100;
+    }
+    panic!("no call to the API server")
+}
+
+#[test]
+fn one_list_then_watches_and_a_relist_when_the_watch_expires() {
+    let mut vms = vms(WATCHED, 2);
+    let [(a, ha), (b, hb)] = &mut vms[..] else {
+        panic!("two vms")
+    };
+    let list = next_call(a, ha);
+    assert!(list
+        .header(":path")
+        .contains("labelSelector=model.aibrix.ai%2Fname%20in%20%28m%29"));
+    assert!(list
+        .header(":path")
+        .contains("fieldSelector=status.phase%3DRunning"));
+    answer(
+        a,
+        ha,
+        &list,
+        Some(200),
+        &pod_list(vec![pod("p0", "10.1.0.1", "prefill")]),
+    );
+
+    // A watch from the list's resourceVersion, not another list.
+    let watch = next_call(a, ha);
+    let path = watch.header(":path");
+    assert!(
+        path.contains("watch=1") && path.contains("resourceVersion=8"),
+        "{path}"
+    );
+    assert!(path.contains("allowWatchBookmarks=true") && path.contains("timeoutSeconds=2"));
+    let body = watch_events(&[("ADDED", pod("d0", "10.1.0.2", "decode"))]);
+    answer(a, ha, &watch, Some(200), &body);
+    assert_eq!(ha.counted(Counter::DiscoveryWatch), 1);
+    b.on_tick(hb);
+    assert_eq!(
+        b.router.fleet().pods().len(),
+        2,
+        "every VM applies the watched set"
+    );
+
+    // The next watch goes on from the event's resourceVersion ("7").
+    let watch = next_call(a, ha);
+    assert!(watch.header(":path").contains("resourceVersion=7"));
+    let expired = watch_events(&[(
+        "ERROR",
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+               "message": "too old resource version: 7 (9)", "reason": "Expired", "code": 410}),
+    )]);
+    answer(a, ha, &watch, Some(200), &expired);
+    assert_eq!(ha.counted(Counter::DiscoveryRelist), 1);
+    assert!(ha.logged("listing again"));
+    let relist = next_call(a, ha);
+    assert!(!relist.header(":path").contains("watch=1"), "a fresh list");
+    assert_eq!(b.router.fleet().pods().len(), 2, "the set stays meanwhile");
+}
+
+#[test]
+fn a_set_not_confirmed_for_stale_after_ms_is_said_and_its_age_published() {
+    let mut vms = vms(WATCHED, 1);
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    let list = next_call(a, ha);
+    answer(
+        a,
+        ha,
+        &list,
+        Some(200),
+        &pod_list(vec![pod("p0", "10.1.0.1", "prefill")]),
+    );
+    let synced_at = ha.now;
+    // The API server goes away: every call fails, with growing waits.
+    while ha.now < synced_at + 8_000 {
+        let call = next_call(a, ha);
+        answer(a, ha, &call, None, b"");
+    }
+    a.on_tick(ha);
+    let age = ha.age.borrow().expect("age published");
+    assert!(age >= 8_000, "{age}");
+    assert!(
+        ha.logged("s old (stale_after_ms 5000)"),
+        "{:?}",
+        ha.logs.borrow()
+    );
+    assert!(ha.counted(Counter::DiscoveryFailure) >= 3);
+    // Back: a good answer makes it current, said once.
+    let call = next_call(a, ha);
+    answer(a, ha, &call, Some(200), b"");
+    a.on_tick(ha);
+    assert!(ha.age.borrow().expect("age") < 1_000);
+    assert!(ha.logged("the pod set is current again"));
+    assert!(ha.logged("the API server answers again"));
 }
 
 #[test]

@@ -91,8 +91,9 @@ impl KubeApi {
     }
 
     /// One of `ok`, `unauthorized`, `forbidden`, `unavailable`, `garbage`,
-    /// `truncated`, `reset`, `slow`, `expire_continue`, `too_many_requests`
-    /// (tests/kube/mock_kube_api.py says what each does).
+    /// `truncated`, `reset`, `slow`, `expire_continue`, `too_many_requests`,
+    /// `gone`, `no_bookmarks` (tests/kube/mock_kube_api.py says what each
+    /// does).
     pub fn set_mode(&self, mode: &str) {
         self.control(
             reqwest::Method::PUT,
@@ -108,6 +109,12 @@ impl KubeApi {
             "/_mock/mode",
             Some(serde_json::json!({ "mode": mode, "delay_ms": delay_ms })),
         );
+    }
+
+    /// Forgets the watch history: a watch from an older resourceVersion
+    /// gets an ERROR event with a 410 inside its 200.
+    pub fn compact(&self) {
+        self.control(reqwest::Method::POST, "/_mock/compact", None);
     }
 
     /// Every API request received since start (or the last
