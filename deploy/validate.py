@@ -331,8 +331,10 @@ class Proxy:
     """The proxy container as the manifests make it: where the token variable
     and the mounted files come from."""
 
-    def __init__(self, where, ns, container, volumes, service_account=None):
+    def __init__(self, where, ns, container, volumes, service_account=None, others=()):
         self.where, self.ns, self.service_account = where, ns, service_account
+        # The pod's other containers (a sidecar may write what Envoy reads).
+        self.others = list(others)
         self.env = container.get("env") or []
         self.mounts = container.get("volumeMounts") or []
         self.volumes = {v.get("name"): v for v in volumes or []}
@@ -729,7 +731,8 @@ def assemble_istio(v, failures, wasm):
     # Istio's gateway runs as <gateway>-<class> unless the Gateway names one.
     sa = (gw.obj["metadata"].get("annotations") or {}).get("gateway.istio.io/service-account",
                                                             f"{gw.name}-{gw.obj['spec']['gatewayClassName']}")
-    return conf, Proxy(overlay_cm, gw.ns, container, pod.get("volumes"), sa)
+    others = [c for c in pod.get("initContainers", []) + pod["containers"] if c is not container]
+    return conf, Proxy(overlay_cm, gw.ns, container, pod.get("volumes"), sa, others)
 
 
 def quantity(q):
@@ -1116,6 +1119,14 @@ def check_proxy(v, conf, proxy, namespace, failures, local_files, token_files):
             if cm is not None and key in (EXTERNAL_CONFIGMAPS.get(cm["name"]) or set()):
                 continue
             failures.add(where, f"{path}: the projected volume {mount['name']} holds no such file")
+            continue
+        if "emptyDir" in volume:
+            # Written by a sidecar that reads a projected token.
+            writer = next((c for c in proxy.others if any(m.get("name") == mount["name"] for m in c.get("volumeMounts") or [])
+                           and any("serviceAccountToken" in str(proxy.volumes.get(m.get("name"), {}).get("projected"))
+                                   for m in c.get("volumeMounts") or [])), None)
+            if writer is None:
+                failures.add(where, f"{path}: emptyDir {mount['name']} has no container that writes it from a projected token")
             continue
         cm_name = (volume.get("configMap") or {}).get("name")
         if cm_name is None:

@@ -31,6 +31,10 @@ const VARIANTS: [&str; 5] = [
     "envoy-gateway/xds-name-scheme-v2",
 ];
 
+/// Istio 1.28's Envoy line: the Istio configuration must load there too
+/// (`just setup` installs it, as `just envoy-versions` does).
+const ISTIO_ENVOY: &str = ".tools/envoy-1.36.4/bin/envoy";
+
 /// A ConfigMap (deploy/envoy: `pd-router-wasm`) holds at most 1 MiB.
 const CONFIGMAP_LIMIT: u64 = 1 << 20;
 
@@ -199,15 +203,29 @@ fn every_deploy_manifest_validates_and_its_envoy_configuration_loads() {
             failures.push(format!("{want}: no Envoy configuration was assembled"));
         }
     }
-    let runs: Vec<_> = bootstraps
-        .iter()
-        .map(|b| {
+    let istio_envoy = repo().join(ISTIO_ENVOY);
+    assert!(
+        istio_envoy.exists(),
+        "{} not found: run `just setup` (it installs Envoy 1.36.4 for the Istio configuration)",
+        istio_envoy.display()
+    );
+    // Each configuration on Envoy 1.40; Istio's also on its 1.36.
+    let mut jobs: Vec<(&Value, PathBuf)> = bootstraps.iter().map(|b| (b, envoy.clone())).collect();
+    jobs.extend(
+        bootstraps
+            .iter()
+            .filter(|b| b["variant"] == "istio")
+            .map(|b| (b, istio_envoy.clone())),
+    );
+    let runs: Vec<_> = jobs
+        .into_iter()
+        .map(|(b, envoy)| {
             let path = PathBuf::from(b["path"].as_str().expect("path"));
-            let envoy = envoy.clone();
             let label = format!(
-                "{}: the Envoy configuration of {}",
+                "{}: the Envoy configuration of {} (on {})",
                 b["variant"].as_str().unwrap_or("?"),
-                b["made_of"].as_str().unwrap_or("?")
+                b["made_of"].as_str().unwrap_or("?"),
+                envoy.display()
             );
             std::thread::spawn(move || {
                 let out = Command::new(&envoy)

@@ -552,3 +552,177 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
     );
     envoy.assert_counters_zero();
 }
+
+/// A projected ServiceAccount token volume as kubelet lays it out: the file
+/// behind `..data`, a symlink swapped atomically on rotation.
+struct ProjectedToken {
+    dir: std::path::PathBuf,
+    generation: u32,
+}
+
+impl ProjectedToken {
+    fn new(dir: &std::path::Path, token: &str) -> ProjectedToken {
+        let mut t = ProjectedToken {
+            dir: dir.to_owned(),
+            generation: 0,
+        };
+        t.rotate(token);
+        std::os::unix::fs::symlink("..data/token", dir.join("token")).expect("token symlink");
+        t
+    }
+
+    /// Writes `token` into a new timestamped directory and renames a fresh
+    /// `..data` symlink over the old one, as kubelet's AtomicWriter does.
+    fn rotate(&mut self, token: &str) {
+        self.generation += 1;
+        let ts = format!(
+            "..2026_12_03_00_00_{:02}.{}",
+            self.generation, self.generation
+        );
+        std::fs::create_dir(self.dir.join(&ts)).expect("token dir");
+        std::fs::write(self.dir.join(&ts).join("token"), token).expect("token");
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&ts, &tmp).expect("..data_tmp");
+        std::fs::rename(&tmp, self.dir.join("..data")).expect("swap ..data");
+    }
+}
+
+/// The minor version of the Envoy under test (`envoy --version`).
+fn envoy_minor() -> u32 {
+    let out = std::process::Command::new(envoy_bin())
+        .arg("--version")
+        .output()
+        .expect("envoy --version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split('/')
+        .find_map(|part| part.strip_prefix("1.")?.split('.').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no version in {text:?}"))
+}
+
+/// The kube_api cluster of deploy/: Envoy adds the token from a file (SDS
+/// with a watched directory), here over plain HTTP to the mock. Envoy 1.37
+/// and later add the "Bearer " (`header_value_prefix`); for 1.36 (Istio
+/// 1.28) the file holds it, as deploy/istio's sidecar writes it.
+fn injecting_cluster(api: &KubeApi, sds: &std::path::Path, watched: &std::path::Path) -> String {
+    let prefix = if envoy_minor() >= 37 {
+        "\n                header_value_prefix: \"Bearer \""
+    } else {
+        ""
+    };
+    format!(
+        r#"  clusters:
+  - name: kube_api
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: kube_api
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http_protocol_options: {{}}}}
+        http_filters:
+        - name: envoy.filters.http.credential_injector
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.credential_injector.v3.CredentialInjector
+            overwrite: true
+            credential:
+              name: envoy.http.injected_credentials.generic
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic
+                credential:
+                  name: kube_api_token
+                  sds_config:
+                    path_config_source:
+                      path: {sds}
+                      watched_directory: {{path: {watched}}}
+                header: Authorization{prefix}
+        - name: envoy.filters.http.upstream_codec
+          typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec}}
+"#,
+        port = api.port,
+        sds = sds.display(),
+        watched = watched.display(),
+    )
+}
+
+#[test]
+fn envoy_adds_a_projected_token_and_follows_its_rotation() {
+    let api = KubeApi::start("token-one");
+    let p = Mock::start(
+        "t-p0",
+        &["--engine", "vllm", "--role", "prefill", "--model", "t"],
+    );
+    let d = Mock::start(
+        "t-d0",
+        &["--engine", "vllm", "--role", "decode", "--model", "t"],
+    );
+    api.set_pods(&[
+        as_pod(&p, "t", "vllm", "prefill", ""),
+        as_pod(&d, "t", "vllm", "decode", ""),
+    ]);
+    let scratch = Scratch::new("projected-token");
+    let watched = scratch.0.join("token-volume");
+    std::fs::create_dir(&watched).expect("volume dir");
+    // What the file holds: the token, or (Envoy 1.36) "Bearer <token>".
+    let bearer = |t: &str| {
+        if envoy_minor() >= 37 {
+            t.to_owned()
+        } else {
+            format!("Bearer {t}")
+        }
+    };
+    let mut token = ProjectedToken::new(&watched, &bearer("token-one"));
+    let sds = scratch.0.join("token-sds.yaml");
+    std::fs::write(
+        &sds,
+        format!(
+            "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: kube_api_token\n  generic_secret: {{secret: {{filename: {}}}}}\n",
+            watched.join("token").display()
+        ),
+    )
+    .expect("sds file");
+    let cluster = injecting_cluster(&api, &sds, &watched);
+    // File-based SDS needs a node; no token in the VM environment.
+    let envoy = Envoy::start_full(
+        &discovery_config(json!([])),
+        2,
+        &[
+            ("  clusters:\n", cluster.as_str()),
+            (
+                "static_resources:\n",
+                "node: {id: pd-router-test, cluster: pd-router-test}\nstatic_resources:\n",
+            ),
+        ],
+        &[],
+    );
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    assert_eq!(post(&url, completion("t", 0), &[]).status, 200);
+    assert!(
+        api.requests().iter().all(|r| r.authorized),
+        "Envoy adds the token"
+    );
+
+    // kubelet rotates the token; the API server stops taking the old one.
+    api.set_token("token-two");
+    token.rotate(&bearer("token-two"));
+    api.clear_requests();
+    wait_until("the rotated token is sent", || {
+        api.requests().iter().filter(|r| r.authorized).count() >= 2
+    });
+    let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
+    wait_for_lists(&api);
+    assert!(
+        api.requests().iter().all(|r| r.authorized),
+        "only the new token once rotated: {:?}",
+        api.requests()
+    );
+    assert_eq!(
+        envoy.stat("wasmcustom.pd_router.discovery.failures"),
+        failures
+    );
+    assert_eq!(post(&url, completion("t", 1), &[]).status, 200);
+}

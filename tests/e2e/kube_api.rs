@@ -111,6 +111,15 @@ impl KubeApi {
         );
     }
 
+    /// The bearer token accepted from now on (the old one gets 401).
+    pub fn set_token(&self, token: &str) {
+        self.control(
+            reqwest::Method::PUT,
+            "/_mock/token",
+            Some(serde_json::json!({ "token": token })),
+        );
+    }
+
     /// Forgets the watch history: a watch from an older resourceVersion
     /// gets an ERROR event with a 410 inside its 200.
     pub fn compact(&self) {

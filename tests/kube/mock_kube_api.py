@@ -59,6 +59,8 @@ Control (no auth):
   PUT    /_mock/mode      {"mode": M, "delay_ms": N}; GET /_mock/mode
   GET    /_mock/requests  the API requests received, oldest first
   DELETE /_mock/requests  clears that log
+  PUT    /_mock/token     {"token": T}: the bearer token accepted from now on
+                          (a rotated ServiceAccount token)
   POST   /_mock/compact   the history restarts after now (etcd compacted, a
                           restarted API server's watch cache): open watches
                           end with a 410 ERROR event, and so does any watch
@@ -1180,11 +1182,18 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, st.requests_copy())
             if path == "/_mock/requests" and m == "DELETE":
                 return self._send(200, {"cleared": st.clear_requests()})
+            if path == "/_mock/token" and m == "PUT":
+                req = parse_json()
+                if not isinstance(req, dict) or not isinstance(req.get("token"), str) or not req["token"]:
+                    raise BadRequestBody('expected {"token": "<non-empty string>"}')
+                with st.lock:
+                    st.token = req["token"]
+                return self._send(200, {"token": "set"})
             if path == "/_mock/compact" and m == "POST":
                 return self._send(200, {"compactedResourceVersion": str(st.compact())})
         except BadRequestBody as e:
             return self._send(400, {"error": str(e)})
-        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact"):
+        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact", "/_mock/token"):
             return self._send(*method_not_allowed())
         return self._send(*not_found())
 
@@ -1194,7 +1203,9 @@ class Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         parts = auth.strip().split(" ")
         # authenticator/token/bearertoken: scheme case-insensitive, one space.
-        return len(parts) == 2 and parts[0].lower() == "bearer" and parts[1] == self.state.token and parts[1] != ""
+        with self.state.lock:
+            token = self.state.token
+        return len(parts) == 2 and parts[0].lower() == "bearer" and parts[1] == token and parts[1] != ""
 
     def _api(self, path, query):
         st = self.state
