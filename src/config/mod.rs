@@ -167,10 +167,7 @@ impl Config {
         // A JSON string holding the configuration: what Envoy Gateway
         // passes when an EnvoyExtensionPolicy's `config` is a string (as the
         // kustomize package renders it, from the one plugin.json).
-        let unwrapped = match serde_json::from_slice::<String>(json) {
-            Ok(inner) => Some(inner),
-            Err(_) => None,
-        };
+        let unwrapped = serde_json::from_slice::<String>(json).ok();
         let json = unwrapped.as_deref().map_or(json, str::as_bytes);
         let de = &mut serde_json::Deserializer::from_slice(json);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
