@@ -265,3 +265,94 @@ fn every_deploy_manifest_validates_and_its_envoy_configuration_loads() {
         failures.join("\n\n")
     );
 }
+
+/// Envoy's admin address, once it has written it (10 s at most).
+fn admin_address(path: &Path) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(a) = std::fs::read_to_string(path) {
+            if !a.trim().is_empty() {
+                return a.trim().to_owned();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Envoy wrote no admin address"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn check_deploy(dump: &Path) -> Output {
+    run(
+        Command::new(python())
+            .arg(repo().join("scripts/check-deploy.py"))
+            .arg(dump),
+        "scripts/check-deploy.py",
+    )
+}
+
+#[test]
+fn the_post_apply_check_passes_on_a_running_envoy_of_the_plain_overlay() {
+    require_tools();
+    let scratch = Scratch::new("check-deploy");
+    let out = run(
+        Command::new(python())
+            .arg(repo().join("deploy/validate.py"))
+            .arg("--out")
+            .arg(&scratch.0)
+            .arg("--wasm")
+            .arg(wasm_path()),
+        "deploy/validate.py",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    // The rendered plain-Envoy overlay's envoy.yaml, runnable here.
+    let admin = scratch.0.join("admin.txt");
+    let mut cmd = Command::new(envoy_bin());
+    cmd.arg("-c")
+        .arg(scratch.0.join("bootstrap-envoy.yaml"))
+        .args(["--disable-hot-restart", "--admin-address-path"])
+        .arg(&admin)
+        .arg("--log-path")
+        .arg(scratch.0.join("envoy.log"));
+    let _envoy = Proc::spawn("envoy (plain overlay)", &mut cmd);
+    let address = admin_address(&admin);
+    let dump = http()
+        .get(format!("http://{address}/config_dump?include_eds"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("config_dump");
+    let path = scratch.0.join("dump.json");
+    std::fs::write(&path, &dump).expect("dump");
+    let out = check_deploy(&path);
+    assert!(
+        out.status.success(),
+        "the check fails on the plain overlay:\n{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("check-deploy: 0 check(s) failed"));
+
+    // What a control plane that drops the flag and adds its retries leaves.
+    let broken = dump
+        .replace(
+            "\"allow_on_headers_stop_iteration\": true",
+            "\"allow_on_headers_stop_iteration\": false",
+        )
+        .replace(
+            "\"cluster\": \"pd_decode\",",
+            "\"cluster\": \"pd_decode\", \"retry_policy\": {\"num_retries\": 2},",
+        );
+    assert_ne!(broken, dump, "the dump's shape changed: update this test");
+    std::fs::write(&path, broken).expect("dump");
+    let out = check_deploy(&path);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("FAIL: the filter has allow_on_headers_stop_iteration"),
+        "{said}"
+    );
+    assert!(
+        said.contains("does not retry") && said.contains("FAIL: route"),
+        "{said}"
+    );
+}
