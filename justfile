@@ -152,6 +152,15 @@ oci:
     cargo build --target wasm32-wasip1 --release
     python3 scripts/oci-image.py build {{wasm}} target/oci {{oci_tag}}
 
+# mock-engine as a container image layout in target/oci-mock-engine (statically linked, no base image, no Docker): the engines of deploy/workload/mock, for a dry run without GPUs.
+oci-mock-engine:
+    RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=target/static cargo build --release -p mock-engine --target x86_64-unknown-linux-gnu
+    python3 scripts/oci-image.py binary target/static/x86_64-unknown-linux-gnu/release/mock-engine target/oci-mock-engine {{oci_tag}}
+
+# Push target/oci-mock-engine to REGISTRY as REGISTRY:<tag> (e.g. `just oci-mock-engine-push ghcr.io/org/pd-router-mock-engine`).
+oci-mock-engine-push REGISTRY *ARGS: oci-mock-engine
+    skopeo copy --preserve-digests {{ARGS}} oci:target/oci-mock-engine:{{oci_tag}} docker://{{REGISTRY}}:{{oci_tag}}
+
 # Push target/oci to REGISTRY as REGISTRY:<tag> (see oci_tag), digest unchanged (e.g. `just oci-push ghcr.io/org/pd-router`; a plain-HTTP registry also needs `--dest-tls-verify=false`).
 oci-push REGISTRY *ARGS: oci
     skopeo copy --preserve-digests {{ARGS}} oci:target/oci:{{oci_tag}} docker://{{REGISTRY}}:{{oci_tag}}

@@ -97,6 +97,8 @@ VARIANTS = {
                                          "envoy-gateway/install/gatewayclass.yaml"],
 }
 ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header"}
+# Overlays of example engines: rendered and checked, no Envoy in them.
+WORKLOADS = ["workload/vllm", "workload/mock"]
 
 
 class Doc:
@@ -1233,7 +1235,7 @@ def main():
     node_docs = []
     rendered, install = {}, {rel: raw.get(rel, []) for rel in INSTALL_FILES}
     packaged = {}
-    for overlay in VARIANTS:
+    for overlay in list(VARIANTS) + WORKLOADS:
         docs, path = render(overlay, args.out, failures)
         rendered[f"rendered/{overlay}"] = docs
         if path is not None:

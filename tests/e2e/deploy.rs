@@ -356,3 +356,43 @@ fn the_post_apply_check_passes_on_a_running_envoy_of_the_plain_overlay() {
         "{said}"
     );
 }
+
+#[test]
+fn the_smoke_script_shows_both_legs_pods() {
+    let p = Mock::start(
+        "smoke-p0",
+        &["--engine", "vllm", "--role", "prefill", "--model", "m"],
+    );
+    let d = Mock::start(
+        "smoke-d0",
+        &["--engine", "vllm", "--role", "decode", "--model", "m"],
+    );
+    let envoy = Envoy::start(&serde_json::json!({
+        "models": [{"name": "m", "engine": "vllm",
+                    "rolesets": [{"prefill": [p.endpoint()], "decode": [d.endpoint()]}]}]
+    }));
+    let smoke = |model: &str| {
+        run(
+            Command::new("bash")
+                .arg(repo().join("scripts/smoke.sh"))
+                .arg(envoy.url(""))
+                .arg(model),
+            "scripts/smoke.sh",
+        )
+    };
+    let out = smoke("m");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("split: prefill on smoke-p0, decode on smoke-d0"),
+        "{said}"
+    );
+    // A model the router does not serve: said, and a failure.
+    let out = smoke("nope");
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("the gateway answered 404"),
+        "{}",
+        text(&out)
+    );
+}
