@@ -95,8 +95,11 @@ VARIANTS = {
     "envoy-gateway/override-host": ["envoy-gateway/install/values.yaml", "envoy-gateway/install/gatewayclass.yaml"],
     "envoy-gateway/xds-name-scheme-v2": ["envoy-gateway/install/values-xds-name-scheme-v2.yaml",
                                          "envoy-gateway/install/gatewayclass.yaml"],
+    "inference-pool": [],
 }
 ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header"}
+# What a variant's own plugin configuration may change in discovery.
+POOL_KEYS = {"labels", "inference_pool", "label_selector"}
 # Overlays of example engines: rendered and checked, no Envoy in them.
 WORKLOADS = ["workload/vllm", "workload/mock"]
 
@@ -276,6 +279,10 @@ def check_documents(docs, failures, node_docs):
                 if err:
                     failures.add(doc, f"Kubernetes {K8S} schema: {err}")
                 doc.checks.append(f"kubernetes-validate {K8S} strict")
+            elif api == "inference.networking.k8s.io/v1":
+                for err in validate_schema(registry, "pd-router:inferencepool", obj):
+                    failures.add(doc, f"schemas/inferencepool.json (GIE v1.6.0's CRD): {err}")
+                doc.checks.append("deploy/schemas/inferencepool.json (GIE v1.6.0's CRD schema)")
             elif api.startswith("gateway.envoyproxy.io/"):
                 schema_id = "pd-router:" + doc.kind.lower()
                 try:
@@ -635,7 +642,8 @@ def assemble_istio(v, failures, wasm):
     # Istio's name for the rule's route: the rule's `name` exists only in
     # Gateway API >= 1.4 CRDs (older ones prune it); nothing here matches it.
     route_name = rule.get("name") or f"{route.ns}.{route.name}.0"
-    outbound = f"outbound|{backend['port']}||{backend['name']}.{route.ns}.svc.cluster.local"
+    # An InferencePool backend: Istio's shadow Service, port 54321.
+    outbound = f"outbound|{backend.get('port', 54321)}||{backend['name']}.{route.ns}.svc.cluster.local"
     envoy_route = {"name": route_name, "match": {"prefix": rule["matches"][0]["path"]["value"]},
                    "route": {"cluster": outbound, "retry_policy": copy.deepcopy(ISTIO_DEFAULT_RETRY)}}
     vhost_name = f"*:{port}"
@@ -938,13 +946,27 @@ def check_values(rendered, failures):
         if spaces and spaces != {ns}:
             failures.append(f"deploy/{rel}: objects render into {sorted(spaces)}, but plugin.json's discovery lists {ns!r}")
         for d in docs:
-            if d.kind == "EnvoyExtensionPolicy" and (d.obj["metadata"].get("annotations") or {}).get(
-                    "pd-router.io/own-plugin-config") == "true":
+            if (d.obj.get("metadata", {}).get("annotations") or {}).get("pd-router.io/own-plugin-config") != "true":
+                continue
+            if d.kind == "EnvoyExtensionPolicy":
                 own = json.loads(d.obj["spec"]["wasm"][0]["config"])
-                strip = lambda c: {k: v for k, v in c.items() if k not in ROUTING_KEYS}
-                if strip(own) != strip(plugin):
-                    failures.add(d, "its own plugin configuration differs from deploy/values/plugin.json "
-                                    "in more than the routing keys")
+            else:
+                own = json.loads(d.obj["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
+                                 ["configuration"]["value"])
+            if strip_variant(own) != strip_variant(plugin):
+                failures.add(d, "its own plugin configuration differs from deploy/values/plugin.json "
+                                "in more than the routing keys and where discovery finds the pods")
+
+
+def strip_variant(plugin):
+    """A plugin configuration without what a variant may change."""
+    out = {k: v for k, v in plugin.items() if k not in ROUTING_KEYS}
+    kube = dict(((out.get("discovery") or {}).get("kubernetes") or {}))
+    for k in POOL_KEYS:
+        kube.pop(k, None)
+    if "discovery" in out:
+        out["discovery"] = dict(out["discovery"], kubernetes=kube)
+    return out
 
 
 def check_bootstrap(v, conf, proxy, failures, local_files):
@@ -1253,7 +1275,8 @@ def main():
     check_values(rendered, failures)
     (args.out / "node-docs.json").write_text(json.dumps(node_docs, indent=1))
     bootstraps = []
-    assemblers = {"envoy": assemble_envoy, "istio": assemble_istio, "envoy-gateway": assemble_envoy_gateway,
+    assemblers = {"envoy": assemble_envoy, "istio": assemble_istio, "inference-pool": assemble_istio,
+                  "envoy-gateway": assemble_envoy_gateway,
                   "envoy-gateway/override-host": assemble_envoy_gateway,
                   "envoy-gateway/xds-name-scheme-v2": assemble_envoy_gateway}
     for name, assemble in assemblers.items():

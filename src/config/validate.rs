@@ -51,7 +51,9 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     check_push_peers(&models, kv_connector)?;
     let discovery = discovery.map(|mut d| {
-        d.narrow_to(models.iter().map(|m| m.name.as_str()));
+        if d.inference_pool.is_none() {
+            d.narrow_to(models.iter().map(|m| m.name.as_str()));
+        }
         d
     });
     Ok(Config {
@@ -212,6 +214,20 @@ fn check_discovery(d: &KubeDiscovery) -> Result<(), ConfigError> {
             format!("{p}.watch_seconds"),
             "must be between 1 and 600",
         ));
+    }
+    if let Some(pool) = &d.inference_pool {
+        if pool.name.trim().is_empty() {
+            return Err(err(
+                format!("{p}.inference_pool.name"),
+                "must name the InferencePool",
+            ));
+        }
+        if d.label_selector.is_some() {
+            return Err(err(
+                format!("{p}.label_selector"),
+                "the InferencePool's selector says which pods: leave label_selector unset",
+            ));
+        }
     }
     if d.stale_after_ms < d.interval_ms.max(d.watch_seconds.saturating_mul(1000)) {
         return Err(err(

@@ -1,7 +1,8 @@
 //! One LIST of pods, page by page: what to ask next, and what an answer
 //! means. Pure: the shell sends the requests and hands the answers in.
 
-use super::kube::{read_page, DiscoveredPod, KubeDiscovery, Skipped};
+use super::kube::{DiscoveredPod, KubeDiscovery, Skipped};
+use super::pod::{read_page_as, Reader};
 use crate::error::upstream_message;
 use std::fmt;
 
@@ -145,7 +146,7 @@ impl ListRun {
     }
 
     fn on_page(&mut self, cfg: &KubeDiscovery, body: &[u8]) -> Step {
-        let page = match read_page(body, cfg.namespace.is_empty()) {
+        let page = match read_page_as(body, &Reader::of(cfg)) {
             Ok(p) => p,
             Err(e) => return Step::Failed(ListFailure::Unparsable(e)),
         };

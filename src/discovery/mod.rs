@@ -5,7 +5,8 @@
 //! the API (no answer, 401/403, garbage) keeps the last good pod set: it
 //! never empties a model, and a set older than `stale_after_ms` is said.
 //!
-//! [`kube`] reads the API's answers, [`lister`] pages through one list,
+//! [`kube`] is the configuration and the requests, [`pod`] reads pods,
+//! [`pool`] an InferencePool, [`lister`] pages through one list,
 //! [`watch`] applies watch events, [`schedule`] says when the next call
 //! goes, [`merge`] turns pods into the fleet, [`published`] is the shared
 //! record.
@@ -13,6 +14,8 @@
 pub mod kube;
 pub mod lister;
 pub mod merge;
+pub mod pod;
+pub mod pool;
 pub mod published;
 pub mod schedule;
 pub mod watch;

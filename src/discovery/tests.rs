@@ -2,9 +2,10 @@
 //! set of kubernetes/api `core/v1`, as the mock API server serialises it
 //! with the official Python models).
 
-use super::kube::{read_page, KubeDiscovery, PodRole, Skipped};
+use super::kube::{KubeDiscovery, PodRole, Skipped};
 use super::lister::{ListFailure, ListRun, Step};
 use super::merge::{build_fleet, UNNAMED_ROLESET};
+use super::pod::read_page;
 use super::published;
 use crate::config::Config;
 use crate::pods::MemoryStore;
@@ -447,4 +448,74 @@ fn publishing_writes_only_changes_and_bumps_the_generation() {
         Ok(Some(2))
     );
     assert_eq!(published::read(&store, "set").expect("set").pods, vec![]);
+}
+
+#[test]
+fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
+    use super::kube::LabelScheme;
+    use super::pod::{read_page_as, Reader};
+    use super::pool::PoolView;
+    let role = |r: Option<&str>| {
+        let mut l = json!({"llm-d.ai/guide": "pd", "llm-d.ai/model": "qwen"});
+        if let Some(r) = r {
+            l["llm-d.ai/role"] = json!(r);
+        }
+        l
+    };
+    let mut ranked = pod("d1", Some("10.0.0.4"), role(Some("decode")));
+    ranked["metadata"]["annotations"] = json!({"llm-d.ai/active-ports": "8001"});
+    let items = vec![
+        pod("p0", Some("10.0.0.1"), role(Some("prefill"))),
+        pod("d0", Some("10.0.0.2"), role(Some("decode"))),
+        pod("c0", Some("10.0.0.3"), role(Some("prefill-decode"))),
+        pod("n0", Some("10.0.0.5"), role(None)),
+        pod("e0", Some("10.0.0.6"), role(Some("encode"))),
+        ranked,
+    ];
+    let reader = Reader {
+        scheme: LabelScheme::LlmD,
+        pool: Some(PoolView {
+            selector: "llm-d.ai/guide=pd".into(),
+            ports: vec![8000, 8001],
+        }),
+        ..Reader::default()
+    };
+    let page = read_page_as(&list(items, None), &reader).expect("page");
+    let got: Vec<(String, String, PodRole)> = page
+        .pods
+        .iter()
+        .map(|p| (p.name.clone(), p.address.to_string(), p.role))
+        .collect();
+    assert!(got.contains(&("p0-rank-0".into(), "10.0.0.1:8000".into(), PodRole::Prefill)));
+    assert!(got.contains(&("p0-rank-1".into(), "10.0.0.1:8001".into(), PodRole::Prefill)));
+    assert!(got.contains(&("c0-rank-0".into(), "10.0.0.3:8000".into(), PodRole::Both)));
+    assert!(got.contains(&("n0-rank-1".into(), "10.0.0.5:8001".into(), PodRole::Both)));
+    // Only the active port: the pod's own name.
+    assert!(got.contains(&("d1".into(), "10.0.0.4:8001".into(), PodRole::Decode)));
+    assert!(page.pods.iter().all(|p| p.model == "qwen"));
+    assert_eq!(
+        page.pods
+            .iter()
+            .find(|p| p.name == "p0-rank-1")
+            .map(|p| p.object()),
+        Some("p0")
+    );
+    assert_eq!(
+        page.skipped,
+        vec![("e0".to_owned(), Skipped::OtherRole("encode".into()))]
+    );
+    // The pool's model wins over the label.
+    let named = Reader {
+        pool_model: Some("served".into()),
+        ..reader
+    };
+    let page = read_page_as(
+        &list(
+            vec![pod("p0", Some("10.0.0.1"), role(Some("prefill")))],
+            None,
+        ),
+        &named,
+    )
+    .expect("page");
+    assert!(page.pods.iter().all(|p| p.model == "served"));
 }

@@ -6,18 +6,21 @@
 //! `BOOKMARK`, `ERROR`), applied in order. Pure: the shell sends the
 //! requests and hands the answers in.
 
-use super::kube::{read_pod, DiscoveredPod, Pod};
+use super::kube::DiscoveredPod;
 use super::lister::{failure, ListFailure, Listed};
+use super::pod::{read_pod, Pod, Reader};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use std::collections::BTreeMap;
 
 /// The pod set a watch keeps current, and where the next watch starts.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Watched {
-    /// Routable pods by name (qualified by namespace when every namespace
-    /// is watched).
-    pods: BTreeMap<String, DiscoveredPod>,
+    /// Routable endpoints by their pod's name (qualified by namespace when
+    /// every namespace is watched): one, or one per InferencePool port. A
+    /// plain list searched by name: a window brings few events, and a map
+    /// type of its own would cost the module kilobytes it has not got
+    /// (deploy/envoy ships it in a ConfigMap, under 1 MiB).
+    pods: Vec<(String, Vec<DiscoveredPod>)>,
     resource_version: String,
 }
 
@@ -66,7 +69,7 @@ struct BookmarkMeta {
 
 /// An event read, before it is applied.
 enum Change {
-    Upsert(String, Option<Box<DiscoveredPod>>),
+    Upsert(String, Vec<DiscoveredPod>),
     Delete(String),
 }
 
@@ -75,11 +78,17 @@ impl Watched {
     /// resourceVersion to watch from.
     pub fn from_list(listed: &Listed) -> Option<Watched> {
         let resource_version = listed.resource_version.clone()?;
-        let pods = listed
-            .pods
-            .iter()
-            .map(|p| (p.name.clone(), p.clone()))
-            .collect();
+        // Grouped by pod. A linear search (quadratic in the pods of one
+        // list, a few milliseconds at thousands): a list is rare in watch
+        // mode, and a sort or a map of its own would cost the module
+        // kilobytes it has not got.
+        let mut pods: Vec<(String, Vec<DiscoveredPod>)> = Vec::new();
+        for p in &listed.pods {
+            match pods.iter_mut().rev().find(|(name, _)| name == p.object()) {
+                Some((_, endpoints)) => endpoints.push(p.clone()),
+                None => pods.push((p.object().to_owned(), vec![p.clone()])),
+            }
+        }
         Some(Watched {
             pods,
             resource_version,
@@ -92,16 +101,20 @@ impl Watched {
 
     /// The routable pods, sorted as a list's are.
     pub fn pods(&self) -> Vec<DiscoveredPod> {
-        let mut pods: Vec<DiscoveredPod> = self.pods.values().cloned().collect();
+        let mut pods: Vec<DiscoveredPod> = self
+            .pods
+            .iter()
+            .flat_map(|(_, e)| e.iter().cloned())
+            .collect();
         pods.sort();
         pods
     }
 
-    /// Takes one watch answer (`status` `None`: reset before any header).
-    /// `qualify`: every namespace is watched, names carry theirs.
-    pub fn on_answer(&mut self, status: Option<u16>, body: &[u8], qualify: bool) -> WatchOutcome {
+    /// Takes one watch answer (`status` `None`: reset before any header),
+    /// reading its pods as `reader` says.
+    pub fn on_answer(&mut self, status: Option<u16>, body: &[u8], reader: &Reader) -> WatchOutcome {
         match status {
-            Some(200) => self.on_events(body, qualify),
+            Some(200) => self.on_events(body, reader),
             Some(410) => WatchOutcome::Relist(format!(
                 "410 Gone: {}",
                 crate::error::upstream_message(body)
@@ -113,7 +126,7 @@ impl Watched {
     /// Reads every event first and applies them only if all read: a body
     /// that is cut or garbled changes nothing, and the next watch from the
     /// same resourceVersion gets the same events again.
-    fn on_events(&mut self, body: &[u8], qualify: bool) -> WatchOutcome {
+    fn on_events(&mut self, body: &[u8], reader: &Reader) -> WatchOutcome {
         let mut changes = Vec::new();
         let mut resource_version = None;
         for (i, line) in body.split(|b| *b == b'\n').enumerate() {
@@ -128,7 +141,7 @@ impl Watched {
                 "ERROR" => return error_event(event.object),
                 // Only a resourceVersion: the object has no name.
                 "BOOKMARK" => {
-                    match serde_json::from_str::<Bookmark>(event.object.get()) {
+                    match serde_json::from_slice::<Bookmark>(event.object.get().as_bytes()) {
                         Ok(b) => resource_version = Some(b.metadata.resource_version),
                         Err(e) => return unparsable(i, &format!("BOOKMARK object: {e}")),
                     }
@@ -136,7 +149,7 @@ impl Watched {
                 }
                 _ => {}
             }
-            let pod: Pod = match serde_json::from_str(event.object.get()) {
+            let pod: Pod = match serde_json::from_slice(event.object.get().as_bytes()) {
                 Ok(p) => p,
                 Err(e) => return unparsable(i, &format!("{} object: {e}", event.kind)),
             };
@@ -145,21 +158,24 @@ impl Watched {
             }
             match event.kind.as_str() {
                 "ADDED" | "MODIFIED" => {
-                    let (name, read) = read_pod(&pod, qualify);
-                    changes.push(Change::Upsert(name, read.ok().map(Box::new)));
+                    let (name, read) = read_pod(&pod, reader);
+                    changes.push(Change::Upsert(name, read.unwrap_or_default()));
                 }
-                "DELETED" => changes.push(Change::Delete(read_pod(&pod, qualify).0)),
+                "DELETED" => changes.push(Change::Delete(read_pod(&pod, reader).0)),
                 other => return unparsable(i, &format!("unknown event type {other:?}")),
             }
         }
         let events = changes.len();
         for change in changes {
             match change {
-                Change::Upsert(name, Some(pod)) => {
-                    self.pods.insert(name, *pod);
+                Change::Upsert(name, endpoints) if !endpoints.is_empty() => {
+                    match self.pods.iter_mut().find(|(n, _)| *n == name) {
+                        Some((_, e)) => *e = endpoints,
+                        None => self.pods.push((name, endpoints)),
+                    }
                 }
-                Change::Upsert(name, None) | Change::Delete(name) => {
-                    self.pods.remove(&name);
+                Change::Upsert(name, _) | Change::Delete(name) => {
+                    self.pods.retain(|(n, _)| *n != name);
                 }
             }
         }
@@ -180,7 +196,7 @@ fn unparsable(line: usize, why: &str) -> WatchOutcome {
 /// An ERROR event: 410 (reason Expired or Gone) means the resourceVersion
 /// is older than the API server's history; anything else is a failure.
 fn error_event(object: &RawValue) -> WatchOutcome {
-    let status: Status = serde_json::from_str(object.get()).unwrap_or(Status {
+    let status: Status = serde_json::from_slice(object.get().as_bytes()).unwrap_or(Status {
         code: 0,
         reason: String::new(),
         message: object.get().chars().take(200).collect(),
@@ -198,6 +214,10 @@ mod tests {
     use super::*;
     use crate::discovery::lister::{ListRun, Step};
     use crate::discovery::KubeDiscovery;
+
+    fn plain() -> Reader {
+        Reader::default()
+    }
     use serde_json::{json, Value};
 
     fn cfg() -> KubeDiscovery {
@@ -266,14 +286,14 @@ mod tests {
             ),
         ]);
         assert_eq!(
-            w.on_answer(Some(200), &body, false),
+            w.on_answer(Some(200), &body, &plain()),
             WatchOutcome::Applied { events: 4 }
         );
         assert_eq!(names(&w), [("a".to_owned(), "10.0.0.9:8000".to_owned())]);
         assert_eq!(w.resource_version(), "110", "the bookmark's");
         // An empty window (no bookmark either) changes nothing.
         assert_eq!(
-            w.on_answer(Some(200), b"", false),
+            w.on_answer(Some(200), b"", &plain()),
             WatchOutcome::Applied { events: 0 }
         );
         assert_eq!(w.resource_version(), "110");
@@ -291,7 +311,7 @@ mod tests {
                 "reason": "Expired", "code": 410}),
             ),
         ]);
-        let WatchOutcome::Relist(why) = w.on_answer(Some(200), &body, false) else {
+        let WatchOutcome::Relist(why) = w.on_answer(Some(200), &body, &plain()) else {
             panic!("relist")
         };
         assert!(why.contains("too old resource version"), "{why}");
@@ -299,7 +319,7 @@ mod tests {
             w.on_answer(
                 Some(410),
                 br#"{"kind":"Status","code":410,"reason":"Gone"}"#,
-                false
+                &plain()
             ),
             WatchOutcome::Relist(_)
         ));
@@ -312,7 +332,7 @@ mod tests {
         let mut body = events(&[("DELETED", pod("a", "10.0.0.1", "101", true))]);
         body.extend_from_slice(b"{\"type\":\"ADDED\",\"object\":{\"metadata\":");
         assert!(matches!(
-            w.on_answer(Some(200), &body, false),
+            w.on_answer(Some(200), &body, &plain()),
             WatchOutcome::Failed(ListFailure::Unparsable(_))
         ));
         let other = events(&[(
@@ -320,15 +340,15 @@ mod tests {
             json!({"kind": "Status", "code": 500, "reason": "InternalError", "message": "etcd"}),
         )]);
         assert!(matches!(
-            w.on_answer(Some(200), &other, false),
+            w.on_answer(Some(200), &other, &plain()),
             WatchOutcome::Failed(ListFailure::Status(500, _))
         ));
         assert!(matches!(
-            w.on_answer(None, b"", false),
+            w.on_answer(None, b"", &plain()),
             WatchOutcome::Failed(ListFailure::Unreachable(_))
         ));
         assert!(matches!(
-            w.on_answer(Some(403), b"{}", false),
+            w.on_answer(Some(403), b"{}", &plain()),
             WatchOutcome::Failed(ListFailure::Forbidden(_))
         ));
         assert_eq!(w, before, "nothing applied, same resourceVersion");
@@ -338,7 +358,11 @@ mod tests {
     fn names_carry_the_namespace_when_every_namespace_is_watched() {
         let mut w = listed();
         let body = events(&[("ADDED", pod("c", "10.0.0.3", "101", true))]);
-        let _ = w.on_answer(Some(200), &body, true);
+        let qualified = Reader {
+            qualify: true,
+            ..Reader::default()
+        };
+        let _ = w.on_answer(Some(200), &body, &qualified);
         assert!(names(&w).iter().any(|(n, _)| n == "llm/c"));
     }
 }

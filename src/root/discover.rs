@@ -4,6 +4,9 @@
 //! [`crate::discovery`].
 
 use super::RootHost;
+use crate::discovery::lister::failure;
+use crate::discovery::pod::Reader;
+use crate::discovery::pool::{pool_path, read_pool};
 use crate::discovery::schedule::{delay_ms, max_delay_ms, Jitter, Outcome};
 use crate::discovery::{
     build_fleet, published, DiscoveredPod, KubeDiscovery, ListFailure, ListRun, Step, WatchOutcome,
@@ -24,6 +27,8 @@ fn log<H: RootHost>(host: &H, level: Level, msg: &str) {
 enum Call {
     List(ListRun),
     Watch,
+    /// The InferencePool, read before the pods it selects.
+    Pool,
 }
 
 pub struct Discoverer {
@@ -50,6 +55,9 @@ pub struct Discoverer {
     lister: bool,
     /// The set was said to be stale, and has not been current since.
     stale_said: bool,
+    /// When the InferencePool was last read (it is read again every
+    /// `interval_ms`, so a changed selector or port list takes effect).
+    pool_read_ms: u64,
 }
 
 impl Discoverer {
@@ -69,6 +77,7 @@ impl Discoverer {
             born_ms: None,
             lister: false,
             stale_said: false,
+            pool_read_ms: 0,
         }
     }
 
@@ -145,6 +154,15 @@ impl Discoverer {
             .saturating_add(self.cfg.interval_ms);
         self.lister = lease::try_hold(host, &router.keys().discovery_lease(), vm_id, now, ttl);
         if !self.lister {
+            return;
+        }
+        let pool_due = self.cfg.inference_pool.is_some()
+            && (self.cfg.pool.is_none()
+                || now >= self.pool_read_ms.saturating_add(self.cfg.interval_ms));
+        if let Some(pool) = self.cfg.inference_pool.as_ref().filter(|_| pool_due) {
+            let ns = pool.namespace.as_deref().unwrap_or(&self.cfg.namespace);
+            let path = pool_path(ns, &pool.name);
+            self.send(host, Call::Pool, &path);
             return;
         }
         match self.watched.as_ref().filter(|_| self.cfg.watch) {
@@ -224,6 +242,48 @@ impl Discoverer {
                 Step::Failed(failure) => self.failed(host, failure),
             },
             Call::Watch => self.on_watch_answer(host, router, status, &body),
+            Call::Pool => self.on_pool_answer(host, status, &body),
+        }
+    }
+
+    /// The InferencePool answered: a changed selector or port list starts
+    /// a fresh list; a pool that is gone keeps the last good set.
+    fn on_pool_answer<H: RootHost>(&mut self, host: &mut H, status: Option<u16>, body: &[u8]) {
+        let Some(pool) = self.cfg.inference_pool.clone() else {
+            return;
+        };
+        let read = match status {
+            Some(200) => read_pool(body).map_err(ListFailure::Unparsable),
+            Some(404) => Err(ListFailure::Status(
+                404,
+                format!(
+                    "the InferencePool {:?} does not exist in {:?}",
+                    pool.name,
+                    pool.namespace.as_deref().unwrap_or(&self.cfg.namespace)
+                ),
+            )),
+            other => Err(failure(other, body)),
+        };
+        match read {
+            Ok(view) => {
+                let now = host.now_ms();
+                self.pool_read_ms = now;
+                self.next_at_ms = now;
+                if self.cfg.pool.as_ref() != Some(&view) {
+                    log(
+                        host,
+                        Level::Info,
+                        &format!(
+                            "InferencePool {}: pods {} on ports {:?}; listing them",
+                            pool.name, view.selector, view.ports
+                        ),
+                    );
+                    self.cfg.pool = Some(view);
+                    // A watch of the old selector is of the wrong pods.
+                    self.watched = None;
+                }
+            }
+            Err(f) => self.failed(host, f),
         }
     }
 
@@ -237,7 +297,7 @@ impl Discoverer {
         let Some(w) = self.watched.as_mut() else {
             return;
         };
-        match w.on_answer(status, body, self.cfg.namespace.is_empty()) {
+        match w.on_answer(status, body, &Reader::of(&self.cfg)) {
             WatchOutcome::Applied { events } => {
                 host.increment(Counter::DiscoveryWatch);
                 let pods = w.pods();

@@ -327,7 +327,7 @@ fn next_call(root: &mut Root, host: &mut FakeRoot) -> Call {
         }
         host.now += 100;
     }
-    panic!("no call to the API server")
+    panic!("no call to the API server: {:?}", host.logs.borrow())
 }
 
 #[test]
@@ -497,4 +497,86 @@ fn a_prefill_timeout_longer_than_the_kv_lease_is_warned() {
     assert!(!warned(
         r#"{"prefill_timeout_ms":60000,"models":[{"name":"m","engine":"sglang","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]}]}]}"#
     ));
+}
+
+const POOLED: &str = r#"{"scrape_interval_ms":0,
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"labels":"llm-d",
+                               "inference_pool":{"name":"qwen-pool","model":"m"}}},
+    "models":[{"name":"m","engine":"vllm"}]}"#;
+
+fn pool_answer(selector: Value) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "qwen-pool", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": selector}, "targetPorts": [{"number": 8000}]}}),
+    )
+    .expect("json")
+}
+
+fn llmd_pod(name: &str, ip: &str, role: &str) -> Value {
+    let mut p = pod(name, ip, role);
+    p["metadata"]["labels"] = json!({"app": "a", "llm-d.ai/role": role});
+    p
+}
+
+#[test]
+fn an_inference_pool_is_read_first_and_a_changed_selector_lists_again() {
+    let mut vms = vms(POOLED, 1);
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    let get = next_call(a, ha);
+    assert_eq!(
+        get.header(":path"),
+        "/apis/inference.networking.k8s.io/v1/namespaces/default/inferencepools/qwen-pool"
+    );
+    answer(a, ha, &get, Some(200), &pool_answer(json!({"app": "a"})));
+    let list = next_call(a, ha);
+    assert!(
+        list.header(":path").contains("labelSelector=app%3Da&"),
+        "{}",
+        list.header(":path")
+    );
+    let pods = pod_list(vec![
+        llmd_pod("p0", "10.1.0.1", "prefill"),
+        llmd_pod("d0", "10.1.0.2", "decode"),
+    ]);
+    answer(a, ha, &list, Some(200), &pods);
+    a.on_tick(ha);
+    assert_eq!(a.router.fleet().pods().len(), 2);
+
+    // A second later the pool is read again; it selects other pods now.
+    ha.now += 1_000;
+    let get = next_call(a, ha);
+    assert!(get.header(":path").contains("inferencepools"));
+    answer(a, ha, &get, Some(200), &pool_answer(json!({"app": "b"})));
+    let relist = next_call(a, ha);
+    let path = relist.header(":path");
+    assert!(
+        path.contains("labelSelector=app%3Db&") && !path.contains("watch=1"),
+        "{path}"
+    );
+    assert!(ha.logged("InferencePool qwen-pool: pods app=b"));
+    answer(a, ha, &relist, Some(200), &pods);
+
+    // The pool is gone: the set stays, the failure is counted and said.
+    ha.now += 1_000;
+    let get = loop {
+        let c = next_call(a, ha);
+        if c.header(":path").contains("inferencepools") {
+            break c;
+        }
+        answer(a, ha, &c, Some(200), b"");
+    };
+    answer(
+        a,
+        ha,
+        &get,
+        Some(404),
+        br#"{"kind":"Status","code":404,"reason":"NotFound"}"#,
+    );
+    assert!(ha.counted(Counter::DiscoveryFailure) >= 1);
+    assert!(ha.logged("does not exist"), "{:?}", ha.logs.borrow());
+    a.on_tick(ha);
+    assert_eq!(a.router.fleet().pods().len(), 2, "the last good set stays");
 }

@@ -23,9 +23,10 @@ const SETUP_PIP: &str =
 const SETUP_NPM: &str =
     "npm ci --prefix .tools/node (deploy/node/package.json and package-lock.json copied there)";
 
-const VARIANTS: [&str; 5] = [
+const VARIANTS: [&str; 6] = [
     "envoy",
     "istio",
+    "inference-pool",
     "envoy-gateway",
     "envoy-gateway/override-host",
     "envoy-gateway/xds-name-scheme-v2",
@@ -214,7 +215,7 @@ fn every_deploy_manifest_validates_and_its_envoy_configuration_loads() {
     jobs.extend(
         bootstraps
             .iter()
-            .filter(|b| b["variant"] == "istio")
+            .filter(|b| b["variant"] == "istio" || b["variant"] == "inference-pool")
             .map(|b| (b, istio_envoy.clone())),
     );
     let runs: Vec<_> = jobs

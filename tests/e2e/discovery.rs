@@ -726,3 +726,107 @@ fn envoy_adds_a_projected_token_and_follows_its_rotation() {
     );
     assert_eq!(post(&url, completion("t", 1), &[]).status, 200);
 }
+
+/// A port free on every address of `hosts` (an InferencePool gives all its
+/// pods one target port; here each pod has a loopback address of its own).
+fn common_port(hosts: &[&str]) -> u16 {
+    for _ in 0..50 {
+        let probe = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+        let port = probe.local_addr().expect("addr").port();
+        drop(probe);
+        if hosts
+            .iter()
+            .all(|h| std::net::TcpListener::bind((*h, port)).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no port free on {hosts:?}")
+}
+
+#[test]
+fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_deletion() {
+    let api = KubeApi::start(TOKEN);
+    let hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let port = common_port(&hosts);
+    let engine = |name: &str, role: &str, host: &str| {
+        let listen = format!("{host}:{port}");
+        Mock::start(
+            name,
+            &[
+                "--engine", "vllm", "--role", role, "--model", "qwen", "--listen", &listen,
+            ],
+        )
+    };
+    let pa = engine("pool-a-p0", "prefill", hosts[0]);
+    let da = engine("pool-a-d0", "decode", hosts[1]);
+    let pb = engine("pool-b-p0", "prefill", hosts[2]);
+    let db = engine("pool-b-d0", "decode", hosts[3]);
+    // llm-d's labels; the pool's port, not the mocks', is the pods' port.
+    let pod = |m: &Mock, role: &str, app: &str, host: &str| {
+        KubePod::new(&m.name, host, 1)
+            .label("llm-d.ai/role", role)
+            .label("app", app)
+    };
+    api.set_pods(&[
+        pod(&pa, "prefill", "a", hosts[0]),
+        pod(&da, "decode", "a", hosts[1]),
+        pod(&pb, "prefill", "b", hosts[2]),
+        pod(&db, "decode", "b", hosts[3]),
+    ]);
+    api.set_pools(&[("qwen-pool", &[("app", "a")], &[port])]);
+    let mut config = discovery_config(json!([{"name": "qwen", "engine": "vllm", "rolesets": []}]));
+    config["discovery"]["kubernetes"]["labels"] = json!("llm-d");
+    config["discovery"]["kubernetes"]["inference_pool"] =
+        json!({"name": "qwen-pool", "model": "qwen"});
+    let envoy = start_envoy(&api, &config, 2);
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    // The pool is read first, then its pods listed: wait for both.
+    wait_until("the pool's pods serve", || {
+        post(&url, completion("qwen", 0), &[]).status == 200
+    });
+    let a = post(&url, completion("qwen", 0), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("pool-a-p0"));
+    assert_eq!(a.header("decode-target-pod"), Some("pool-a-d0"));
+    assert!(api
+        .requests()
+        .iter()
+        .any(|r| r.path.ends_with("/inferencepools/qwen-pool")));
+
+    // Under load, the pool selects other pods: within an interval (and a
+    // watch window) the requests move there.
+    let load = Load::start(&url, "qwen", 3);
+    std::thread::sleep(Duration::from_millis(500));
+    api.set_pools(&[("qwen-pool", &[("app", "b")], &[port])]);
+    wait_until("the pool's new pods serve", || {
+        let a = post(&url, completion("qwen", 1), &[]);
+        a.header("decode-target-pod") == Some("pool-b-d0")
+    });
+    // Every worker VM applies the set at its next tick.
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 100));
+    let (pa_seen, da_seen) = (pa.requests().len(), da.requests().len());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pa.requests().len(), pa_seen, "no prefill on the old pods");
+    assert_eq!(da.requests().len(), da_seen, "no decode on the old pods");
+
+    // The pool is deleted: the last good set serves on, a failure counted.
+    let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
+    api.set_pools(&[]);
+    wait_until("the missing pool is counted", || {
+        envoy.stat("wasmcustom.pd_router.discovery.failures") > failures
+    });
+    assert!(
+        envoy.log_lines_with("does not exist") >= 1,
+        "{}",
+        envoy.log()
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let sent = load.finish();
+    assert!(sent >= 50, "only {sent} requests");
+    let a = post(&url, completion("qwen", 2), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("pool-b-p0"));
+    envoy.assert_counters_zero();
+}

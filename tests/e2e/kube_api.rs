@@ -111,6 +111,22 @@ impl KubeApi {
         );
     }
 
+    /// Replaces the InferencePools (in namespace `default`).
+    pub fn set_pools(&self, pools: &[Pool]) {
+        let body: Vec<Value> = pools
+            .iter()
+            .map(|(name, labels, ports)| {
+                let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+                serde_json::json!({"name": name, "matchLabels": labels, "targetPorts": ports})
+            })
+            .collect();
+        self.control(
+            reqwest::Method::PUT,
+            "/_mock/pools",
+            Some(serde_json::json!(body)),
+        );
+    }
+
     /// The bearer token accepted from now on (the old one gets 401).
     pub fn set_token(&self, token: &str) {
         self.control(
@@ -181,6 +197,9 @@ impl KubeApi {
             .unwrap_or_else(|e| panic!("mock kube api {path}: not JSON ({e}): {text}"))
     }
 }
+
+/// An InferencePool as the mock takes it: name, `matchLabels`, `targetPorts`.
+pub type Pool<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u16]);
 
 /// A pod as the mock takes it; it serves the full Pod object.
 #[allow(dead_code)]

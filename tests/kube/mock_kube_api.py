@@ -59,6 +59,11 @@ Control (no auth):
   PUT    /_mock/mode      {"mode": M, "delay_ms": N}; GET /_mock/mode
   GET    /_mock/requests  the API requests received, oldest first
   DELETE /_mock/requests  clears that log
+  PUT    /_mock/pools     [{name, namespace, matchLabels, targetPorts}]: the
+                          InferencePools (inference.networking.k8s.io/v1)
+                          served at GET /apis/inference.networking.k8s.io/
+                          v1/namespaces/{ns}/inferencepools/{name} (404
+                          NotFound when absent); replaces them all
   PUT    /_mock/token     {"token": T}: the bearer token accepted from now on
                           (a rotated ServiceAccount token)
   POST   /_mock/compact   the history restarts after now (etcd compacted, a
@@ -789,6 +794,25 @@ def watch_event(rv, old, new, reqs, freqs):
     return None
 
 
+def build_pool(p, i):
+    """An InferencePool as the API server stores it (GIE v1.6.0's CRD:
+    selector.matchLabels, targetPorts[].number, endpointPickerRef)."""
+    labels, ports = p["matchLabels"], p["targetPorts"]
+    if not isinstance(labels, dict) or not labels or not isinstance(ports, list) or not 1 <= len(ports) <= 8:
+        raise ValueError("pools[%d]: matchLabels (non-empty) and 1 to 8 targetPorts" % i)
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": p["name"], "namespace": p.get("namespace", "default"), "generation": 1,
+                     "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, p["name"])), "resourceVersion": "1"},
+        "spec": {"selector": {"matchLabels": dict(labels)},
+                 "targetPorts": [{"number": int(n)} for n in ports],
+                 "endpointPickerRef": {"group": "", "kind": "Service", "name": p["name"] + "-epp",
+                                       "port": {"number": 9002}, "failureMode": "FailClose"}},
+        "status": {"parents": []},
+    }
+
+
 def bookmark(rv):
     return ("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}})
 
@@ -817,6 +841,7 @@ class State:
         self.history = []
         self.compacted_rv = self.rv
         self.changed = threading.Condition(self.lock)
+        self.pools = {}  # (namespace, name) -> InferencePool object
 
     def set_pods(self, pods):
         specs = [normalise_pod(p, i) for i, p in enumerate(pods)]
@@ -1034,6 +1059,7 @@ class State:
 # --------------------------------------------------------------------------
 
 NAMESPACED = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+POOL = re.compile(r"^/apis/inference\.networking\.k8s\.io/v1/namespaces/([^/]+)/inferencepools/([^/]+)$")
 CLUSTER = "/api/v1/pods"
 
 
@@ -1182,6 +1208,17 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, st.requests_copy())
             if path == "/_mock/requests" and m == "DELETE":
                 return self._send(200, {"cleared": st.clear_requests()})
+            if path == "/_mock/pools" and m == "PUT":
+                pools = parse_json()
+                if not isinstance(pools, list):
+                    raise BadRequestBody("expected a JSON array of pools")
+                try:
+                    built = {(p.get("namespace", "default"), p["name"]): build_pool(p, i) for i, p in enumerate(pools)}
+                except (KeyError, TypeError, ValueError) as e:
+                    raise BadRequestBody("pools: %s" % e) from None
+                with st.lock:
+                    st.pools = built
+                return self._send(200, {"pools": len(built)})
             if path == "/_mock/token" and m == "PUT":
                 req = parse_json()
                 if not isinstance(req, dict) or not isinstance(req.get("token"), str) or not req["token"]:
@@ -1193,7 +1230,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"compactedResourceVersion": str(st.compact())})
         except BadRequestBody as e:
             return self._send(400, {"error": str(e)})
-        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact", "/_mock/token"):
+        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact", "/_mock/token", "/_mock/pools"):
             return self._send(*method_not_allowed())
         return self._send(*not_found())
 
@@ -1244,8 +1281,19 @@ class Handler(BaseHTTPRequestHandler):
         m = NAMESPACED.match(path)
         if m:
             namespace = urllib.parse.unquote(m.group(1))
+        pool = POOL.match(path)
         if mode == "unauthorized" or not authorized:
             code, body = unauthorized()
+        elif pool and self.command == "GET" and mode not in ("forbidden", "too_many_requests"):
+            key = (urllib.parse.unquote(pool.group(1)), urllib.parse.unquote(pool.group(2)))
+            with st.lock:
+                obj = st.pools.get(key)
+            if obj is None:
+                code, body = 404, status_body(
+                    404, "NotFound", 'inferencepools.inference.networking.k8s.io "%s" not found' % key[1],
+                    k8s.V1StatusDetails(name=key[1], group="inference.networking.k8s.io", kind="inferencepools"))
+            else:
+                code, body = 200, obj
         elif not m and path != CLUSTER:
             code, body = not_found()
         elif self.command not in ("GET", "HEAD"):
