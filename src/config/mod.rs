@@ -89,6 +89,9 @@ pub struct RoutingSettings {
     pub header: String,
     /// The cluster prefill calls go through (`prefill_cluster`).
     pub prefill_cluster: String,
+    /// `placement: "epp"`: an endpoint picker earlier in Envoy's filter
+    /// chain chooses the pods (`router::picked`).
+    pub picker: bool,
 }
 
 /// The prefill leg's bounds.

@@ -34,11 +34,21 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             "at least one model is required (or pods discovered: discovery.kubernetes)",
         ));
     }
-    let routing = routing(
+    let mut routing = routing(
         raw.routing.as_deref(),
         raw.routing_header.as_deref(),
         &raw.prefill_cluster,
     )?;
+    routing.picker = match raw.placement.as_deref() {
+        None | Some("own") => false,
+        Some("epp") => true,
+        Some(other) => {
+            return Err(err(
+                "placement",
+                format!("unknown placement {other:?}; expected one of: own, epp"),
+            ))
+        }
+    };
     let mut models: Vec<Model> = Vec::with_capacity(raw_models.len());
     for (mi, m) in raw_models.into_iter().enumerate() {
         if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
@@ -118,6 +128,7 @@ fn routing(
         mode,
         header,
         prefill_cluster: prefill_cluster.to_owned(),
+        picker: false,
     })
 }
 
