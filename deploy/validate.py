@@ -90,6 +90,7 @@ EXTERNAL_CONFIGMAPS = {
 # The overlays, and the install files each goes with.
 VARIANTS = {
     "envoy": [],
+    "envoy-epp": [],
     "istio": [],
     "envoy-gateway": ["envoy-gateway/install/values.yaml", "envoy-gateway/install/gatewayclass.yaml"],
     "envoy-gateway/override-host": ["envoy-gateway/install/values.yaml", "envoy-gateway/install/gatewayclass.yaml"],
@@ -97,7 +98,8 @@ VARIANTS = {
                                          "envoy-gateway/install/gatewayclass.yaml"],
     "inference-pool": [],
 }
-ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header"}
+ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header", "placement"}
+PICKER_HEADERS = {"x-gateway-destination-endpoint", "x-prefiller-host-port"}
 # What a variant's own plugin configuration may change in discovery.
 POOL_KEYS = {"labels", "inference_pool", "label_selector"}
 # Overlays of example engines: rendered and checked, no Envoy in them.
@@ -950,6 +952,10 @@ def check_values(rendered, failures):
                 continue
             if d.kind == "EnvoyExtensionPolicy":
                 own = json.loads(d.obj["spec"]["wasm"][0]["config"])
+            elif d.kind == "ConfigMap":
+                conf = yaml.safe_load(d.obj["data"]["envoy.yaml"])
+                own = next(plugin_of(n["config"]) for n in walk(conf)
+                           if isinstance(n, dict) and n.get("@type") == WASM_TYPE)
             else:
                 own = json.loads(d.obj["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
                                  ["configuration"]["value"])
@@ -1021,6 +1027,8 @@ def check_bootstrap(v, conf, proxy, failures, local_files):
         if tls != "envoy.transport_sockets.tls":
             failures.append(f"{where}: cluster {api_cluster} must speak TLS to the API server")
         token_files = check_injector(v, where, api_cluster, clusters[api_cluster], failures)
+    if plugin.get("placement") == "epp":
+        check_picker_chain(where, h.get("http_filters") or [], f, failures)
     limit = listener.get("per_connection_buffer_limit_bytes", 1048576)
     if limit <= plugin.get("max_body_bytes", DEFAULT_MAX_BODY):
         failures.append(f"{where}: listener buffer limit {limit} is not above max_body_bytes")
@@ -1076,6 +1084,22 @@ def check_routing(where, routing, header, clusters, names, failures):
                 failures.append(f"{where}: cluster {name} must override the host from header {header}")
         else:
             failures.append(f"{where}: unknown routing {routing!r}")
+
+
+def check_picker_chain(where, filters, wasm, failures):
+    """Executor mode: the client's copies of the picker's headers are
+    removed before the picker (ext_proc) runs, and pd-router comes after it."""
+    names = [f.get("name") for f in filters]
+    strip = next((i for i, f in enumerate(filters) if PICKER_HEADERS <= {
+        m.get("remove") for m in (((f.get("typed_config") or {}).get("mutations") or {}).get("request_mutations") or [])}),
+        None)
+    picker = next((i for i, f in enumerate(filters) if "ext_proc" in (f.get("name") or "")), None)
+    mine = names.index(wasm.get("name"))
+    if strip is None or (picker is not None and strip > picker) or strip > mine:
+        failures.append(f"{where}: placement epp: no filter before the picker removes the client's "
+                        f"{' and '.join(sorted(PICKER_HEADERS))} (a client could pick the pods)")
+    if picker is None or picker > mine:
+        failures.append(f"{where}: placement epp: no endpoint picker (ext_proc) before pd-router")
 
 
 def check_breakers(where, name, cluster, failures):
@@ -1275,7 +1299,8 @@ def main():
     check_values(rendered, failures)
     (args.out / "node-docs.json").write_text(json.dumps(node_docs, indent=1))
     bootstraps = []
-    assemblers = {"envoy": assemble_envoy, "istio": assemble_istio, "inference-pool": assemble_istio,
+    assemblers = {"envoy": assemble_envoy, "envoy-epp": assemble_envoy, "istio": assemble_istio,
+                  "inference-pool": assemble_istio,
                   "envoy-gateway": assemble_envoy_gateway,
                   "envoy-gateway/override-host": assemble_envoy_gateway,
                   "envoy-gateway/xds-name-scheme-v2": assemble_envoy_gateway}
@@ -1289,7 +1314,7 @@ def main():
         if conf is None:
             continue
         check_bootstrap(v, conf, proxy, failures, {str(args.wasm.resolve())})
-        if name == "envoy":
+        if name in ("envoy", "envoy-epp"):
             conf = rewrite_plain(conf, args.wasm.resolve())
         stem = name.replace("/", "-")
         path = args.out / f"bootstrap-{stem}.yaml"

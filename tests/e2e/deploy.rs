@@ -23,8 +23,9 @@ const SETUP_PIP: &str =
 const SETUP_NPM: &str =
     "npm ci --prefix .tools/node (deploy/node/package.json and package-lock.json copied there)";
 
-const VARIANTS: [&str; 6] = [
+const VARIANTS: [&str; 7] = [
     "envoy",
+    "envoy-epp",
     "istio",
     "inference-pool",
     "envoy-gateway",
