@@ -4,8 +4,8 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 envoy_version := "1.40.0"
 # The Envoy releases the gateways ship besides: Istio 1.28's (1.36) and Envoy Gateway v1.9's (1.39).
 envoy_versions_shipped := "1.36.4 1.39.3"
-# The core end-to-end subset those run: every engine's hand-off, override_host routing and discovery.
-core_e2e := "engines:: handoffs:: routing:: discovery::"
+# The core end-to-end subset those run: every engine's hand-off, override_host routing, discovery and the executor mode.
+core_e2e := "engines:: handoffs:: routing:: discovery:: picker::"
 wasmtime_version := "50.0.1"
 deny_version := "0.20.2"
 msrv := `sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
