@@ -112,7 +112,8 @@ lint: bench-setup
 bench: bench-build && bench-e2e
     cargo bench {{native_benches}}
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --bench discovery --target wasm32-wasip1
-    # What discovery costs the API server: list polling vs watches, 2,000 realistic pods, 10 replicas.
+    # What discovery costs the API server: list polling vs watches, 2,000 realistic pods, 10 replicas (the official models shape the pod).
+    .venv/bin/python -c "import kubernetes" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2"
     .venv/bin/python bench/kube_api_bytes.py
 
 native_benches := "-p pd-router -p mock-engine --bench select --bench host_calls --bench discovery"
