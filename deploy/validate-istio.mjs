@@ -5,7 +5,8 @@
 // DOCS.json is written by deploy/validate.py: [{"label": "...", "object": {...}}].
 // Each object is checked twice:
 //  1. against its CRD schema as compiled by npm @kubernetes-models/istio 3.0.1
-//     (Istio 1.29 CRDs) and @kubernetes-models/gateway-api 2.0.0: types,
+//     (Istio 1.29 CRDs: EnvoyFilter, PeerAuthentication) and
+//     @kubernetes-models/gateway-api 2.0.0: types,
 //     enums, patterns, required fields;
 //  2. for unknown fields, which those validators accept (a misspelt field
 //     would surface only when applied): the key tables below, hand-kept from
@@ -26,6 +27,7 @@ const classes = {
   "gateway.networking.k8s.io/v1 Gateway": ["gateway-api", "gateway.networking.k8s.io/v1/Gateway.js", "Gateway"],
   "gateway.networking.k8s.io/v1 HTTPRoute": ["gateway-api", "gateway.networking.k8s.io/v1/HTTPRoute.js", "HTTPRoute"],
   "gateway.networking.k8s.io/v1 GatewayClass": ["gateway-api", "gateway.networking.k8s.io/v1/GatewayClass.js", "GatewayClass"],
+  "security.istio.io/v1 PeerAuthentication": ["istio", "security.istio.io/v1/PeerAuthentication.js", "PeerAuthentication"],
 };
 
 // Key tables: an object lists the allowed keys of a map (applied to every item
@@ -93,6 +95,15 @@ const keyTables = {
   GatewayClass: {
     apiVersion: ANY, kind: ANY, metadata,
     spec: { controllerName: ANY, description: ANY, parametersRef: ANY },
+  },
+  PeerAuthentication: {
+    apiVersion: ANY, kind: ANY, metadata,
+    spec: {
+      selector: { matchLabels: ANY }, targetRef: ANY, targetRefs: ANY,
+      mtls: { mode: ANY },
+      // Keyed by port number: each value is a mode.
+      portLevelMtls: ANY,
+    },
   },
 };
 

@@ -3,8 +3,15 @@
 
     .venv/bin/python deploy/validate.py --out DIR --wasm PATH
 
-For every YAML file under deploy/ and every document in it:
-  * it parses;
+deploy/ is a kustomize package: the overlays (envoy/, istio/,
+envoy-gateway/, envoy-gateway/override-host/,
+envoy-gateway/xds-name-scheme-v2/) render every manifest from one set of
+values (deploy/values/). Each overlay is rendered with `kubectl kustomize`
+(kustomize v5), and every rendered object is checked as below. Every YAML
+file under deploy/ must parse and be part of an overlay (or be one of the
+install files of Envoy Gateway, checked as they are).
+
+For every rendered document:
   * core Kubernetes objects validate against the official JSON schemas of
     Kubernetes 1.37 (PyPI kubernetes-validate 1.37.0, strict: unknown fields
     are errors), and so do the Kubernetes types embedded in other objects (the
@@ -31,7 +38,9 @@ import copy
 import json
 import os
 import re
+import shutil
 import ssl
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,7 +63,17 @@ ROUTER = {"name": ROUTER_NAME, "typed_config": {
     "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
 STRING_VALUE = "type.googleapis.com/google.protobuf.StringValue"
 OVERRIDE_HOST_TYPE = "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
-HELM_VALUES = {"envoy-gateway/install/values.yaml"}
+HELM_VALUES = {"envoy-gateway/install/values.yaml", "envoy-gateway/install/values-xds-name-scheme-v2.yaml"}
+INSTALL_FILES = HELM_VALUES | {"envoy-gateway/install/gatewayclass.yaml"}
+CREDENTIAL_INJECTOR = "envoy.filters.http.credential_injector"
+# Far above Envoy's default thresholds (1,024), which would refuse the
+# 1,025th concurrent generation.
+MIN_BREAKER = 1 << 20
+# What Istio puts on every route it translates (route/retry/retry.go).
+ISTIO_DEFAULT_RETRY = {"num_retries": 2, "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+                       "retry_host_predicate": [{"name": "envoy.retry_host_predicates.previous_hosts", "typed_config": {
+                           "@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"}}],
+                       "host_selection_retry_max_attempts": "5"}
 
 # The plugin configuration's defaults (docs/configuration.md).
 DEFAULT_PREFILL_CLUSTER = "pd_prefill"
@@ -65,17 +84,26 @@ DEFAULT_HEADER = {"original_dst": "x-envoy-original-dst-host", "override_host": 
 # ConfigMaps the manifests mount but do not carry, with the keys they hold.
 EXTERNAL_CONFIGMAPS = {
     "kube-root-ca.crt": {"ca.crt"},  # published in every namespace by Kubernetes
-    "pd-router-wasm": {"plugin.wasm"},  # kubectl create configmap (deploy/envoy/deployment.yaml)
+    "pd-router-wasm": {"plugin.wasm.gz"},  # kubectl create configmap (deploy/envoy/deployment.yaml)
 }
 
+# The overlays, and the install files each goes with.
 VARIANTS = {
-    "envoy": ["rbac.yaml", "envoy/*.yaml"],
-    "istio": ["rbac.yaml", "model-service.yaml", "istio/*.yaml"],
-    "envoy-gateway": ["rbac.yaml", "model-service.yaml", "envoy-gateway/install/values.yaml", "envoy-gateway/*.yaml"],
-    "envoy-gateway/override-host": ["rbac.yaml", "model-service.yaml", "envoy-gateway/install/values.yaml",
-                                    "envoy-gateway/envoyproxy.yaml", "envoy-gateway/gateway.yaml",
-                                    "envoy-gateway/override-host/*.yaml"],
+    "envoy": [],
+    "envoy-epp": [],
+    "istio": [],
+    "envoy-gateway": ["envoy-gateway/install/values.yaml", "envoy-gateway/install/gatewayclass.yaml"],
+    "envoy-gateway/override-host": ["envoy-gateway/install/values.yaml", "envoy-gateway/install/gatewayclass.yaml"],
+    "envoy-gateway/xds-name-scheme-v2": ["envoy-gateway/install/values-xds-name-scheme-v2.yaml",
+                                         "envoy-gateway/install/gatewayclass.yaml"],
+    "inference-pool": [],
 }
+ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header", "placement"}
+PICKER_HEADERS = {"x-gateway-destination-endpoint", "x-prefiller-host-port"}
+# What a variant's own plugin configuration may change in discovery.
+POOL_KEYS = {"labels", "inference_pool", "label_selector"}
+# Overlays of example engines: rendered and checked, no Envoy in them.
+WORKLOADS = ["workload/vllm", "workload/mock"]
 
 
 class Doc:
@@ -135,6 +163,7 @@ def substitute(value):
 
 
 def load(failures):
+    """Every YAML file under deploy/, parsed (the raw package)."""
     docs = {}
     for path in sorted(DEPLOY.rglob("*.yaml")):
         rel = path.relative_to(DEPLOY).as_posix()
@@ -148,6 +177,51 @@ def load(failures):
         if not docs[rel]:
             failures.append(f"deploy/{rel}: no YAML document")
     return docs
+
+
+def kustomize_files(directory, seen=None):
+    """The files a kustomization directory reads: itself, its resources,
+    patches and generators' files, and those of the directories (bases,
+    components) it names, recursively."""
+    seen = set() if seen is None else seen
+    k = yaml.safe_load((directory / "kustomization.yaml").read_text()) or {}
+    seen.add(directory / "kustomization.yaml")
+    names = list(k.get("resources") or []) + list(k.get("components") or [])
+    names += [p["path"] for p in k.get("patches") or [] if isinstance(p, dict) and "path" in p]
+    for gen in k.get("configMapGenerator") or []:
+        names += [f.split("=", 1)[-1] for f in gen.get("files") or []]
+    for name in names:
+        target = (directory / name).resolve()
+        if target.is_dir():
+            if target / "kustomization.yaml" not in seen:
+                kustomize_files(target, seen)
+        else:
+            seen.add(target)
+    return seen
+
+
+def render(overlay, out, failures):
+    """The overlay rendered by kustomize: (documents, the file written)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        failures.append("kubectl not found: deploy/ is a kustomize package, rendered with `kubectl kustomize` "
+                        "(kustomize v5; kubectl 1.27 or later)")
+        return [], None
+    run = subprocess.run([kubectl, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True)
+    if run.returncode != 0:
+        failures.append(f"deploy/{overlay}: kubectl kustomize fails: {run.stderr.strip()}")
+        return [], None
+    path = out / f"rendered-{overlay.replace('/', '-')}.yaml"
+    path.write_text(run.stdout)
+    rel = f"rendered/{overlay}"
+    return [Doc(rel, i, substitute(obj)) for i, obj in enumerate(yaml.safe_load_all(run.stdout)) if obj is not None], path
+
+
+def values_literals():
+    """deploy/values/kustomization.yaml's literals (model, image, digest)."""
+    k = yaml.safe_load((DEPLOY / "values" / "kustomization.yaml").read_text())
+    gen = next(g for g in k["configMapGenerator"] if g["name"] == "pd-router-values")
+    return dict(lit.split("=", 1) for lit in gen.get("literals") or [])
 
 
 # ------------------------------------------------------------ schema checks
@@ -184,7 +258,7 @@ def validate_schema(registry, schema_id, obj):
     return ["/".join(str(p) for p in e.path) + ": " + e.message for e in errors]
 
 
-CORE_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1")
+CORE_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1", "policy/v1")
 
 
 def check_documents(docs, failures, node_docs):
@@ -207,6 +281,10 @@ def check_documents(docs, failures, node_docs):
                 if err:
                     failures.add(doc, f"Kubernetes {K8S} schema: {err}")
                 doc.checks.append(f"kubernetes-validate {K8S} strict")
+            elif api == "inference.networking.k8s.io/v1":
+                for err in validate_schema(registry, "pd-router:inferencepool", obj):
+                    failures.add(doc, f"schemas/inferencepool.json (GIE v1.6.0's CRD): {err}")
+                doc.checks.append("deploy/schemas/inferencepool.json (GIE v1.6.0's CRD schema)")
             elif api.startswith("gateway.envoyproxy.io/"):
                 schema_id = "pd-router:" + doc.kind.lower()
                 try:
@@ -217,7 +295,7 @@ def check_documents(docs, failures, node_docs):
                 for err in validate_schema(registry, schema_id, obj):
                     failures.add(doc, f"schemas/{doc.kind.lower()}.json: {err}")
                 doc.checks.append(f"deploy/schemas/{doc.kind.lower()}.json")
-            elif api.startswith("networking.istio.io/") or api.startswith("gateway.networking.k8s.io/"):
+            elif api.split("/")[0] in ("networking.istio.io", "security.istio.io", "gateway.networking.k8s.io"):
                 node_docs.append({"label": doc.label, "object": obj})
                 doc.checks.append("deploy/validate-istio.mjs (@kubernetes-models, unknown fields)")
             else:
@@ -264,8 +342,10 @@ class Proxy:
     """The proxy container as the manifests make it: where the token variable
     and the mounted files come from."""
 
-    def __init__(self, where, ns, container, volumes):
-        self.where, self.ns = where, ns
+    def __init__(self, where, ns, container, volumes, service_account=None, others=()):
+        self.where, self.ns, self.service_account = where, ns, service_account
+        # The pod's other containers (a sidecar may write what Envoy reads).
+        self.others = list(others)
         self.env = container.get("env") or []
         self.mounts = container.get("volumeMounts") or []
         self.volumes = {v.get("name"): v for v in volumes or []}
@@ -494,11 +574,7 @@ class Variant:
     def __init__(self, name, docs):
         self.name = name
         self.envoy_docs = []  # the documents the Envoy configuration is made of
-        self.docs = []
-        for pattern in VARIANTS[name]:
-            for rel in sorted(docs):
-                if Path(rel).match(pattern) and (pattern.count("/") == rel.count("/")):
-                    self.docs += docs[rel]
+        self.docs = docs
 
     def made_of(self):
         """The documents of the Envoy configuration, compactly."""
@@ -534,7 +610,8 @@ def assemble_envoy(v, failures, wasm):
     v.envoy_docs = [cm]
     pod = dep.obj["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    proxy = Proxy(dep, dep.ns, container, pod.get("volumes"))
+    others = [c for c in pod.get("initContainers", []) + pod["containers"] if c is not container]
+    proxy = Proxy(dep, dep.ns, container, pod.get("volumes"), pod.get("serviceAccountName", "default"), others)
     args = container.get("args") or []
     if "-c" not in args or args.index("-c") + 1 >= len(args):
         failures.add(dep, "the container's args name no configuration (-c)")
@@ -547,8 +624,11 @@ def assemble_istio(v, failures, wasm):
     ef = v.one("EnvoyFilter", failures)
     gw = v.one("Gateway", failures)
     route = v.one("HTTPRoute", failures)
-    overlay_cm = v.one("ConfigMap", failures)
-    if not (ef and gw and route and overlay_cm):
+    if not (ef and gw and route):
+        return None, None
+    params = (gw.obj["spec"].get("infrastructure") or {}).get("parametersRef") or {}
+    overlay_cm = v.one("ConfigMap", failures, params.get("name"))
+    if overlay_cm is None:
         return None, None
     spec = ef.obj["spec"]
     strict(ef, failures, spec, {"workloadSelector", "configPatches"}, "spec")
@@ -562,12 +642,16 @@ def assemble_istio(v, failures, wasm):
     port = listener["port"]
     rule = route.obj["spec"]["rules"][0]
     backend = rule["backendRefs"][0]
+    # Istio's name for the rule's route: the rule's `name` exists only in
+    # Gateway API >= 1.4 CRDs (older ones prune it); nothing here matches it.
     route_name = rule.get("name") or f"{route.ns}.{route.name}.0"
-    outbound = f"outbound|{backend['port']}||{backend['name']}.{route.ns}.svc.cluster.local"
+    # An InferencePool backend: Istio's shadow Service, port 54321.
+    outbound = f"outbound|{backend.get('port', 54321)}||{backend['name']}.{route.ns}.svc.cluster.local"
     envoy_route = {"name": route_name, "match": {"prefix": rule["matches"][0]["path"]["value"]},
-                   "route": {"cluster": outbound}}
-    extensions, inserted, clusters, listener_merge = {}, [], [], {}
-    route_merged = False
+                   "route": {"cluster": outbound, "retry_policy": copy.deepcopy(ISTIO_DEFAULT_RETRY)}}
+    vhost_name = f"*:{port}"
+    extensions, inserted, clusters, listener_merge, bootstrap_merge = {}, [], [], {}, {}
+    first_routes = []
     for i, p in enumerate(spec.get("configPatches") or []):
         what = f"configPatches[{i}]"
         strict(ef, failures, p, {"applyTo", "match", "patch"}, what)
@@ -592,17 +676,20 @@ def assemble_istio(v, failures, wasm):
             listener_merge = proto_merge(listener_merge, value)
         elif (apply_to, op) == ("CLUSTER", "ADD"):
             clusters.append(copy.deepcopy(value))
-        elif (apply_to, op) == ("HTTP_ROUTE", "MERGE"):
-            name = ((((match.get("routeConfiguration") or {}).get("vhost") or {}).get("route")) or {}).get("name")
-            if name != route_name:
-                failures.add(ef, f"{what}: matches route {name!r}, but Istio names the HTTPRoute's route {route_name!r}")
+        elif (apply_to, op) == ("HTTP_ROUTE", "INSERT_FIRST"):
+            rc = match.get("routeConfiguration") or {}
+            vhost = rc.get("vhost") or {}
+            if rc.get("portNumber") != port or vhost.get("name") != vhost_name or "route" in vhost:
+                failures.add(ef, f"{what}: must match port {port}'s virtual host {vhost_name!r} and no route "
+                                 "(a route match would depend on Istio's route names)")
                 continue
-            envoy_route = proto_merge(envoy_route, value)
-            route_merged = True
+            first_routes.insert(0, copy.deepcopy(value))
+        elif (apply_to, op) == ("BOOTSTRAP", "MERGE"):
+            bootstrap_merge = proto_merge(bootstrap_merge, value)
         else:
             failures.add(ef, f"{what}: {apply_to} {op} is not something the assembler models")
-    if not route_merged:
-        failures.add(ef, "no HTTP_ROUTE MERGE reaches the HTTPRoute's route")
+    if not first_routes:
+        failures.add(ef, "no HTTP_ROUTE INSERT_FIRST puts pd-router's own route first")
     filters = []
     for value in inserted:
         discovery = value.get("config_discovery") or {}
@@ -620,7 +707,7 @@ def assemble_istio(v, failures, wasm):
         typed["config"]["vm_config"] = wasm_local(typed["config"]["vm_config"], wasm)
         filters.append({"name": ext["name"], "typed_config": typed})
     route_config = {"name": f"http.{port}", "virtual_hosts": [
-        {"name": f"*:{port}", "domains": ["*"], "routes": [envoy_route]}]}
+        {"name": vhost_name, "domains": ["*"], "routes": first_routes + [envoy_route]}]}
     main = {"name": f"0.0.0.0_{port}",
             "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
             "filter_chains": [{"filters": [hcm(f"outbound_0.0.0.0_{port}", route_config, filters + [ROUTER])]}]}
@@ -638,8 +725,8 @@ def assemble_istio(v, failures, wasm):
     conf = bootstrap([main, ecds], clusters + [dummy_cluster(outbound), xds], dynamic_resources={"ads_config": {
         "api_type": "GRPC", "transport_api_version": "V3",
         "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]}})
+    conf = proto_merge(conf, bootstrap_merge)
     # The gateway Deployment Istio generates, with the ConfigMap's patch.
-    params = (gw.obj["spec"].get("infrastructure") or {}).get("parametersRef") or {}
     if params != {"group": "", "kind": "ConfigMap", "name": overlay_cm.name}:
         failures.add(gw, f"infrastructure.parametersRef must name ConfigMap {overlay_cm.name}")
     deployment = skeleton_deployment(f"{gw.name}-istio", gw.ns, "istio-proxy")
@@ -654,7 +741,11 @@ def assemble_istio(v, failures, wasm):
     overlay_cm.checks.append(f"data.deployment patched into a Deployment: kubernetes-validate {K8S} strict")
     pod = deployment["spec"]["template"]["spec"]
     container = next(c for c in pod["containers"] if c["name"] == "istio-proxy")
-    return conf, Proxy(overlay_cm, gw.ns, container, pod.get("volumes"))
+    # Istio's gateway runs as <gateway>-<class> unless the Gateway names one.
+    sa = (gw.obj["metadata"].get("annotations") or {}).get("gateway.istio.io/service-account",
+                                                            f"{gw.name}-{gw.obj['spec']['gatewayClassName']}")
+    others = [c for c in pod.get("initContainers", []) + pod["containers"] if c is not container]
+    return conf, Proxy(overlay_cm, gw.ns, container, pod.get("volumes"), sa, others)
 
 
 def quantity(q):
@@ -702,7 +793,14 @@ def assemble_envoy_gateway(v, failures, wasm):
                    .get("provider") or {}).get("kubernetes", {}).get("deploy", {}).get("type")
     proxy_ns = gw.ns if deploy_type == "GatewayNamespace" else "envoy-gateway-system"
 
-    lname = f"{gw.ns}/{gw.name}/{gw.obj['spec']['listeners'][0]['name']}"
+    flags = (((((values.obj if values else {}).get("config") or {}).get("envoyGateway") or {})
+              .get("runtimeFlags") or {}).get("enabled") or [])
+    port = gw.obj["spec"]["listeners"][0]["port"]
+    if "XDSNameSchemeV2" in flags:
+        # internal/xds/translator/listener.go: by external port.
+        lname, rname = f"tcp-{port}", f"http-{port}"
+    else:
+        lname = rname = f"{gw.ns}/{gw.name}/{gw.obj['spec']['listeners'][0]['name']}"
     rule = route.obj["spec"]["rules"][0]
     route_cluster = f"httproute/{route.ns}/{route.name}/rule/0"
     filters, per_route = [], {}
@@ -733,15 +831,23 @@ def assemble_envoy_gateway(v, failures, wasm):
                 "per_connection_buffer_limit_bytes": buffer,
                 "default_filter_chain": {"filters": [{"name": HCM_NAME, "typed_config": dict(
                     {"@type": HCM_TYPE, "stat_prefix": "http-10080",
-                     "rds": {"route_config_name": lname, "config_source": {"ads": {}, "resource_api_version": "V3"}},
+                     "rds": {"route_config_name": rname, "config_source": {"ads": {}, "resource_api_version": "V3"}},
                      "http_filters": filters + [ROUTER]}, **hcm_extra)}]}}
     action = dict({"cluster": route_cluster}, **eg_route_timeouts(rule, ctp.obj))
-    route_config = {"name": lname, "virtual_hosts": [{"name": f"{lname}/*", "domains": ["*"], "routes": [
+    route_config = {"name": rname, "virtual_hosts": [{"name": "*" if "XDSNameSchemeV2" in flags else f"{lname}/*",
+                                                       "domains": ["*"], "routes": [
         {"name": f"httproute/{route.ns}/{route.name}/rule/0/match/0/*",
          "match": {"prefix": rule["matches"][0]["path"]["value"]},
          "route": action, "typed_per_filter_config": per_route}]}]}
     backend_cluster = dummy_cluster(route_cluster)
     for b in btps:
+        cb = b.obj["spec"].get("circuitBreaker") or {}
+        if cb:
+            # internal/xds/translator/cluster.go buildXdsClusterCircuitBreaker.
+            backend_cluster["circuit_breakers"] = {"thresholds": [{k: v for k, v in {
+                "max_connections": cb.get("maxConnections"), "max_pending_requests": cb.get("maxPendingRequests"),
+                "max_requests": cb.get("maxParallelRequests"), "max_retries": cb.get("maxParallelRetries")}.items()
+                if v is not None}]}
         lb = b.obj["spec"].get("loadBalancer") or {}
         sources = [{"header": e["header"]} for e in (lb.get("endpointOverride") or {}).get("extractFrom", [])]
         if sources:
@@ -756,7 +862,7 @@ def assemble_envoy_gateway(v, failures, wasm):
                                      "typed_config": {"@type": "type.googleapis.com/envoy.extensions.load_balancing_policies."
                                                       + fallback_type}}}]}}}}]}
     resources = {"type.googleapis.com/envoy.config.listener.v3.Listener": {lname: listener},
-                 "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {lname: route_config},
+                 "type.googleapis.com/envoy.config.route.v3.RouteConfiguration": {rname: route_config},
                  "type.googleapis.com/envoy.config.cluster.v3.Cluster": {route_cluster: backend_cluster}}
     for i, p in enumerate(epp.obj["spec"]["jsonPatches"]):
         what = f"jsonPatches[{i}] ({p['name']})"
@@ -792,7 +898,7 @@ def assemble_envoy_gateway(v, failures, wasm):
     for f in walk(listener):
         if isinstance(f, dict) and f.get("@type") == HCM_TYPE:
             f.pop("rds", None)
-            f["route_config"] = resources["type.googleapis.com/envoy.config.route.v3.RouteConfiguration"][lname]
+            f["route_config"] = resources["type.googleapis.com/envoy.config.route.v3.RouteConfiguration"][rname]
         if isinstance(f, dict) and f.get("@type") == WASM_TYPE:
             f["config"]["vm_config"] = wasm_local(f["config"]["vm_config"], wasm)
     listener["address"] = {"socket_address": {"address": "127.0.0.1", "port_value": 0}}
@@ -809,14 +915,65 @@ def assemble_envoy_gateway(v, failures, wasm):
     if err:
         failures.add(proxy_doc, f"envoyDeployment container/pod fields as a Deployment: Kubernetes {K8S} schema: {err}")
     proxy_doc.checks.append(f"container env/volumeMounts and pod volumes: kubernetes-validate {K8S} strict")
-    return conf, Proxy(proxy_doc, proxy_ns, pod["containers"][0], volumes)
+    sa = (((proxy_doc.obj["spec"]["provider"]["kubernetes"].get("envoyServiceAccount") or {}).get("name"))
+          or f"envoy-{gw.ns}-{gw.name}")
+    return conf, Proxy(proxy_doc, proxy_ns, pod["containers"][0], volumes, sa)
 
 
 # ------------------------------------------------------ bootstrap checks
 
 
 def plugin_of(config):
-    return json.loads(((config.get("configuration") or {}).get("value")) or "{}")
+    """The plugin configuration; a JSON string holding it (Envoy Gateway's
+    string `config`) is read as its content, as the filter reads it."""
+    plugin = json.loads(((config.get("configuration") or {}).get("value")) or "{}")
+    return json.loads(plugin) if isinstance(plugin, str) else plugin
+
+
+def check_values(rendered, failures):
+    """The values agree with themselves: the model is one of plugin.json's,
+    discovery lists the namespace everything renders into, and the
+    override-host variant's own plugin configuration differs from
+    plugin.json only in the routing keys."""
+    try:
+        plugin = json.loads((DEPLOY / "values" / "plugin.json").read_text())
+    except json.JSONDecodeError as e:
+        failures.append(f"deploy/values/plugin.json: not JSON: {e}")
+        return
+    model = values_literals().get("model")
+    if model not in [m.get("name") for m in plugin.get("models") or []]:
+        failures.append(f"deploy/values/kustomization.yaml: model {model!r} is not one of plugin.json's models")
+    for rel, docs in rendered.items():
+        spaces = {d.ns for d in docs if d.ns}
+        ns = ((plugin.get("discovery") or {}).get("kubernetes") or {}).get("namespace", "default")
+        if spaces and spaces != {ns}:
+            failures.append(f"deploy/{rel}: objects render into {sorted(spaces)}, but plugin.json's discovery lists {ns!r}")
+        for d in docs:
+            if (d.obj.get("metadata", {}).get("annotations") or {}).get("pd-router.io/own-plugin-config") != "true":
+                continue
+            if d.kind == "EnvoyExtensionPolicy":
+                own = json.loads(d.obj["spec"]["wasm"][0]["config"])
+            elif d.kind == "ConfigMap":
+                conf = yaml.safe_load(d.obj["data"]["envoy.yaml"])
+                own = next(plugin_of(n["config"]) for n in walk(conf)
+                           if isinstance(n, dict) and n.get("@type") == WASM_TYPE)
+            else:
+                own = json.loads(d.obj["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]["config"]
+                                 ["configuration"]["value"])
+            if strip_variant(own) != strip_variant(plugin):
+                failures.add(d, "its own plugin configuration differs from deploy/values/plugin.json "
+                                "in more than the routing keys and where discovery finds the pods")
+
+
+def strip_variant(plugin):
+    """A plugin configuration without what a variant may change."""
+    out = {k: v for k, v in plugin.items() if k not in ROUTING_KEYS}
+    kube = dict(((out.get("discovery") or {}).get("kubernetes") or {}))
+    for k in POOL_KEYS:
+        kube.pop(k, None)
+    if "discovery" in out:
+        out["discovery"] = dict(out["discovery"], kubernetes=kube)
+    return out
 
 
 def check_bootstrap(v, conf, proxy, failures, local_files):
@@ -850,22 +1007,29 @@ def check_bootstrap(v, conf, proxy, failures, local_files):
         return
     kube = (plugin.get("discovery") or {}).get("kubernetes") or {}
     api_cluster = kube.get("cluster")
-    token_env = kube.get("token_env", DEFAULT_TOKEN_ENV)
+    token_env = kube.get("token_env", DEFAULT_TOKEN_ENV)  # must not reach the VM
     routing = plugin.get("routing", "original_dst")
     header = plugin.get("routing_header", DEFAULT_HEADER.get(routing))
     prefill = plugin.get("prefill_cluster", DEFAULT_PREFILL_CLUSTER)
     metrics = plugin.get("metrics_cluster", prefill)
     keys = ((config.get("vm_config") or {}).get("environment_variables") or {}).get("host_env_keys") or []
-    if api_cluster and token_env not in keys:
-        failures.append(f"{where}: vm_config.environment_variables.host_env_keys {keys} lacks {token_env}")
+    if api_cluster and token_env in keys:
+        failures.append(f"{where}: host_env_keys hands the VM {token_env}: the API token belongs to Envoy "
+                        "(a credential_injector on the API cluster), not to the VM")
     for role, name in [("prefill_cluster", prefill), ("metrics_cluster", metrics),
                        ("discovery.kubernetes.cluster", api_cluster)]:
         if name and name not in clusters:
             failures.append(f"{where}: the plugin's {role} {name!r} is not a cluster")
+        elif name:
+            check_breakers(where, name, clusters[name], failures)
+    token_files = []
     if api_cluster in clusters:
         tls = (clusters[api_cluster].get("transport_socket") or {}).get("name")
         if tls != "envoy.transport_sockets.tls":
             failures.append(f"{where}: cluster {api_cluster} must speak TLS to the API server")
+        token_files = check_injector(v, where, api_cluster, clusters[api_cluster], failures)
+    if plugin.get("placement") == "epp":
+        check_picker_chain(where, h.get("http_filters") or [], f, failures)
     limit = listener.get("per_connection_buffer_limit_bytes", 1048576)
     if limit <= plugin.get("max_body_bytes", DEFAULT_MAX_BODY):
         failures.append(f"{where}: listener buffer limit {limit} is not above max_body_bytes")
@@ -880,19 +1044,30 @@ def check_bootstrap(v, conf, proxy, failures, local_files):
                                     "every client would get the router's API-server credentials")
     for vh in h["route_config"].get("virtual_hosts") or []:
         routes += vh.get("routes") or []
+    seen = []
     for r in routes:
+        # A route after one with the same match never gets a request (Istio's
+        # own route behind pd-router's inserted one).
+        if r.get("match") in seen:
+            continue
+        seen.append(r.get("match"))
         action = r.get("route") or {}
         if f.get("disabled") and f["name"] not in (r.get("typed_per_filter_config") or {}):
             failures.append(f"{where}: route {r.get('name') or json.dumps(r.get('match'))} does not enable the (disabled) wasm filter")
         decode = action.get("cluster")
         if decode not in clusters:
             continue
+        check_breakers(where, decode, clusters[decode], failures)
+        retries = (action.get("retry_policy") or {}).get("num_retries", 1 if action.get("retry_policy") else 0)
+        if retries:
+            failures.append(f"{where}: route {r.get('name') or json.dumps(r.get('match'))} retries {retries} times: "
+                            "a decode must never be sent twice (its hand-off may be consumed)")
         if action.get("timeout") not in ("0s", "0"):
             failures.append(f"{where}: route {r.get('name') or json.dumps(r.get('match'))} has a total timeout {action.get('timeout')!r} (want 0s)")
         check_routing(where, routing, header, clusters, [prefill, decode], failures)
     if proxy is not None:
-        check_proxy(v, conf, proxy, token_env if api_cluster else None, kube.get("namespace"), failures,
-                    local_files)
+        check_proxy(v, conf, proxy, kube.get("namespace", "default") if api_cluster else None, failures,
+                    local_files, token_files)
 
 
 def check_routing(where, routing, header, clusters, names, failures):
@@ -912,32 +1087,103 @@ def check_routing(where, routing, header, clusters, names, failures):
             failures.append(f"{where}: unknown routing {routing!r}")
 
 
-def check_proxy(v, conf, proxy, token_env, namespace, failures, local_files):
+def check_picker_chain(where, filters, wasm, failures):
+    """Executor mode: the client's copies of the picker's headers are
+    removed before the picker (ext_proc) runs, and pd-router comes after it."""
+    names = [f.get("name") for f in filters]
+    strip = next((i for i, f in enumerate(filters) if PICKER_HEADERS <= {
+        m.get("remove") for m in (((f.get("typed_config") or {}).get("mutations") or {}).get("request_mutations") or [])}),
+        None)
+    picker = next((i for i, f in enumerate(filters) if "ext_proc" in (f.get("name") or "")), None)
+    mine = names.index(wasm.get("name"))
+    if strip is None or (picker is not None and strip > picker) or strip > mine:
+        failures.append(f"{where}: placement epp: no filter before the picker removes the client's "
+                        f"{' and '.join(sorted(PICKER_HEADERS))} (a client could pick the pods)")
+    if picker is None or picker > mine:
+        failures.append(f"{where}: placement epp: no endpoint picker (ext_proc) before pd-router")
+
+
+def check_breakers(where, name, cluster, failures):
+    """The cluster's circuit breakers are far above Envoy's defaults."""
+    t = ((cluster.get("circuit_breakers") or {}).get("thresholds") or [{}])[0]
+    low = [k for k in ("max_connections", "max_pending_requests", "max_requests") if int(t.get(k, 1024)) < MIN_BREAKER]
+    if low:
+        failures.append(f"{where}: cluster {name}: circuit breakers {', '.join(low)} at Envoy's default or low "
+                        "(the 1,025th concurrent generation would get an instant 503)")
+
+
+def check_injector(v, where, name, cluster, failures):
+    """The API cluster adds the token itself: a credential_injector whose
+    file-based SDS source is watched (kubelet swaps the projected token).
+    Returns the token files the SDS file names."""
+    opts = ((cluster.get("typed_extension_protocol_options") or {})
+            .get("envoy.extensions.upstreams.http.v3.HttpProtocolOptions") or {})
+    inj = next((f for f in opts.get("http_filters") or [] if f.get("name") == CREDENTIAL_INJECTOR), None)
+    if inj is None:
+        failures.append(f"{where}: cluster {name} has no {CREDENTIAL_INJECTOR}: nothing adds the API token")
+        return []
+    sds = [n["path_config_source"] for n in walk(inj) if isinstance(n, dict) and "path_config_source" in n]
+    if not sds or "watched_directory" not in sds[0]:
+        failures.append(f"{where}: cluster {name}: the token's SDS source must be a file with a watched_directory "
+                        "(kubelet rotates the token by swapping a symlink)")
+        return []
+    text = configmap_file(v, sds[0].get("path", ""))
+    if text is None:
+        failures.append(f"{where}: no ConfigMap holds the SDS file {sds[0].get('path')}")
+        return []
+    files = [n["filename"] for n in walk(yaml.safe_load(text)) if isinstance(n, dict) and "filename" in n]
+    for f in files:
+        if not f.startswith(sds[0]["watched_directory"]["path"].rstrip("/") + "/"):
+            failures.append(f"{where}: the token {f} is not in the watched directory")
+    return [sds[0].get("path")] + files
+
+
+def check_proxy(v, conf, proxy, namespace, failures, local_files, token_files):
     where = proxy.where
-    if token_env:
-        env = next((e for e in proxy.env if e.get("name") == token_env), None)
-        ref = (((env or {}).get("valueFrom") or {}).get("secretKeyRef")) or {}
-        secret = next((d for d in v.all("Secret") if d.name == ref.get("name")), None)
-        if env is None or ref.get("key") != "token" or secret is None:
-            failures.add(where, f"the proxy container must set {token_env} from a token Secret's key `token`")
-        else:
-            sa = (secret.obj.get("metadata", {}).get("annotations") or {}).get("kubernetes.io/service-account.name")
-            if secret.obj.get("type") != "kubernetes.io/service-account-token" or secret.ns != proxy.ns:
-                failures.add(secret, f"must be a kubernetes.io/service-account-token Secret in {proxy.ns} (the proxy's namespace)")
-            check_rbac(v, secret, sa, namespace, failures)
-    # Every file the configuration reads must be mounted.
+    if namespace is not None:
+        if proxy.ns != namespace:
+            failures.add(where, f"the proxy runs in {proxy.ns}, but discovery lists {namespace}: the Role binds there")
+        check_rbac(v, proxy, namespace, failures)
+    # Every file the configuration reads must be mounted: ConfigMaps, and the
+    # token from a projected ServiceAccount token volume.
     files = [n["filename"] for n in walk(conf) if isinstance(n, dict) and isinstance(n.get("filename"), str)]
     files += [proxy.config_file] if getattr(proxy, "config_file", None) else []
+    files += token_files
     for path in files:
         if path in local_files:
             continue
         mount = next((m for m in proxy.mounts if path.startswith(m.get("mountPath", "").rstrip("/") + "/")), None)
-        volume = proxy.volumes.get((mount or {}).get("name"))
-        cm_name = ((volume or {}).get("configMap") or {}).get("name")
-        if cm_name is None:
-            failures.add(where, f"{path} is not in a ConfigMap volume mounted into the proxy container")
+        volume = proxy.volumes.get((mount or {}).get("name")) or {}
+        key = path[len((mount or {}).get("mountPath", "").rstrip("/")) + 1:]
+        sources = (volume.get("projected") or {}).get("sources")
+        if sources is not None:
+            token = any((src.get("serviceAccountToken") or {}).get("path") == key for src in sources)
+            cm = next((src["configMap"] for src in sources if "configMap" in src
+                       and any(i.get("path") == key for i in src["configMap"].get("items") or [])), None)
+            if token:
+                t = next(src["serviceAccountToken"] for src in sources if "serviceAccountToken" in src)
+                if t.get("audience"):
+                    failures.add(where, f"{path}: the token's audience must be the API server's (no `audience`)")
+                continue
+            if cm is not None and key in (EXTERNAL_CONFIGMAPS.get(cm["name"]) or set()):
+                continue
+            failures.add(where, f"{path}: the projected volume {mount['name']} holds no such file")
             continue
-        key = path[len(mount["mountPath"].rstrip("/")) + 1:]
+        if "emptyDir" in volume:
+            # Written by a sidecar that reads a projected token, or unpacked
+            # by an init container from a ConfigMap key it mounts (the
+            # gzipped module).
+            writers = [c for c in proxy.others if any(m.get("name") == mount["name"] for m in c.get("volumeMounts") or [])]
+            from_token = any(any("serviceAccountToken" in str(proxy.volumes.get(m.get("name"), {}).get("projected"))
+                                 for m in c.get("volumeMounts") or []) for c in writers)
+            unpacked = any(unpacks(c, key, proxy.volumes) for c in writers)
+            if not from_token and not unpacked:
+                failures.add(where, f"{path}: emptyDir {mount['name']} has no container that writes it from a projected token or a ConfigMap")
+            continue
+        cm_name = (volume.get("configMap") or {}).get("name")
+        if cm_name is None:
+            failures.add(where, f"{path} is not in a ConfigMap or projected volume mounted into the proxy container")
+            continue
         carried = next((d for d in v.all("ConfigMap") if d.name == cm_name), None)
         keys = set((carried.obj.get("data") or {}) | (carried.obj.get("binaryData") or {})) if carried \
             else EXTERNAL_CONFIGMAPS.get(cm_name)
@@ -945,10 +1191,25 @@ def check_proxy(v, conf, proxy, token_env, namespace, failures, local_files):
             failures.add(where, f"{path}: ConfigMap {cm_name} holds no key {key!r}")
 
 
-def check_rbac(v, secret, sa_name, namespace, failures):
-    sa = next((d for d in v.all("ServiceAccount") if d.name == sa_name and d.ns == secret.ns), None)
+def unpacks(container, key, volumes):
+    """Whether `container` gunzips `key` out of a ConfigMap key it mounts
+    that the manifests expect (EXTERNAL_CONFIGMAPS)."""
+    script = " ".join(container.get("command") or []) + " " + " ".join(container.get("args") or [])
+    for m in container.get("volumeMounts") or []:
+        cm = (volumes.get(m.get("name")) or {}).get("configMap") or {}
+        for k in EXTERNAL_CONFIGMAPS.get(cm.get("name"), set()):
+            src = m.get("mountPath", "").rstrip("/") + "/" + k
+            if k == key + ".gz" and f"gunzip -c {src}" in script and key in script:
+                return True
+    return False
+
+
+def check_rbac(v, proxy, namespace, failures):
+    """The proxy's ServiceAccount may get, list and watch pods there."""
+    sa_name = proxy.service_account
+    sa = next((d for d in v.all("ServiceAccount") if d.name == sa_name and d.ns == proxy.ns), None)
     if sa is None:
-        failures.add(secret, f"names ServiceAccount {sa_name!r}, which deploy/ does not create in {secret.ns}")
+        failures.add(proxy.where, f"runs as ServiceAccount {sa_name!r}, which deploy/ does not create in {proxy.ns}")
         return
     granted = False
     for rb in v.all("RoleBinding"):
@@ -960,10 +1221,10 @@ def check_rbac(v, secret, sa_name, namespace, failures):
         role = next((d for d in v.all("Role") if d.name == rb.obj["roleRef"]["name"] and d.ns == namespace), None)
         for rule in (role.obj.get("rules") if role else []) or []:
             if "" in rule.get("apiGroups", []) and "pods" in rule.get("resources", []) \
-                    and {"get", "list"} <= set(rule.get("verbs", [])):
+                    and {"get", "list", "watch"} <= set(rule.get("verbs", [])):
                 granted = True
     if not granted:
-        failures.add(sa, f"no RoleBinding in {namespace} grants it get/list on pods")
+        failures.add(sa, f"no RoleBinding in {namespace} grants it get/list/watch on pods")
 
 
 def ssl_ca_bundle():
@@ -976,17 +1237,43 @@ def ssl_ca_bundle():
     return certifi.where()
 
 
-def for_validation(conf):
+def for_validation(conf, v, scratch):
     """The assembled configuration as this machine can load it: the API
-    server's CA replaced by a local CA bundle, listeners on loopback port 0."""
+    server's CA replaced by a local CA bundle, listeners on loopback port 0,
+    file-based SDS (the API token) read from `scratch`: the SDS file as its
+    ConfigMap holds it, pointing at a stand-in token."""
     conf = copy.deepcopy(conf)
     for node in walk(conf):
         if isinstance(node, dict) and isinstance(node.get("trusted_ca"), dict) and "filename" in node["trusted_ca"]:
             node["trusted_ca"]["filename"] = ssl_ca_bundle()
+        if isinstance(node, dict) and isinstance(node.get("path_config_source"), dict):
+            scratch.mkdir(parents=True, exist_ok=True)
+            src = node["path_config_source"]
+            sds = yaml.safe_load(configmap_file(v, src.get("path", "")) or "resources: []")
+            for n in walk(sds):
+                if isinstance(n, dict) and isinstance(n.get("filename"), str):
+                    token = scratch / Path(n["filename"]).name
+                    token.write_text("validate-token")
+                    n["filename"] = str(token)
+            local = scratch / Path(src.get("path", "sds.yaml")).name
+            local.write_text(yaml.safe_dump(sds))
+            src["path"] = str(local)
+            if "watched_directory" in src:
+                src["watched_directory"] = {"path": str(scratch)}
     for listener in [conf.get("admin", {})] + (conf.get("static_resources") or {}).get("listeners", []):
         if "address" in listener:
             listener["address"] = {"socket_address": {"address": "127.0.0.1", "port_value": 0}}
     return conf
+
+
+def configmap_file(v, path):
+    """The text a ConfigMap of the variant holds for a file the proxy
+    mounts from it (None if none does)."""
+    for d in v.all("ConfigMap"):
+        for key, text in (d.obj.get("data") or {}).items():
+            if path.endswith("/" + key):
+                return text
+    return None
 
 
 def rewrite_plain(conf, wasm):
@@ -1007,15 +1294,35 @@ def main():
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     failures = Failures()
-    docs = load(failures)
+    raw = load(failures)
     node_docs = []
-    check_documents(docs, failures, node_docs)
+    rendered, install = {}, {rel: raw.get(rel, []) for rel in INSTALL_FILES}
+    packaged = {}
+    for overlay in list(VARIANTS) + WORKLOADS:
+        docs, path = render(overlay, args.out, failures)
+        rendered[f"rendered/{overlay}"] = docs
+        if path is not None:
+            for f in kustomize_files(DEPLOY / overlay):
+                packaged.setdefault(f.relative_to(DEPLOY).as_posix(), []).append(overlay)
+    check_documents(dict(rendered, **install), failures, node_docs)
+    for rel, items in raw.items():
+        if rel in INSTALL_FILES:
+            continue
+        for d in items:
+            if rel in packaged:
+                d.checks.append("parsed; rendered by kubectl kustomize into " + ", ".join(sorted(set(packaged[rel]))))
+            else:
+                failures.add(d, "part of no overlay (no kustomization.yaml reaches it): nothing checks it")
+    check_values(rendered, failures)
     (args.out / "node-docs.json").write_text(json.dumps(node_docs, indent=1))
     bootstraps = []
-    assemblers = {"envoy": assemble_envoy, "istio": assemble_istio, "envoy-gateway": assemble_envoy_gateway,
-                  "envoy-gateway/override-host": assemble_envoy_gateway}
+    assemblers = {"envoy": assemble_envoy, "envoy-epp": assemble_envoy, "istio": assemble_istio,
+                  "inference-pool": assemble_istio,
+                  "envoy-gateway": assemble_envoy_gateway,
+                  "envoy-gateway/override-host": assemble_envoy_gateway,
+                  "envoy-gateway/xds-name-scheme-v2": assemble_envoy_gateway}
     for name, assemble in assemblers.items():
-        v = Variant(name, docs)
+        v = Variant(name, rendered[f"rendered/{name}"] + [d for rel in VARIANTS[name] for d in install[rel]])
         try:
             conf, proxy = assemble(v, failures, args.wasm.resolve())
         except (KeyError, IndexError, TypeError, AttributeError) as e:
@@ -1024,15 +1331,17 @@ def main():
         if conf is None:
             continue
         check_bootstrap(v, conf, proxy, failures, {str(args.wasm.resolve())})
-        if name == "envoy":
+        if name in ("envoy", "envoy-epp"):
             conf = rewrite_plain(conf, args.wasm.resolve())
-        path = args.out / f"bootstrap-{name.replace('/', '-')}.yaml"
-        path.write_text(yaml.safe_dump(for_validation(conf), sort_keys=False))
+        stem = name.replace("/", "-")
+        path = args.out / f"bootstrap-{stem}.yaml"
+        path.write_text(yaml.safe_dump(for_validation(conf, v, args.out / stem), sort_keys=False))
         bootstraps.append({"variant": name, "path": str(path),
                            "made_of": v.made_of()})
+    files = dict(raw, **rendered)
     report = {
         "files": {f"deploy/{rel}": [{"index": d.index, "kind": d.kind, "name": d.name, "checks": d.checks}
-                                    for d in items] for rel, items in docs.items()},
+                                    for d in items] for rel, items in files.items()},
         "bootstraps": bootstraps,
         "node_docs": len(node_docs),
         "failures": list(failures),
@@ -1040,8 +1349,8 @@ def main():
     (args.out / "report.json").write_text(json.dumps(report, indent=1))
     for f in failures:
         print(f)
-    print(f"validate.py: {sum(len(i) for i in docs.values())} document(s) in {len(docs)} file(s), "
-          f"{len(bootstraps)} Envoy configuration(s), {len(failures)} failure(s)")
+    print(f"validate.py: {sum(len(i) for i in raw.values())} document(s) in {len(raw)} file(s), "
+          f"{len(rendered)} overlay(s) rendered, {len(bootstraps)} Envoy configuration(s), {len(failures)} failure(s)")
     return 1 if failures else 0
 
 

@@ -7,6 +7,9 @@
     oci-image.py extract OUT_DIR DEST [--tag T]
                                            take plugin.wasm out of a layout the way
                                            Istio's image fetcher does
+    oci-image.py binary BINARY OUT_DIR TAG  a linux/amd64 container image layout
+                                           holding BINARY (statically linked) as its
+                                           entrypoint, e.g. mock-engine for a dry run
 
 Format: the "compat" variant of the Wasm image spec (solo-io/wasm spec-compat.md),
 the one both fetchers try first for an OCI manifest: an OCI image manifest whose
@@ -197,6 +200,55 @@ def build(wasm_path: Path, out: Path, tag: str) -> None:
     print(sha256(manifest))
 
 
+def binary_image(binary_path: Path, out: Path, tag: str) -> None:
+    """A container image of one statically linked binary at /<name>, run as
+    65532 (no base image: nothing else is in it)."""
+    if not TAG_RE.fullmatch(tag):
+        raise Fail(f"bad tag {tag!r}: must match [A-Za-z0-9_][A-Za-z0-9._-]{{0,127}}")
+    try:
+        data = binary_path.read_bytes()
+    except OSError as e:
+        raise Fail(f"cannot read {binary_path}: {e.strerror}") from None
+    if not data.startswith(b"\x7fELF"):
+        raise Fail(f"{binary_path} is not an ELF binary")
+    name = binary_path.name
+    buf = io.BytesIO()
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(data), 0, 0o755
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(data))
+    tar_bytes = buf.getvalue()
+    layer = gzip_bytes(tar_bytes)
+    config = canonical_json(
+        {
+            "architecture": "amd64",
+            "os": "linux",
+            "config": {"Entrypoint": [f"/{name}"], "User": "65532:65532"},
+            "rootfs": {"type": "layers", "diff_ids": [sha256(tar_bytes)]},
+        }
+    )
+    manifest = canonical_json(
+        {
+            "schemaVersion": 2,
+            "mediaType": MANIFEST_MT,
+            "config": descriptor(CONFIG_MT, config),
+            "layers": [descriptor(LAYER_MT, layer)],
+        }
+    )
+    index = canonical_json(
+        {"schemaVersion": 2, "mediaType": INDEX_MT, "manifests": [descriptor(MANIFEST_MT, manifest, {REF_NAME: tag})]}
+    )
+    prepare_out_dir(out)
+    for blob in (layer, config, manifest):
+        write_blob(out, blob)
+    (out / "oci-layout").write_bytes(canonical_json({"imageLayoutVersion": "1.0.0"}))
+    (out / "index.json").write_bytes(index)
+    print(f"{out}: tag {tag}, /{name} {len(data)} bytes, layer {sha256(layer)}")
+    print(sha256(manifest))
+
+
 # ---------------------------------------------------------------- read
 
 
@@ -346,12 +398,18 @@ def main(argv: list[str]) -> int:
     e.add_argument("out_dir", type=Path)
     e.add_argument("dest_file", type=Path)
     e.add_argument("--tag")
+    c = sub.add_parser("binary", help="write a linux/amd64 container image layout running BINARY")
+    c.add_argument("binary", type=Path)
+    c.add_argument("out_dir", type=Path)
+    c.add_argument("tag")
     args = p.parse_args(argv)
     try:
         if args.cmd == "build":
             build(args.wasm, args.out_dir, args.tag)
         elif args.cmd == "digest":
             digest(args.out_dir, args.tag)
+        elif args.cmd == "binary":
+            binary_image(args.binary, args.out_dir, args.tag)
         else:
             extract(args.out_dir, args.dest_file, args.tag)
     except Fail as err:

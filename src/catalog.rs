@@ -3,21 +3,29 @@
 //! `parent` set (vLLM's order). Answered by the gateway: the list of one
 //! pod would name only that pod's models.
 
+use crate::body::push_json_str;
 use crate::fleet::{Fleet, Model};
-use serde_json::{json, Value};
 
 /// `{"object":"list","data":[...]}`, `created` in Unix seconds (vLLM stamps
 /// its cards at answer time too).
 pub fn list(fleet: &Fleet, created: u64) -> Vec<u8> {
-    let data: Vec<Value> = fleet
-        .models()
-        .iter()
-        .filter(|m| m.is_routable())
-        .flat_map(|m| cards(m, created))
-        .collect();
-    json!({"object": "list", "data": data})
-        .to_string()
-        .into_bytes()
+    let mut out = b"{\"object\":\"list\",\"data\":[".to_vec();
+    let mut first = true;
+    for m in fleet.models().iter().filter(|m| m.is_routable()) {
+        let adapters = m
+            .adapters
+            .iter()
+            .map(|a| (a.as_str(), Some(m.name.as_str())));
+        for (id, parent) in std::iter::once((m.name.as_str(), None)).chain(adapters) {
+            if !first {
+                out.push(b',');
+            }
+            first = false;
+            push_card(&mut out, m, id, parent, created);
+        }
+    }
+    out.extend_from_slice(b"]}");
+    out
 }
 
 /// The card of the model or adapter `id`, if the gateway serves it.
@@ -26,45 +34,39 @@ pub fn card(fleet: &Fleet, id: &str, created: u64) -> Option<Vec<u8>> {
     if !served.model.is_routable() {
         return None;
     }
-    let card = match served.adapter {
-        None => base_card(served.model, created),
-        Some(a) => adapter_card(served.model, a, created),
-    };
-    Some(card.to_string().into_bytes())
+    let m = served.model;
+    let mut out = Vec::new();
+    match served.adapter {
+        None => push_card(&mut out, m, &m.name, None, created),
+        Some(a) => push_card(&mut out, m, a, Some(&m.name), created),
+    }
+    Some(out)
 }
 
-fn cards(m: &Model, created: u64) -> Vec<Value> {
-    let mut out = vec![base_card(m, created)];
-    out.extend(m.adapters.iter().map(|a| adapter_card(m, a, created)));
-    out
-}
-
-fn base_card(m: &Model, created: u64) -> Value {
-    json!({
-        "id": m.name,
-        "object": "model",
-        "created": created,
-        "owned_by": m.engine,
-        "root": m.name,
-        "parent": null,
-    })
-}
-
-fn adapter_card(m: &Model, adapter: &str, created: u64) -> Value {
-    json!({
-        "id": adapter,
-        "object": "model",
-        "created": created,
-        "owned_by": m.engine,
-        "root": adapter,
-        "parent": m.name,
-    })
+/// One card: an adapter is its own root, with its base model as parent
+/// (the gateway does not know the adapter's path, vLLM's `root`).
+fn push_card(out: &mut Vec<u8>, m: &Model, id: &str, parent: Option<&str>, created: u64) {
+    out.extend_from_slice(b"{\"id\":");
+    push_json_str(out, id);
+    out.extend_from_slice(b",\"object\":\"model\",\"created\":");
+    out.extend_from_slice(created.to_string().as_bytes());
+    out.extend_from_slice(b",\"owned_by\":");
+    push_json_str(out, &m.engine);
+    out.extend_from_slice(b",\"root\":");
+    push_json_str(out, id);
+    out.extend_from_slice(b",\"parent\":");
+    match parent {
+        Some(p) => push_json_str(out, p),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Config;
+    use serde_json::Value;
 
     fn fleet() -> Fleet {
         Config::parse(

@@ -49,9 +49,14 @@ pub enum Counter {
     DecodeRerouted,
     /// Pod lists from the Kubernetes API that completed.
     DiscoveryList,
-    /// Pod lists that failed (no answer, 401/403, garbage, ...): the last
-    /// good pod set stays.
+    /// Calls to the API server that failed (no answer, 401/403, garbage,
+    /// ...): the last good pod set stays.
     DiscoveryFailure,
+    /// Bounded watches whose events were applied.
+    DiscoveryWatch,
+    /// Watches that found their resourceVersion expired (410): a list
+    /// follows.
+    DiscoveryRelist,
     /// Decode answers rewritten (cached tokens, prompt logprobs).
     AnswerRewritten,
     /// Decodes that failed after the prefill answered (5xx, a reset or
@@ -64,7 +69,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 17] = [
+    pub const ALL: [Counter; 19] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -78,6 +83,8 @@ impl Counter {
         Counter::DecodeRerouted,
         Counter::DiscoveryList,
         Counter::DiscoveryFailure,
+        Counter::DiscoveryWatch,
+        Counter::DiscoveryRelist,
         Counter::AnswerRewritten,
         Counter::DecodeFailed,
         Counter::ClientGone,
@@ -99,6 +106,8 @@ impl Counter {
             Counter::DecodeRerouted => "pd_router.decode_rerouted",
             Counter::DiscoveryList => "pd_router.discovery.lists",
             Counter::DiscoveryFailure => "pd_router.discovery.failures",
+            Counter::DiscoveryWatch => "pd_router.discovery.watches",
+            Counter::DiscoveryRelist => "pd_router.discovery.relists",
             Counter::AnswerRewritten => "pd_router.answers_rewritten",
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",

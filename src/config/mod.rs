@@ -89,6 +89,9 @@ pub struct RoutingSettings {
     pub header: String,
     /// The cluster prefill calls go through (`prefill_cluster`).
     pub prefill_cluster: String,
+    /// `placement: "epp"`: an endpoint picker earlier in Envoy's filter
+    /// chain chooses the pods (`router::picked`).
+    pub picker: bool,
 }
 
 /// The prefill leg's bounds.
@@ -164,6 +167,11 @@ pub struct Config {
 impl Config {
     /// Parses and validates the plugin configuration.
     pub fn parse(json: &[u8]) -> Result<Config, ConfigError> {
+        // A JSON string holding the configuration: what Envoy Gateway
+        // passes when an EnvoyExtensionPolicy's `config` is a string (as the
+        // kustomize package renders it, from the one plugin.json).
+        let unwrapped = serde_json::from_slice::<String>(json).ok();
+        let json = unwrapped.as_deref().map_or(json, str::as_bytes);
         let de = &mut serde_json::Deserializer::from_slice(json);
         let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
@@ -189,6 +197,18 @@ impl Config {
 mod tests {
     use super::*;
     use crate::fleet::{DEFAULT_BOOTSTRAP_PORT, DEFAULT_KV_PORT, DEFAULT_NIXL_SIDE_CHANNEL_PORT};
+
+    #[test]
+    fn a_configuration_given_as_a_json_string_is_read_as_its_content() {
+        let inner = r#"{"models":[{"name":"m","engine":"vllm","rolesets":[{"name":"r","prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#;
+        let wrapped = serde_json::to_vec(inner).expect("json");
+        let a = Config::parse(inner.as_bytes()).expect("plain");
+        let b = Config::parse(&wrapped).expect("wrapped");
+        assert_eq!(a.models.len(), b.models.len());
+        assert_eq!(a.fingerprint, b.fingerprint, "the same configuration");
+        let bad = serde_json::to_vec(r#"{"models": 1}"#).expect("json");
+        assert!(Config::parse(&bad).is_err());
+    }
 
     const EXAMPLE: &str = r#"{
       "prefill_cluster": "pd_prefill",

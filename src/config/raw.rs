@@ -32,6 +32,9 @@ pub(super) struct RawConfig {
     pub timing_headers: bool,
     pub max_pod_stats: usize,
     pub scheduling: Scheduling,
+    /// `"own"` (default) or `"epp"`: an endpoint picker earlier in the
+    /// chain chooses the pods.
+    pub placement: Option<String>,
     /// Required unless pods are discovered.
     pub models: Option<Vec<RawModel>>,
     pub discovery: Option<RawDiscovery>,
@@ -61,6 +64,7 @@ impl Default for RawConfig {
             timing_headers: false,
             max_pod_stats: 512,
             scheduling: Scheduling::default(),
+            placement: None,
             models: None,
             discovery: None,
         }

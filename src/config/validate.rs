@@ -34,11 +34,21 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
             "at least one model is required (or pods discovered: discovery.kubernetes)",
         ));
     }
-    let routing = routing(
+    let mut routing = routing(
         raw.routing.as_deref(),
         raw.routing_header.as_deref(),
         &raw.prefill_cluster,
     )?;
+    routing.picker = match raw.placement.as_deref() {
+        None | Some("own") => false,
+        Some("epp") => true,
+        Some(other) => {
+            return Err(err(
+                "placement",
+                format!("unknown placement {other:?}; expected one of: own, epp"),
+            ))
+        }
+    };
     let mut models: Vec<Model> = Vec::with_capacity(raw_models.len());
     for (mi, m) in raw_models.into_iter().enumerate() {
         if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
@@ -51,6 +61,12 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     }
     check_push_peers(&models, kv_connector)?;
     check_adapter_names(&models)?;
+    let discovery = discovery.map(|mut d| {
+        if d.inference_pool.is_none() {
+            d.narrow_to(models.iter().map(|m| m.name.as_str()));
+        }
+        d
+    });
     Ok(Config {
         scrape: ScrapeSettings {
             interval_ms: raw.scrape_interval_ms,
@@ -113,6 +129,7 @@ fn routing(
         mode,
         header,
         prefill_cluster: prefill_cluster.to_owned(),
+        picker: false,
     })
 }
 
@@ -201,6 +218,34 @@ fn check_discovery(d: &KubeDiscovery) -> Result<(), ConfigError> {
     }
     if d.page_size == 0 {
         return Err(err(format!("{p}.page_size"), "must be greater than 0"));
+    }
+    // The API server takes timeoutSeconds as an int64, but a watch that
+    // outlives the lease (and stalls changes) helps nobody.
+    if d.watch_seconds == 0 || d.watch_seconds > 600 {
+        return Err(err(
+            format!("{p}.watch_seconds"),
+            "must be between 1 and 600",
+        ));
+    }
+    if let Some(pool) = &d.inference_pool {
+        if pool.name.trim().is_empty() {
+            return Err(err(
+                format!("{p}.inference_pool.name"),
+                "must name the InferencePool",
+            ));
+        }
+        if d.label_selector.is_some() {
+            return Err(err(
+                format!("{p}.label_selector"),
+                "the InferencePool's selector says which pods: leave label_selector unset",
+            ));
+        }
+    }
+    if d.stale_after_ms < d.interval_ms.max(d.watch_seconds.saturating_mul(1000)) {
+        return Err(err(
+            format!("{p}.stale_after_ms"),
+            "must be at least interval_ms and watch_seconds (a fresh set would read as stale)",
+        ));
     }
     Ok(())
 }

@@ -2,10 +2,11 @@
 //! and reading a PodList into the pods the router can use (AIBrix's labels
 //! and its rules for which pods are routable).
 
+use super::pool::{PoolRef, PoolView};
 use crate::fleet::NixlPeer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 
 /// `discovery.kubernetes` in the plugin configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -18,8 +19,18 @@ pub struct KubeDiscovery {
     /// Empty: every namespace (`/api/v1/pods`).
     #[serde(default = "d_namespace")]
     pub namespace: String,
-    #[serde(default = "d_label_selector")]
-    pub label_selector: String,
+    /// The `labelSelector`. Unset: `model.aibrix.ai/name in (<models>)`
+    /// over the configured models whose names are label values, else
+    /// `model.aibrix.ai/name` (see [`KubeDiscovery::narrow_to`]); empty:
+    /// every pod.
+    #[serde(default)]
+    pub label_selector: Option<String>,
+    /// The `fieldSelector`: only Running pods can be routed to, so the API
+    /// server need not send the others.
+    #[serde(default = "d_field_selector")]
+    pub field_selector: String,
+    /// List mode: how often the pods are listed. Watch mode: the base of
+    /// the backoff after a failure.
     #[serde(default = "d_interval_ms")]
     pub interval_ms: u64,
     #[serde(default = "d_timeout_ms")]
@@ -36,6 +47,40 @@ pub struct KubeDiscovery {
     /// the cache on Kubernetes 1.34+ and from etcd before.
     #[serde(default = "d_true")]
     pub list_from_cache: bool,
+    /// One LIST, then bounded watches from its resourceVersion (`false`: a
+    /// LIST every `interval_ms`).
+    #[serde(default = "d_true")]
+    pub watch: bool,
+    /// How long each bounded watch stays open (`timeoutSeconds`): a change
+    /// reaches the router at most this much (and a jitter) later.
+    #[serde(default = "d_watch_seconds")]
+    pub watch_seconds: u64,
+    /// A pod set not confirmed by the API server for this long is stale:
+    /// logged once, until it is current again.
+    #[serde(default = "d_stale_after_ms")]
+    pub stale_after_ms: u64,
+    /// Whose labels say a pod's model and role: AIBrix's (the default) or
+    /// llm-d's (`llm-d.ai/role`).
+    #[serde(default)]
+    pub labels: LabelScheme,
+    /// The pods are an InferencePool's: its selector and target ports.
+    #[serde(default)]
+    pub inference_pool: Option<PoolRef>,
+    /// The pool as last read (its selector replaces `label_selector`).
+    #[serde(skip)]
+    pub pool: Option<PoolView>,
+}
+
+/// Which labels name a pod's model and role.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum LabelScheme {
+    /// `model.aibrix.ai/name`, `role-name`, ... (vllm-project/aibrix).
+    #[default]
+    #[serde(rename = "aibrix")]
+    Aibrix,
+    /// `llm-d.ai/role` (prefill, decode, prefill-decode), `llm-d.ai/model`.
+    #[serde(rename = "llm-d")]
+    LlmD,
 }
 
 fn d_authority() -> String {
@@ -44,8 +89,14 @@ fn d_authority() -> String {
 fn d_namespace() -> String {
     "default".into()
 }
-fn d_label_selector() -> String {
-    "model.aibrix.ai/name".into()
+fn d_field_selector() -> String {
+    "status.phase=Running".into()
+}
+fn d_watch_seconds() -> u64 {
+    2
+}
+fn d_stale_after_ms() -> u64 {
+    30_000
 }
 fn d_interval_ms() -> u64 {
     2000
@@ -76,6 +127,14 @@ pub mod labels {
     /// Multi-pod groups (StormService): only index 0 serves HTTP.
     pub const POD_GROUP_INDEX: &str = "stormservice.orchestration.aibrix.ai/pod-group-index";
     pub const RAY_NODE_TYPE: &str = "ray.io/node-type";
+    /// llm-d's (llm-d-router `pkg/epp/framework/plugins/scheduling/filter/bylabel`).
+    pub const LLMD_ROLE: &str = "llm-d.ai/role";
+    pub const LLMD_MODEL: &str = "llm-d.ai/model";
+    pub const LLMD_ENGINE: &str = "llm-d.ai/engine-type";
+    /// Which of an InferencePool's target ports a pod serves (llm-d's name,
+    /// then the Inference Extension's); absent: all.
+    pub const LLMD_ACTIVE_PORTS: &str = "llm-d.ai/active-ports";
+    pub const GIE_ACTIVE_PORTS: &str = "inference.networking.k8s.io/active-ports";
 }
 
 /// pd-router's own annotations, for hand-off facts AIBrix has no key for.
@@ -128,15 +187,30 @@ pub struct DiscoveredPod {
     pub kv_port: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nixl_push: Option<NixlPeer>,
+    /// The Kubernetes pod, when it is not `name`: one endpoint per target
+    /// port of an InferencePool is named `<pod>-rank-<i>`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub object: String,
 }
 
-fn one() -> u32 {
+impl DiscoveredPod {
+    /// The Kubernetes pod this endpoint is (or is a rank of).
+    pub fn object(&self) -> &str {
+        if self.object.is_empty() {
+            &self.name
+        } else {
+            &self.object
+        }
+    }
+}
+
+pub(super) fn one() -> u32 {
     1
 }
 fn is_one(v: &u32) -> bool {
     *v == 1
 }
-fn d_kv_port() -> u16 {
+pub(super) fn d_kv_port() -> u16 {
     crate::fleet::DEFAULT_KV_PORT
 }
 fn is_default_kv_port(v: &u16) -> bool {
@@ -144,7 +218,7 @@ fn is_default_kv_port(v: &u16) -> bool {
 }
 
 /// A positive number an annotation holds; absent or malformed: `None`.
-fn positive<T: std::str::FromStr + PartialEq + Default>(
+pub(super) fn positive<T: std::str::FromStr + PartialEq + Default>(
     annotations: &BTreeMap<String, String>,
     key: &str,
 ) -> Option<T> {
@@ -155,7 +229,7 @@ fn positive<T: std::str::FromStr + PartialEq + Default>(
 }
 
 /// The NIXL push side channel a prefill pod's annotations describe.
-fn nixl_peer(annotations: &BTreeMap<String, String>) -> Option<NixlPeer> {
+pub(super) fn nixl_peer(annotations: &BTreeMap<String, String>) -> Option<NixlPeer> {
     let engine_id = annotations
         .get(pd_annotations::NIXL_ENGINE_ID)
         .map(|e| e.trim())
@@ -194,6 +268,8 @@ pub struct Page {
     pub skipped: Vec<(String, Skipped)>,
     /// `metadata.continue`: more pages follow.
     pub next: Option<String>,
+    /// `metadata.resourceVersion`: where a watch of this list starts.
+    pub resource_version: Option<String>,
 }
 
 /// Percent-encodes a query value (RFC 3986 unreserved characters stay).
@@ -209,179 +285,112 @@ fn encode(value: &str) -> String {
     out
 }
 
+/// Whether `value` is a valid label value (apimachinery
+/// `IsValidLabelValue`): at most 63 characters, alphanumerics with `-`, `_`
+/// and `.` inside.
+pub fn is_label_value(value: &str) -> bool {
+    let b = value.as_bytes();
+    let inner = |c: &u8| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.');
+    match (b.first(), b.last()) {
+        (Some(f), Some(l)) => {
+            b.len() <= 63
+                && f.is_ascii_alphanumeric()
+                && l.is_ascii_alphanumeric()
+                && b.iter().all(inner)
+        }
+        _ => false,
+    }
+}
+
 impl KubeDiscovery {
-    /// The path of a LIST: the first page, or the one after `next`.
-    pub fn list_path(&self, next: Option<&str>) -> String {
-        let base = if self.namespace.is_empty() {
+    /// Fills in an unset `label_selector`: the model label with the
+    /// configured model names that can be label values (others cannot be
+    /// on a pod), so the API server sends only pods the router serves.
+    pub fn narrow_to<'a>(&mut self, models: impl IntoIterator<Item = &'a str>) {
+        if self.label_selector.is_some() {
+            return;
+        }
+        let label = self.model_label();
+        let mut names: Vec<&str> = models.into_iter().filter(|m| is_label_value(m)).collect();
+        names.sort_unstable();
+        names.dedup();
+        self.label_selector = Some(if names.is_empty() {
+            label.to_owned()
+        } else {
+            format!("{label} in ({})", names.join(","))
+        });
+    }
+
+    /// The label that names a pod's model in this scheme.
+    pub fn model_label(&self) -> &'static str {
+        match self.labels {
+            LabelScheme::Aibrix => labels::MODEL,
+            LabelScheme::LlmD => labels::LLMD_MODEL,
+        }
+    }
+
+    /// The pods asked for: an InferencePool's selector, else
+    /// `label_selector`.
+    fn selector(&self) -> &str {
+        match (&self.pool, &self.label_selector) {
+            (Some(pool), _) => &pool.selector,
+            (None, Some(s)) => s,
+            (None, None) => self.model_label(),
+        }
+    }
+
+    fn base_path(&self) -> String {
+        if self.namespace.is_empty() {
             "/api/v1/pods".to_owned()
         } else {
             format!("/api/v1/namespaces/{}/pods", encode(&self.namespace))
-        };
-        let mut q = vec![format!("limit={}", self.page_size)];
-        if !self.label_selector.is_empty() {
-            q.insert(0, format!("labelSelector={}", encode(&self.label_selector)));
         }
+    }
+
+    /// `labelSelector` and `fieldSelector`, those that are set.
+    fn selectors(&self) -> Vec<String> {
+        let mut q = Vec::with_capacity(2);
+        if !self.selector().is_empty() {
+            q.push(format!("labelSelector={}", encode(self.selector())));
+        }
+        if !self.field_selector.is_empty() {
+            q.push(format!("fieldSelector={}", encode(&self.field_selector)));
+        }
+        q
+    }
+
+    /// The path of a LIST: the first page, or the one after `next`.
+    pub fn list_path(&self, next: Option<&str>) -> String {
+        let mut q = self.selectors();
+        q.push(format!("limit={}", self.page_size));
         match next {
             // A continue token carries its own resource version.
             Some(token) => q.push(format!("continue={}", encode(token))),
             None if self.list_from_cache => q.push("resourceVersion=0".into()),
             None => {}
         }
-        format!("{base}?{}", q.join("&"))
+        format!("{}?{}", self.base_path(), q.join("&"))
     }
-}
 
-#[derive(Deserialize)]
-struct PodList {
-    #[serde(default)]
-    metadata: ListMeta,
-    /// `null` when the list is empty, in some servers' answers.
-    #[serde(default)]
-    items: Option<Vec<Pod>>,
-}
+    /// The path of a bounded watch from `resource_version`: the API server
+    /// closes it after `watch_seconds`, so the call's answer is complete.
+    pub fn watch_path(&self, resource_version: &str) -> String {
+        let mut q = self.selectors();
+        q.push("watch=1".into());
+        q.push("allowWatchBookmarks=true".into());
+        q.push(format!("resourceVersion={}", encode(resource_version)));
+        q.push(format!("timeoutSeconds={}", self.watch_seconds));
+        format!("{}?{}", self.base_path(), q.join("&"))
+    }
 
-#[derive(Deserialize, Default)]
-struct ListMeta {
-    #[serde(default, rename = "continue")]
-    next: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Pod {
-    metadata: ObjectMeta,
-    #[serde(default)]
-    status: Option<PodStatus>,
-}
-
-#[derive(Deserialize)]
-struct ObjectMeta {
-    name: String,
-    #[serde(default)]
-    namespace: Option<String>,
-    #[serde(default)]
-    labels: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    annotations: Option<BTreeMap<String, String>>,
-    #[serde(default, rename = "deletionTimestamp")]
-    deletion_timestamp: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct PodStatus {
-    #[serde(default)]
-    phase: Option<String>,
-    #[serde(default, rename = "podIP")]
-    pod_ip: Option<String>,
-    #[serde(default)]
-    conditions: Option<Vec<Condition>>,
-}
-
-#[derive(Deserialize)]
-struct Condition {
-    #[serde(rename = "type")]
-    kind: String,
-    status: String,
-}
-
-/// Reads one PodList answer. `qualify`: pod names carry their namespace
-/// (a list over every namespace can hold two pods of one name).
-pub fn read_page(body: &[u8], qualify: bool) -> Result<Page, String> {
-    let list: PodList = serde_json::from_slice(body).map_err(|e| format!("not a PodList: {e}"))?;
-    let mut page = Page {
-        next: list.metadata.next.filter(|t| !t.is_empty()),
-        ..Page::default()
-    };
-    for item in list.items.unwrap_or_default() {
-        let name = match (&item.metadata.namespace, qualify) {
-            (Some(ns), true) => format!("{ns}/{}", item.metadata.name),
-            _ => item.metadata.name.clone(),
-        };
-        match routable(&item, &name) {
-            Ok(pod) => page.pods.push(pod),
-            Err(why) => page.skipped.push((name, why)),
+    /// The bound on one call: a watch stays open `watch_seconds` before it
+    /// answers, so its timeout adds that to `timeout_ms`.
+    pub fn call_timeout_ms(&self, watching: bool) -> u64 {
+        if watching {
+            self.timeout_ms
+                .saturating_add(self.watch_seconds.saturating_mul(1000))
+        } else {
+            self.timeout_ms
         }
     }
-    Ok(page)
-}
-
-/// AIBrix's rules: Ready, an IP, not terminating; plus Running (stricter
-/// than AIBrix, and harmless: a Ready pod is Running).
-fn routable(pod: &Pod, name: &str) -> Result<DiscoveredPod, Skipped> {
-    let empty = BTreeMap::new();
-    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let status = pod.status.as_ref().ok_or(Skipped::NotRunning)?;
-    if pod.metadata.deletion_timestamp.is_some() {
-        return Err(Skipped::Terminating);
-    }
-    if status.phase.as_deref() != Some("Running") {
-        return Err(Skipped::NotRunning);
-    }
-    let ready = status
-        .conditions
-        .iter()
-        .flatten()
-        .any(|c| c.kind == "Ready" && c.status == "True");
-    if !ready {
-        return Err(Skipped::NotReady);
-    }
-    let ip: IpAddr = status
-        .pod_ip
-        .as_deref()
-        .and_then(|ip| ip.parse().ok())
-        .ok_or(Skipped::NoAddress)?;
-    let model = labels
-        .get(labels::MODEL)
-        .or_else(|| annotations.get(labels::MODEL))
-        .filter(|m| !m.is_empty())
-        .ok_or(Skipped::NoModel)?;
-    let worker = labels
-        .get(labels::RAY_NODE_TYPE)
-        .is_some_and(|t| t == "worker")
-        || labels
-            .get(labels::POD_GROUP_INDEX)
-            .is_some_and(|i| i.trim() != "0");
-    if worker {
-        return Err(Skipped::NotServing);
-    }
-    let port = match labels.get(labels::PORT) {
-        None => DEFAULT_PORT,
-        Some(p) => p
-            .trim()
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| Skipped::BadPort(p.clone()))?,
-    };
-    let role = match labels.get(labels::ROLE).map(String::as_str) {
-        None | Some("") => PodRole::Both,
-        Some("prefill") => PodRole::Prefill,
-        Some("decode") => PodRole::Decode,
-        Some(other) => return Err(Skipped::OtherRole(other.to_owned())),
-    };
-    let bootstrap_port = annotations
-        .get(labels::SGLANG_BOOTSTRAP_PORT)
-        .and_then(|p| p.trim().parse::<u16>().ok())
-        .filter(|p| *p != 0)
-        .unwrap_or(crate::fleet::DEFAULT_BOOTSTRAP_PORT);
-    Ok(DiscoveredPod {
-        model: model.clone(),
-        name: name.to_owned(),
-        address: SocketAddr::new(ip, port),
-        engine: labels
-            .get(labels::ENGINE)
-            .filter(|e| !e.is_empty())
-            .cloned()
-            .unwrap_or_else(|| DEFAULT_ENGINE.to_owned()),
-        role,
-        roleset: labels.get(labels::ROLESET).cloned().unwrap_or_default(),
-        kv_connector: labels
-            .get(labels::KV_CONNECTOR)
-            .map(|c| c.trim().to_ascii_lowercase()),
-        bootstrap_port,
-        dp_size: positive(annotations, pd_annotations::DP_SIZE).unwrap_or(1),
-        kv_port: positive(annotations, pd_annotations::KV_PORT)
-            .unwrap_or(crate::fleet::DEFAULT_KV_PORT),
-        nixl_push: nixl_peer(annotations),
-    })
 }

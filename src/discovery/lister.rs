@@ -1,7 +1,8 @@
 //! One LIST of pods, page by page: what to ask next, and what an answer
 //! means. Pure: the shell sends the requests and hands the answers in.
 
-use super::kube::{read_page, DiscoveredPod, KubeDiscovery, Skipped};
+use super::kube::{DiscoveredPod, KubeDiscovery, Skipped};
+use super::pod::{read_page_as, Reader};
 use crate::error::upstream_message;
 use std::fmt;
 
@@ -55,13 +56,36 @@ impl fmt::Display for ListFailure {
             ),
             ListFailure::Forbidden(m) => write!(
                 f,
-                "403 Forbidden ({m}): the service account needs get and list on pods (see deploy/rbac.yaml)"
+                "403 Forbidden ({m}): the service account needs get, list and watch on pods (see deploy/rbac.yaml)"
             ),
             ListFailure::Throttled(m) => write!(f, "429 Too Many Requests: {m}"),
             ListFailure::Status(s, m) => write!(f, "status {s}: {m}"),
             ListFailure::Unparsable(m) => write!(f, "the answer is unusable: {m}"),
             ListFailure::Runaway(m) => f.write_str(m),
         }
+    }
+}
+
+/// What an answer other than a 200 means (`status` `None`: reset before
+/// any header).
+pub fn failure(status: Option<u16>, body: &[u8]) -> ListFailure {
+    let message = || upstream_message(body);
+    match status {
+        None => ListFailure::Unreachable("connection reset".into()),
+        Some(401) => ListFailure::Unauthorized(message()),
+        Some(403) => ListFailure::Forbidden(message()),
+        Some(429) => ListFailure::Throttled(message()),
+        Some(504) => ListFailure::Unreachable("timed out".into()),
+        Some(503) => {
+            let m = message();
+            // Envoy's own reply when it could not reach the API server.
+            if m.starts_with("upstream connect error") || m.starts_with("no healthy upstream") {
+                ListFailure::Unreachable(m)
+            } else {
+                ListFailure::Status(503, m)
+            }
+        }
+        Some(s) => ListFailure::Status(s, message()),
     }
 }
 
@@ -72,6 +96,9 @@ pub struct Listed {
     pub pods: Vec<DiscoveredPod>,
     pub skipped: Vec<(String, Skipped)>,
     pub pages: usize,
+    /// The list's `metadata.resourceVersion` (of its last page): where a
+    /// watch continues it.
+    pub resource_version: Option<String>,
 }
 
 /// What to do after an answer.
@@ -102,12 +129,8 @@ impl ListRun {
 
     /// Takes one answer (`status` `None`: reset before any header).
     pub fn on_answer(&mut self, cfg: &KubeDiscovery, status: Option<u16>, body: &[u8]) -> Step {
-        let message = || upstream_message(body);
         match status {
-            None => Step::Failed(ListFailure::Unreachable("connection reset".into())),
             Some(200) => self.on_page(cfg, body),
-            Some(401) => Step::Failed(ListFailure::Unauthorized(message())),
-            Some(403) => Step::Failed(ListFailure::Forbidden(message())),
             Some(410) if self.restarts < MAX_RESTARTS => {
                 // The continue token expired: a list stitched from two
                 // snapshots could split a roleset, so start over.
@@ -118,27 +141,19 @@ impl ListRun {
             Some(410) => Step::Failed(ListFailure::Runaway(
                 "continue tokens kept expiring; the list restarted too often".into(),
             )),
-            Some(429) => Step::Failed(ListFailure::Throttled(message())),
-            Some(504) => Step::Failed(ListFailure::Unreachable("timed out".into())),
-            Some(503) => {
-                let m = message();
-                // Envoy's own reply when it could not reach the API server.
-                if m.starts_with("upstream connect error") || m.starts_with("no healthy upstream") {
-                    Step::Failed(ListFailure::Unreachable(m))
-                } else {
-                    Step::Failed(ListFailure::Status(503, m))
-                }
-            }
-            Some(s) => Step::Failed(ListFailure::Status(s, message())),
+            other => Step::Failed(failure(other, body)),
         }
     }
 
     fn on_page(&mut self, cfg: &KubeDiscovery, body: &[u8]) -> Step {
-        let page = match read_page(body, cfg.namespace.is_empty()) {
+        let page = match read_page_as(body, &Reader::of(cfg)) {
             Ok(p) => p,
             Err(e) => return Step::Failed(ListFailure::Unparsable(e)),
         };
         self.listed.pages += 1;
+        if page.resource_version.is_some() {
+            self.listed.resource_version = page.resource_version;
+        }
         self.listed.pods.extend(page.pods);
         self.listed.skipped.extend(page.skipped);
         match page.next {

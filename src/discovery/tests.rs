@@ -2,9 +2,10 @@
 //! set of kubernetes/api `core/v1`, as the mock API server serialises it
 //! with the official Python models).
 
-use super::kube::{read_page, KubeDiscovery, PodRole, Skipped};
+use super::kube::{KubeDiscovery, PodRole, Skipped};
 use super::lister::{ListFailure, ListRun, Step};
 use super::merge::{build_fleet, UNNAMED_ROLESET};
+use super::pod::read_page;
 use super::published;
 use crate::config::Config;
 use crate::pods::MemoryStore;
@@ -223,20 +224,53 @@ fn list_paths_encode_the_selector_and_page() {
     let mut c = cfg();
     assert_eq!(
         c.list_path(None),
-        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&limit=500&resourceVersion=0"
+        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&fieldSelector=status.phase%3DRunning&limit=500&resourceVersion=0"
     );
     assert_eq!(
         c.list_path(Some("eyJ2I+/=")),
-        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&limit=500&continue=eyJ2I%2B%2F%3D",
+        "/api/v1/namespaces/default/pods?labelSelector=model.aibrix.ai%2Fname&fieldSelector=status.phase%3DRunning&limit=500&continue=eyJ2I%2B%2F%3D",
         "a continue token carries its own resource version"
     );
     c.namespace = String::new();
-    c.label_selector = "role-name in (prefill,decode)".into();
+    c.label_selector = Some("role-name in (prefill,decode)".into());
     c.list_from_cache = false;
+    c.field_selector = String::new();
     assert_eq!(
         c.list_path(None),
         "/api/v1/pods?labelSelector=role-name%20in%20%28prefill%2Cdecode%29&limit=500"
     );
+    assert_eq!(
+        c.watch_path("4711"),
+        "/api/v1/pods?labelSelector=role-name%20in%20%28prefill%2Cdecode%29&watch=1&allowWatchBookmarks=true&resourceVersion=4711&timeoutSeconds=2"
+    );
+    assert_eq!(c.call_timeout_ms(true), 4000, "the window plus timeout_ms");
+    assert_eq!(c.call_timeout_ms(false), 2000);
+}
+
+#[test]
+fn an_unset_selector_narrows_to_the_configured_models_that_can_be_labels() {
+    let mut c = cfg();
+    c.narrow_to(["qwen3-8b", "Qwen/Qwen3-8B", "llama", "qwen3-8b"]);
+    assert_eq!(
+        c.label_selector.as_deref(),
+        Some("model.aibrix.ai/name in (llama,qwen3-8b)")
+    );
+    let mut c = cfg();
+    c.narrow_to(["Qwen/Qwen3-8B"]);
+    assert_eq!(c.label_selector.as_deref(), Some("model.aibrix.ai/name"));
+    let mut c = cfg();
+    c.label_selector = Some(String::new());
+    c.narrow_to(["llama"]);
+    assert_eq!(
+        c.label_selector.as_deref(),
+        Some(""),
+        "set by the user: kept"
+    );
+    assert!(!c.list_path(None).contains("labelSelector"));
+    for bad in ["", "-a", "a-", "a/b", &"x".repeat(64)] {
+        assert!(!super::kube::is_label_value(bad), "{bad:?}");
+    }
+    assert!(super::kube::is_label_value("a.b_c-9"));
 }
 
 #[test]
@@ -414,4 +448,74 @@ fn publishing_writes_only_changes_and_bumps_the_generation() {
         Ok(Some(2))
     );
     assert_eq!(published::read(&store, "set").expect("set").pods, vec![]);
+}
+
+#[test]
+fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
+    use super::kube::LabelScheme;
+    use super::pod::{read_page_as, Reader};
+    use super::pool::PoolView;
+    let role = |r: Option<&str>| {
+        let mut l = json!({"llm-d.ai/guide": "pd", "llm-d.ai/model": "qwen"});
+        if let Some(r) = r {
+            l["llm-d.ai/role"] = json!(r);
+        }
+        l
+    };
+    let mut ranked = pod("d1", Some("10.0.0.4"), role(Some("decode")));
+    ranked["metadata"]["annotations"] = json!({"llm-d.ai/active-ports": "8001"});
+    let items = vec![
+        pod("p0", Some("10.0.0.1"), role(Some("prefill"))),
+        pod("d0", Some("10.0.0.2"), role(Some("decode"))),
+        pod("c0", Some("10.0.0.3"), role(Some("prefill-decode"))),
+        pod("n0", Some("10.0.0.5"), role(None)),
+        pod("e0", Some("10.0.0.6"), role(Some("encode"))),
+        ranked,
+    ];
+    let reader = Reader {
+        scheme: LabelScheme::LlmD,
+        pool: Some(PoolView {
+            selector: "llm-d.ai/guide=pd".into(),
+            ports: vec![8000, 8001],
+        }),
+        ..Reader::default()
+    };
+    let page = read_page_as(&list(items, None), &reader).expect("page");
+    let got: Vec<(String, String, PodRole)> = page
+        .pods
+        .iter()
+        .map(|p| (p.name.clone(), p.address.to_string(), p.role))
+        .collect();
+    assert!(got.contains(&("p0-rank-0".into(), "10.0.0.1:8000".into(), PodRole::Prefill)));
+    assert!(got.contains(&("p0-rank-1".into(), "10.0.0.1:8001".into(), PodRole::Prefill)));
+    assert!(got.contains(&("c0-rank-0".into(), "10.0.0.3:8000".into(), PodRole::Both)));
+    assert!(got.contains(&("n0-rank-1".into(), "10.0.0.5:8001".into(), PodRole::Both)));
+    // Only the active port: the pod's own name.
+    assert!(got.contains(&("d1".into(), "10.0.0.4:8001".into(), PodRole::Decode)));
+    assert!(page.pods.iter().all(|p| p.model == "qwen"));
+    assert_eq!(
+        page.pods
+            .iter()
+            .find(|p| p.name == "p0-rank-1")
+            .map(|p| p.object()),
+        Some("p0")
+    );
+    assert_eq!(
+        page.skipped,
+        vec![("e0".to_owned(), Skipped::OtherRole("encode".into()))]
+    );
+    // The pool's model wins over the label.
+    let named = Reader {
+        pool_model: Some("served".into()),
+        ..reader
+    };
+    let page = read_page_as(
+        &list(
+            vec![pod("p0", Some("10.0.0.1"), role(Some("prefill")))],
+            None,
+        ),
+        &named,
+    )
+    .expect("page");
+    assert!(page.pods.iter().all(|p| p.model == "served"));
 }

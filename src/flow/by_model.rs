@@ -35,7 +35,11 @@ impl Flow {
             h.random_u64()
                 .unwrap_or_else(|_| now.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         };
-        let pod = router.place_unsplit(host, &model, &mut random, now)?;
+        // In executor mode the endpoint picker chose the pod.
+        let pod = match &self.head.picked {
+            Some(picked) => router.picked_decode(&model, picked)?,
+            None => router.place_unsplit(host, &model, &mut random, now)?,
+        };
         host.increment(Counter::Unsplit);
         self.debug(host, || {
             format!("{} for {name}: {}", self.head.path, pod.address)

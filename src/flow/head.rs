@@ -1,5 +1,7 @@
 //! What the flow keeps of the client's request headers.
 
+use crate::router::picked::{read_picked, Picked, DESTINATION_HEADER, PREFILLER_HEADER};
+
 /// Client headers that travel to the prefill leg too: credentials, and trace
 /// context so both legs land in one trace.
 const FORWARDED_HEADERS: [&str; 14] = [
@@ -28,6 +30,19 @@ pub(super) struct RequestHead {
     pub forwarded: Vec<(&'static str, String)>,
     /// The client sent `transfer-encoding` (a new body needs it gone).
     pub chunked: bool,
+    /// Executor mode: the pods an endpoint picker chose.
+    pub picked: Option<Picked>,
+}
+
+/// The endpoint picker's choice in `headers` (executor mode).
+pub(super) fn picked(headers: &[(String, Vec<u8>)]) -> Option<Picked> {
+    let value = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_slice())
+    };
+    read_picked(value(DESTINATION_HEADER), value(PREFILLER_HEADER))
 }
 
 /// The client headers that go to the prefill leg too, as sent.

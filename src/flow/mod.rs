@@ -30,6 +30,7 @@ use crate::error::{ClientError, PdError};
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
 use crate::multipart;
+use crate::router::picked::PREFILLER_HEADER;
 use crate::router::unsplit;
 use crate::router::{HeldLoad, Router};
 use head::RequestHead;
@@ -197,6 +198,18 @@ impl Flow {
             }
             if let Err(e) = host.set_request_header(header, None) {
                 return self.fail(host, e.into());
+            }
+        }
+        if config.routing.picker {
+            // Read before any strip took effect on the local copy; the
+            // client's own copies were removed before the picker ran
+            // (docs/deploy.md). The prefill pod's header goes too: it is
+            // the router's business, not the engine's.
+            self.head.picked = head::picked(&headers);
+            if headers.iter().any(|(k, _)| k == PREFILLER_HEADER) {
+                if let Err(e) = host.set_request_header(PREFILLER_HEADER, None) {
+                    return self.fail(host, e.into());
+                }
             }
         }
         self.head.chunked = headers.iter().any(|(k, _)| k == "transfer-encoding");

@@ -48,7 +48,13 @@ impl Flow {
             h.random_u64()
                 .unwrap_or_else(|_| now.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         };
-        let placement = router.place(host, &request, &attempt.failed_on, &mut random, now)?;
+        // The picker's choice holds for the first attempt; a retry after
+        // a failed prefill is the router's own.
+        let picked = self.head.picked.filter(|_| attempt.failed_on.is_empty());
+        let placement = match picked {
+            Some(p) => router.place_picked(&request, &p)?,
+            None => router.place(host, &request, &attempt.failed_on, &mut random, now)?,
+        };
         let mut entropy = HostIds {
             router: &router,
             host: &mut *host,

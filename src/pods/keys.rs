@@ -51,6 +51,12 @@ impl SharedKeys {
         format!("{}.discovered_gen", self.prefix)
     }
 
+    /// When the API server last confirmed the discovered pod set (a list or
+    /// a watch answered), Unix ms: every VM reports the set's age from it.
+    pub fn discovery_synced(&self) -> String {
+        format!("{}.discovery_synced", self.prefix)
+    }
+
     /// vLLM Mooncake prefill pods' engine ids, learned from their
     /// bootstrap servers by the scrape lease holder.
     pub fn mooncake_engines(&self) -> String {

@@ -85,7 +85,7 @@ pub fn configure<S: SharedStore + ?Sized>(
             .filter(|t| !t.is_empty());
         if token.is_none() {
             notes.push(format!(
-                "pd-router discovery: no token in the VM environment variable {:?}; listing without an Authorization header",
+                "pd-router discovery: no token in the VM environment variable {:?}; calling the API server without an Authorization header (deploy/ has Envoy add one: a credential_injector on the cluster)",
                 d.token_env
             ));
         }

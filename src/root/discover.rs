@@ -1,44 +1,83 @@
-//! Discovery's tick: listing pods through the API server's Envoy cluster
-//! (one VM, holding the lease) and applying the published pod set (every
-//! VM). Reading a list is [`crate::discovery`].
+//! Discovery's tick: listing pods through the API server's Envoy cluster,
+//! then watching them (one VM, holding the lease), and applying the
+//! published pod set (every VM). Reading lists and watch events is
+//! [`crate::discovery`].
 
 use super::RootHost;
-use crate::discovery::{build_fleet, published, KubeDiscovery, ListRun, Listed, Step};
+use crate::discovery::lister::failure;
+use crate::discovery::pod::Reader;
+use crate::discovery::pool::{pool_path, read_pool};
+use crate::discovery::schedule::{delay_ms, max_delay_ms, Jitter, Outcome};
+use crate::discovery::{
+    build_fleet, published, DiscoveredPod, KubeDiscovery, ListFailure, ListRun, Step, WatchOutcome,
+    Watched,
+};
 use crate::host::{Counter, Level};
 use crate::pods::lease;
 use crate::router::Router;
 
-/// The largest list answer read (a few thousand pods are a few MiB).
+/// The largest list or watch answer read (a few thousand pods are a few MiB).
 pub const MAX_LIST_BYTES: usize = 64 << 20;
 
 fn log<H: RootHost>(host: &H, level: Level, msg: &str) {
     host.log(level, &format!("pd-router discovery: {msg}"));
 }
 
+/// The call in flight.
+enum Call {
+    List(ListRun),
+    Watch,
+    /// The InferencePool, read before the pods it selects.
+    Pool,
+}
+
 pub struct Discoverer {
     cfg: KubeDiscovery,
     /// The bearer token, from the VM environment variable `token_env`.
     token: Option<String>,
-    /// The list in flight: its call token and its progress.
-    in_flight: Option<(u32, ListRun)>,
-    last_start_ms: u64,
-    /// The kind of the failure the lists are in, if they are failing:
-    /// logged when it changes, not on every list.
+    /// The call in flight: its token and what it is.
+    in_flight: Option<(u32, Call)>,
+    /// No call starts before this (Unix ms).
+    next_at_ms: u64,
+    jitter: Jitter,
+    /// Failed calls in a row (the backoff).
+    failures: u32,
+    /// The kind of the failure the calls are in, if they are failing:
+    /// logged when it changes, not on every call.
     failing: Option<&'static str>,
     /// The generation of the pod set this VM's fleet is built from.
     applied: u64,
+    /// The set a watch keeps current (the lease holder, watch mode).
+    watched: Option<Watched>,
+    /// This VM's first tick: the age of a set never confirmed.
+    born_ms: Option<u64>,
+    /// This VM holds the lease (and so says when the set is stale).
+    lister: bool,
+    /// The set was said to be stale, and has not been current since.
+    stale_said: bool,
+    /// When the InferencePool was last read (it is read again every
+    /// `interval_ms`, so a changed selector or port list takes effect).
+    pool_read_ms: u64,
 }
 
 impl Discoverer {
-    /// `token`: the API server's bearer token, if the VM has one.
-    pub fn new(cfg: KubeDiscovery, token: Option<String>) -> Discoverer {
+    /// `token`: the API server's bearer token, if the VM has one; `seed`
+    /// spreads this VM's calls from other VMs' and replicas'.
+    pub fn new(cfg: KubeDiscovery, token: Option<String>, seed: u64) -> Discoverer {
         Discoverer {
             cfg,
             token,
             in_flight: None,
-            last_start_ms: 0,
+            next_at_ms: 0,
+            jitter: Jitter::new(seed),
+            failures: 0,
             failing: None,
             applied: 0,
+            watched: None,
+            born_ms: None,
+            lister: false,
+            stale_said: false,
+            pool_read_ms: 0,
         }
     }
 
@@ -66,26 +105,79 @@ impl Discoverer {
         true
     }
 
-    /// Starts a list if this VM holds the lease and one is due.
-    pub fn maybe_list<H: RootHost>(&mut self, host: &mut H, router: &Router, vm_id: u64, now: u64) {
-        if self.in_flight.is_some() || now.saturating_sub(self.last_start_ms) < self.cfg.interval_ms
-        {
+    /// Every VM, every tick: publishes the pod set's age (since the API
+    /// server last confirmed it); the lease holder says when it is stale
+    /// and when it is current again.
+    pub fn report_age<H: RootHost>(&mut self, host: &H, router: &Router, now: u64) {
+        let born = *self.born_ms.get_or_insert(now);
+        let (synced, _) = host.shared_get(&router.keys().discovery_synced());
+        let since = match published::decode_generation(synced.as_deref()) {
+            0 => born,
+            at => at,
+        };
+        let age = now.saturating_sub(since);
+        host.record_discovery_age(age);
+        if !self.lister {
             return;
         }
-        let ttl = self
-            .cfg
-            .interval_ms
-            .saturating_add(self.cfg.timeout_ms)
-            .saturating_mul(2);
-        if !lease::try_hold(host, &router.keys().discovery_lease(), vm_id, now, ttl) {
-            return;
+        let stale = age > self.cfg.stale_after_ms;
+        if stale && !self.stale_said {
+            self.stale_said = true;
+            log(
+                host,
+                Level::Warn,
+                &format!(
+                    "the pod set is {} s old (stale_after_ms {}): the API server has not confirmed it since; routing on the last good set",
+                    age / 1000,
+                    self.cfg.stale_after_ms
+                ),
+            );
+        } else if !stale && self.stale_said {
+            self.stale_said = false;
+            log(host, Level::Info, "the pod set is current again");
         }
-        self.last_start_ms = now;
-        let (run, path) = ListRun::start(&self.cfg);
-        self.send(host, run, &path);
     }
 
-    fn send<H: RootHost>(&mut self, host: &mut H, run: ListRun, path: &str) {
+    /// Starts a list or a watch if this VM holds the lease and one is due.
+    pub fn maybe_list<H: RootHost>(&mut self, host: &mut H, router: &Router, vm_id: u64, now: u64) {
+        if self.in_flight.is_some() || now < self.next_at_ms {
+            return;
+        }
+        let watching = self.cfg.watch && self.watched.is_some();
+        // Held through the call and the longest wait before the next one
+        // (a backoff included), with room to spare: the holder keeps its
+        // watch's resourceVersion, which another VM would have to list for.
+        let ttl = self
+            .cfg
+            .call_timeout_ms(watching)
+            .saturating_add(max_delay_ms(&self.cfg))
+            .saturating_add(self.cfg.interval_ms);
+        self.lister = lease::try_hold(host, &router.keys().discovery_lease(), vm_id, now, ttl);
+        if !self.lister {
+            return;
+        }
+        let pool_due = self.cfg.inference_pool.is_some()
+            && (self.cfg.pool.is_none()
+                || now >= self.pool_read_ms.saturating_add(self.cfg.interval_ms));
+        if let Some(pool) = self.cfg.inference_pool.as_ref().filter(|_| pool_due) {
+            let ns = pool.namespace.as_deref().unwrap_or(&self.cfg.namespace);
+            let path = pool_path(ns, &pool.name);
+            self.send(host, Call::Pool, &path);
+            return;
+        }
+        match self.watched.as_ref().filter(|_| self.cfg.watch) {
+            Some(w) => {
+                let path = self.cfg.watch_path(w.resource_version());
+                self.send(host, Call::Watch, &path);
+            }
+            None => {
+                let (run, path) = ListRun::start(&self.cfg);
+                self.send(host, Call::List(run), &path);
+            }
+        }
+    }
+
+    fn send<H: RootHost>(&mut self, host: &mut H, call: Call, path: &str) {
         let bearer = self.token.as_ref().map(|t| format!("Bearer {t}"));
         let mut headers = vec![
             (":method", "GET"),
@@ -100,16 +192,21 @@ impl Discoverer {
         if let Some(b) = &bearer {
             headers.push(("authorization", b.as_str()));
         }
-        match host.dispatch(&self.cfg.cluster, &headers, self.cfg.timeout_ms) {
-            Ok(token) => self.in_flight = Some((token, run)),
-            Err(e) => log(
-                host,
-                Level::Warn,
-                &format!(
-                    "could not list pods through cluster {:?}: {}",
-                    self.cfg.cluster, e.status
-                ),
-            ),
+        let timeout = self.cfg.call_timeout_ms(matches!(call, Call::Watch));
+        match host.dispatch(&self.cfg.cluster, &headers, timeout) {
+            Ok(token) => self.in_flight = Some((token, call)),
+            Err(e) => {
+                log(
+                    host,
+                    Level::Warn,
+                    &format!(
+                        "could not call the API server through cluster {:?}: {}",
+                        self.cfg.cluster, e.status
+                    ),
+                );
+                let now = host.now_ms();
+                self.failed_at(now);
+            }
         }
     }
 
@@ -117,7 +214,7 @@ impl Discoverer {
         self.in_flight.as_ref().is_some_and(|(t, _)| *t == token)
     }
 
-    /// A list answer arrived.
+    /// A list or watch answer arrived.
     pub fn on_answer<H: RootHost>(
         &mut self,
         host: &mut H,
@@ -125,55 +222,180 @@ impl Discoverer {
         status: Option<u16>,
         body_size: usize,
     ) {
-        let Some((_, mut run)) = self.in_flight.take() else {
+        let Some((_, call)) = self.in_flight.take() else {
             return;
         };
         let body = host.call_answer_body(body_size, MAX_LIST_BYTES);
-        match run.on_answer(&self.cfg, status, &body) {
-            Step::Fetch(path) => self.send(host, run, &path),
-            Step::Done(listed) => self.listed(host, router, listed),
-            Step::Failed(failure) => {
-                host.increment(Counter::DiscoveryFailure);
-                if self.failing != Some(failure.kind()) {
-                    self.failing = Some(failure.kind());
-                    log(
-                        host,
-                        Level::Warn,
-                        &format!("listing pods failed, keeping the last good pod set: {failure}"),
+        match call {
+            Call::List(mut run) => match run.on_answer(&self.cfg, status, &body) {
+                Step::Fetch(path) => self.send(host, Call::List(run), &path),
+                Step::Done(listed) => {
+                    host.increment(Counter::DiscoveryList);
+                    self.watched = Watched::from_list(&listed).filter(|_| self.cfg.watch);
+                    let how = format!(
+                        "{} pages; {} pods skipped",
+                        listed.pages,
+                        listed.skipped.len()
                     );
+                    self.synced(host, router, &listed.pods, &how);
                 }
-            }
+                Step::Failed(failure) => self.failed(host, failure),
+            },
+            Call::Watch => self.on_watch_answer(host, router, status, &body),
+            Call::Pool => self.on_pool_answer(host, status, &body),
         }
     }
 
-    fn listed<H: RootHost>(&mut self, host: &mut H, router: &Router, listed: Listed) {
-        host.increment(Counter::DiscoveryList);
+    /// The InferencePool answered: a changed selector or port list starts
+    /// a fresh list; a pool that is gone keeps the last good set.
+    fn on_pool_answer<H: RootHost>(&mut self, host: &mut H, status: Option<u16>, body: &[u8]) {
+        let Some(pool) = self.cfg.inference_pool.clone() else {
+            return;
+        };
+        let read = match status {
+            Some(200) => read_pool(body).map_err(ListFailure::Unparsable),
+            Some(404) => Err(ListFailure::Status(
+                404,
+                format!(
+                    "the InferencePool {:?} does not exist in {:?}",
+                    pool.name,
+                    pool.namespace.as_deref().unwrap_or(&self.cfg.namespace)
+                ),
+            )),
+            other => Err(failure(other, body)),
+        };
+        match read {
+            Ok(view) => {
+                let now = host.now_ms();
+                self.pool_read_ms = now;
+                self.next_at_ms = now;
+                if self.cfg.pool.as_ref() != Some(&view) {
+                    log(
+                        host,
+                        Level::Info,
+                        &format!(
+                            "InferencePool {}: pods {} on ports {:?}; listing them",
+                            pool.name, view.selector, view.ports
+                        ),
+                    );
+                    self.cfg.pool = Some(view);
+                    // A watch of the old selector is of the wrong pods.
+                    self.watched = None;
+                }
+            }
+            Err(f) => self.failed(host, f),
+        }
+    }
+
+    fn on_watch_answer<H: RootHost>(
+        &mut self,
+        host: &mut H,
+        router: &Router,
+        status: Option<u16>,
+        body: &[u8],
+    ) {
+        let Some(w) = self.watched.as_mut() else {
+            return;
+        };
+        match w.on_answer(status, body, &Reader::of(&self.cfg)) {
+            WatchOutcome::Applied { events } => {
+                host.increment(Counter::DiscoveryWatch);
+                let pods = w.pods();
+                self.synced(host, router, &pods, &format!("{events} watch events"));
+            }
+            WatchOutcome::Relist(why) => {
+                // The API server's history no longer reaches back to our
+                // resourceVersion: only a fresh list is a consistent view.
+                host.increment(Counter::DiscoveryRelist);
+                log(
+                    host,
+                    Level::Info,
+                    &format!("the watch expired ({why}); listing again"),
+                );
+                self.watched = None;
+                let now = host.now_ms();
+                self.next_at_ms = now.saturating_add(delay_ms(
+                    &self.cfg,
+                    Outcome::Synced { watching: true },
+                    &mut self.jitter,
+                ));
+            }
+            WatchOutcome::Failed(failure) => self.failed(host, failure),
+        }
+    }
+
+    fn failed<H: RootHost>(&mut self, host: &mut H, failure: ListFailure) {
+        host.increment(Counter::DiscoveryFailure);
+        if self.failing != Some(failure.kind()) {
+            self.failing = Some(failure.kind());
+            log(
+                host,
+                Level::Warn,
+                &format!("the API server call failed, keeping the last good pod set: {failure}"),
+            );
+        }
+        let now = host.now_ms();
+        self.failed_at(now);
+    }
+
+    fn failed_at(&mut self, now: u64) {
+        self.failures = self.failures.saturating_add(1);
+        self.next_at_ms = now.saturating_add(delay_ms(
+            &self.cfg,
+            Outcome::Failed(self.failures),
+            &mut self.jitter,
+        ));
+    }
+
+    /// The API server answered: the set is current; publish it if it
+    /// changed, and schedule the next call.
+    fn synced<H: RootHost>(
+        &mut self,
+        host: &mut H,
+        router: &Router,
+        pods: &[DiscoveredPod],
+        how: &str,
+    ) {
+        let now = host.now_ms();
+        self.failures = 0;
         if let Some(kind) = self.failing.take() {
             log(
                 host,
                 Level::Info,
-                &format!("listing pods works again (was: {kind})"),
+                &format!("the API server answers again (was: {kind})"),
             );
         }
         let keys = router.keys();
-        let published = published::publish(
+        if let Err(e) = host.shared_set(
+            &keys.discovery_synced(),
+            &published::encode_generation(now),
+            None,
+        ) {
+            log(
+                host,
+                Level::Error,
+                &format!("could not record the sync time: {e:?}"),
+            );
+        }
+        let outcome = Outcome::Synced {
+            watching: self.watched.is_some(),
+        };
+        self.next_at_ms = now.saturating_add(delay_ms(&self.cfg, outcome, &mut self.jitter));
+        match published::publish(
             host,
             &keys.discovered(),
             &keys.discovered_generation(),
-            &listed.pods,
-        );
-        match published {
+            pods,
+        ) {
             Ok(Some(generation)) => {
-                let (fleet, unused) = build_fleet(&router.config.models, &listed.pods);
+                let (fleet, unused) = build_fleet(&router.config.models, pods);
                 let models = fleet.models().iter().filter(|m| !m.pods.is_empty()).count();
                 log(
                     host,
                     Level::Info,
                     &format!(
-                        "pod set {generation}: {} routable pods in {models} models ({} pages; {} pods skipped)",
-                        listed.pods.len(),
-                        listed.pages,
-                        listed.skipped.len()
+                        "pod set {generation}: {} routable pods in {models} models ({how})",
+                        pods.len()
                     ),
                 );
                 for u in unused {

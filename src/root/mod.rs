@@ -41,6 +41,9 @@ pub trait RootHost: SharedStore + Telemetry {
     fn call_answer_body(&self, len: usize, max: usize) -> Vec<u8>;
     /// Publishes the size of the discovered pod set.
     fn record_discovered(&self, pods: u64);
+    /// Publishes the discovered pod set's age: milliseconds since the API
+    /// server last confirmed it.
+    fn record_discovery_age(&self, age_ms: u64);
     /// Learns the pods' labels (their stats are named by them).
     fn know_fleet(&self, fleet: &Fleet);
     /// Publishes a pod's shared counters as gauges.
@@ -67,7 +70,7 @@ impl Root {
             .config
             .discovery
             .clone()
-            .map(|cfg| Discoverer::new(cfg, kube_token));
+            .map(|cfg| Discoverer::new(cfg, kube_token, vm_id));
         Root {
             router,
             vm_id,
@@ -102,6 +105,7 @@ impl Root {
                 self.scraper.forget_departed(&live);
             }
             d.maybe_list(host, &router, self.vm_id, now);
+            d.report_age(host, &router, now);
         }
         self.bootstrap.refresh(host, &router);
         self.bootstrap.ask(host, &router, self.vm_id, now);

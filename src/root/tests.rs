@@ -33,6 +33,7 @@ struct FakeRoot {
     logs: RefCell<Vec<(Level, String)>>,
     counters: RefCell<Vec<Counter>>,
     discovered: RefCell<Option<u64>>,
+    age: RefCell<Option<u64>>,
 }
 
 impl FakeRoot {
@@ -46,6 +47,7 @@ impl FakeRoot {
             logs: RefCell::new(Vec::new()),
             counters: RefCell::new(Vec::new()),
             discovered: RefCell::new(None),
+            age: RefCell::new(None),
         }
     }
 
@@ -111,6 +113,9 @@ impl RootHost for FakeRoot {
     }
     fn record_discovered(&self, pods: u64) {
         *self.discovered.borrow_mut() = Some(pods);
+    }
+    fn record_discovery_age(&self, age_ms: u64) {
+        *self.age.borrow_mut() = Some(age_ms);
     }
     fn know_fleet(&self, _fleet: &Fleet) {}
     fn record_pod(&self, _pod: &str, _outstanding: u32, _pending: u32, _healthy: bool) {}
@@ -297,6 +302,127 @@ fn discovery_publishes_a_list_and_keeps_the_last_good_set_when_lists_fail() {
     assert_eq!(b.router.fleet().pods().len(), 2);
 }
 
+const WATCHED: &str = r#"{"scrape_interval_ms":0,
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"stale_after_ms":5000}},
+    "models":[{"name":"m","engine":"vllm"}]}"#;
+
+fn watch_events(events: &[(&str, Value)]) -> Vec<u8> {
+    events
+        .iter()
+        .flat_map(|(kind, object)| {
+            let mut line =
+                serde_json::to_vec(&json!({"type": kind, "object": object})).expect("json");
+            line.push(b'\n');
+            line
+        })
+        .collect()
+}
+
+/// Ticks until the lister calls (the jitter delays it), at most 40 s.
+fn next_call(root: &mut Root, host: &mut FakeRoot) -> Call {
+    for _ in 0..400 {
+        root.on_tick(host);
+        if let Some(call) = host.take_calls().pop() {
+            return call;
+        }
+        host.now += 100;
+    }
+    panic!("no call to the API server: {:?}", host.logs.borrow())
+}
+
+#[test]
+fn one_list_then_watches_and_a_relist_when_the_watch_expires() {
+    let mut vms = vms(WATCHED, 2);
+    let [(a, ha), (b, hb)] = &mut vms[..] else {
+        panic!("two vms")
+    };
+    let list = next_call(a, ha);
+    assert!(list
+        .header(":path")
+        .contains("labelSelector=model.aibrix.ai%2Fname%20in%20%28m%29"));
+    assert!(list
+        .header(":path")
+        .contains("fieldSelector=status.phase%3DRunning"));
+    answer(
+        a,
+        ha,
+        &list,
+        Some(200),
+        &pod_list(vec![pod("p0", "10.1.0.1", "prefill")]),
+    );
+
+    // A watch from the list's resourceVersion, not another list.
+    let watch = next_call(a, ha);
+    let path = watch.header(":path");
+    assert!(
+        path.contains("watch=1") && path.contains("resourceVersion=8"),
+        "{path}"
+    );
+    assert!(path.contains("allowWatchBookmarks=true") && path.contains("timeoutSeconds=2"));
+    let body = watch_events(&[("ADDED", pod("d0", "10.1.0.2", "decode"))]);
+    answer(a, ha, &watch, Some(200), &body);
+    assert_eq!(ha.counted(Counter::DiscoveryWatch), 1);
+    b.on_tick(hb);
+    assert_eq!(
+        b.router.fleet().pods().len(),
+        2,
+        "every VM applies the watched set"
+    );
+
+    // The next watch goes on from the event's resourceVersion ("7").
+    let watch = next_call(a, ha);
+    assert!(watch.header(":path").contains("resourceVersion=7"));
+    let expired = watch_events(&[(
+        "ERROR",
+        json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+               "message": "too old resource version: 7 (9)", "reason": "Expired", "code": 410}),
+    )]);
+    answer(a, ha, &watch, Some(200), &expired);
+    assert_eq!(ha.counted(Counter::DiscoveryRelist), 1);
+    assert!(ha.logged("listing again"));
+    let relist = next_call(a, ha);
+    assert!(!relist.header(":path").contains("watch=1"), "a fresh list");
+    assert_eq!(b.router.fleet().pods().len(), 2, "the set stays meanwhile");
+}
+
+#[test]
+fn a_set_not_confirmed_for_stale_after_ms_is_said_and_its_age_published() {
+    let mut vms = vms(WATCHED, 1);
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    let list = next_call(a, ha);
+    answer(
+        a,
+        ha,
+        &list,
+        Some(200),
+        &pod_list(vec![pod("p0", "10.1.0.1", "prefill")]),
+    );
+    let synced_at = ha.now;
+    // The API server goes away: every call fails, with growing waits.
+    while ha.now < synced_at + 8_000 {
+        let call = next_call(a, ha);
+        answer(a, ha, &call, None, b"");
+    }
+    a.on_tick(ha);
+    let age = ha.age.borrow().expect("age published");
+    assert!(age >= 8_000, "{age}");
+    assert!(
+        ha.logged("s old (stale_after_ms 5000)"),
+        "{:?}",
+        ha.logs.borrow()
+    );
+    assert!(ha.counted(Counter::DiscoveryFailure) >= 3);
+    // Back: a good answer makes it current, said once.
+    let call = next_call(a, ha);
+    answer(a, ha, &call, Some(200), b"");
+    a.on_tick(ha);
+    assert!(ha.age.borrow().expect("age") < 1_000);
+    assert!(ha.logged("the pod set is current again"));
+    assert!(ha.logged("the API server answers again"));
+}
+
 #[test]
 fn a_missing_token_is_said_at_configure() {
     let mut host = MemoryStore::default();
@@ -371,4 +497,86 @@ fn a_prefill_timeout_longer_than_the_kv_lease_is_warned() {
     assert!(!warned(
         r#"{"prefill_timeout_ms":60000,"models":[{"name":"m","engine":"sglang","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]}]}]}"#
     ));
+}
+
+const POOLED: &str = r#"{"scrape_interval_ms":0,
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"labels":"llm-d",
+                               "inference_pool":{"name":"qwen-pool","model":"m"}}},
+    "models":[{"name":"m","engine":"vllm"}]}"#;
+
+fn pool_answer(selector: Value) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": "qwen-pool", "namespace": "default"},
+        "spec": {"selector": {"matchLabels": selector}, "targetPorts": [{"number": 8000}]}}),
+    )
+    .expect("json")
+}
+
+fn llmd_pod(name: &str, ip: &str, role: &str) -> Value {
+    let mut p = pod(name, ip, role);
+    p["metadata"]["labels"] = json!({"app": "a", "llm-d.ai/role": role});
+    p
+}
+
+#[test]
+fn an_inference_pool_is_read_first_and_a_changed_selector_lists_again() {
+    let mut vms = vms(POOLED, 1);
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    let get = next_call(a, ha);
+    assert_eq!(
+        get.header(":path"),
+        "/apis/inference.networking.k8s.io/v1/namespaces/default/inferencepools/qwen-pool"
+    );
+    answer(a, ha, &get, Some(200), &pool_answer(json!({"app": "a"})));
+    let list = next_call(a, ha);
+    assert!(
+        list.header(":path").contains("labelSelector=app%3Da&"),
+        "{}",
+        list.header(":path")
+    );
+    let pods = pod_list(vec![
+        llmd_pod("p0", "10.1.0.1", "prefill"),
+        llmd_pod("d0", "10.1.0.2", "decode"),
+    ]);
+    answer(a, ha, &list, Some(200), &pods);
+    a.on_tick(ha);
+    assert_eq!(a.router.fleet().pods().len(), 2);
+
+    // A second later the pool is read again; it selects other pods now.
+    ha.now += 1_000;
+    let get = next_call(a, ha);
+    assert!(get.header(":path").contains("inferencepools"));
+    answer(a, ha, &get, Some(200), &pool_answer(json!({"app": "b"})));
+    let relist = next_call(a, ha);
+    let path = relist.header(":path");
+    assert!(
+        path.contains("labelSelector=app%3Db&") && !path.contains("watch=1"),
+        "{path}"
+    );
+    assert!(ha.logged("InferencePool qwen-pool: pods app=b"));
+    answer(a, ha, &relist, Some(200), &pods);
+
+    // The pool is gone: the set stays, the failure is counted and said.
+    ha.now += 1_000;
+    let get = loop {
+        let c = next_call(a, ha);
+        if c.header(":path").contains("inferencepools") {
+            break c;
+        }
+        answer(a, ha, &c, Some(200), b"");
+    };
+    answer(
+        a,
+        ha,
+        &get,
+        Some(404),
+        br#"{"kind":"Status","code":404,"reason":"NotFound"}"#,
+    );
+    assert!(ha.counted(Counter::DiscoveryFailure) >= 1);
+    assert!(ha.logged("does not exist"), "{:?}", ha.logs.borrow());
+    a.on_tick(ha);
+    assert_eq!(a.router.fleet().pods().len(), 2, "the last good set stays");
 }

@@ -8,6 +8,7 @@
 //! of a request on a path that is not split.
 
 mod load;
+pub mod picked;
 mod placement;
 pub mod unsplit;
 

@@ -97,6 +97,10 @@ impl RootHost for RootIo<'_> {
         self.stats.record_discovered(pods);
     }
 
+    fn record_discovery_age(&self, age_ms: u64) {
+        self.stats.record_discovery_age(age_ms);
+    }
+
     fn know_fleet(&self, fleet: &Fleet) {
         self.stats.know_fleet(fleet);
     }

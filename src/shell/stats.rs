@@ -46,6 +46,8 @@ pub(super) struct Stats {
     log_level: Cell<Option<LogLevel>>,
     /// Pods in the discovered set (defined when discovery is on).
     discovered: Cell<Option<u32>>,
+    /// The discovered set's age in ms (defined when discovery is on).
+    discovery_age: Cell<Option<u32>>,
 }
 
 fn define(kind: MetricType, name: &str) -> Option<u32> {
@@ -75,6 +77,17 @@ impl Stats {
         }
         if let Some(id) = self.discovered.get() {
             let _ = abi::record_metric(id, pods);
+        }
+    }
+
+    /// Publishes the discovered pod set's age.
+    pub(super) fn record_discovery_age(&self, age_ms: u64) {
+        if self.discovery_age.get().is_none() {
+            self.discovery_age
+                .set(define(MetricType::Gauge, "pd_router.discovery.age_ms"));
+        }
+        if let Some(id) = self.discovery_age.get() {
+            let _ = abi::record_metric(id, age_ms);
         }
     }
 

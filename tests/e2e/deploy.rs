@@ -1,7 +1,8 @@
-//! deploy/: every manifest parses and validates, and every Envoy configuration
-//! the manifests produce (plain Envoy, Istio, Envoy Gateway, Envoy Gateway with
-//! override_host) loads in Envoy with the built module and its plugin
-//! configuration.
+//! deploy/: every overlay of the kustomize package renders (`kubectl
+//! kustomize`), every rendered manifest validates, and every Envoy
+//! configuration the manifests produce (plain Envoy, Istio, Envoy Gateway in
+//! both xDS name schemes, Envoy Gateway with override_host) loads in Envoy
+//! with the built module and its plugin configuration.
 //!
 //! The checks themselves live beside the manifests: `deploy/validate.py`
 //! (YAML, Kubernetes' JSON schemas, the hand-kept Envoy Gateway schemas, the
@@ -22,12 +23,19 @@ const SETUP_PIP: &str =
 const SETUP_NPM: &str =
     "npm ci --prefix .tools/node (deploy/node/package.json and package-lock.json copied there)";
 
-const VARIANTS: [&str; 4] = [
+const VARIANTS: [&str; 7] = [
     "envoy",
+    "envoy-epp",
     "istio",
+    "inference-pool",
     "envoy-gateway",
     "envoy-gateway/override-host",
+    "envoy-gateway/xds-name-scheme-v2",
 ];
+
+/// Istio 1.28's Envoy line: the Istio configuration must load there too
+/// (`just setup` installs it, as `just envoy-versions` does).
+const ISTIO_ENVOY: &str = ".tools/envoy-1.36.4/bin/envoy";
 
 /// A ConfigMap (deploy/envoy: `pd-router-wasm`) holds at most 1 MiB.
 const CONFIGMAP_LIMIT: u64 = 1 << 20;
@@ -69,6 +77,13 @@ fn require_tools() {
         out.status.success(),
         "PyYAML / jsonschema / kubernetes-validate missing from .venv: run `just setup` (the step `{SETUP_PIP}`)\n{}",
         text(&out)
+    );
+    let out = Command::new("kubectl")
+        .args(["kustomize", "--help"])
+        .output();
+    assert!(
+        out.is_ok_and(|o| o.status.success()),
+        "kubectl not found on PATH: deploy/ is a kustomize package rendered with `kubectl kustomize` (kubectl 1.27 or later, kustomize v5)"
     );
     let out = Command::new("node").arg("--version").output();
     assert!(
@@ -190,23 +205,34 @@ fn every_deploy_manifest_validates_and_its_envoy_configuration_loads() {
             failures.push(format!("{want}: no Envoy configuration was assembled"));
         }
     }
-    let runs: Vec<_> = bootstraps
-        .iter()
-        .map(|b| {
+    let istio_envoy = repo().join(ISTIO_ENVOY);
+    assert!(
+        istio_envoy.exists(),
+        "{} not found: run `just setup` (it installs Envoy 1.36.4 for the Istio configuration)",
+        istio_envoy.display()
+    );
+    // Each configuration on Envoy 1.40; Istio's also on its 1.36.
+    let mut jobs: Vec<(&Value, PathBuf)> = bootstraps.iter().map(|b| (b, envoy.clone())).collect();
+    jobs.extend(
+        bootstraps
+            .iter()
+            .filter(|b| b["variant"] == "istio" || b["variant"] == "inference-pool")
+            .map(|b| (b, istio_envoy.clone())),
+    );
+    let runs: Vec<_> = jobs
+        .into_iter()
+        .map(|(b, envoy)| {
             let path = PathBuf::from(b["path"].as_str().expect("path"));
-            let envoy = envoy.clone();
             let label = format!(
-                "{}: the Envoy configuration of {}",
+                "{}: the Envoy configuration of {} (on {})",
                 b["variant"].as_str().unwrap_or("?"),
-                b["made_of"].as_str().unwrap_or("?")
+                b["made_of"].as_str().unwrap_or("?"),
+                envoy.display()
             );
             std::thread::spawn(move || {
                 let out = Command::new(&envoy)
                     .args(["--mode", "validate", "--disable-hot-restart", "-c"])
                     .arg(&path)
-                    // What the proxies get from the token Secret: the filter
-                    // must find it through host_env_keys.
-                    .env("PD_ROUTER_KUBE_TOKEN", "deploy-validate-token")
                     .output()
                     .expect("run envoy");
                 (label, path, out)
@@ -222,18 +248,21 @@ fn every_deploy_manifest_validates_and_its_envoy_configuration_loads() {
                 path.display(),
                 why(&log)
             ));
-        } else if log.contains("no token in the VM environment variable") {
-            failures.push(format!(
-                "{label}: the filter found no token in its VM environment (host_env_keys)"
-            ));
         }
     }
 
-    // The plain-Envoy deployment ships the module in a ConfigMap.
-    let size = std::fs::metadata(&wasm).expect("wasm").len();
+    // The plain-Envoy deployment ships the module gzipped in a ConfigMap,
+    // as deploy/README.md says to make it.
+    let gz = Command::new("gzip")
+        .args(["-9c"])
+        .arg(&wasm)
+        .output()
+        .expect("run gzip");
+    assert!(gz.status.success(), "gzip: {}", text(&gz));
+    let size = gz.stdout.len() as u64;
     if size >= CONFIGMAP_LIMIT {
         failures.push(format!(
-            "{}: {size} bytes, too big for the pd-router-wasm ConfigMap of deploy/envoy (1 MiB)",
+            "{}: {size} bytes gzipped, too big for the pd-router-wasm ConfigMap of deploy/envoy (1 MiB)",
             wasm.display()
         ));
     }
@@ -243,5 +272,136 @@ fn every_deploy_manifest_validates_and_its_envoy_configuration_loads() {
         "{} deploy/ failure(s):\n\n{}",
         failures.len(),
         failures.join("\n\n")
+    );
+}
+
+/// Envoy's admin address, once it has written it (10 s at most).
+fn admin_address(path: &Path) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        if let Ok(a) = std::fs::read_to_string(path) {
+            if !a.trim().is_empty() {
+                return a.trim().to_owned();
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Envoy wrote no admin address"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+fn check_deploy(dump: &Path) -> Output {
+    run(
+        Command::new(python())
+            .arg(repo().join("scripts/check-deploy.py"))
+            .arg(dump),
+        "scripts/check-deploy.py",
+    )
+}
+
+#[test]
+fn the_post_apply_check_passes_on_a_running_envoy_of_the_plain_overlay() {
+    require_tools();
+    let scratch = Scratch::new("check-deploy");
+    let out = run(
+        Command::new(python())
+            .arg(repo().join("deploy/validate.py"))
+            .arg("--out")
+            .arg(&scratch.0)
+            .arg("--wasm")
+            .arg(wasm_path()),
+        "deploy/validate.py",
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    // The rendered plain-Envoy overlay's envoy.yaml, runnable here.
+    let admin = scratch.0.join("admin.txt");
+    let mut cmd = Command::new(envoy_bin());
+    cmd.arg("-c")
+        .arg(scratch.0.join("bootstrap-envoy.yaml"))
+        .args(["--disable-hot-restart", "--admin-address-path"])
+        .arg(&admin)
+        .arg("--log-path")
+        .arg(scratch.0.join("envoy.log"));
+    let _envoy = Proc::spawn("envoy (plain overlay)", &mut cmd);
+    let address = admin_address(&admin);
+    let dump = http()
+        .get(format!("http://{address}/config_dump?include_eds"))
+        .send()
+        .and_then(|r| r.text())
+        .expect("config_dump");
+    let path = scratch.0.join("dump.json");
+    std::fs::write(&path, &dump).expect("dump");
+    let out = check_deploy(&path);
+    assert!(
+        out.status.success(),
+        "the check fails on the plain overlay:\n{}",
+        text(&out)
+    );
+    assert!(text(&out).contains("check-deploy: 0 check(s) failed"));
+
+    // What a control plane that drops the flag and adds its retries leaves.
+    let broken = dump
+        .replace(
+            "\"allow_on_headers_stop_iteration\": true",
+            "\"allow_on_headers_stop_iteration\": false",
+        )
+        .replace(
+            "\"cluster\": \"pd_decode\",",
+            "\"cluster\": \"pd_decode\", \"retry_policy\": {\"num_retries\": 2},",
+        );
+    assert_ne!(broken, dump, "the dump's shape changed: update this test");
+    std::fs::write(&path, broken).expect("dump");
+    let out = check_deploy(&path);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("FAIL: the filter has allow_on_headers_stop_iteration"),
+        "{said}"
+    );
+    assert!(
+        said.contains("does not retry") && said.contains("FAIL: route"),
+        "{said}"
+    );
+}
+
+#[test]
+fn the_smoke_script_shows_both_legs_pods() {
+    let p = Mock::start(
+        "smoke-p0",
+        &["--engine", "vllm", "--role", "prefill", "--model", "m"],
+    );
+    let d = Mock::start(
+        "smoke-d0",
+        &["--engine", "vllm", "--role", "decode", "--model", "m"],
+    );
+    let envoy = Envoy::start(&serde_json::json!({
+        "models": [{"name": "m", "engine": "vllm",
+                    "rolesets": [{"prefill": [p.endpoint()], "decode": [d.endpoint()]}]}]
+    }));
+    let smoke = |model: &str| {
+        run(
+            Command::new("bash")
+                .arg(repo().join("scripts/smoke.sh"))
+                .arg(envoy.url(""))
+                .arg(model),
+            "scripts/smoke.sh",
+        )
+    };
+    let out = smoke("m");
+    let said = text(&out);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("split: prefill on smoke-p0, decode on smoke-d0"),
+        "{said}"
+    );
+    // A model the router does not serve: said, and a failure.
+    let out = smoke("nope");
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("the gateway answered 404"),
+        "{}",
+        text(&out)
     );
 }

@@ -1,6 +1,7 @@
 //! Pods discovered from a (mock) Kubernetes API server through Envoy: no
-//! static endpoints; the pod set changes under load; API trouble keeps the
-//! last good pod set.
+//! static endpoints; one list, then bounded watches; the pod set changes
+//! under load; API trouble (watches cut, expired, the API down) keeps the
+//! last good pod set, and its age says so.
 
 use crate::harness::*;
 use crate::kube_api::{KubeApi, KubePod};
@@ -11,8 +12,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "t0k3n-e2e";
-/// How often the filter lists pods in these tests.
+/// List mode: how often the filter lists pods; watch mode: the backoff's base.
 const INTERVAL_MS: u64 = 200;
+/// Each watch's window (timeoutSeconds) in these tests.
+const WATCH_SECONDS: u64 = 1;
 
 /// envoy.yaml plus a `kube_api` cluster pointing at the mock API server.
 fn kube_cluster(api: &KubeApi) -> String {
@@ -28,7 +31,8 @@ fn discovery_config(models: Value) -> Value {
         "scrape_interval_ms": 0,
         "discovery": {"kubernetes": {
             "cluster": "kube_api", "namespace": "default",
-            "interval_ms": INTERVAL_MS, "timeout_ms": 1000}},
+            "interval_ms": INTERVAL_MS, "timeout_ms": 1000,
+            "watch_seconds": WATCH_SECONDS}},
         "models": models
     })
 }
@@ -61,18 +65,34 @@ fn as_pod(mock: &Mock, model: &str, engine: &str, role: &str, roleset: &str) -> 
     p
 }
 
-/// Waits until the filter lists pods (at least one list after now) and
-/// every worker had a tick to apply what it published.
+/// Waits until the filter has called the API twice since now (a list or a
+/// watch: the second began after the first, which saw the change, ended)
+/// and every worker had a tick to apply what it published.
 fn wait_for_lists(api: &KubeApi) {
     api.clear_requests();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    // Two lists, whatever they answered: the second began after the change.
+    let deadline = Instant::now() + Duration::from_secs(15);
     while api.requests().len() < 2 {
-        assert!(Instant::now() < deadline, "the filter stopped listing pods");
+        assert!(
+            Instant::now() < deadline,
+            "the filter stopped calling the API"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     // Published by the lister, applied by every VM on its next tick.
     std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 100));
+}
+
+/// Waits (15 s at most) until `done`, naming `what` if it never is.
+fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn is_watch(r: &crate::kube_api::KubeRequest) -> bool {
+    r.query.get("watch").map(String::as_str) == Some("1")
 }
 
 fn completion(model: &str, i: usize) -> String {
@@ -144,9 +164,25 @@ fn pods_are_discovered_and_followed_through_changes_under_load() {
         listed.iter().all(|r| r.authorized),
         "the token from the VM environment is sent"
     );
-    assert!(listed
-        .iter()
-        .any(|r| r.query.get("resourceVersion").map(String::as_str) == Some("0")));
+    // One list, then only watches from a resourceVersion.
+    let lists: Vec<_> = listed.iter().skip(1).filter(|r| !is_watch(r)).collect();
+    assert!(
+        lists.is_empty(),
+        "the pods are watched, not listed again: {lists:?}\n{}",
+        envoy.log()
+    );
+    for w in listed.iter().filter(|r| is_watch(r)) {
+        assert_eq!(w.query.get("timeoutSeconds").map(String::as_str), Some("1"));
+        assert_eq!(
+            w.query.get("allowWatchBookmarks").map(String::as_str),
+            Some("true")
+        );
+        assert!(w.query.get("resourceVersion").is_some_and(|v| v != "0"));
+        assert_eq!(
+            w.query.get("fieldSelector").map(String::as_str),
+            Some("status.phase=Running")
+        );
+    }
 
     // A load runs while the pod set changes under it.
     let stop = Arc::new(AtomicBool::new(false));
@@ -259,7 +295,10 @@ fn api_trouble_keeps_the_last_good_pod_set() {
     // A configured model that no pod serves: 503 naming it, as without discovery.
     let envoy = start_envoy(
         &api,
-        &discovery_config(json!([{"name": "lonely", "engine": "vllm", "rolesets": []}])),
+        &discovery_config(json!([
+            {"name": "lonely", "engine": "vllm", "rolesets": []},
+            {"name": "m", "engine": "vllm", "rolesets": []}
+        ])),
         2,
     );
     wait_for_lists(&api);
@@ -294,12 +333,11 @@ fn api_trouble_keeps_the_last_good_pod_set() {
             "{mode}: the set stays"
         );
     }
-    // Slower than the list timeout: no answer, same rule.
+    // Slower than the call's timeout: no answer, same rule.
     let before = failures();
     api.set_mode_delay("slow", 1500);
-    std::thread::sleep(Duration::from_millis(2500));
+    wait_until("a timed-out call is counted", || failures() > before);
     ok("slow");
-    assert!(failures() > before, "a timed-out list is counted");
 
     // Back to normal, and a change is picked up again.
     api.set_mode("ok");
@@ -317,12 +355,16 @@ fn api_trouble_keeps_the_last_good_pod_set() {
     assert_eq!(a.header("prefill-target-pod"), Some("m-p1"));
     // One log line per change of state, not one per failed list.
     assert_eq!(
-        envoy.log_lines_with("listing pods failed"),
+        envoy.log_lines_with("the API server call failed"),
         6,
         "{}",
         envoy.log()
     );
-    assert!(envoy.log_lines_with("listing pods works again") >= 1);
+    assert!(
+        envoy.log_lines_with("the API server answers again") >= 1,
+        "{}",
+        envoy.log()
+    );
     envoy.assert_counters_zero();
 }
 
@@ -351,6 +393,8 @@ fn lists_page_through_a_consistent_snapshot() {
     let mut config = discovery_config(json!([]));
     config["discovery"]["kubernetes"]["page_size"] = json!(4);
     config["discovery"]["kubernetes"]["list_from_cache"] = json!(false);
+    // List mode: a list every interval_ms, no watch.
+    config["discovery"]["kubernetes"]["watch"] = json!(false);
     let envoy = start_envoy(&api, &config, 1);
     wait_for_lists(&api);
     let a = post(&envoy.url("/v1/completions"), completion("m", 0), &[]);
@@ -365,6 +409,424 @@ fn lists_page_through_a_consistent_snapshot() {
         .all(|r| r.query.get("limit").map(String::as_str) == Some("4")));
     assert!(requests
         .iter()
-        .all(|r| !r.query.contains_key("resourceVersion")));
+        .all(|r| !r.query.contains_key("resourceVersion") && !is_watch(r)));
     assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 2);
+}
+
+/// A load that runs until stopped and records every failure.
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
+    workers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Load {
+    fn start(url: &str, model: &'static str, workers: usize) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
+        let workers = (0..workers)
+            .map(|w| {
+                let (stop, sent, failures, url) = (
+                    Arc::clone(&stop),
+                    Arc::clone(&sent),
+                    Arc::clone(&failures),
+                    url.to_owned(),
+                );
+                std::thread::spawn(move || {
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let a = post(&url, completion(model, w * 100_000 + i), &[]);
+                        if a.status != 200 {
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("{} {}", a.status, a.body));
+                        }
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        Load {
+            stop,
+            sent,
+            failures,
+            workers,
+        }
+    }
+
+    /// Stops it; fails the test if any request failed.
+    fn finish(self) -> usize {
+        self.stop.store(true, Ordering::Relaxed);
+        for w in self.workers {
+            w.join().unwrap();
+        }
+        let total = self.sent.load(Ordering::Relaxed);
+        let failures = self.failures.lock().unwrap();
+        assert!(
+            failures.is_empty(),
+            "{} of {total} failed: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+        total
+    }
+}
+
+#[test]
+fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
+    let api = KubeApi::start(TOKEN);
+    let vllm = |name: &str, role: &str| {
+        Mock::start(name, &["--engine", "vllm", "--role", role, "--model", "w"])
+    };
+    let (p0, d0, d1) = (
+        vllm("w-p0", "prefill"),
+        vllm("w-d0", "decode"),
+        vllm("w-d1", "decode"),
+    );
+    let pod = |m: &Mock, role: &str| as_pod(m, "w", "vllm", role, "rs0");
+    let mut pods = vec![pod(&p0, "prefill"), pod(&d0, "decode")];
+    api.set_pods(&pods);
+    let mut config = discovery_config(json!([{"name": "w", "engine": "vllm", "rolesets": []}]));
+    config["discovery"]["kubernetes"]["stale_after_ms"] = json!(2000);
+    let envoy = start_envoy(&api, &config, 2);
+    wait_for_lists(&api);
+    let relists = || envoy.stat("wasmcustom.pd_router.discovery.relists");
+    let age = || envoy.stat("wasmcustom.pd_router.discovery.age_ms");
+    let load = Load::start(&envoy.url("/v1/completions"), "w", 3);
+    // The selector names the configured model only.
+    let first = api.requests();
+    assert!(
+        first
+            .iter()
+            .all(|r| r.query.get("labelSelector").map(String::as_str)
+                == Some("model.aibrix.ai/name in (w)")),
+        "{first:?}"
+    );
+
+    // 1. The API server's history moves past the watch's resourceVersion
+    //    (an ERROR 410 inside a 200): a fresh list, then watches again.
+    api.compact();
+    wait_until("the expired watch is answered by a list", || relists() >= 1);
+    wait_until("a list after the 410", || {
+        api.requests().iter().any(|r| !is_watch(r))
+    });
+    // 2. An HTTP 410 on the watch: the same.
+    api.set_mode("gone");
+    wait_until("the second relist", || relists() >= 2);
+    api.set_mode("ok");
+    // 3. A watch cut mid-stream (no final chunk): counted, then watched
+    //    again from the same resourceVersion; the change still arrives.
+    let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
+    api.set_mode("truncated");
+    pods.push(pod(&d1, "decode"));
+    api.set_pods(&pods);
+    wait_until("the cut watch is counted", || {
+        envoy.stat("wasmcustom.pd_router.discovery.failures") > failures
+    });
+    api.set_mode("ok");
+    wait_for_lists(&api);
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 3);
+    // 4. The API server down for longer than stale_after_ms: the set stays,
+    //    its age rises past the bound and is said; back, it falls again.
+    api.set_mode("reset");
+    wait_until("the age passes stale_after_ms", || age() > 2000);
+    assert!(
+        envoy.log_lines_with("s old (stale_after_ms 2000)") >= 1,
+        "{}",
+        envoy.log()
+    );
+    api.set_mode("ok");
+    wait_until("the age falls again", || age() < 2000);
+    assert!(envoy.log_lines_with("the pod set is current again") >= 1);
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 3);
+
+    let sent = load.finish();
+    assert!(sent >= 100, "only {sent} requests in the load");
+    assert!(
+        !d1.requests().is_empty(),
+        "the pod added under a cut watch serves"
+    );
+    envoy.assert_counters_zero();
+}
+
+/// A projected ServiceAccount token volume as kubelet lays it out: the file
+/// behind `..data`, a symlink swapped atomically on rotation.
+struct ProjectedToken {
+    dir: std::path::PathBuf,
+    generation: u32,
+}
+
+impl ProjectedToken {
+    fn new(dir: &std::path::Path, token: &str) -> ProjectedToken {
+        let mut t = ProjectedToken {
+            dir: dir.to_owned(),
+            generation: 0,
+        };
+        t.rotate(token);
+        std::os::unix::fs::symlink("..data/token", dir.join("token")).expect("token symlink");
+        t
+    }
+
+    /// Writes `token` into a new timestamped directory and renames a fresh
+    /// `..data` symlink over the old one, as kubelet's AtomicWriter does.
+    fn rotate(&mut self, token: &str) {
+        self.generation += 1;
+        let ts = format!(
+            "..2026_12_03_00_00_{:02}.{}",
+            self.generation, self.generation
+        );
+        std::fs::create_dir(self.dir.join(&ts)).expect("token dir");
+        std::fs::write(self.dir.join(&ts).join("token"), token).expect("token");
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&ts, &tmp).expect("..data_tmp");
+        std::fs::rename(&tmp, self.dir.join("..data")).expect("swap ..data");
+    }
+}
+
+/// The minor version of the Envoy under test (`envoy --version`).
+fn envoy_minor() -> u32 {
+    let out = std::process::Command::new(envoy_bin())
+        .arg("--version")
+        .output()
+        .expect("envoy --version");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split('/')
+        .find_map(|part| part.strip_prefix("1.")?.split('.').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no version in {text:?}"))
+}
+
+/// The kube_api cluster of deploy/: Envoy adds the token from a file (SDS
+/// with a watched directory), here over plain HTTP to the mock. Envoy 1.37
+/// and later add the "Bearer " (`header_value_prefix`); for 1.36 (Istio
+/// 1.28) the file holds it, as deploy/istio's sidecar writes it.
+fn injecting_cluster(api: &KubeApi, sds: &std::path::Path, watched: &std::path::Path) -> String {
+    let prefix = if envoy_minor() >= 37 {
+        "\n                header_value_prefix: \"Bearer \""
+    } else {
+        ""
+    };
+    format!(
+        r#"  clusters:
+  - name: kube_api
+    type: STATIC
+    connect_timeout: 1s
+    load_assignment:
+      cluster_name: kube_api
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}}}
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http_protocol_options: {{}}}}
+        http_filters:
+        - name: envoy.filters.http.credential_injector
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.credential_injector.v3.CredentialInjector
+            overwrite: true
+            credential:
+              name: envoy.http.injected_credentials.generic
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.http.injected_credentials.generic.v3.Generic
+                credential:
+                  name: kube_api_token
+                  sds_config:
+                    path_config_source:
+                      path: {sds}
+                      watched_directory: {{path: {watched}}}
+                header: Authorization{prefix}
+        - name: envoy.filters.http.upstream_codec
+          typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec}}
+"#,
+        port = api.port,
+        sds = sds.display(),
+        watched = watched.display(),
+    )
+}
+
+#[test]
+fn envoy_adds_a_projected_token_and_follows_its_rotation() {
+    let api = KubeApi::start("token-one");
+    let p = Mock::start(
+        "t-p0",
+        &["--engine", "vllm", "--role", "prefill", "--model", "t"],
+    );
+    let d = Mock::start(
+        "t-d0",
+        &["--engine", "vllm", "--role", "decode", "--model", "t"],
+    );
+    api.set_pods(&[
+        as_pod(&p, "t", "vllm", "prefill", ""),
+        as_pod(&d, "t", "vllm", "decode", ""),
+    ]);
+    let scratch = Scratch::new("projected-token");
+    let watched = scratch.0.join("token-volume");
+    std::fs::create_dir(&watched).expect("volume dir");
+    // What the file holds: the token, or (Envoy 1.36) "Bearer <token>".
+    let bearer = |t: &str| {
+        if envoy_minor() >= 37 {
+            t.to_owned()
+        } else {
+            format!("Bearer {t}")
+        }
+    };
+    let mut token = ProjectedToken::new(&watched, &bearer("token-one"));
+    let sds = scratch.0.join("token-sds.yaml");
+    std::fs::write(
+        &sds,
+        format!(
+            "resources:\n- \"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\n  name: kube_api_token\n  generic_secret: {{secret: {{filename: {}}}}}\n",
+            watched.join("token").display()
+        ),
+    )
+    .expect("sds file");
+    let cluster = injecting_cluster(&api, &sds, &watched);
+    // File-based SDS needs a node; no token in the VM environment.
+    let envoy = Envoy::start_full(
+        &discovery_config(json!([])),
+        2,
+        &[
+            ("  clusters:\n", cluster.as_str()),
+            (
+                "static_resources:\n",
+                "node: {id: pd-router-test, cluster: pd-router-test}\nstatic_resources:\n",
+            ),
+        ],
+        &[],
+    );
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    assert_eq!(post(&url, completion("t", 0), &[]).status, 200);
+    assert!(
+        api.requests().iter().all(|r| r.authorized),
+        "Envoy adds the token"
+    );
+
+    // kubelet rotates the token; the API server stops taking the old one.
+    api.set_token("token-two");
+    token.rotate(&bearer("token-two"));
+    api.clear_requests();
+    wait_until("the rotated token is sent", || {
+        api.requests().iter().filter(|r| r.authorized).count() >= 2
+    });
+    let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
+    wait_for_lists(&api);
+    assert!(
+        api.requests().iter().all(|r| r.authorized),
+        "only the new token once rotated: {:?}",
+        api.requests()
+    );
+    assert_eq!(
+        envoy.stat("wasmcustom.pd_router.discovery.failures"),
+        failures
+    );
+    assert_eq!(post(&url, completion("t", 1), &[]).status, 200);
+}
+
+/// A port free on every address of `hosts` (an InferencePool gives all its
+/// pods one target port; here each pod has a loopback address of its own).
+fn common_port(hosts: &[&str]) -> u16 {
+    for _ in 0..50 {
+        let probe = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
+        let port = probe.local_addr().expect("addr").port();
+        drop(probe);
+        if hosts
+            .iter()
+            .all(|h| std::net::TcpListener::bind((*h, port)).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no port free on {hosts:?}")
+}
+
+#[test]
+fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_deletion() {
+    let api = KubeApi::start(TOKEN);
+    let hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let port = common_port(&hosts);
+    let engine = |name: &str, role: &str, host: &str| {
+        let listen = format!("{host}:{port}");
+        Mock::start(
+            name,
+            &[
+                "--engine", "vllm", "--role", role, "--model", "qwen", "--listen", &listen,
+            ],
+        )
+    };
+    let pa = engine("pool-a-p0", "prefill", hosts[0]);
+    let da = engine("pool-a-d0", "decode", hosts[1]);
+    let pb = engine("pool-b-p0", "prefill", hosts[2]);
+    let db = engine("pool-b-d0", "decode", hosts[3]);
+    // llm-d's labels; the pool's port, not the mocks', is the pods' port.
+    let pod = |m: &Mock, role: &str, app: &str, host: &str| {
+        KubePod::new(&m.name, host, 1)
+            .label("llm-d.ai/role", role)
+            .label("app", app)
+    };
+    api.set_pods(&[
+        pod(&pa, "prefill", "a", hosts[0]),
+        pod(&da, "decode", "a", hosts[1]),
+        pod(&pb, "prefill", "b", hosts[2]),
+        pod(&db, "decode", "b", hosts[3]),
+    ]);
+    api.set_pools(&[("qwen-pool", &[("app", "a")], &[port])]);
+    let mut config = discovery_config(json!([{"name": "qwen", "engine": "vllm", "rolesets": []}]));
+    config["discovery"]["kubernetes"]["labels"] = json!("llm-d");
+    config["discovery"]["kubernetes"]["inference_pool"] =
+        json!({"name": "qwen-pool", "model": "qwen"});
+    let envoy = start_envoy(&api, &config, 2);
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    // The pool is read first, then its pods listed: wait for both.
+    wait_until("the pool's pods serve", || {
+        post(&url, completion("qwen", 0), &[]).status == 200
+    });
+    let a = post(&url, completion("qwen", 0), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("pool-a-p0"));
+    assert_eq!(a.header("decode-target-pod"), Some("pool-a-d0"));
+    assert!(api
+        .requests()
+        .iter()
+        .any(|r| r.path.ends_with("/inferencepools/qwen-pool")));
+
+    // Under load, the pool selects other pods: within an interval (and a
+    // watch window) the requests move there.
+    let load = Load::start(&url, "qwen", 3);
+    std::thread::sleep(Duration::from_millis(500));
+    api.set_pools(&[("qwen-pool", &[("app", "b")], &[port])]);
+    wait_until("the pool's new pods serve", || {
+        let a = post(&url, completion("qwen", 1), &[]);
+        a.header("decode-target-pod") == Some("pool-b-d0")
+    });
+    // Every worker VM applies the set at its next tick.
+    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 100));
+    let (pa_seen, da_seen) = (pa.requests().len(), da.requests().len());
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(pa.requests().len(), pa_seen, "no prefill on the old pods");
+    assert_eq!(da.requests().len(), da_seen, "no decode on the old pods");
+
+    // The pool is deleted: the last good set serves on, a failure counted.
+    let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
+    api.set_pools(&[]);
+    wait_until("the missing pool is counted", || {
+        envoy.stat("wasmcustom.pd_router.discovery.failures") > failures
+    });
+    assert!(
+        envoy.log_lines_with("does not exist") >= 1,
+        "{}",
+        envoy.log()
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    let sent = load.finish();
+    assert!(sent >= 50, "only {sent} requests");
+    let a = post(&url, completion("qwen", 2), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("pool-b-p0"));
+    envoy.assert_counters_zero();
 }

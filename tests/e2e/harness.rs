@@ -140,6 +140,8 @@ impl Drop for Proc {
 pub struct Mock {
     proc: Proc,
     pub name: String,
+    /// The loopback address it listens on (`--listen`, else 127.0.0.1).
+    pub host: String,
     pub http: u16,
     pub bootstrap: Option<u16>,
     /// vLLM NIXL side channel (pull and push prefills, Mooncake workers).
@@ -185,6 +187,10 @@ impl Mock {
                 .copied()
         };
         Mock {
+            host: arg("--listen")
+                .and_then(|l| l.rsplit_once(':'))
+                .map_or("127.0.0.1", |(h, _)| h)
+                .to_owned(),
             http: port("http").expect("http port"),
             bootstrap: port("bootstrap"),
             side: port("side"),
@@ -203,7 +209,7 @@ impl Mock {
     }
 
     pub fn address(&self) -> String {
-        format!("127.0.0.1:{}", self.http)
+        format!("{}:{}", self.host, self.http)
     }
 
     /// The endpoint as the plugin configuration names it.

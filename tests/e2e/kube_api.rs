@@ -91,8 +91,9 @@ impl KubeApi {
     }
 
     /// One of `ok`, `unauthorized`, `forbidden`, `unavailable`, `garbage`,
-    /// `truncated`, `reset`, `slow`, `expire_continue`, `too_many_requests`
-    /// (tests/kube/mock_kube_api.py says what each does).
+    /// `truncated`, `reset`, `slow`, `expire_continue`, `too_many_requests`,
+    /// `gone`, `no_bookmarks` (tests/kube/mock_kube_api.py says what each
+    /// does).
     pub fn set_mode(&self, mode: &str) {
         self.control(
             reqwest::Method::PUT,
@@ -108,6 +109,37 @@ impl KubeApi {
             "/_mock/mode",
             Some(serde_json::json!({ "mode": mode, "delay_ms": delay_ms })),
         );
+    }
+
+    /// Replaces the InferencePools (in namespace `default`).
+    pub fn set_pools(&self, pools: &[Pool]) {
+        let body: Vec<Value> = pools
+            .iter()
+            .map(|(name, labels, ports)| {
+                let labels: BTreeMap<&str, &str> = labels.iter().copied().collect();
+                serde_json::json!({"name": name, "matchLabels": labels, "targetPorts": ports})
+            })
+            .collect();
+        self.control(
+            reqwest::Method::PUT,
+            "/_mock/pools",
+            Some(serde_json::json!(body)),
+        );
+    }
+
+    /// The bearer token accepted from now on (the old one gets 401).
+    pub fn set_token(&self, token: &str) {
+        self.control(
+            reqwest::Method::PUT,
+            "/_mock/token",
+            Some(serde_json::json!({ "token": token })),
+        );
+    }
+
+    /// Forgets the watch history: a watch from an older resourceVersion
+    /// gets an ERROR event with a 410 inside its 200.
+    pub fn compact(&self) {
+        self.control(reqwest::Method::POST, "/_mock/compact", None);
     }
 
     /// Every API request received since start (or the last
@@ -165,6 +197,9 @@ impl KubeApi {
             .unwrap_or_else(|e| panic!("mock kube api {path}: not JSON ({e}): {text}"))
     }
 }
+
+/// An InferencePool as the mock takes it: name, `matchLabels`, `targetPorts`.
+pub type Pool<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [u16]);
 
 /// A pod as the mock takes it; it serves the full Pod object.
 #[allow(dead_code)]

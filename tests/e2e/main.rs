@@ -25,6 +25,7 @@ mod handoffs;
 mod harness;
 mod kube_api;
 mod oci;
+mod picker;
 mod prometheus;
 mod replicas;
 mod routing;

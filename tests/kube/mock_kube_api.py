@@ -25,6 +25,18 @@ API (bearer token required; every path outside /_mock/):
       Items are in etcd key order ("ns/name"), and a page that reaches limit
       carries a continue token whenever items remain in scope, matching or
       not, so a last page can be empty, as with etcd and the watch cache.
+  GET ...?watch=1 (or true): a watch, as the API server's cacher serves it:
+      200, chunked, one JSON event per line ({"type", "object"}, the object
+      with its kind and apiVersion). From resourceVersion R: every change
+      after R (each change of a PUT /_mock/pods has its own resourceVersion,
+      as in etcd); from "" or "0": ADDED for every current pod first. With
+      selectors, a pod that stops matching comes as DELETED (its previous
+      state at the change's resourceVersion), one that starts as ADDED.
+      timeoutSeconds ends the body normally (default 1800). With
+      allowWatchBookmarks=true a BOOKMARK (only metadata.resourceVersion)
+      goes out just before the end. A resourceVersion older than the kept
+      history: an ERROR event (Status 410 Expired, "too old resource
+      version") inside the 200, then the end.
 Modes (API paths only, never /_mock/): network and proxy faults come before
 authentication, API server answers after it:
   reset        read the request, close with an RST, no answer
@@ -36,7 +48,10 @@ authentication, API server answers after it:
   too_many_requests  429, Retry-After: 1, the unready-cache Status
   expire_continue    any request with continue: 410 Expired (+ fresh token)
   truncated    the normal answer with its full Content-Length, half the
-               body, then close
+               body, then close; a watch: its headers and first events,
+               then close without the last chunk (a watch cut)
+  gone         watches answer HTTP 410 Expired (lists as in `ok`)
+  no_bookmarks watches send no BOOKMARK (the API server never promises one)
 Control (no auth):
   PUT    /_mock/pods      [{name, namespace, labels, annotations, ip, port,
                             phase, ready, terminating}] -> {"resourceVersion"}
@@ -44,6 +59,17 @@ Control (no auth):
   PUT    /_mock/mode      {"mode": M, "delay_ms": N}; GET /_mock/mode
   GET    /_mock/requests  the API requests received, oldest first
   DELETE /_mock/requests  clears that log
+  PUT    /_mock/pools     [{name, namespace, matchLabels, targetPorts}]: the
+                          InferencePools (inference.networking.k8s.io/v1)
+                          served at GET /apis/inference.networking.k8s.io/
+                          v1/namespaces/{ns}/inferencepools/{name} (404
+                          NotFound when absent); replaces them all
+  PUT    /_mock/token     {"token": T}: the bearer token accepted from now on
+                          (a rotated ServiceAccount token)
+  POST   /_mock/compact   the history restarts after now (etcd compacted, a
+                          restarted API server's watch cache): open watches
+                          end with a 410 ERROR event, and so does any watch
+                          from a resourceVersion before the returned one
 """
 
 import argparse
@@ -89,7 +115,11 @@ MODES = (
     "slow",
     "expire_continue",
     "too_many_requests",
+    "gone",
+    "no_bookmarks",
 )
+HISTORY_KEPT = 10000
+DEFAULT_WATCH_SECONDS = 1800
 
 POD_KEYS = {
     "name",
@@ -736,6 +766,57 @@ def build_pod(p, uid, rv, created, deleted):
     return obj, fields
 
 
+def with_kind(obj, rv=None):
+    """A pod as a watch event carries it: kind and apiVersion first."""
+    out = {"kind": "Pod", "apiVersion": "v1"}
+    out.update(obj)
+    if rv is not None:
+        out["metadata"] = dict(out["metadata"], resourceVersion=str(rv))
+    return out
+
+
+def watch_event(rv, old, new, reqs, freqs):
+    """The cacher's conversion (apiserver storage/cacher cacheWatcher
+    convertToWatchEvent): ADDED when the pod starts to pass the selectors,
+    MODIFIED while it passes, DELETED (the previous state, at the change's
+    resourceVersion) when it stops passing or is deleted."""
+
+    def passes(e):
+        return e is not None and selector_matches(e.labels, reqs) and fields_match(e.fields, freqs)
+
+    cur, prev = passes(new), passes(old)
+    if cur and not prev:
+        return ("ADDED", with_kind(new.obj))
+    if cur and prev:
+        return ("MODIFIED", with_kind(new.obj))
+    if prev:
+        return ("DELETED", with_kind(old.obj, rv))
+    return None
+
+
+def build_pool(p, i):
+    """An InferencePool as the API server stores it (GIE v1.6.0's CRD:
+    selector.matchLabels, targetPorts[].number, endpointPickerRef)."""
+    labels, ports = p["matchLabels"], p["targetPorts"]
+    if not isinstance(labels, dict) or not labels or not isinstance(ports, list) or not 1 <= len(ports) <= 8:
+        raise ValueError("pools[%d]: matchLabels (non-empty) and 1 to 8 targetPorts" % i)
+    return {
+        "apiVersion": "inference.networking.k8s.io/v1",
+        "kind": "InferencePool",
+        "metadata": {"name": p["name"], "namespace": p.get("namespace", "default"), "generation": 1,
+                     "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, p["name"])), "resourceVersion": "1"},
+        "spec": {"selector": {"matchLabels": dict(labels)},
+                 "targetPorts": [{"number": int(n)} for n in ports],
+                 "endpointPickerRef": {"group": "", "kind": "Service", "name": p["name"] + "-epp",
+                                       "port": {"number": 9002}, "failureMode": "FailClose"}},
+        "status": {"parents": []},
+    }
+
+
+def bookmark(rv):
+    return ("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}})
+
+
 class Entry:
     """One pod in a snapshot: its etcd key under /pods/, labels, fields, JSON."""
 
@@ -755,6 +836,12 @@ class State:
         self.mode = "ok"
         self.delay_ms = 5000
         self.requests = []
+        # Watch history: (rv, key, old Entry or None, new Entry or None),
+        # oldest first; a watch can start at compacted_rv or later.
+        self.history = []
+        self.compacted_rv = self.rv
+        self.changed = threading.Condition(self.lock)
+        self.pools = {}  # (namespace, name) -> InferencePool object
 
     def set_pods(self, pods):
         specs = [normalise_pod(p, i) for i, p in enumerate(pods)]
@@ -766,13 +853,18 @@ class State:
                 if key in keys:
                     raise ValueError("duplicate pod %s" % key)
                 keys[key] = s
-            self.rv += 1
             records = {}
-            for key, s in keys.items():
-                old = self.records.get(key)
+            # etcd gives every write its own revision: one per changed pod.
+            for key in sorted(set(keys) | set(self.records)):
+                old, s = self.records.get(key), keys.get(key)
+                if s is None:
+                    self.rv += 1
+                    self._record_event(key, old["entry"], None)
+                    continue
                 if old is not None and old["spec"] == s:
                     records[key] = old
                     continue
+                self.rv += 1
                 uid = old["uid"] if old else str(uuid.uuid4())
                 created = old["created"] if old else now
                 deleted = (old["deleted"] if old and old["deleted"] is not None else now) if s["terminating"] else None
@@ -784,11 +876,52 @@ class State:
                     "deleted": deleted,
                     "entry": Entry(key, s["namespace"], s["labels"], fields, obj),
                 }
+                self._record_event(key, old["entry"] if old else None, records[key]["entry"])
+            if self.snapshots and next(reversed(self.snapshots)) == self.rv:
+                self.rv += 1  # nothing changed: the list's version still grows
             self.records = records
             self.snapshots[self.rv] = [records[k]["entry"] for k in sorted(records)]
             while len(self.snapshots) > SNAPSHOTS_KEPT:
                 self.snapshots.popitem(last=False)
+            self.changed.notify_all()
             return self.rv
+
+    def _record_event(self, key, old, new):
+        self.history.append((self.rv, key, old, new))
+        if len(self.history) > HISTORY_KEPT:
+            dropped = self.history.pop(0)
+            self.compacted_rv = dropped[0]
+
+    def compact(self):
+        with self.lock:
+            self.history = []
+            self.rv += 1
+            self.compacted_rv = self.rv
+            self.snapshots[self.rv] = list(self.snapshots[next(reversed(self.snapshots))])
+            self.changed.notify_all()
+            return self.rv
+
+    def watch_events(self, prefix, reqs, freqs, cursor, wait_until):
+        """(events, cursor, expired): the changes after `cursor` in scope as
+        (type, object) pairs, waiting until `wait_until` for one; `expired`
+        when `cursor` is older than the history kept."""
+        with self.lock:
+            while True:
+                if cursor < self.compacted_rv:
+                    return [], cursor, True
+                out = []
+                for rv, key, old, new in self.history:
+                    if rv <= cursor or not key.startswith(prefix):
+                        continue
+                    cursor = rv
+                    ev = watch_event(rv, old, new, reqs, freqs)
+                    if ev is not None:
+                        out.append(ev)
+                cursor = max(cursor, self.rv)
+                remaining = wait_until - time.time()
+                if out or remaining <= 0:
+                    return out, cursor, False
+                self.changed.wait(remaining)
 
     def pod_specs(self):
         with self.lock:
@@ -833,8 +966,6 @@ class State:
 
     def list_pods(self, namespace, q, mode):
         """(code, JSON object) for a Pod LIST in `namespace` (None: all)."""
-        if q.get("watch", "") in ("1", "true", "True"):
-            return bad_request("mock kube api: watch is not supported")
         rv_param = q.get("resourceVersion", "")
         match = q.get("resourceVersionMatch", "")
         cont = q.get("continue", "")
@@ -928,6 +1059,7 @@ class State:
 # --------------------------------------------------------------------------
 
 NAMESPACED = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+POOL = re.compile(r"^/apis/inference\.networking\.k8s\.io/v1/namespaces/([^/]+)/inferencepools/([^/]+)$")
 CLUSTER = "/api/v1/pods"
 
 
@@ -1076,9 +1208,29 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, st.requests_copy())
             if path == "/_mock/requests" and m == "DELETE":
                 return self._send(200, {"cleared": st.clear_requests()})
+            if path == "/_mock/pools" and m == "PUT":
+                pools = parse_json()
+                if not isinstance(pools, list):
+                    raise BadRequestBody("expected a JSON array of pools")
+                try:
+                    built = {(p.get("namespace", "default"), p["name"]): build_pool(p, i) for i, p in enumerate(pools)}
+                except (KeyError, TypeError, ValueError) as e:
+                    raise BadRequestBody("pools: %s" % e) from None
+                with st.lock:
+                    st.pools = built
+                return self._send(200, {"pools": len(built)})
+            if path == "/_mock/token" and m == "PUT":
+                req = parse_json()
+                if not isinstance(req, dict) or not isinstance(req.get("token"), str) or not req["token"]:
+                    raise BadRequestBody('expected {"token": "<non-empty string>"}')
+                with st.lock:
+                    st.token = req["token"]
+                return self._send(200, {"token": "set"})
+            if path == "/_mock/compact" and m == "POST":
+                return self._send(200, {"compactedResourceVersion": str(st.compact())})
         except BadRequestBody as e:
             return self._send(400, {"error": str(e)})
-        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests"):
+        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact", "/_mock/token", "/_mock/pools"):
             return self._send(*method_not_allowed())
         return self._send(*not_found())
 
@@ -1088,7 +1240,9 @@ class Handler(BaseHTTPRequestHandler):
         auth = self.headers.get("Authorization", "")
         parts = auth.strip().split(" ")
         # authenticator/token/bearertoken: scheme case-insensitive, one space.
-        return len(parts) == 2 and parts[0].lower() == "bearer" and parts[1] == self.state.token and parts[1] != ""
+        with self.state.lock:
+            token = self.state.token
+        return len(parts) == 2 and parts[0].lower() == "bearer" and parts[1] == token and parts[1] != ""
 
     def _api(self, path, query):
         st = self.state
@@ -1127,8 +1281,19 @@ class Handler(BaseHTTPRequestHandler):
         m = NAMESPACED.match(path)
         if m:
             namespace = urllib.parse.unquote(m.group(1))
+        pool = POOL.match(path)
         if mode == "unauthorized" or not authorized:
             code, body = unauthorized()
+        elif pool and self.command == "GET" and mode not in ("forbidden", "too_many_requests"):
+            key = (urllib.parse.unquote(pool.group(1)), urllib.parse.unquote(pool.group(2)))
+            with st.lock:
+                obj = st.pools.get(key)
+            if obj is None:
+                code, body = 404, status_body(
+                    404, "NotFound", 'inferencepools.inference.networking.k8s.io "%s" not found' % key[1],
+                    k8s.V1StatusDetails(name=key[1], group="inference.networking.k8s.io", kind="inferencepools"))
+            else:
+                code, body = 200, obj
         elif not m and path != CLUSTER:
             code, body = not_found()
         elif self.command not in ("GET", "HEAD"):
@@ -1140,6 +1305,11 @@ class Handler(BaseHTTPRequestHandler):
                 429, "TooManyRequests", "storage is (re)initializing", k8s.V1StatusDetails(retry_after_seconds=1)
             )
             return self._answer(entry, code, body, [("Retry-After", "1")])
+        elif q.get("watch", "") in ("1", "true", "True"):
+            if mode == "gone":
+                code, body = expired("too old resource version: %s (%d)" % (q.get("resourceVersion", ""), st.compacted_rv))
+            else:
+                return self._watch(entry, namespace, q, mode)
         else:
             code, body = st.list_pods(namespace, q, mode)
 
@@ -1154,6 +1324,79 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             return
         return self._answer(entry, code, body)
+
+    def _chunk(self, data):
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _event(self, kind, obj):
+        self._chunk((json.dumps({"type": kind, "object": obj}, separators=(",", ":")) + "\n").encode())
+
+    def _watch(self, entry, namespace, q, mode):
+        """A watch, streamed as the API server streams it (see the module doc)."""
+        st = self.state
+        try:
+            reqs = parse_label_selector(q.get("labelSelector", ""))
+            freqs = parse_field_selector(q.get("fieldSelector", ""))
+        except SelectorError as e:
+            return self._answer(entry, *bad_request(str(e)))
+        rv_param = q.get("resourceVersion", "")
+        if rv_param and not re.fullmatch(r"[0-9]+", rv_param):
+            return self._answer(
+                entry, *bad_request('invalid resource version: strconv.ParseUint: parsing "%s": invalid syntax' % rv_param)
+            )
+        timeout = q.get("timeoutSeconds", "")
+        if timeout and not re.fullmatch(r"[0-9]+", timeout):
+            return self._answer(entry, *bad_request('strconv.ParseInt: parsing "%s": invalid syntax' % timeout))
+        deadline = time.time() + (int(timeout) if timeout else DEFAULT_WATCH_SECONDS)
+        bookmarks = q.get("allowWatchBookmarks", "") in ("1", "true", "True") and mode != "no_bookmarks"
+        prefix = "%s/" % namespace if namespace is not None else ""
+        # The body ends with its last chunk; the connection stays (Go's
+        # net/http keeps it), but a cut watch takes it down.
+        self.close_connection = mode == "truncated"
+        self.send_response(200)
+        for k, v in (
+            ("Audit-Id", str(uuid.uuid4())),
+            ("Cache-Control", "no-cache, private"),
+            ("Content-Type", "application/json"),
+            ("Transfer-Encoding", "chunked"),
+        ):
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.flush()
+        if rv_param in ("", "0"):
+            # Legacy semantics: the current state as ADDED, then changes.
+            cursor, entries = st.snapshot(None)
+            for e in entries:
+                if e.key.startswith(prefix) and selector_matches(e.labels, reqs) and fields_match(e.fields, freqs):
+                    self._event("ADDED", with_kind(e.obj))
+        else:
+            cursor = int(rv_param)
+        sent = 0
+        while True:
+            events, cursor, too_old = st.watch_events(prefix, reqs, freqs, cursor, deadline)
+            if too_old:
+                self._event(
+                    "ERROR",
+                    status_body(410, "Expired", "too old resource version: %d (%d)" % (cursor, st.compacted_rv)),
+                )
+                break
+            for kind, obj in events:
+                self._event(kind, obj)
+                sent += 1
+                if mode == "truncated":
+                    # A watch cut: no terminating chunk, the connection goes.
+                    self.wfile.flush()
+                    return
+            if time.time() >= deadline:
+                if mode == "truncated":
+                    return
+                if bookmarks:
+                    self._event(*bookmark(cursor))
+                break
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+        entry["status"] = 200
 
     def _answer(self, entry, code, body, headers=()):
         hs = [

@@ -176,6 +176,90 @@ class MockKubeApiTest(unittest.TestCase):
             ).encode()
         )
 
+    # -- watch ---------------------------------------------------------------
+
+    def watch(self, query, timeout=10):
+        """(status, headers, [events]) of a watch read to its end."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(
+                "GET",
+                "/api/v1/namespaces/default/pods?" + urllib.parse.urlencode(query),
+                headers={"Authorization": "Bearer " + TOKEN},
+            )
+            r = conn.getresponse()
+            body = r.read()
+            return r.status, r.headers, [json.loads(l) for l in body.splitlines() if l.strip()]
+        finally:
+            conn.close()
+
+    def test_watch_streams_changes_as_json_lines_with_a_bookmark(self):
+        rv = self.put_pods([pod("a", labels={"app": "x"}), pod("b", labels={"app": "x"})])
+        # Changes while the watch is open, from another thread's PUT.
+        import threading
+
+        def change():
+            time.sleep(0.3)
+            self.put_pods(
+                [
+                    pod("a", ip="10.0.0.9", labels={"app": "x"}),  # modified
+                    pod("c", labels={"app": "x"}),  # added
+                    pod("d", labels={"app": "y"}),  # out of the selector: unseen
+                ]  # b deleted
+            )
+
+        t = threading.Thread(target=change)
+        t.start()
+        code, headers, events = self.watch(
+            {"watch": "1", "resourceVersion": rv, "labelSelector": "app=x", "allowWatchBookmarks": "true",
+             "timeoutSeconds": "1"}
+        )
+        t.join()
+        self.assertEqual(code, 200)
+        self.assertEqual(headers["Transfer-Encoding"], "chunked")
+        kinds = [(e["type"], e["object"]["metadata"].get("name")) for e in events]
+        self.assertEqual(kinds, [("MODIFIED", "a"), ("DELETED", "b"), ("ADDED", "c"), ("BOOKMARK", None)])
+        for e in events:
+            self.assertEqual((e["object"]["kind"], e["object"]["apiVersion"]), ("Pod", "v1"))
+        rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in events]
+        self.assertEqual(rvs, sorted(rvs), "one resourceVersion per change, in order")
+        self.assertGreater(rvs[0], int(rv))
+        self.assertEqual(events[0]["object"]["status"]["podIP"], "10.0.0.9")
+        self.assertEqual(set(events[-1]["object"]["metadata"]), {"resourceVersion"})
+        # From the bookmark: nothing new, and no bookmark without asking.
+        code, _, events = self.watch({"watch": "1", "resourceVersion": rvs[-1], "timeoutSeconds": "1"})
+        self.assertEqual((code, events), (200, []))
+
+    def test_watch_selector_transitions_and_initial_events(self):
+        rv = self.put_pods([pod("a", phase="Running"), pod("b", phase="Pending")])
+        self.put_pods([pod("a", phase="Failed"), pod("b", phase="Running")])
+        code, _, events = self.watch(
+            {"watch": "true", "resourceVersion": rv, "fieldSelector": "status.phase=Running", "timeoutSeconds": "1"}
+        )
+        self.assertEqual([(e["type"], e["object"]["metadata"]["name"]) for e in events], [("DELETED", "a"), ("ADDED", "b")])
+        self.assertEqual(events[0]["object"]["status"]["phase"], "Running", "the previous state")
+        code, _, events = self.watch({"watch": "1", "timeoutSeconds": "1"})
+        self.assertEqual([(e["type"], e["object"]["metadata"]["name"]) for e in events], [("ADDED", "a"), ("ADDED", "b")])
+
+    def test_watch_too_old_gone_and_cut(self):
+        rv = self.put_pods([pod("a")])
+        self.put_pods([pod("a"), pod("b")])
+        self.assertEqual(self.control("POST", "/_mock/compact")["compactedResourceVersion"], str(int(rv) + 2))
+        code, _, events = self.watch({"watch": "1", "resourceVersion": rv, "timeoutSeconds": "5"})
+        self.assertEqual(code, 200, "the error comes inside the stream")
+        self.assertEqual([e["type"] for e in events], ["ERROR"])
+        self.assertEqual((events[0]["object"]["code"], events[0]["object"]["reason"]), (410, "Expired"))
+        self.assertIn("too old resource version", events[0]["object"]["message"])
+        self.mode("gone")
+        code, _, body = self.api("/api/v1/namespaces/default/pods", {"watch": "1", "resourceVersion": rv})
+        self.assertEqual((code, json.loads(body)["code"]), (410, 410))
+        self.assertEqual(self.api("/api/v1/namespaces/default/pods")[0], 200, "lists are fine")
+        self.mode("truncated")
+        cur = self.put_pods([pod("a")])
+        out, _ = self.raw_get("/api/v1/namespaces/default/pods?watch=1&timeoutSeconds=1&resourceVersion=%s" % cur)
+        self.assertIn(b"Transfer-Encoding: chunked", out)
+        self.assertFalse(out.endswith(b"0\r\n\r\n"), "no terminating chunk")
+
     # -- auth ----------------------------------------------------------------
 
     def test_auth(self):
@@ -552,7 +636,10 @@ class MockKubeApiTest(unittest.TestCase):
         self.assertEqual(sorted(again), ["noip", "ready"])
         self.assertEqual(again["ready"]["metadata"], pods["ready"]["metadata"])
         self.assertEqual(again["noip"]["metadata"]["uid"], pods["noip"]["metadata"]["uid"])
-        self.assertEqual(again["noip"]["metadata"]["resourceVersion"], rv2)
+        # Its own revision (one per write, as in etcd), at most the list's.
+        noip_rv = int(again["noip"]["metadata"]["resourceVersion"])
+        self.assertGreater(noip_rv, int(pods["noip"]["metadata"]["resourceVersion"]))
+        self.assertLessEqual(noip_rv, int(rv2))
         self.assertEqual(again["noip"]["status"]["podIP"], "10.1.0.6")
         for bad in ([{"ip": "1.2.3.4"}], [{"name": "a", "bogus": 1}], [{"name": "a", "port": "80"}], {"name": "a"}):
             code, _, _ = self.http("PUT", "/_mock/pods", body=json.dumps(bad).encode())

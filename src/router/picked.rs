@@ -1,0 +1,133 @@
+//! Executor mode: an endpoint picker earlier in Envoy's filter chain (the
+//! Gateway API Inference Extension's EPP, as llm-d runs it) has chosen the
+//! pods, and pd-router performs the hand-off between them instead of
+//! choosing its own. The picker names the decode pod in
+//! `x-gateway-destination-endpoint` (an ordered fallback list, `ip:port`
+//! first) and the prefill pod in `x-prefiller-host-port` (llm-d-router
+//! `pkg/common/routing`); only pods discovery knows are used.
+
+use super::Router;
+use crate::error::PdError;
+use crate::fleet::{Endpoint, Model};
+use crate::sched::prefix::PrefixMatch;
+use crate::split::{Placement, SplitRequest};
+use std::net::SocketAddr;
+use std::rc::Rc;
+
+/// The decode endpoint the picker chose (the Inference Extension's header).
+pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// The prefill endpoint llm-d's picker chose, when it disaggregates.
+pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
+
+/// What the picker chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Picked {
+    pub decode: SocketAddr,
+    /// `None`: the picker keeps the request whole on the decode pod.
+    pub prefill: Option<SocketAddr>,
+}
+
+/// The first `ip:port` of a header value that parses (the destination is a
+/// comma-separated fallback list; IPv6 in brackets).
+fn first_address(value: &[u8]) -> Option<SocketAddr> {
+    std::str::from_utf8(value)
+        .ok()?
+        .split(',')
+        .find_map(|a| a.trim().parse().ok())
+}
+
+/// The picker's choice from the request's headers, if it made one.
+pub fn read_picked(destination: Option<&[u8]>, prefiller: Option<&[u8]>) -> Option<Picked> {
+    Some(Picked {
+        decode: first_address(destination?)?,
+        prefill: prefiller.and_then(first_address),
+    })
+}
+
+/// `model`'s endpoint at `address` among `pods`.
+fn known<'a>(
+    pods: impl Iterator<Item = &'a Rc<Endpoint>>,
+    address: SocketAddr,
+) -> Option<Rc<Endpoint>> {
+    let address = address.to_string();
+    pods.into_iter().find(|e| e.address == address).cloned()
+}
+
+fn unknown(model: &Model, role: &str, address: SocketAddr) -> PdError {
+    PdError::Unavailable(format!(
+        "the endpoint picker chose {address} as the {role} pod of model `{}`, which discovery does not know as one",
+        model.name
+    ))
+}
+
+impl Router {
+    /// The picker's decode pod: a decode or combined pod of `model`. Calls
+    /// the router does not split but routes by model go there too.
+    pub fn picked_decode(&self, model: &Model, picked: &Picked) -> Result<Rc<Endpoint>, PdError> {
+        let decodes = model.rolesets.iter().flat_map(|r| r.decode.iter());
+        let combined = known(model.combined.iter(), picked.decode);
+        known(decodes, picked.decode)
+            .or(combined)
+            .ok_or_else(|| unknown(model, "decode", picked.decode))
+    }
+
+    /// The placement the picker chose: its decode pod (a decode or combined
+    /// pod of the model), with its prefill pod (a prefill pod of the
+    /// model) or, without one, whole. A pod discovery does not know is
+    /// refused: the picker's headers are not a way to send requests to
+    /// arbitrary addresses.
+    pub fn place_picked(
+        &self,
+        request: &SplitRequest,
+        picked: &Picked,
+    ) -> Result<Placement, PdError> {
+        let model = &request.model;
+        let decode = self.picked_decode(model, picked)?;
+        let Some(prefill_at) = picked.prefill else {
+            return Ok(Placement::Combined {
+                pod: decode,
+                reason: "endpoint picker: whole",
+            });
+        };
+        let prefills = model.rolesets.iter().flat_map(|r| r.prefill.iter());
+        let prefill =
+            known(prefills, prefill_at).ok_or_else(|| unknown(model, "prefill", prefill_at))?;
+        Ok(Placement::Split {
+            prefill,
+            decode,
+            reason: "endpoint picker",
+            prefix: PrefixMatch::default(),
+            decided: None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pickers_headers_name_the_pods() {
+        let p = read_picked(Some(b"10.0.0.2:8000,10.0.0.3:8000"), Some(b"10.0.0.1:8000"));
+        assert_eq!(
+            p,
+            Some(Picked {
+                decode: "10.0.0.2:8000".parse().expect("addr"),
+                prefill: Some("10.0.0.1:8000".parse().expect("addr")),
+            })
+        );
+        let whole = read_picked(Some(b"[fd00::2]:8000"), None).expect("picked");
+        assert_eq!(whole.decode, "[fd00::2]:8000".parse().expect("addr"));
+        assert_eq!(whole.prefill, None);
+        // The first address that parses; no destination, no choice.
+        assert_eq!(
+            read_picked(Some(b"pod-a, 10.0.0.9:8000"), Some(b"junk")),
+            Some(Picked {
+                decode: "10.0.0.9:8000".parse().expect("addr"),
+                prefill: None
+            })
+        );
+        assert_eq!(read_picked(None, Some(b"10.0.0.1:8000")), None);
+        assert_eq!(read_picked(Some(b"nowhere"), None), None);
+    }
+}

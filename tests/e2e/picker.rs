@@ -1,0 +1,123 @@
+//! Executor mode (`"placement": "epp"`): an endpoint picker earlier in the
+//! filter chain chooses the pods, as llm-d's EPP does through ext_proc; here
+//! Envoy's header_mutation filter sets its headers. In front of it, the
+//! filter deploy/ puts first removes the client's copies. pd-router
+//! performs the hand-off to the picked pods, and refuses pods it does not
+//! know.
+
+use crate::harness::*;
+use serde_json::json;
+
+/// envoy.yaml with the client-header strip and a picker that names
+/// `decode` (and `prefill`, when given) before pd-router.
+fn picker_filters(decode: &str, prefill: Option<&str>) -> String {
+    let mut set = format!(
+        "                - append: {{header: {{key: x-gateway-destination-endpoint, value: \"{decode}\"}}, append_action: OVERWRITE_IF_EXISTS_OR_ADD}}\n"
+    );
+    if let Some(p) = prefill {
+        set.push_str(&format!(
+            "                - append: {{header: {{key: x-prefiller-host-port, value: \"{p}\"}}, append_action: OVERWRITE_IF_EXISTS_OR_ADD}}\n"
+        ));
+    }
+    format!(
+        r#"          http_filters:
+          - name: strip-picker-headers
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+                - remove: x-gateway-destination-endpoint
+                - remove: x-prefiller-host-port
+          - name: endpoint-picker
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
+              mutations:
+                request_mutations:
+{set}"#
+    )
+}
+
+fn completion(i: usize) -> String {
+    json!({"model": "m", "prompt": format!("picked {i}"), "max_tokens": 2}).to_string()
+}
+
+fn start(models: serde_json::Value, decode: &str, prefill: Option<&str>) -> Envoy {
+    let filters = picker_filters(decode, prefill);
+    Envoy::start_full(
+        &json!({"placement": "epp", "models": models}),
+        1,
+        &[("          http_filters:\n", filters.as_str())],
+        &[],
+    )
+}
+
+#[test]
+fn the_picked_pods_get_both_legs_and_a_clients_picker_header_never_counts() {
+    let vllm = |name: &str, role: &str| {
+        Mock::start(
+            name,
+            &[
+                "--engine",
+                "vllm",
+                "--role",
+                role,
+                "--model",
+                "m",
+                "--allow-recompute",
+            ],
+        )
+    };
+    let (p0, p1) = (vllm("pk-p0", "prefill"), vllm("pk-p1", "prefill"));
+    let (d0, d1) = (vllm("pk-d0", "decode"), vllm("pk-d1", "decode"));
+    let models = json!([{"name": "m", "engine": "vllm", "rolesets": [
+        {"name": "rs", "prefill": [p0.endpoint(), p1.endpoint()], "decode": [d0.endpoint(), d1.endpoint()]}]}]);
+
+    // The picker chooses p1 and d1; the client names p0, in vain.
+    let envoy = start(models.clone(), &d1.address(), Some(&p1.address()));
+    let url = envoy.url("/v1/completions");
+    for i in 0..10 {
+        let a = post(
+            &url,
+            completion(i),
+            &[("x-prefiller-host-port", &p0.address())],
+        );
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.header("prefill-target-pod"), Some("pk-p1"));
+        assert_eq!(a.header("decode-target-pod"), Some("pk-d1"));
+    }
+    assert_eq!(p1.requests().len(), 10);
+    assert_eq!(d1.requests().len(), 10);
+    assert!(p0.requests().is_empty() && d0.requests().is_empty());
+    // The picked prefill pod's header does not reach the engines.
+    assert!(d1
+        .requests()
+        .iter()
+        .all(|r| r.header("x-prefiller-host-port").is_none()));
+    drop(envoy);
+
+    // No prefill picked (the client's copy stripped): whole on d0.
+    let envoy = start(models.clone(), &d0.address(), None);
+    let a = post(
+        &envoy.url("/v1/completions"),
+        completion(20),
+        &[("x-prefiller-host-port", &p0.address())],
+    );
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("decode-target-pod"), Some("pk-d0"));
+    assert_eq!(a.header("prefill-target-pod"), None);
+    assert!(p0.requests().is_empty());
+    drop(envoy);
+
+    // A pod the fleet does not know: refused, and it gets nothing.
+    let outsider = vllm("pk-outsider", "decode");
+    let envoy = start(models, &outsider.address(), Some(&p1.address()));
+    let a = post(&envoy.url("/v1/completions"), completion(30), &[]);
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert!(
+        a.error_message().contains("which discovery does not know"),
+        "{}",
+        a.body
+    );
+    assert!(outsider.requests().is_empty());
+    envoy.assert_counters_zero();
+}
