@@ -10,15 +10,19 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 
 use crate::config::{
-    check_load_value, Config, Connector, Engine, Fault, Flavor, Load, MetricsFormat, Role,
+    check_load_value, Adapter, Config, Connector, Engine, Fault, Flavor, Load, MetricsFormat, Role,
 };
+
+/// The served model id without `--model`.
+const DEFAULT_MODEL: &str = "mock-model";
 
 /// How long `fail-after-transfer` waits, once the decode has collected the
 /// KV, before answering 500: time for the decode's answer to get going.
 pub const DEFAULT_FAIL_AFTER_TRANSFER: Duration = Duration::from_millis(100);
 
 const AFTER_HELP: &str = "\
-Fault SPEC (POST /v1/* only; --fault may be repeated):
+Fault SPEC (API POSTs only: POST /v1/*, /inference/v1/generate, /tokenize, ...;
+--fault may be repeated):
   status:N                  answer N (100..=599)
   delay:MS                  sleep MS ms first (several add up)
   garbage                   answer 200 with a body that is not JSON
@@ -64,9 +68,15 @@ struct Cli {
     #[arg(long, default_value = "mock")]
     name: String,
 
-    /// Served model id
-    #[arg(long, default_value = "mock-model")]
-    model: String,
+    /// Served model id; given, a request naming another model (not one of
+    /// the --lora adapters) is a 404 [default: mock-model, any name served]
+    #[arg(long, value_parser = parse_non_empty)]
+    model: Option<String>,
+
+    /// A LoRA adapter served by name besides the model (vLLM's
+    /// --lora-modules name=path); may be repeated
+    #[arg(long = "lora", value_name = "NAME[=PATH]", value_parser = parse_adapter)]
+    adapters: Vec<Adapter>,
 
     /// Main HTTP listen address
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
@@ -230,6 +240,18 @@ fn parse_non_empty(v: &str) -> Result<String, String> {
     }
 }
 
+/// `NAME` or `NAME=PATH`; without a path the name stands for it.
+fn parse_adapter(v: &str) -> Result<Adapter, String> {
+    let (name, path) = v.split_once('=').unwrap_or((v, v));
+    if name.is_empty() || path.is_empty() {
+        return Err("NAME[=PATH]: neither may be empty".to_string());
+    }
+    Ok(Adapter {
+        name: name.to_string(),
+        path: path.to_string(),
+    })
+}
+
 fn parse_number(v: &str, fraction: bool) -> Result<f64, String> {
     let n: f64 = v.parse().map_err(|e| format!("not a number: {e}"))?;
     check_load_value("the value", n, fraction)
@@ -323,7 +345,12 @@ impl Cli {
             engine: self.engine,
             role: self.role,
             name: self.name.clone(),
-            model: self.model.clone(),
+            model: self
+                .model
+                .clone()
+                .unwrap_or_else(|| DEFAULT_MODEL.to_string()),
+            adapters: self.adapters.clone(),
+            enforce_model: self.model.is_some(),
             listen: self.listen,
             connector: self.connector.unwrap_or(Connector::Nixl),
             bootstrap_listen: self.bootstrap_listen.unwrap_or(loopback_any),
@@ -558,11 +585,37 @@ mod tests {
     }
 
     #[test]
+    fn model_and_adapters() {
+        let c =
+            line("--engine vllm --role decode --model base --lora a --lora=b=/w/b").expect("valid");
+        assert_eq!(c.model, "base");
+        assert!(c.enforce_model);
+        let adapter = |name: &str, path: &str| Adapter {
+            name: name.into(),
+            path: path.into(),
+        };
+        assert_eq!(c.adapters, [adapter("a", "a"), adapter("b", "/w/b")]);
+        assert!(c.serves_model("base") && c.serves_model("a") && c.serves_model("b"));
+        assert!(!c.serves_model("c") && !c.serves_model("/w/b"));
+        // Adapters without --model are listed, nothing is enforced.
+        let c = line("--engine vllm --role decode --lora a").expect("valid");
+        assert!(!c.enforce_model && c.serves_model("c"));
+        for bad in ["--model=", "--lora=", "--lora =x", "--lora x="] {
+            assert!(
+                line(&format!("--engine vllm --role decode {bad}")).is_err(),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
     fn defaults() {
         let c = line("--engine vllm --role decode").expect("valid");
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         assert_eq!(c.name, "mock");
         assert_eq!(c.model, "mock-model");
+        assert!(!c.enforce_model && c.adapters.is_empty());
+        assert!(c.serves_model("anything"));
         assert_eq!(c.listen, any);
         assert_eq!(c.connector, Connector::Nixl);
         assert_eq!(c.bootstrap_listen, any);
@@ -914,6 +967,7 @@ mod tests {
                 "--name n --engine vllm --role decode --stream-delay-ms 100",
                 "--name n --engine vllm --role decode --stream-delay-ms 20",
                 "--name n --engine default --role prefill --listen 127.0.0.1:45678",
+                "--name n --engine vllm --role decode --model m --lora a --lora b=/w/b",
                 // bench/run.py
                 "--name n --model bench-model --quiet --engine vllm --role prefill --connector nixl \
                  --lenient-prefill",

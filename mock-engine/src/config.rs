@@ -127,7 +127,8 @@ pub enum Fault {
     /// SGLang prefill: hand the KV over as usual, wait until the decode has
     /// collected it and then this long, then answer 500.
     FailAfterTransfer(Duration),
-    /// The other faults apply only after this many POST /v1/* requests.
+    /// The other faults apply only after this many API POSTs (POST /v1/*,
+    /// `/inference/v1/generate`, `/tokenize`, ...).
     /// Parsed only; [`Config::fail_after`] holds it afterwards.
     FailAfter(u64),
     /// vLLM decode: a hand-off from the prefill pod of this name fails (500,
@@ -147,12 +148,28 @@ pub fn fail_after_transfer(faults: &[Fault]) -> Option<Duration> {
     })
 }
 
+/// A LoRA adapter the pod serves by name besides its model (vLLM's
+/// `--lora-modules name=path`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adapter {
+    pub name: String,
+    /// Where its weights are: `root` on `/v1/models`.
+    pub path: String,
+}
+
 #[derive(Clone, Debug)]
 pub struct Config {
     pub engine: Engine,
     pub role: Role,
     pub name: String,
+    /// The served model id (`--model`, default `mock-model`).
     pub model: String,
+    /// `--lora`: adapters served by name besides `model`.
+    pub adapters: Vec<Adapter>,
+    /// `--model` was given: a request naming any other model than `model`
+    /// or one of `adapters` is a 404, as vLLM answers it. Off, any name is
+    /// served (the mocks' behaviour before models were checked).
+    pub enforce_model: bool,
     pub listen: SocketAddr,
     pub connector: Connector,
     pub bootstrap_listen: SocketAddr,
@@ -171,11 +188,11 @@ pub struct Config {
     pub auth_key: Option<String>,
     /// trtllm context: `ctx_info_endpoint` is a list of two endpoints.
     pub ctx_endpoint_list: bool,
-    /// The faults to apply (never a `FailAfter`): to every POST /v1/*, or,
+    /// The faults to apply (never a `FailAfter`): to every API POST, or,
     /// with `fail_after`, to those after the first N. `--fault fail-after:N`
     /// alone means `status:500` here.
     pub faults: Vec<Fault>,
-    /// `--fault fail-after:N`: the first N POST /v1/* get no fault at all.
+    /// `--fault fail-after:N`: the first N API POSTs get no fault at all.
     pub fail_after: Option<u64>,
     pub allow_recompute: bool,
     pub bootstrap_timeout: Duration,
@@ -257,6 +274,40 @@ impl Config {
         }
     }
 
+    /// Whether `POST /v1/messages` (Anthropic's Messages API) is split
+    /// here: vLLM (not neuron, whose decode takes an OpenAI prefill answer)
+    /// and SGLang.
+    pub fn serves_messages(&self) -> bool {
+        match self.engine {
+            Engine::Vllm => self.connector != Connector::Neuron,
+            Engine::Sglang => true,
+            Engine::Default | Engine::Trtllm => false,
+        }
+    }
+
+    /// Whether vLLM's token-in `POST /inference/v1/generate` is served:
+    /// vLLM (not neuron) only; SGLang has no such path.
+    pub fn serves_generate(&self) -> bool {
+        self.engine == Engine::Vllm && self.connector != Connector::Neuron
+    }
+
+    /// Whether the calls no router splits (embeddings, tokenize, score,
+    /// audio, ...) are served: the pods that answer as vLLM does.
+    pub fn serves_unsplit(&self) -> bool {
+        self.flavor() == Flavor::Vllm
+    }
+
+    /// Whether a request naming `model` is served here: always without
+    /// `--model`; else the model or one of its adapters.
+    pub fn serves_model(&self, model: &str) -> bool {
+        !self.enforce_model || model == self.model || self.adapter(model).is_some()
+    }
+
+    /// The adapter called `name`, if the pod serves one.
+    pub fn adapter(&self, name: &str) -> Option<&Adapter> {
+        self.adapters.iter().find(|a| a.name == name)
+    }
+
     /// A `--dp-size` applies: sglang, and the vllm mooncake prefill.
     pub fn dp_size_applies(&self) -> bool {
         self.engine == Engine::Sglang
@@ -287,7 +338,7 @@ impl Config {
         fail_after_transfer(&self.faults)
     }
 
-    /// The faults for the POST /v1/* numbered `seq` (0-based, in order of
+    /// The faults for the API POST numbered `seq` (0-based, in order of
     /// arrival).
     pub fn faults_for(&self, seq: u64) -> &[Fault] {
         match self.fail_after {

@@ -5,7 +5,6 @@
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -16,9 +15,9 @@ use serde_json::{json, Map, Number, Value};
 use crate::config::{Config, Flavor};
 use crate::error::{Checked, Fail};
 use crate::logprobs::{self as lp, Asked, Prompt, Token};
-use crate::request::{short, Api, Request};
-use crate::responses;
+use crate::request::{short, u64_array, Api, Request};
 use crate::state::{InFlight, Shared};
+use crate::{anthropic, responses, sse, token_in};
 
 /// Caps that keep a silly request from making the mock allocate or stream
 /// for minutes; far above anything a test needs.
@@ -59,8 +58,11 @@ pub struct GenParams {
 
 impl GenParams {
     pub fn from_request(req: &Request<'_>) -> Checked<Self> {
-        if req.api == Api::Responses {
-            return Self::from_responses_request(req);
+        match req.api {
+            Api::Responses => return Self::from_responses_request(req),
+            Api::Messages => return Self::from_messages_request(req),
+            Api::Generate => return Self::from_generate_request(req),
+            Api::Completions | Api::Chat => {}
         }
         let max_tokens = match req.u64_field("max_tokens")? {
             Some(m) => m,
@@ -78,25 +80,7 @@ impl GenParams {
             )));
         }
         let stream = req.bool_field("stream")?.unwrap_or(false);
-        let include_usage = match req.value("stream_options")? {
-            None => false,
-            Some(Value::Object(o)) => match o.get("include_usage") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(v) => {
-                    return Err(Fail::contract(format!(
-                        "`stream_options.include_usage` must be a boolean, got {}",
-                        short(v)
-                    )))
-                }
-            },
-            Some(v) => {
-                return Err(Fail::contract(format!(
-                    "`stream_options` must be an object, got {}",
-                    short(&v)
-                )))
-            }
-        };
+        let include_usage = include_usage(req)?;
         Ok(GenParams {
             max_tokens,
             n,
@@ -104,6 +88,101 @@ impl GenParams {
             include_usage,
             capped: true,
             request_id: None,
+        })
+    }
+
+    /// `/v1/messages`: `model` (a non-empty string), `messages` (an
+    /// array) and `max_tokens` (>= 1) are required, as vLLM's and SGLang's
+    /// request models have them; `stream`; one answer (no `n`).
+    fn from_messages_request(req: &Request<'_>) -> Checked<Self> {
+        match req.value("model")? {
+            Some(Value::String(m)) if !m.is_empty() => {}
+            Some(v) => {
+                return Err(Fail::contract(format!(
+                    "`model` must be a non-empty string, got {}",
+                    short(&v)
+                )))
+            }
+            None => return Err(Fail::contract("messages request has no `model`")),
+        }
+        match req.value("messages")? {
+            Some(Value::Array(_)) => {}
+            Some(v) => {
+                return Err(Fail::contract(format!(
+                    "`messages` must be an array, got {}",
+                    short(&v)
+                )))
+            }
+            None => return Err(Fail::contract("messages request has no `messages`")),
+        }
+        let max_tokens = match req.u64_field("max_tokens")? {
+            Some(0) => return Err(Fail::contract("`max_tokens` must be positive, got 0")),
+            Some(m) if m > MAX_TOKENS_LIMIT => {
+                return Err(Fail::contract(format!(
+                    "max_tokens {m} exceeds the mock's limit of {MAX_TOKENS_LIMIT}"
+                )))
+            }
+            Some(m) => m,
+            None => {
+                return Err(Fail::contract(
+                    "messages request has no `max_tokens` (required by the Messages API)",
+                ))
+            }
+        };
+        Ok(GenParams {
+            max_tokens,
+            n: 1,
+            stream: req.bool_field("stream")?.unwrap_or(false),
+            include_usage: false,
+            capped: true,
+            request_id: None,
+        })
+    }
+
+    /// `/inference/v1/generate`: `token_ids` (at least one non-negative
+    /// integer) and `sampling_params` (an object: `max_tokens`, default 16,
+    /// and `n`) are required; `stream`, `stream_options`, `request_id`.
+    fn from_generate_request(req: &Request<'_>) -> Checked<Self> {
+        match req.value("token_ids")? {
+            Some(v) if u64_array(&v).is_some_and(|ids| !ids.is_empty()) => {}
+            Some(v) => {
+                return Err(Fail::contract(format!(
+                    "`token_ids` must be a non-empty array of non-negative integers, got {}",
+                    short(&v)
+                )))
+            }
+            None => return Err(Fail::contract("generate request has no `token_ids`")),
+        }
+        let sp = req.sampling_params()?;
+        let member = |name: &str, default: u64| match sp.get(name) {
+            None | Some(Value::Null) => Ok(default),
+            Some(v) => v.as_u64().ok_or_else(|| {
+                Fail::contract(format!(
+                    "`sampling_params.{name}` must be a non-negative integer, got {}",
+                    short(v)
+                ))
+            }),
+        };
+        let max_tokens = member("max_tokens", 16)?;
+        if max_tokens > MAX_TOKENS_LIMIT {
+            return Err(Fail::contract(format!(
+                "sampling_params.max_tokens {max_tokens} exceeds the mock's limit of \
+                 {MAX_TOKENS_LIMIT}"
+            )));
+        }
+        let n = member("n", 1)?;
+        if n == 0 || n > MAX_N {
+            return Err(Fail::contract(format!(
+                "`sampling_params.n` must be in 1..={MAX_N}, got {n}"
+            )));
+        }
+        Ok(GenParams {
+            max_tokens,
+            n,
+            stream: req.bool_field("stream")?.unwrap_or(false),
+            include_usage: include_usage(req)?,
+            capped: true,
+            request_id: req.str_field("request_id")?,
         })
     }
 
@@ -139,6 +218,25 @@ impl GenParams {
             capped: max_output_tokens.is_some(),
             request_id,
         })
+    }
+}
+
+/// `stream_options.include_usage`, false when absent.
+fn include_usage(req: &Request<'_>) -> Checked<bool> {
+    match req.value("stream_options")? {
+        None => Ok(false),
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(v) => Err(Fail::contract(format!(
+                "`stream_options.include_usage` must be a boolean, got {}",
+                short(v)
+            ))),
+        },
+        Some(v) => Err(Fail::contract(format!(
+            "`stream_options` must be an object, got {}",
+            short(&v)
+        ))),
     }
 }
 
@@ -229,6 +327,8 @@ impl DecodeOut {
 #[derive(Clone, Debug, Default)]
 pub struct Look {
     pub flavor: Option<Flavor>,
+    /// The model the answer names: the adapter asked for, else the pod's.
+    pub model: String,
     pub asked: Asked,
     /// The tokenised prompt, when echo or logprobs need it.
     pub prompt: Option<Prompt>,
@@ -247,17 +347,17 @@ impl Look {
 }
 
 fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    crate::state::unix_now()
 }
 
 fn default_id(state: &Shared, api: Api) -> String {
     let prefix = match api {
         Api::Completions => "cmpl-mock-",
-        Api::Chat => "chatcmpl-mock-",
+        // vLLM answers a message with its chat id; SGLang draws `msg_...`.
+        Api::Messages if state.config.flavor() == Flavor::Sglang => "msg_mock-",
+        Api::Chat | Api::Messages => "chatcmpl-mock-",
         Api::Responses => "resp_mock-",
+        Api::Generate => "generate-tokens-mock-",
     };
     format!("{prefix}{}", state.next_id())
 }
@@ -323,7 +423,7 @@ fn choice(
         Api::Completions => {
             c.insert("text".into(), json!(text));
         }
-        Api::Chat | Api::Responses => {
+        Api::Chat | Api::Responses | Api::Messages | Api::Generate => {
             c.insert(
                 "message".into(),
                 json!({"role": "assistant", "content": text}),
@@ -341,6 +441,9 @@ fn object_name(api: Api, stream: bool) -> &'static str {
         (Api::Chat, false) => "chat.completion",
         (Api::Chat, true) => "chat.completion.chunk",
         (Api::Responses, _) => "response",
+        // Answered in their own shapes (anthropic.rs, token_in.rs).
+        (Api::Messages, _) => "message",
+        (Api::Generate, _) => "generate",
     }
 }
 
@@ -471,7 +574,7 @@ impl Completion {
                     .collect();
                 json!({ "content": content })
             }
-            Api::Responses => Value::Null,
+            Api::Responses | Api::Messages | Api::Generate => Value::Null,
         }
     }
 
@@ -519,7 +622,7 @@ impl Completion {
                     .collect();
                 json!({ "content": content })
             }
-            Api::Responses => Value::Null,
+            Api::Responses | Api::Messages | Api::Generate => Value::Null,
         }
     }
 
@@ -590,7 +693,7 @@ impl Completion {
                     Api::Completions => {
                         c.insert("text".into(), json!(text));
                     }
-                    Api::Chat | Api::Responses => {
+                    Api::Chat | Api::Responses | Api::Messages | Api::Generate => {
                         let delta = if k == 0 {
                             json!({"role": "assistant", "content": text})
                         } else {
@@ -669,8 +772,10 @@ pub fn prefill_response(
     mut out: PrefillOut,
 ) -> Response {
     // Only a plain JSON answer splices serialised members; the rarer
-    // shapes (streamed with --lenient-prefill, Responses) take them as values.
-    if api == Api::Responses || params.stream {
+    // shapes (streamed with --lenient-prefill, Responses, Messages,
+    // token-in) take them as values.
+    let own_shape = matches!(api, Api::Messages | Api::Generate);
+    if api == Api::Responses || own_shape || params.stream {
         for (name, raw) in std::mem::take(&mut out.top_raw) {
             // A RawValue holds valid JSON, so this cannot fail; if it ever
             // did, the answer says so rather than carry a quiet null.
@@ -679,18 +784,34 @@ pub fn prefill_response(
             out.top.insert(name.into(), value);
         }
     }
+    if own_shape {
+        state
+            .generated_tokens
+            .fetch_add(params.n, Ordering::Relaxed);
+        let output = Output {
+            pieces: vec![lp::prefill_token()],
+            length_capped: out.finish_reason == "length",
+            prompt_tokens: out.prompt_tokens,
+            cached_tokens: out.cached_tokens,
+            top: out.top,
+        };
+        return own_shape_response(state, api, params, &look, output, Kv::None, None);
+    }
     if api == Api::Responses {
         state.generated_tokens.fetch_add(1, Ordering::Relaxed);
         let length_capped = out.finish_reason == "length";
-        let answer = responses_answer(
-            state,
-            params,
-            vec!["P".to_string()],
-            length_capped,
-            out.prompt_tokens,
-            out.cached_tokens,
-            out.top,
-        );
+        let answer = responses::Answer {
+            model: look.model,
+            ..responses_answer(
+                state,
+                params,
+                vec!["P".to_string()],
+                length_capped,
+                out.prompt_tokens,
+                out.cached_tokens,
+                out.top,
+            )
+        };
         return with_kv(responses::at_once(&answer, params.stream), Kv::None);
     }
     let id = match out.id_prefix {
@@ -703,7 +824,7 @@ pub fn prefill_response(
     let answer = Completion {
         api,
         id,
-        model: state.config.model.clone(),
+        model: look.model.clone(),
         created: now(),
         n: params.n,
         include_usage: params.include_usage,
@@ -762,32 +883,47 @@ pub fn decode_response(
     state
         .generated_tokens
         .fetch_add(completion_tokens, Ordering::Relaxed);
+    if matches!(api, Api::Messages | Api::Generate) {
+        let output = Output {
+            pieces: (0..params.max_tokens).map(lp::generated).collect(),
+            length_capped: params.capped,
+            prompt_tokens: out.prompt_tokens,
+            cached_tokens: out.cached_tokens,
+            top: Map::new(),
+        };
+        return own_shape_response(state, api, &params, &look, output, out.kv, Some(guard));
+    }
     if api == Api::Responses {
         let pieces = (0..params.max_tokens)
             .map(|k| lp::generated(k).text)
             .collect();
         let mut top = Map::new();
         top.insert("kv_transfer_params".into(), Value::Null);
-        let answer = responses_answer(
-            state,
-            &params,
-            pieces,
-            params.capped,
-            out.prompt_tokens,
-            out.cached_tokens,
-            top,
-        );
+        let answer = responses::Answer {
+            model: look.model.clone(),
+            ..responses_answer(
+                state,
+                &params,
+                pieces,
+                params.capped,
+                out.prompt_tokens,
+                out.cached_tokens,
+                top,
+            )
+        };
         if !params.stream {
             guard.finish();
             return with_kv(responses::at_once(&answer, false), out.kv);
         }
-        let resp = responses::streamed(&answer, state.config.stream_delay, move || guard.finish());
+        let resp = sse::streamed(answer.events(), state.config.stream_delay, move || {
+            guard.finish()
+        });
         return with_kv(resp, out.kv);
     }
     let answer = Completion {
         api,
         id: default_id(state, api),
-        model: state.config.model.clone(),
+        model: look.model.clone(),
         created: now(),
         n: params.n,
         include_usage: params.include_usage,
@@ -824,6 +960,98 @@ pub fn decode_response(
         },
     );
     with_kv(sse_response(Body::from_stream(stream)), out.kv)
+}
+
+/// A Messages or token-in answer's content, whichever the leg.
+struct Output {
+    pieces: Vec<Token>,
+    length_capped: bool,
+    prompt_tokens: u64,
+    cached_tokens: Number,
+    /// The engine's top-level members (a vLLM prefill's `kv_transfer_params`).
+    top: Map<String, Value>,
+}
+
+/// An answer as one JSON body or as SSE events.
+enum Rendered {
+    Json(Value),
+    Events(Vec<String>),
+}
+
+/// `/v1/messages` and `/inference/v1/generate` answers, each in its API's
+/// shape (anthropic.rs, token_in.rs), with the usage the chat path would
+/// report. `guard` (a decode's) paces a stream and is finished at its end;
+/// without one (a prefill, whose caller finishes it) a stream is sent at once.
+fn own_shape_response(
+    state: &Shared,
+    api: Api,
+    params: &GenParams,
+    look: &Look,
+    out: Output,
+    kv: Kv,
+    guard: Option<InFlight>,
+) -> Response {
+    let cfg = &state.config;
+    let details = Details::of(cfg, &out.cached_tokens);
+    let rendered = if api == Api::Messages {
+        let answer = anthropic::Answer {
+            id: default_id(state, api),
+            model: look.model.clone(),
+            pieces: out.pieces.into_iter().map(|t| t.text).collect(),
+            length_capped: out.length_capped,
+            prompt_tokens: out.prompt_tokens,
+            cached: match details {
+                Details::Cached(n) => Some(n),
+                Details::Null | Details::Absent => None,
+            },
+            top: out.top,
+            flavor: cfg.flavor(),
+        };
+        if params.stream {
+            Rendered::Events(answer.events())
+        } else {
+            Rendered::Json(answer.body())
+        }
+    } else {
+        let completion = params.n * out.pieces.len() as u64;
+        // vLLM serialises the final usage chunk with exclude_none.
+        let stream_details = match (&details, cfg.flavor()) {
+            (Details::Null, Flavor::Vllm) => Details::Absent,
+            (d, _) => d.clone(),
+        };
+        let id = params.request_id.clone().unwrap_or_else(|| state.next_id());
+        let answer = token_in::Answer {
+            request_id: format!("generate-tokens-{id}"),
+            model: look.model.clone(),
+            created: now(),
+            n: params.n,
+            token_ids: out.pieces.iter().map(|t| t.id).collect(),
+            length_capped: out.length_capped,
+            usage: usage(out.prompt_tokens, completion, &details),
+            stream_usage: params
+                .include_usage
+                .then(|| usage(out.prompt_tokens, completion, &stream_details)),
+            top: out.top,
+        };
+        if params.stream {
+            Rendered::Events(answer.events())
+        } else {
+            Rendered::Json(answer.body())
+        }
+    };
+    let resp = match (rendered, guard) {
+        (Rendered::Json(body), guard) => {
+            if let Some(g) = guard {
+                g.finish();
+            }
+            axum::Json(body).into_response()
+        }
+        (Rendered::Events(events), Some(g)) => {
+            sse::streamed(events, cfg.stream_delay, move || g.finish())
+        }
+        (Rendered::Events(events), None) => sse::at_once(events),
+    };
+    with_kv(resp, kv)
 }
 
 fn data(v: &Value) -> String {
@@ -999,6 +1227,7 @@ mod tests {
         let n = prompt.tokens.len() as u64;
         let look = Look {
             flavor: Some(flavor),
+            model: "m".into(),
             echo: Some(prompt.text.clone()),
             echo_logprobs: asked.logprobs.is_some(),
             prompt: Some(prompt),

@@ -393,7 +393,11 @@ pub struct Asked {
 
 impl Asked {
     pub fn from_request(req: &Request<'_>, flavor: Flavor, stream: bool) -> Checked<Asked> {
-        if req.api == Api::Responses || flavor == Flavor::Trtllm {
+        // The Responses, Messages and token-in APIs ask for none of these
+        // here (vLLM's Messages converter sets no logprobs).
+        if matches!(req.api, Api::Responses | Api::Messages | Api::Generate)
+            || flavor == Flavor::Trtllm
+        {
             return Ok(Asked::default());
         }
         let continuous_usage = stream && continuous_usage(req)?;

@@ -7,16 +7,20 @@
 //! contract can change without touching what it stands on:
 //!
 //! 1. Domain types and helpers that import nothing of the crate: `config`,
-//!    `error`, `peer`, `disagg_auth`, `responses`, `conn`; on them
-//!    `request` (a body's members), `logprobs` and `metrics`.
+//!    `error`, `peer`, `disagg_auth`, `responses`, `conn`, `sse`,
+//!    `token_in`, `multipart`; on them `request` (a body's members),
+//!    `models` (the served model and adapters), `anthropic`, `logprobs`
+//!    and `metrics`.
 //! 2. `store`: what one leg leaves for the other, as data.
 //! 3. `state`: one pod's config, counters and stores, shared by handlers.
 //! 4. `generate`: the answers, as JSON or SSE.
-//! 5. `engines`: each engine's contract and its side of the hand-off.
+//! 5. `engines`: each engine's contract and its side of the hand-off;
+//!    `unsplit`: the calls no router splits (embeddings, tokenize, ...).
 //! 6. The HTTP servers: `server` (the main API), `sidechannel`,
 //!    `bootstrap` and `zmq`.
 //! 7. `cli` and this file: the flags, the listeners, the runtime.
 
+mod anthropic;
 mod bootstrap;
 mod cli;
 mod config;
@@ -24,9 +28,13 @@ mod conn;
 mod disagg_auth;
 mod engines;
 mod error;
+#[cfg(test)]
+mod gateway_tests;
 mod generate;
 mod logprobs;
 mod metrics;
+mod models;
+mod multipart;
 #[cfg(test)]
 mod pd_tests;
 mod peer;
@@ -34,8 +42,11 @@ mod request;
 mod responses;
 mod server;
 mod sidechannel;
+mod sse;
 mod state;
 mod store;
+mod token_in;
+mod unsplit;
 mod zmq;
 
 use std::io::Write;

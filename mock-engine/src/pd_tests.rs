@@ -11,9 +11,9 @@ use tokio::net::TcpListener;
 use crate::state::{AppState, Bound};
 use crate::{bootstrap, cli, peer, server, sidechannel, zmq};
 
-struct Pod {
-    http: SocketAddr,
-    bootstrap: Option<SocketAddr>,
+pub(crate) struct Pod {
+    pub(crate) http: SocketAddr,
+    pub(crate) bootstrap: Option<SocketAddr>,
 }
 
 async fn listen() -> (TcpListener, SocketAddr) {
@@ -26,8 +26,16 @@ fn serve(l: TcpListener, r: axum::Router) {
     tokio::spawn(async move { axum::serve(l, r).await });
 }
 
-async fn pod(args: &str) -> Pod {
-    let line = format!("{args} --quiet --stream-delay-ms 0");
+pub(crate) async fn pod(args: &str) -> Pod {
+    start(format!("{args} --quiet --stream-delay-ms 0")).await
+}
+
+/// A pod that keeps its request log (`/debug/requests`) and logs to stderr.
+pub(crate) async fn recording_pod(args: &str) -> Pod {
+    start(format!("{args} --stream-delay-ms 0")).await
+}
+
+async fn start(line: String) -> Pod {
     let config = cli::parse(std::iter::once("mock-engine").chain(line.split_whitespace()))
         .expect("valid flags");
     let (http, http_addr) = listen().await;
@@ -73,19 +81,19 @@ async fn pod(args: &str) -> Pod {
     }
 }
 
-struct Answer {
-    status: u16,
-    kv: String,
-    text: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) kv: String,
+    pub(crate) text: String,
 }
 
 impl Answer {
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_str(&self.text).unwrap_or_else(|e| panic!("{e}: {}", self.text))
     }
 
     /// The `data:` events of an SSE body, `[DONE]` left out.
-    fn events(&self) -> Vec<Value> {
+    pub(crate) fn events(&self) -> Vec<Value> {
         self.text
             .split("\n\n")
             .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
@@ -95,7 +103,7 @@ impl Answer {
     }
 }
 
-async fn post(pod: &Pod, path: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
+pub(crate) async fn post(pod: &Pod, path: &str, body: &Value, headers: &[(&str, &str)]) -> Answer {
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -122,7 +130,7 @@ async fn post(pod: &Pod, path: &str, body: &Value, headers: &[(&str, &str)]) -> 
 const COMPLETIONS: &str = "/v1/completions";
 const CHAT: &str = "/v1/chat/completions";
 /// Non-ASCII, so the prompt text differs from its JSON bytes.
-const PROMPT: &str = "Il était une fois, à Paris, un mock";
+pub(crate) const PROMPT: &str = "Il était une fois, à Paris, un mock";
 
 fn prompt_tokens() -> u64 {
     crate::request::approx_tokens(json!(PROMPT).to_string().as_bytes())
@@ -497,7 +505,7 @@ async fn a_correct_split_matches_a_single_engine() {
 }
 
 /// An SGLang pair sent at once; `p`/`d` get the bootstrap fields.
-async fn sglang_pair(
+pub(crate) async fn sglang_pair(
     prefill: &Pod,
     decode: &Pod,
     path: &str,

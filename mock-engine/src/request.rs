@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use serde::de::{Deserializer, Error as _, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{Checked, Fail};
 
@@ -17,6 +17,10 @@ pub enum Api {
     Chat,
     /// `/v1/responses` (vLLM's Responses API).
     Responses,
+    /// `/v1/messages` (Anthropic's Messages API, served by vLLM and SGLang).
+    Messages,
+    /// `/inference/v1/generate` (vLLM's token-in API).
+    Generate,
 }
 
 pub struct Request<'a> {
@@ -156,37 +160,47 @@ impl<'a> Request<'a> {
 
     /// Completions: the raw `prompt`. Chat: raw `messages` then raw `tools`.
     /// Responses: raw `input`, then raw `instructions` and `tools`.
-    /// Any re-serialisation by the router changes these bytes, just as it
-    /// would defeat a real engine's prefix cache.
+    /// Messages: raw `system`, `messages`, `tools`. Generate: raw
+    /// `token_ids`. Any re-serialisation by the router changes these bytes,
+    /// just as it would defeat a real engine's prefix cache.
     pub fn prompt_key(&self) -> Checked<Vec<u8>> {
-        match self.api {
-            Api::Completions => self
-                .raw("prompt")
-                .map(|p| p.get().as_bytes().to_vec())
-                .ok_or_else(|| Fail::contract("completions request has no `prompt`")),
-            Api::Chat => {
-                let messages = self
-                    .raw("messages")
-                    .ok_or_else(|| Fail::contract("chat request has no `messages`"))?;
-                let mut key = messages.get().as_bytes().to_vec();
-                if let Some(tools) = self.raw("tools") {
-                    key.extend_from_slice(tools.get().as_bytes());
-                }
-                Ok(key)
+        let (what, required, before, after): (_, _, &[&str], &[&str]) = match self.api {
+            Api::Completions => ("completions", "prompt", &[], &[]),
+            Api::Chat => ("chat", "messages", &[], &["tools"]),
+            Api::Responses => ("responses", "input", &[], &["instructions", "tools"]),
+            Api::Messages => ("messages", "messages", &["system"], &["tools"]),
+            Api::Generate => ("generate", "token_ids", &[], &[]),
+        };
+        let main = self
+            .raw(required)
+            .ok_or_else(|| Fail::contract(format!("{what} request has no `{required}`")))?;
+        let mut key = Vec::with_capacity(main.get().len());
+        let mut add = |names: &[&str]| {
+            for raw in names.iter().filter_map(|n| self.raw(n)) {
+                key.extend_from_slice(raw.get().as_bytes());
             }
-            Api::Responses => {
-                let input = self
-                    .raw("input")
-                    .ok_or_else(|| Fail::contract("responses request has no `input`"))?;
-                let mut key = input.get().as_bytes().to_vec();
-                for extra in ["instructions", "tools"] {
-                    if let Some(raw) = self.raw(extra) {
-                        key.extend_from_slice(raw.get().as_bytes());
-                    }
-                }
-                Ok(key)
-            }
+        };
+        add(before);
+        add(&[required]);
+        add(after);
+        Ok(key)
+    }
+
+    /// The token-in API's `sampling_params` (required there, an object).
+    pub fn sampling_params(&self) -> Checked<Map<String, Value>> {
+        match self.value("sampling_params")? {
+            Some(Value::Object(o)) => Ok(o),
+            Some(v) => Err(Fail::contract(format!(
+                "`sampling_params` must be an object, got {}",
+                short(&v)
+            ))),
+            None => Err(Fail::contract("generate request has no `sampling_params`")),
         }
+    }
+
+    /// The `model` the body names, when it is a string.
+    pub fn model(&self) -> Option<String> {
+        self.str_field("model").ok().flatten()
     }
 }
 
@@ -424,6 +438,25 @@ mod tests {
         assert!(r.prompt_key().is_err());
         let r = Request::parse(Api::Responses, br#"{"request_id":7}"#).expect("parses");
         assert!(r.str_field("request_id").is_err());
+    }
+
+    #[test]
+    fn messages_key_is_system_messages_tools_and_generate_key_the_ids() {
+        let body = br#"{"tools":[1],"messages":[{"role":"user","content":"hi"}],"system":"s"}"#;
+        let r = Request::parse(Api::Messages, body).expect("parses");
+        assert_eq!(
+            r.prompt_key().expect("key"),
+            br#""s"[{"role":"user","content":"hi"}][1]"#.to_vec()
+        );
+        let r = Request::parse(Api::Messages, br#"{"system":"s"}"#).expect("parses");
+        let e = r.prompt_key().unwrap_err();
+        assert_eq!(e.message, "messages request has no `messages`");
+        let r = Request::parse(Api::Generate, br#"{"token_ids":[1, 2]}"#).expect("parses");
+        assert_eq!(r.prompt_key().expect("key"), b"[1, 2]".to_vec());
+        assert_eq!(r.model(), None);
+        let r = Request::parse(Api::Generate, br#"{"model":"m"}"#).expect("parses");
+        assert_eq!(r.model().as_deref(), Some("m"));
+        assert!(r.prompt_key().is_err());
     }
 
     #[test]

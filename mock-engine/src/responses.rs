@@ -7,11 +7,8 @@
 //! one that stopped by itself is `completed` / `response.completed`. The
 //! terminal event carries the full object, `kv_transfer_params` included.
 
-use std::convert::Infallible;
-use std::time::Duration;
-
-use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::body::Body;
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
@@ -201,37 +198,6 @@ pub fn at_once(answer: &Answer, stream: bool) -> Response {
         return resp;
     }
     axum::Json(answer.object(true)).into_response()
-}
-
-/// The events one by one, `delay` apart; `on_end` runs once the last one
-/// is out (not when the client hangs up first).
-pub fn streamed<F>(answer: &Answer, delay: Duration, on_end: F) -> Response
-where
-    F: FnOnce() + Send + 'static,
-{
-    let events = answer.events().into_iter();
-    let stream = futures_util::stream::unfold(
-        (events, true, Some(on_end)),
-        move |(mut events, first, mut on_end)| async move {
-            let Some(event) = events.next() else {
-                if let Some(f) = on_end.take() {
-                    f();
-                }
-                return None;
-            };
-            if !first && !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            Some((
-                Ok::<_, Infallible>(Bytes::from(event)),
-                (events, false, on_end),
-            ))
-        },
-    );
-    let mut resp = Response::new(Body::from_stream(stream));
-    *resp.status_mut() = StatusCode::OK;
-    sse_headers(&mut resp);
-    resp
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The pod's main HTTP API: health, models, metrics, the debug endpoints
-//! (request log, reported load), and POST /v1/* (faults first, then the
-//! engine contract, then the faults that spoil the engine's answer).
+//! (request log, reported load), and the engine API's POSTs (POST /v1/*,
+//! `/inference/v1/generate`, `/tokenize`, `/score`, ...: faults first, then
+//! the engine contract or the unsplit call, then the faults that spoil the
+//! engine's answer).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -17,14 +19,17 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{check_load_value, fail_after_transfer, Engine, Fault, Load, Role};
+use crate::anthropic;
+use crate::config::{check_load_value, fail_after_transfer, Config, Engine, Fault, Load, Role};
 use crate::conn::{truncated_body, ConnCtl, ConnHandle};
 use crate::engines;
-use crate::error::{error_body, Fail};
+use crate::error::{error_body, ErrorShape, Fail};
 use crate::metrics::{render_metrics, Snapshot};
+use crate::models;
 use crate::request::Api;
-use crate::state::{DebugRecord, Shared};
+use crate::state::{unix_now, DebugRecord, Shared};
 use crate::store::lock;
+use crate::unsplit::{self, Call};
 
 /// Bodies larger than axum's 2 MB default are legitimate long prompts.
 const BODY_LIMIT: usize = 64 << 20;
@@ -48,7 +53,17 @@ pub fn main_router(state: Shared) -> Router {
         .route("/debug/load", post(debug_load))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
-        .route("/v1/{*rest}", post(v1_post))
+        .route("/v1/{*rest}", post(api_post))
+        // The engine API's paths outside /v1 (vLLM's token-in API and its
+        // unsplit calls).
+        .route("/inference/v1/generate", post(api_post))
+        .route("/tokenize", post(api_post))
+        .route("/detokenize", post(api_post))
+        .route("/score", post(api_post))
+        .route("/rerank", post(api_post))
+        .route("/v2/rerank", post(api_post))
+        .route("/pooling", post(api_post))
+        .route("/classify", post(api_post))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state.clone());
     with_access_log(routes, state, "http")
@@ -109,11 +124,7 @@ async fn access_log(State(ctx): State<LogCtx>, req: HttpRequest, next: Next) -> 
 }
 
 async fn models(State(state): State<Shared>) -> Response {
-    Json(json!({
-        "object": "list",
-        "data": [{"id": state.config.model, "object": "model", "owned_by": "mock"}],
-    }))
-    .into_response()
+    Json(models::list(&state.config, unix_now())).into_response()
 }
 
 async fn metrics(State(state): State<Shared>) -> Response {
@@ -243,8 +254,12 @@ fn record(state: &Shared, path: &str, headers: &HeaderMap, body: &[u8]) {
             })
             .or_insert(value);
     }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
     lock(&state.debug).push(DebugRecord {
         path: path.to_string(),
+        model: models::named(content_type, body),
         headers: map,
         body: String::from_utf8_lossy(body).into_owned(),
     });
@@ -257,29 +272,89 @@ fn kv_none(mut resp: Response) -> Response {
 }
 
 fn error_response(status: StatusCode, kind: &str, message: String) -> Response {
-    let mut resp = (status, Json(error_body(status, kind, &message))).into_response();
+    shaped_error(ErrorShape::OpenAi, status, kind, message, None)
+}
+
+/// An error answer in the path's shape (`param`: vLLM's member at fault).
+fn shaped_error(
+    shape: ErrorShape,
+    status: StatusCode,
+    kind: &str,
+    message: String,
+    param: Option<&str>,
+) -> Response {
+    let body = shape.body(status, kind, &message, param);
+    let mut resp = (status, Json(body)).into_response();
     resp.extensions_mut().insert(Note(message));
     kv_none(resp)
 }
 
-fn fail_response(state: &Shared, fail: Fail) -> Response {
+fn fail_response(state: &Shared, shape: ErrorShape, fail: Fail) -> Response {
     let message = if fail.verbatim {
         fail.message
     } else {
         format!("{}: {}", state.label(), fail.message)
     };
-    error_response(fail.status, fail.kind, message)
+    shaped_error(shape, fail.status, fail.kind, message, fail.param)
+}
+
+/// What an API path is to this pod: a call the engines split, or one it
+/// answers alone.
+#[derive(Clone, Copy)]
+enum Route {
+    Split(Api),
+    Unsplit(Call),
+}
+
+/// The route of `path` on this pod; `None`: not served here (404).
+fn route(cfg: &Config, path: &str) -> Option<Route> {
+    let split = match path {
+        "/v1/completions" => Api::Completions,
+        "/v1/chat/completions" => Api::Chat,
+        "/v1/responses" if cfg.serves_responses() => Api::Responses,
+        "/v1/messages" if cfg.serves_messages() => Api::Messages,
+        "/inference/v1/generate" if cfg.serves_generate() => Api::Generate,
+        other => {
+            return Call::of(other)
+                .filter(|c| c.served_by(cfg))
+                .map(Route::Unsplit)
+        }
+    };
+    Some(Route::Split(split))
+}
+
+/// Anthropic's paths answer errors in Anthropic's shape, as vLLM's and
+/// SGLang's `/v1/messages` routers translate them.
+fn error_shape(path: &str) -> ErrorShape {
+    if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        ErrorShape::Anthropic
+    } else {
+        ErrorShape::OpenAi
+    }
 }
 
 /// The hand-off faults: a pull from a named prefill that fails, and a
-/// stream that opens with an error event.
-fn handoff_fault(state: &Shared, faults: &[Fault], body: &[u8]) -> Option<Response> {
+/// stream that opens with an error event (Anthropic's `event: error` on
+/// its paths).
+fn handoff_fault(
+    state: &Shared,
+    shape: ErrorShape,
+    faults: &[Fault],
+    body: &[u8],
+) -> Option<Response> {
     if faults.contains(&Fault::ErrorEvent) {
-        let event = format!(
-            "data: {}\n\ndata: [DONE]\n\n",
-            serde_json::json!({"error": {"message": format!("{}: KV transfer failed", state.label()),
-                "type": "InternalServerError", "param": null, "code": 500}})
-        );
+        let message = format!("{}: KV transfer failed", state.label());
+        let status = StatusCode::INTERNAL_SERVER_ERROR;
+        let event = match shape {
+            ErrorShape::Anthropic => {
+                anthropic::error_event(&shape.body(status, "InternalServerError", &message, None))
+            }
+            ErrorShape::OpenAi => format!(
+                "data: {}\n\ndata: [DONE]\n\n",
+                serde_json::json!({"error": {"message": message,
+                    "type": "InternalServerError", "param": null, "code": 500}})
+            ),
+        };
         let resp = ([(header::CONTENT_TYPE, "text/event-stream")], event).into_response();
         return Some(kv_none(resp));
     }
@@ -293,18 +368,23 @@ fn handoff_fault(state: &Shared, faults: &[Fault], body: &[u8]) -> Option<Respon
         .get("remote_engine_id")?
         .as_str()?;
     (engine == format!("mock-engine-{from}")).then(|| {
-        error_response(
+        shaped_error(
+            shape,
             StatusCode::INTERNAL_SERVER_ERROR,
             "mock_kv_load_failure",
             format!(
                 "{}: KV transfer failed: could not pull from {from}",
                 state.label()
             ),
+            None,
         )
     })
 }
 
-async fn v1_post(
+/// Every engine API POST: recorded, numbered for `fail-after:N`, its
+/// faults applied, then routed to the engine's contract or the unsplit
+/// call, whose answer the spoiling faults may still cut.
+async fn api_post(
     State(state): State<Shared>,
     uri: Uri,
     headers: HeaderMap,
@@ -315,9 +395,12 @@ async fn v1_post(
     let seq = state.posts.fetch_add(1, Ordering::Relaxed);
     let cfg = &state.config;
     let faults = cfg.faults_for(seq);
+    let route = route(cfg, uri.path());
+    let shape = error_shape(uri.path());
     let fail_after_transfer = fail_after_transfer(faults).is_some()
         && cfg.engine == Engine::Sglang
-        && cfg.role == Role::Prefill;
+        && cfg.role == Role::Prefill
+        && matches!(route, Some(Route::Split(_)));
     let truncate = faults.contains(&Fault::Truncate);
     // The engine's answer is spoiled afterwards: not a finished request.
     let guard = if fail_after_transfer || truncate {
@@ -325,7 +408,55 @@ async fn v1_post(
     } else {
         state.in_flight()
     };
+    if let Some(resp) = early_fault(&state, shape, faults, &body, &extensions).await {
+        return resp;
+    }
+    let Some(route) = route else {
+        return shaped_error(
+            shape,
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("{}: no such endpoint {}", state.label(), uri.path()),
+            None,
+        );
+    };
+    let answered = match route {
+        Route::Split(api) => engines::handle(&state, api, &headers, &body, faults, guard).await,
+        Route::Unsplit(call) => unsplit::answer(&state, call, &headers, &body).map(|v| {
+            guard.finish();
+            kv_none(Json(v).into_response())
+        }),
+    };
+    let resp = match answered {
+        Ok(resp) => resp,
+        Err(fail) => return fail_response(&state, shape, fail),
+    };
+    if fail_after_transfer {
+        // The decode collected the KV (sglang::prefill waited for that) and
+        // goes on regardless.
+        return shaped_error(
+            shape,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "mock_fault",
+            "mock fault: prefill failed after the KV transfer".into(),
+            None,
+        );
+    }
+    if truncate {
+        return truncate_response(resp, &extensions).await;
+    }
+    resp
+}
 
+/// The faults that answer before the engine does: delays, `hang`,
+/// `reset`, `status:N`, the hand-off faults and `garbage`.
+async fn early_fault(
+    state: &Shared,
+    shape: ErrorShape,
+    faults: &[Fault],
+    body: &[u8],
+    extensions: &Extensions,
+) -> Option<Response> {
     for fault in faults {
         if let Fault::Delay(d) = fault {
             tokio::time::sleep(*d).await;
@@ -335,17 +466,18 @@ async fn v1_post(
         std::future::pending::<()>().await;
     }
     if faults.contains(&Fault::Reset) {
-        return reset_connection(&extensions);
+        return Some(reset_connection(extensions));
     }
     if let Some(code) = faults.iter().find_map(|f| match f {
         Fault::Status(c) => Some(*c),
         _ => None,
     }) {
         let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return error_response(status, "mock_fault", format!("mock fault: status {code}"));
+        let message = format!("mock fault: status {code}");
+        return Some(shaped_error(shape, status, "mock_fault", message, None));
     }
-    if let Some(resp) = handoff_fault(&state, faults, &body) {
-        return resp;
+    if let Some(resp) = handoff_fault(state, shape, faults, body) {
+        return Some(resp);
     }
     if faults.contains(&Fault::Garbage) {
         let mut resp = (
@@ -355,38 +487,9 @@ async fn v1_post(
             .into_response();
         resp.extensions_mut()
             .insert(Note("fault: garbage body".into()));
-        return kv_none(resp);
+        return Some(kv_none(resp));
     }
-
-    let api = match uri.path() {
-        "/v1/completions" => Api::Completions,
-        "/v1/chat/completions" => Api::Chat,
-        "/v1/responses" if cfg.serves_responses() => Api::Responses,
-        other => {
-            return error_response(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("{}: no such endpoint {other}", state.label()),
-            )
-        }
-    };
-    let resp = match engines::handle(&state, api, &headers, &body, faults, guard).await {
-        Ok(resp) => resp,
-        Err(fail) => return fail_response(&state, fail),
-    };
-    if fail_after_transfer {
-        // The decode collected the KV (sglang::prefill waited for that) and
-        // goes on regardless.
-        return error_response(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "mock_fault",
-            "mock fault: prefill failed after the KV transfer".into(),
-        );
-    }
-    if truncate {
-        return truncate_response(resp, &extensions).await;
-    }
-    resp
+    None
 }
 
 /// The connection's switch, when served by [`crate::conn::CtlListener`].

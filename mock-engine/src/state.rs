@@ -36,6 +36,9 @@ pub struct Bound {
 #[derive(Serialize, Clone)]
 pub struct DebugRecord {
     pub path: String,
+    /// The model the request named (JSON `model`, or the multipart form's
+    /// `model` field); `None` when it named none.
+    pub model: Option<String>,
     pub headers: BTreeMap<String, String>,
     pub body: String,
 }
@@ -62,7 +65,7 @@ pub struct AppState {
     pub mooncake_engine_id: String,
     pub started: Instant,
     pub peers: Peers,
-    /// POST /v1/* received so far (numbers them for `fail-after:N`).
+    /// API POSTs received so far (numbers them for `fail-after:N`).
     pub posts: AtomicU64,
     seq: AtomicU64,
     random: RandomState,
@@ -70,6 +73,14 @@ pub struct AppState {
 }
 
 pub type Shared = Arc<AppState>;
+
+/// Seconds since the Unix epoch (0 if the clock is before it): `created`.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
 
 impl AppState {
     pub fn new(config: Config, bound: Bound, peers: Peers) -> Self {

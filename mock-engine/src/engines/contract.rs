@@ -60,8 +60,12 @@ pub fn prefill_constraints(
     max_completion_tokens_ok: bool,
     lenient: bool,
 ) -> Checked<()> {
-    if req.api == Api::Responses {
-        return responses_prefill_constraints(req, lenient);
+    match req.api {
+        Api::Responses => return responses_prefill_constraints(req, lenient),
+        Api::Generate => return generate_prefill_constraints(req, lenient),
+        // Anthropic's `max_tokens` is the chat limit (vLLM converts it to
+        // chat's `max_tokens` and `max_completion_tokens`).
+        Api::Completions | Api::Chat | Api::Messages => {}
     }
     if lenient {
         return lenient_prefill_constraints(req);
@@ -143,6 +147,65 @@ fn responses_prefill_constraints(req: &Request<'_>, lenient: bool) -> Checked<()
         return Err(Fail::contract(
             "prefill must not run in the background, `background` is true",
         ));
+    }
+    if req.has("stream_options") {
+        return Err(Fail::contract(
+            "prefill request must not carry `stream_options`",
+        ));
+    }
+    Ok(())
+}
+
+/// The prefill leg of vLLM's token-in `/inference/v1/generate`: the limits
+/// live in `sampling_params` (`max_tokens` == 1, no `min_tokens`),
+/// `stream` not true, no `stream_options`. Lenient: `min_tokens` at most
+/// `max_tokens`.
+fn generate_prefill_constraints(req: &Request<'_>, lenient: bool) -> Checked<()> {
+    const S: &str = "sampling_params";
+    let sp = req.sampling_params()?;
+    let limit = |field: &str| -> Checked<Option<u64>> {
+        sp.get(field)
+            .filter(|v| !v.is_null())
+            .map(|v| {
+                v.as_u64().ok_or_else(|| {
+                    Fail::contract(format!(
+                        "`{S}.{field}` must be a non-negative integer, got {}",
+                        short(v)
+                    ))
+                })
+            })
+            .transpose()
+    };
+    let (max, min) = (limit("max_tokens")?, limit("min_tokens")?);
+    if lenient {
+        req.bool_field("stream")?;
+        return match (min, max) {
+            (Some(min), Some(max)) if min > max => Err(Fail::contract(format!(
+                "prefill `{S}.min_tokens` {min} exceeds `{S}.max_tokens` {max}"
+            ))),
+            _ => Ok(()),
+        };
+    }
+    match max {
+        Some(1) => {}
+        Some(m) => {
+            return Err(Fail::contract(format!(
+                "prefill needs `{S}.max_tokens` == 1, got {m}"
+            )))
+        }
+        None => {
+            return Err(Fail::contract(format!(
+                "prefill needs `{S}.max_tokens` == 1, it is absent"
+            )))
+        }
+    }
+    if min.is_some() {
+        return Err(Fail::contract(format!(
+            "prefill request must not carry `{S}.min_tokens`"
+        )));
+    }
+    if req.bool_field("stream")? == Some(true) {
+        return Err(Fail::contract("prefill must not stream, `stream` is true"));
     }
     if req.has("stream_options") {
         return Err(Fail::contract(
@@ -309,6 +372,91 @@ mod tests {
         assert!(e.message.contains("only be used when `store` is true"));
         assert!(responses_checks(&parse(r#"{"background":true}"#), false).is_ok());
         assert!(responses_checks(&parse(r#"{"background":false}"#), true).is_ok());
+    }
+
+    fn api_check(api: Api, body: &str, lenient: bool) -> Result<(), String> {
+        let req = Request::parse(api, body.as_bytes()).map_err(|f| f.message)?;
+        prefill_constraints(&req, true, lenient).map_err(|f| f.message)
+    }
+
+    #[test]
+    fn messages_prefill_is_chat_s() {
+        let m = |b: &str| api_check(Api::Messages, b, false);
+        assert!(m(r#"{"messages":[],"max_tokens":1}"#).is_ok());
+        assert!(m(r#"{"max_tokens":1,"stream":false,"max_completion_tokens":1}"#).is_ok());
+        for (bad, why) in [
+            (
+                r#"{"max_tokens":1024}"#,
+                "prefill needs `max_tokens` == 1, got 1024",
+            ),
+            (r#"{}"#, "prefill needs `max_tokens` == 1, it is absent"),
+            (
+                r#"{"max_tokens":1,"stream":true}"#,
+                "prefill must not stream, `stream` is true",
+            ),
+            (
+                r#"{"max_tokens":1,"min_tokens":1}"#,
+                "prefill request must not carry `min_tokens`",
+            ),
+            (
+                r#"{"max_tokens":1,"stream_options":{"include_usage":true}}"#,
+                "prefill request must not carry `stream_options`",
+            ),
+        ] {
+            assert_eq!(m(bad).unwrap_err(), why, "{bad}");
+        }
+        assert!(api_check(Api::Messages, r#"{"max_tokens":64,"stream":true}"#, true).is_ok());
+    }
+
+    #[test]
+    fn generate_prefill_limits_are_in_sampling_params() {
+        let g = |b: &str| api_check(Api::Generate, b, false);
+        assert!(g(r#"{"token_ids":[1],"sampling_params":{"max_tokens":1}}"#).is_ok());
+        assert!(
+            g(r#"{"sampling_params":{"max_tokens":1,"temperature":0},"stream":false}"#).is_ok()
+        );
+        for (bad, why) in [
+            (
+                r#"{"sampling_params":{"max_tokens":8}}"#,
+                "prefill needs `sampling_params.max_tokens` == 1, got 8",
+            ),
+            (
+                r#"{"sampling_params":{}}"#,
+                "prefill needs `sampling_params.max_tokens` == 1, it is absent",
+            ),
+            // The chat limit at the top is not the token-in API's.
+            (
+                r#"{"max_tokens":1,"sampling_params":{}}"#,
+                "prefill needs `sampling_params.max_tokens` == 1, it is absent",
+            ),
+            (
+                r#"{"sampling_params":{"max_tokens":1,"min_tokens":1}}"#,
+                "prefill request must not carry `sampling_params.min_tokens`",
+            ),
+            (
+                r#"{"sampling_params":{"max_tokens":1},"stream":true}"#,
+                "prefill must not stream, `stream` is true",
+            ),
+            (
+                r#"{"sampling_params":{"max_tokens":1},"stream_options":{}}"#,
+                "prefill request must not carry `stream_options`",
+            ),
+            (
+                r#"{"sampling_params":{"max_tokens":1.0}}"#,
+                "`sampling_params.max_tokens` must be a non-negative integer, got 1.0",
+            ),
+            (
+                r#"{"token_ids":[1]}"#,
+                "generate request has no `sampling_params`",
+            ),
+        ] {
+            assert_eq!(g(bad).unwrap_err(), why, "{bad}");
+        }
+        let lenient = |b: &str| api_check(Api::Generate, b, true);
+        assert!(
+            lenient(r#"{"sampling_params":{"max_tokens":9,"min_tokens":9},"stream":true}"#).is_ok()
+        );
+        assert!(lenient(r#"{"sampling_params":{"max_tokens":1,"min_tokens":2}}"#).is_err());
     }
 
     #[test]

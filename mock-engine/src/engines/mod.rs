@@ -27,7 +27,8 @@ use crate::config::{fail_after_transfer, Connector, Engine, Fault, Flavor, Role}
 use crate::error::Checked;
 use crate::generate::{self, DecodeOut, GenParams, Kv, Look, PrefillOut};
 use crate::logprobs::{Asked, Prompt};
-use crate::request::{approx_tokens, Api, Request};
+use crate::models;
+use crate::request::{approx_tokens, u64_array, Api, Request};
 use crate::state::{InFlight, Shared};
 use cached::{decode_cached, own_cached, remote_cached_field};
 use contract::responses_checks;
@@ -45,9 +46,15 @@ pub async fn handle(
     guard: InFlight,
 ) -> Checked<Response> {
     let req = Request::parse(api, body)?;
-    // Validated first so a malformed knob never consumes a hand-off.
-    let params = GenParams::from_request(&req)?;
     let cfg = &state.config;
+    // Validated first so a request for another model, or a malformed knob,
+    // never consumes a hand-off.
+    models::check(cfg, req.model().as_deref())?;
+    let mut params = GenParams::from_request(&req)?;
+    if api == Api::Generate {
+        // vLLM answers `generate-tokens-{id}`, the id as the engine reads it.
+        params.request_id = vllm_request_id(&req, headers)?;
+    }
     let asked = Asked::from_request(&req, cfg.flavor(), params.stream)?;
     if api == Api::Responses {
         responses_checks(&req, cfg.role == Role::Decode || cfg.lenient_prefill)?;
@@ -55,6 +62,7 @@ pub async fn handle(
     match cfg.role {
         Role::Prefill => {
             let mut out = prefill(state, &req, headers, &asked, faults).await?;
+            out.prompt_tokens = counted(&req, out.prompt_tokens);
             out.cached_tokens = own_cached(state, &asked, out.prompt_tokens).into();
             remote_cached_field(state, &mut out);
             let look = look(state, &req, asked)?;
@@ -64,12 +72,25 @@ pub async fn handle(
         }
         Role::Decode => {
             let mut out = decode(state, &req, headers, &asked).await?;
+            out.prompt_tokens = counted(&req, out.prompt_tokens);
             out.cached_tokens = decode_cached(state, &req, &asked, &out);
             let look = look(state, &req, asked)?;
             Ok(generate::decode_response(
                 state, api, params, look, out, guard,
             ))
         }
+    }
+}
+
+/// The prompt's token count: the token-in API's `token_ids`, counted;
+/// elsewhere what the engine module counted (the prompt key's bytes / 4).
+fn counted(req: &Request<'_>, approx: u64) -> u64 {
+    if req.api != Api::Generate {
+        return approx;
+    }
+    match req.value("token_ids") {
+        Ok(Some(v)) => u64_array(&v).map_or(approx, |ids| ids.len() as u64),
+        _ => approx,
     }
 }
 
@@ -173,6 +194,7 @@ fn look(state: &Shared, req: &Request<'_>, asked: Asked) -> Checked<Look> {
         req.api == Api::Completions && asked.echo && asked.logprobs.is_some() && !sglang_decode;
     Ok(Look {
         flavor: Some(flavor),
+        model: models::answered(&state.config, req.model().as_deref()),
         asked,
         prompt,
         echo,

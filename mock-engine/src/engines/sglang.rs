@@ -71,8 +71,9 @@ fn batch_size(req: &Request<'_>) -> Checked<Option<usize>> {
             Some(n) if n > 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
             _ => Ok(None),
         },
-        // Not served by the sglang mock.
-        Api::Responses => Ok(None),
+        // One prompt (Messages has no `n`); the others are not served by
+        // the sglang mock.
+        Api::Messages | Api::Responses | Api::Generate => Ok(None),
     }
 }
 

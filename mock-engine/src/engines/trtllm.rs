@@ -460,8 +460,8 @@ fn generation_ids(req: &Request<'_>) -> Checked<(IdsForm, Option<Vec<u64>>)> {
             }
             chat_ids(req)
         }
-        Api::Responses => Err(Fail::contract(
-            "the trtllm mock does not serve /v1/responses",
+        Api::Responses | Api::Messages | Api::Generate => Err(Fail::contract(
+            "the trtllm mock serves only /v1/completions and /v1/chat/completions",
         )),
     }
 }

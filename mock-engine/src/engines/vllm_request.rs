@@ -12,10 +12,11 @@ use crate::generate::{DecodeOut, Kv};
 use crate::request::{approx_tokens, short, Api, Request};
 use crate::state::Shared;
 
-/// The request id vLLM 0.33 gives this request (`_base_request_id`):
-/// chat and completions take header `X-Request-Id`, else the body
-/// `request_id`; `/v1/responses` only the body `request_id` (the header is
-/// ignored). `None`: vLLM would draw a random one.
+/// The request id vLLM gives this request (`_base_request_id`): chat,
+/// completions and the token-in generate take header `X-Request-Id`, else
+/// the body `request_id`; `/v1/responses` only the body `request_id` (the
+/// header is ignored); `/v1/messages` only the header (its request becomes a
+/// chat request without the body's id). `None`: vLLM would draw a random one.
 pub fn vllm_request_id(req: &Request<'_>, headers: &HeaderMap) -> Checked<Option<String>> {
     if req.api != Api::Responses {
         if let Some(v) = headers.get("x-request-id") {
@@ -25,6 +26,9 @@ pub fn vllm_request_id(req: &Request<'_>, headers: &HeaderMap) -> Checked<Option
             return Ok(Some(id.to_string()));
         }
     }
+    if req.api == Api::Messages {
+        return Ok(None);
+    }
     req.str_field("request_id")
 }
 
@@ -32,19 +36,22 @@ pub fn vllm_request_id(req: &Request<'_>, headers: &HeaderMap) -> Checked<Option
 pub fn request_id_source(api: Api) -> &'static str {
     match api {
         Api::Responses => "body `request_id` (/v1/responses ignores X-Request-Id)",
+        Api::Messages => "header `X-Request-Id` (/v1/messages ignores a body `request_id`)",
         _ => "header `X-Request-Id` (or body `request_id`)",
     }
 }
 
 /// The engine's internal id for external id `id` (request-id randomisation
-/// off, VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1): `chatcmpl-{id}`,
-/// `cmpl-{id}-0` (first prompt) or `{id}_0` (responses). So, as in vLLM,
-/// legs that pair by id must also hit the same endpoint.
+/// off, VLLM_DISABLE_REQUEST_ID_RANDOMIZATION=1): `chatcmpl-{id}` (chat,
+/// and messages, which vLLM serves as chat), `cmpl-{id}-0` (first prompt),
+/// `{id}_0` (responses) or `generate-tokens-{id}`. So, as in vLLM, legs
+/// that pair by id must also hit the same endpoint.
 pub fn vllm_internal_id(api: Api, id: &str) -> String {
     match api {
-        Api::Chat => format!("chatcmpl-{id}"),
+        Api::Chat | Api::Messages => format!("chatcmpl-{id}"),
         Api::Completions => format!("cmpl-{id}-0"),
         Api::Responses => format!("{id}_0"),
+        Api::Generate => format!("generate-tokens-{id}"),
     }
 }
 
@@ -53,8 +60,12 @@ pub fn vllm_internal_id(api: Api, id: &str) -> String {
 /// (vLLM's proxies send no hand-off then) or `--allow-recompute` lets
 /// through.
 pub fn vllm_recompute(state: &Shared, req: &Request<'_>, why: &str) -> Checked<DecodeOut> {
-    let n = req.u64_field("n")?.unwrap_or(1);
-    if (n > 1 && req.api != Api::Responses) || state.config.allow_recompute {
+    // Only chat and completions have a top-level `n`.
+    let n = match req.api {
+        Api::Chat | Api::Completions => req.u64_field("n")?.unwrap_or(1),
+        _ => 1,
+    };
+    if n > 1 || state.config.allow_recompute {
         return Ok(DecodeOut::new(
             Kv::Recomputed,
             approx_tokens(&req.prompt_key()?),
@@ -118,5 +129,16 @@ mod tests {
         assert_eq!(vllm_internal_id(Api::Chat, "a"), "chatcmpl-a");
         assert_eq!(vllm_internal_id(Api::Completions, "a"), "cmpl-a-0");
         assert_eq!(vllm_internal_id(Api::Responses, "a"), "a_0");
+        assert_eq!(vllm_internal_id(Api::Messages, "a"), "chatcmpl-a");
+        assert_eq!(vllm_internal_id(Api::Generate, "a"), "generate-tokens-a");
+        let msg = Request::parse(Api::Messages, br#"{"request_id":"body"}"#).unwrap();
+        assert_eq!(vllm_request_id(&msg, &h).unwrap().as_deref(), Some("hdr"));
+        assert_eq!(vllm_request_id(&msg, &none).unwrap(), None);
+        let gen = Request::parse(Api::Generate, br#"{"request_id":"body"}"#).unwrap();
+        assert_eq!(vllm_request_id(&gen, &h).unwrap().as_deref(), Some("hdr"));
+        assert_eq!(
+            vllm_request_id(&gen, &none).unwrap().as_deref(),
+            Some("body")
+        );
     }
 }
