@@ -8,9 +8,11 @@
 //! in the answer's `kv_transfer_params.remote_prefill_cached_tokens`;
 //! SGLang in `usage.prompt_tokens_details.cached_tokens` (with
 //! `--enable-cache-report`). `/v1/responses` names them
-//! `input_tokens_details` and `input_tokens`; Anthropic's `/v1/messages`
-//! has the count flat in `usage.cache_read_input_tokens`, bounded here by
-//! `input_tokens` (vLLM reports the whole prompt there).
+//! `input_tokens_details` and `input_tokens`. Anthropic's `/v1/messages`
+//! has the count flat in `usage.cache_read_input_tokens`, and there
+//! `input_tokens` counts only the tokens not read from cache (vLLM's and
+//! SGLang's converters: prompt minus cached), so the two are rewritten
+//! together and their sum, the prompt, stays.
 
 use super::json::{ambiguous, edit_object, object_member, u64_member};
 use crate::body::Members;
@@ -21,8 +23,8 @@ const SHAPES: [(&str, &str); 2] = [
     ("input_tokens_details", "input_tokens"),
 ];
 
-/// `(count, prompt count)` member names of a usage object that holds its
-/// cached count flat (Anthropic's Messages API).
+/// `(cached, uncached)` member names of a usage object that holds its
+/// cached count flat (Anthropic's Messages API); the prompt is their sum.
 const FLAT: (&str, &str) = ("cache_read_input_tokens", "input_tokens");
 
 /// Every member name a usage object's counts are read from or written to.
@@ -59,7 +61,8 @@ fn usage_counts(usage: &[u8]) -> Option<(u64, Option<u64>)> {
     });
     nested.or_else(|| {
         let cached = u64_member(&top, usage, FLAT.0)?;
-        Some((cached, u64_member(&top, usage, FLAT.1)))
+        let uncached = u64_member(&top, usage, FLAT.1);
+        Some((cached, uncached.map(|u| u.saturating_add(cached))))
     })
 }
 
@@ -123,9 +126,18 @@ fn set_in_usage(usage: &[u8], cached: u64) -> Option<Vec<u8>> {
             .find(|(d, _)| object_member(top, usage, d).is_some())
         else {
             let old = u64_member(top, usage, FLAT.0)?;
-            let bound = u64_member(top, usage, FLAT.1).map_or(cached, |p| cached.min(p));
-            if old != bound {
-                edits.set_u64(FLAT.0, bound);
+            let Some(uncached) = u64_member(top, usage, FLAT.1) else {
+                // No prompt to keep whole: the count alone.
+                if old != cached {
+                    edits.set_u64(FLAT.0, cached);
+                }
+                return Some(());
+            };
+            let prompt = uncached.saturating_add(old);
+            let new = cached.min(prompt);
+            if new != old {
+                edits.set_u64(FLAT.0, new);
+                edits.set_u64(FLAT.1, prompt - new);
             }
             return Some(());
         };
@@ -203,20 +215,28 @@ mod tests {
     }
 
     #[test]
-    fn a_messages_usage_holds_its_count_flat() {
-        let answer = br#"{"type":"message","usage":{"input_tokens":12,"output_tokens":1,"cache_read_input_tokens":4}}"#;
-        assert_eq!(prefill_cached_tokens(answer), Some(4));
-        let decode = br#"{"type":"message","usage":{"input_tokens":12,"output_tokens":9,"cache_read_input_tokens":12}}"#;
-        let out = String::from_utf8(set_cached_tokens(decode, 4).unwrap()).unwrap();
+    fn a_messages_usage_holds_its_count_flat_beside_the_uncached_rest() {
+        // input_tokens is what was not read from cache: prompt 40, 16 cached.
+        let answer = br#"{"type":"message","usage":{"input_tokens":24,"output_tokens":1,"cache_read_input_tokens":16}}"#;
+        assert_eq!(prefill_cached_tokens(answer), Some(16));
+        // The decode read all 40 from the hand-off.
+        let decode = br#"{"type":"message","usage":{"input_tokens":0,"output_tokens":9,"cache_read_input_tokens":40}}"#;
+        let out = String::from_utf8(set_cached_tokens(decode, 16).unwrap()).unwrap();
         assert_eq!(
             out,
-            r#"{"type":"message","usage":{"input_tokens":12,"output_tokens":9,"cache_read_input_tokens":4}}"#
+            r#"{"type":"message","usage":{"input_tokens":24,"output_tokens":9,"cache_read_input_tokens":16}}"#
         );
-        let start = br#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":12,"output_tokens":0,"cache_read_input_tokens":12}}}"#;
-        let out = String::from_utf8(set_cached_tokens(start, 30).unwrap_or_default()).unwrap();
-        assert_eq!(out, "", "bounded by input_tokens: 12, already there");
+        let start = br#"{"type":"message_start","message":{"id":"m","usage":{"input_tokens":2,"output_tokens":0,"cache_read_input_tokens":10}}}"#;
+        let out = String::from_utf8(set_cached_tokens(start, 30).unwrap()).unwrap();
+        assert!(
+            out.contains(r#""input_tokens":0,"output_tokens":0,"cache_read_input_tokens":12"#),
+            "bounded by the prompt, 12: {out}"
+        );
         let out = String::from_utf8(set_cached_tokens(start, 5).unwrap()).unwrap();
-        assert!(out.contains(r#""cache_read_input_tokens":5"#), "{out}");
+        assert!(
+            out.contains(r#""input_tokens":7,"output_tokens":0,"cache_read_input_tokens":5"#),
+            "{out}"
+        );
         let delta = br#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}"#;
         assert_eq!(set_cached_tokens(delta, 5), None, "never added");
     }
