@@ -230,7 +230,7 @@ impl Mock {
         e
     }
 
-    /// Every POST /v1/* this mock received, in order.
+    /// Every engine-API POST this mock received, in order.
     pub fn requests(&self) -> Vec<Logged> {
         let v: Value = http()
             .get(format!("http://{}/debug/requests", self.address()))
@@ -242,6 +242,7 @@ impl Mock {
             .iter()
             .map(|r| Logged {
                 path: r["path"].as_str().unwrap_or_default().to_owned(),
+                model: r["model"].as_str().map(str::to_owned),
                 headers: r["headers"].clone(),
                 body: r["body"].as_str().unwrap_or_default().to_owned(),
             })
@@ -252,6 +253,8 @@ impl Mock {
 #[derive(Debug, Clone)]
 pub struct Logged {
     pub path: String,
+    /// The model the request named (JSON `model` or a form's field).
+    pub model: Option<String>,
     pub headers: Value,
     pub body: String,
 }
@@ -597,11 +600,17 @@ impl Answer {
         e["message"].as_str().unwrap_or_default().to_owned()
     }
 
-    /// The `data:` payloads of an SSE body.
+    /// The `data:` payloads of an SSE body (after an `event:` line, if
+    /// the event has one).
     pub fn events(&self) -> Vec<String> {
         self.body
             .split("\n\n")
-            .filter_map(|e| e.trim().strip_prefix("data: ").map(str::to_owned))
+            .filter_map(|e| {
+                e.trim()
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .map(str::to_owned)
+            })
             .collect()
     }
 }

@@ -20,6 +20,7 @@ mod errors;
 mod fairness;
 mod faults;
 mod fidelity;
+mod gateway;
 mod handoff_health;
 mod handoffs;
 mod harness;
