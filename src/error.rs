@@ -1,6 +1,7 @@
 //! Every error the filter can answer with, and the one place that turns an
 //! error into an HTTP status and an OpenAI-style body.
 
+use crate::admission::{Dropped, DROPPED_REASON_HEADER};
 use crate::body::{push_json_str, BodyError};
 use std::fmt;
 
@@ -125,6 +126,13 @@ pub enum PdError {
     /// An asynchronous prefill (its decode already sent) failed.
     ConcurrentPrefill(PrefillFailure),
     Internal(String),
+    /// Admission control did not let the request in (the model was
+    /// saturated): 429 or 503, with `retry-after` in seconds.
+    Dropped {
+        why: Dropped,
+        model: String,
+        retry_after_s: u64,
+    },
 }
 
 impl From<ClientError> for PdError {
@@ -214,6 +222,30 @@ impl fmt::Display for PdError {
             }
             PdError::ConcurrentPrefill(e) => write!(f, "{e}; the decode was abandoned"),
             PdError::Internal(m) => write!(f, "internal router error: {m}"),
+            PdError::Dropped {
+                why: Dropped::Shed,
+                model,
+                retry_after_s,
+            } => write!(
+                f,
+                "model `{model}` is at capacity and this request's objective has a negative priority; retry after {retry_after_s} s"
+            ),
+            PdError::Dropped {
+                why: Dropped::Expired,
+                model,
+                retry_after_s,
+            } => write!(
+                f,
+                "model `{model}` stayed at capacity for as long as a request may wait (admission.queue_ttl_ms); retry after {retry_after_s} s"
+            ),
+            PdError::Dropped {
+                why: Dropped::QueueFull,
+                model,
+                retry_after_s,
+            } => write!(
+                f,
+                "model `{model}` is at capacity and the gateway's queue is full (admission.max_queued); retry after {retry_after_s} s"
+            ),
         }
     }
 }
@@ -223,6 +255,9 @@ impl fmt::Display for PdError {
 pub struct Reply {
     pub status: u16,
     pub body: Vec<u8>,
+    /// Headers besides `content-type` (a dropped request's reason and
+    /// `retry-after`).
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl PdError {
@@ -257,15 +292,30 @@ impl PdError {
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::Internal(_) => (500, "internal_error", "internal_error"),
+            PdError::Dropped { why, .. } => match why {
+                Dropped::Shed => (429, "rate_limit_error", "model_saturated"),
+                Dropped::Expired => (429, "rate_limit_error", "queue_timeout"),
+                Dropped::QueueFull => (503, "service_unavailable", "queue_full"),
+            },
         }
     }
 
     /// The local reply for this error.
     pub fn reply(&self) -> Reply {
         let (status, kind, code) = self.classify();
+        let headers = match self {
+            PdError::Dropped {
+                why, retry_after_s, ..
+            } => vec![
+                (DROPPED_REASON_HEADER, why.reason().to_owned()),
+                ("retry-after", retry_after_s.to_string()),
+            ],
+            _ => Vec::new(),
+        };
         Reply {
             status,
             body: error_body(&self.to_string(), kind, code),
+            headers,
         }
     }
 }

@@ -66,10 +66,20 @@ pub enum Counter {
     ClientGone,
     /// `GET /v1/models` (and `/v1/models/{id}`) answered by the gateway.
     ModelsListed,
+    /// Requests that waited for room (admission control).
+    AdmissionQueued,
+    /// Requests of negative priority refused on a saturated model (429).
+    AdmissionShed,
+    /// Requests that waited `queue_ttl_ms` (429).
+    AdmissionExpired,
+    /// Requests refused because `max_queued` were waiting (503).
+    AdmissionQueueFull,
+    /// Waiting requests whose client left.
+    AdmissionCancelled,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 19] = [
+    pub const ALL: [Counter; 24] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -89,6 +99,11 @@ impl Counter {
         Counter::DecodeFailed,
         Counter::ClientGone,
         Counter::ModelsListed,
+        Counter::AdmissionQueued,
+        Counter::AdmissionShed,
+        Counter::AdmissionExpired,
+        Counter::AdmissionQueueFull,
+        Counter::AdmissionCancelled,
     ];
 
     pub fn name(self) -> &'static str {
@@ -112,6 +127,11 @@ impl Counter {
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",
             Counter::ModelsListed => "pd_router.models_listed",
+            Counter::AdmissionQueued => "pd_router.admission.queued",
+            Counter::AdmissionShed => "pd_router.admission.shed",
+            Counter::AdmissionExpired => "pd_router.admission.expired",
+            Counter::AdmissionQueueFull => "pd_router.admission.queue_full",
+            Counter::AdmissionCancelled => "pd_router.admission.cancelled",
         }
     }
 }
@@ -129,14 +149,17 @@ pub enum Histogram {
     RoutingDuration,
     /// Estimated prompt tokens a decider's decode pod did not hold.
     UncachedTokens,
+    /// Milliseconds a request waited for admission.
+    QueueDuration,
 }
 
 impl Histogram {
-    pub const ALL: [Histogram; 4] = [
+    pub const ALL: [Histogram; 5] = [
         Histogram::PrefillDuration,
         Histogram::FirstByteDuration,
         Histogram::RoutingDuration,
         Histogram::UncachedTokens,
+        Histogram::QueueDuration,
     ];
 
     pub fn name(self) -> &'static str {
@@ -145,6 +168,7 @@ impl Histogram {
             Histogram::FirstByteDuration => "pd_router.first_byte_duration",
             Histogram::RoutingDuration => "pd_router.routing_duration",
             Histogram::UncachedTokens => "pd_router.uncached_tokens",
+            Histogram::QueueDuration => "pd_router.queue_duration",
         }
     }
 }

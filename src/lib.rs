@@ -15,6 +15,7 @@
 //!   against [`root::RootHost`]);
 //! - the `shell` (wasm only), the one place that talks to Envoy.
 
+pub mod admission;
 pub mod api;
 pub mod body;
 pub mod calls;

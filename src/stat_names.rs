@@ -11,7 +11,7 @@ use crate::fleet::Fleet;
 use std::collections::HashMap;
 
 /// The tags pd-router's stat names carry.
-pub const TAGS: [&str; 7] = [
+pub const TAGS: [&str; 8] = [
     "pd_model",
     "pd_roleset",
     "pd_role",
@@ -19,6 +19,7 @@ pub const TAGS: [&str; 7] = [
     "pd_status",
     "pd_vm",
     "pd_reason",
+    "pd_priority",
 ];
 
 /// A value as a tag value: the encoding's separators (`;`, `=`) and

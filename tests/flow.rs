@@ -11,7 +11,8 @@
 
 use pd_router::config::Config;
 use pd_router::flow::Flow;
-use pd_router::host::{Action, Counter, Host, PodEvent};
+use pd_router::host::{Action, Counter, Host, PodEvent, Telemetry};
+use pd_router::pods::MemoryStore;
 use pd_router::router::Router;
 use pd_router::testing::FakeHost;
 use std::rc::Rc;
@@ -1976,4 +1977,126 @@ fn engines_without_a_handoff_on_a_path_serve_it_unsplit() {
         assert_eq!(host.header(ROUTING).as_deref(), Some(pod));
         assert_eq!(host.body_str(), body);
     }
+}
+
+const ADMISSION: &str = r#"{
+  "admission": {"max_in_flight_per_pod": 1, "queue_ttl_ms": 800, "max_queued": 2},
+  "objectives": {"premium": 10, "standard": 0, "batch": -1},
+  "models": [{"name": "m", "engine": "vllm",
+              "rolesets": [{"prefill": ["10.9.0.1:8000"], "decode": ["10.9.0.2:8000"]}]}]
+}"#;
+
+/// A stream of the admission router, with its objective.
+struct Waiter {
+    flow: Flow,
+    host: FakeHost,
+}
+
+impl Waiter {
+    fn new(r: &Rc<Router>, context: u32, objective: &str) -> Waiter {
+        let mut host = post(
+            "/v1/completions",
+            r#"{"model":"m","prompt":"p","max_tokens":5}"#,
+        );
+        host.set_request_header("x-gateway-inference-objective", Some(objective))
+            .unwrap();
+        host.set_request_header("x-gateway-inference-fairness-id", Some("t"))
+            .unwrap();
+        Waiter {
+            flow: Flow::for_stream(Rc::clone(r), context),
+            host,
+        }
+    }
+
+    /// Runs `f` with the Envoy-wide shared data in this stream's host.
+    fn on<T>(
+        &mut self,
+        store: &mut MemoryStore,
+        f: impl FnOnce(&mut Flow, &mut FakeHost) -> T,
+    ) -> T {
+        std::mem::swap(self.host.shared.get_mut(), store);
+        let out = f(&mut self.flow, &mut self.host);
+        std::mem::swap(self.host.shared.get_mut(), store);
+        out
+    }
+
+    fn dropped(&self) -> (u16, String, String) {
+        let (status, headers, _) = &self.host.replies[0];
+        let h = |k: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+                .unwrap_or_default()
+        };
+        (*status, h("x-pd-dropped-reason"), h("retry-after"))
+    }
+}
+
+#[test]
+fn a_saturated_model_sheds_queues_by_priority_and_expires_waits() {
+    let r = Rc::new(Router::new(Config::parse(ADMISSION.as_bytes()).unwrap(), 0).unwrap());
+    let mut store = MemoryStore::default();
+    let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
+
+    let mut first = Waiter::new(&r, 1, "standard");
+    assert_eq!(send(&mut first, &mut store), Action::Pause);
+    assert_eq!(first.host.dispatched.len(), 1, "room: split at once");
+
+    // The prefill pod is full: batch is shed, the others wait.
+    let mut batch = Waiter::new(&r, 2, "batch");
+    send(&mut batch, &mut store);
+    assert_eq!(batch.dropped(), (429, "saturated".into(), "1".into()));
+    let mut standard = Waiter::new(&r, 3, "standard");
+    let mut premium = Waiter::new(&r, 4, "premium");
+    for w in [&mut standard, &mut premium] {
+        assert_eq!(send(w, &mut store), Action::Pause);
+        assert!(w.host.dispatched.is_empty() && w.host.replies.is_empty());
+    }
+    assert_eq!(r.waiting_total(), 2);
+    let mut overflow = Waiter::new(&r, 5, "premium");
+    send(&mut overflow, &mut store);
+    assert_eq!(overflow.dropped(), (503, "queue_full".into(), "1".into()));
+
+    let now = first.host.now_ms();
+    let next = |w: &mut Waiter, store: &mut MemoryStore| {
+        w.on(store, |_, h| {
+            r.next_admitted(&*h, now, 0).map(|w| w.context)
+        })
+    };
+    assert_eq!(next(&mut first, &mut store), None, "still full");
+    // The first request ends: room for one, and premium goes first.
+    first.on(&mut store, |f, h| {
+        answer(f, h, Some(200), VLLM_ANSWER);
+        f.on_stream_end(h);
+    });
+    assert_eq!(next(&mut first, &mut store), Some(4));
+    premium.on(&mut store, |f, h| f.admit(h));
+    assert_eq!(
+        premium.host.dispatched.len(),
+        1,
+        "admitted: its prefill left"
+    );
+    assert_eq!(next(&mut first, &mut store), None);
+
+    // Standard waits its TTL out: 429 with retry-after.
+    let expired: Vec<u32> = r
+        .take_expired(now + 800)
+        .iter()
+        .map(|w| w.context)
+        .collect();
+    assert_eq!(expired, vec![3]);
+    standard.on(&mut store, |f, h| f.expire(h));
+    assert_eq!(standard.dropped(), (429, "queue_ttl".into(), "1".into()));
+    let body: serde_json::Value = serde_json::from_slice(&standard.host.replies[0].2).unwrap();
+    assert_eq!(body["error"]["code"], "queue_timeout");
+
+    // A client that leaves while waiting frees its place.
+    let mut gone = Waiter::new(&r, 6, "standard");
+    assert_eq!(send(&mut gone, &mut store), Action::Pause);
+    assert_eq!(r.waiting_total(), 1);
+    gone.on(&mut store, |f, h| f.on_stream_end(h));
+    assert_eq!(r.waiting_total(), 0);
+    assert_eq!(gone.host.counted(Counter::AdmissionCancelled), 1);
+    assert!(gone.host.dispatched.is_empty() && gone.host.replies.is_empty());
 }

@@ -11,6 +11,7 @@
 mod raw;
 mod validate;
 
+use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{fnv1a, Connector, Fleet, Model, Scheduling};
 use crate::pods::HealthRule;
@@ -159,6 +160,10 @@ pub struct Config {
     pub models: Vec<Model>,
     /// Pods discovered from the Kubernetes API, if configured.
     pub discovery: Option<KubeDiscovery>,
+    /// Admission control, when a limit is set.
+    pub admission: Option<Admission>,
+    /// Objective names to priorities (`x-gateway-inference-objective`).
+    pub objectives: Objectives,
     /// Identifies this configuration's shared-data keys, so a reloaded
     /// configuration never reads another one's state.
     pub fingerprint: String,

@@ -1,6 +1,7 @@
 //! The plugin JSON as serde reads it: every key, its default, nothing
 //! checked beyond types (see `validate`). Unknown keys are errors.
 
+use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{Decider, Scheduling, TokenRange};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
@@ -38,6 +39,8 @@ pub(super) struct RawConfig {
     /// Required unless pods are discovered.
     pub models: Option<Vec<RawModel>>,
     pub discovery: Option<RawDiscovery>,
+    pub admission: Option<Admission>,
+    pub objectives: Objectives,
 }
 
 impl Default for RawConfig {
@@ -67,6 +70,8 @@ impl Default for RawConfig {
             placement: None,
             models: None,
             discovery: None,
+            admission: None,
+            objectives: Objectives::default(),
         }
     }
 }

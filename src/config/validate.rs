@@ -6,6 +6,7 @@ use super::{
     err, Config, ConfigError, PrefillSettings, Routing, RoutingSettings, ScrapeSettings,
     TrtSettings,
 };
+use crate::admission::Admission;
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
     Connector, Decider, DecodePolicy, Endpoint, EngineKind, Model, ModelSettings, NixlPeer,
@@ -99,8 +100,25 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         scheduling: raw.scheduling,
         models,
         discovery,
+        admission: admission(raw.admission)?,
+        objectives: raw.objectives,
         fingerprint: String::new(),
     })
+}
+
+/// `admission`, when it sets a limit.
+fn admission(a: Option<Admission>) -> Result<Option<Admission>, ConfigError> {
+    let Some(a) = a else { return Ok(None) };
+    if a.queue_ttl_ms == 0 {
+        return Err(err("admission.queue_ttl_ms", "must be greater than 0"));
+    }
+    if a.max_queued == 0 {
+        return Err(err("admission.max_queued", "must be greater than 0"));
+    }
+    if !(50..=1000).contains(&a.tick_ms) {
+        return Err(err("admission.tick_ms", "must be from 50 to 1000"));
+    }
+    Ok(a.is_on().then_some(a))
 }
 
 /// The routing mode, its header and the prefill cluster.

@@ -32,6 +32,19 @@ pub(super) struct RequestHead {
     pub chunked: bool,
     /// Executor mode: the pods an endpoint picker chose.
     pub picked: Option<Picked>,
+    /// Admission: the objective's priority and the tenant.
+    pub priority: i32,
+    pub fairness: String,
+}
+
+/// The first of `names` present in `headers`, as text.
+pub(super) fn first_of(headers: &[(String, Vec<u8>)], names: &[&str]) -> Option<String> {
+    names.iter().find_map(|n| {
+        headers
+            .iter()
+            .find(|(k, _)| k == n)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    })
 }
 
 /// The endpoint picker's choice in `headers` (executor mode).

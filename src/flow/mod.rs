@@ -12,6 +12,7 @@
 //! randomness as a split draws on it, [`head`] what is kept of the client's
 //! headers.
 
+mod admission;
 mod by_model;
 mod decode;
 mod head;
@@ -22,6 +23,8 @@ mod response;
 mod send;
 mod verdict;
 
+use crate::admission::settings::fairness_id;
+use crate::admission::{FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
 use crate::api::Api;
 use crate::body::BodyError;
 use crate::calls::Call;
@@ -66,6 +69,8 @@ enum Phase {
     Start,
     /// Collecting the body.
     Buffering(Buffered),
+    /// Waiting for room (admission control).
+    Queued(Box<admission::QueuedRequest>),
     /// Paused until the prefill answers.
     AwaitingPrefill(Box<PendingPrefill>),
     /// The request went upstream. For concurrent engines the prefill may
@@ -92,11 +97,15 @@ enum Sent {
 struct Attempt {
     number: u32,
     failed_on: Vec<PodId>,
+    /// Pods admission control found full: not chosen for this request.
+    full: Vec<PodId>,
 }
 
 /// One HTTP stream's flow.
 pub struct Flow {
     router: Rc<Router>,
+    /// The stream's context id (admission control resumes it by this).
+    context: u32,
     phase: Phase,
     head: RequestHead,
     /// The prefill pod of a split request (name, IP), for the response.
@@ -112,8 +121,14 @@ pub struct Flow {
 
 impl Flow {
     pub fn new(router: Rc<Router>) -> Flow {
+        Flow::for_stream(router, 0)
+    }
+
+    /// The flow of the stream with context id `context`.
+    pub fn for_stream(router: Rc<Router>, context: u32) -> Flow {
         Flow {
             router,
+            context,
             phase: Phase::Start,
             head: RequestHead::default(),
             prefill_pod: None,
@@ -161,11 +176,9 @@ impl Flow {
         host.increment(Counter::LocalReply);
         host.count_reply(reply.status);
         self.release(host, Release::All, None);
-        let sent = host.send_reply(
-            reply.status,
-            &[("content-type", "application/json")],
-            &reply.body,
-        );
+        let mut headers = vec![("content-type", "application/json")];
+        headers.extend(reply.headers.iter().map(|(k, v)| (*k, v.as_str())));
+        let sent = host.send_reply(reply.status, &headers, &reply.body);
         if let Err(e) = sent {
             self.log(
                 host,
@@ -211,6 +224,12 @@ impl Flow {
                     return self.fail(host, e.into());
                 }
             }
+        }
+        if config.admission.is_some() {
+            let objective = head::first_of(&headers, &OBJECTIVE_HEADERS);
+            self.head.priority = config.objectives.priority(objective.as_deref());
+            let tenant = head::first_of(&headers, &FAIRNESS_HEADERS);
+            self.head.fairness = fairness_id(tenant.as_deref());
         }
         self.head.chunked = headers.iter().any(|(k, _)| k == "transfer-encoding");
         let raw = |name: &str| {
@@ -336,7 +355,7 @@ impl Flow {
                     Err(e) => self.fail(host, e),
                 }
             }
-            Phase::Replied | Phase::AwaitingPrefill(_) => Action::Pause,
+            Phase::Replied | Phase::AwaitingPrefill(_) | Phase::Queued(_) => Action::Pause,
             Phase::Start | Phase::Forwarded { .. } => Action::Continue,
         }
     }
@@ -402,6 +421,9 @@ impl Flow {
     /// so it runs on and holds its KV until the engine's lease or abort
     /// timeout (docs/engines.md).
     pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
+        if matches!(self.phase, Phase::Queued(_)) {
+            self.leave_queue(host);
+        }
         if matches!(self.phase, Phase::AwaitingPrefill(_)) {
             host.increment(Counter::ClientGone);
             self.phase = Phase::Replied;

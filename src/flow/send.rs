@@ -27,7 +27,7 @@ impl Flow {
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
         let request = split::read(&router.view(&fleet), api, &self.head.id, body)?;
-        self.place(host, request, Attempt::default())
+        self.admit_or_wait(host, request)
     }
 
     /// Places a request read from the client (again, after a failed
@@ -53,7 +53,18 @@ impl Flow {
         let picked = self.head.picked.filter(|_| attempt.failed_on.is_empty());
         let placement = match picked {
             Some(p) => router.place_picked(&request, &p)?,
-            None => router.place(host, &request, &attempt.failed_on, &mut random, now)?,
+            None if attempt.full.is_empty() => {
+                router.place(host, &request, &attempt.failed_on, &mut random, now)?
+            }
+            None => {
+                let exclude: Vec<_> = attempt
+                    .failed_on
+                    .iter()
+                    .chain(&attempt.full)
+                    .copied()
+                    .collect();
+                router.place(host, &request, &exclude, &mut random, now)?
+            }
         };
         let mut entropy = HostIds {
             router: &router,

@@ -87,6 +87,14 @@ impl SharedKeys {
         k
     }
 
+    /// What one worker VM has waiting for admission (by its worker slot).
+    pub fn admission(&self, slot: u8) -> Key {
+        let mut k = Key::from(self.prefix.as_str());
+        k.push_str(".adm.");
+        k.push_decimal(u64::from(slot));
+        k
+    }
+
     /// One slot of the decode prefix table: which decode pod last served a
     /// prompt (the decider's; as [`SharedKeys::prefix_slot`]).
     pub fn decode_prefix_slot(&self, slot: u32) -> Key {

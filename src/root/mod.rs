@@ -80,12 +80,14 @@ impl Root {
         }
     }
 
-    /// How often ticks come: as often as the most frequent of the scrape and
-    /// the pod lists, at most once a second and at least every 50 ms.
+    /// How often ticks come: as often as the most frequent of the scrape,
+    /// the pod lists and admission's look at its queue, at most once a
+    /// second and at least every 50 ms.
     pub fn tick_period_ms(&self) -> u64 {
         [
             self.router.config.scrape.interval_ms,
             self.discovery.as_ref().map_or(0, Discoverer::interval_ms),
+            self.router.config.admission.map_or(0, |a| a.tick_ms),
         ]
         .into_iter()
         .filter(|i| *i > 0)

@@ -7,6 +7,7 @@
 //! holds and gives back load and judges health, [`unsplit`] picks the pod
 //! of a request on a path that is not split.
 
+mod admission;
 mod load;
 pub mod picked;
 mod placement;
@@ -53,6 +54,10 @@ pub struct Router {
     trt_auth_key: Option<Vec<u8>>,
     /// (pod, what) pairs already logged, for "once per pod" log lines.
     logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
+    /// This VM's requests waiting for admission.
+    queue: RefCell<crate::admission::Queue>,
+    /// The other VMs' waiting counts, as read at the last tick.
+    others: RefCell<crate::admission::shared::Others>,
 }
 
 impl crate::engine::LearnedPods for Router {
@@ -79,6 +84,8 @@ impl Router {
             scraped: RefCell::new(ScrapedTable::new()),
             pairs: RefCell::new(HashMap::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
+            queue: RefCell::default(),
+            others: RefCell::default(),
             mooncake: RefCell::new(HashMap::new()),
             trt_auth_key: None,
             config,

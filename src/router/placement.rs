@@ -34,7 +34,12 @@ use std::rc::Rc;
 
 impl Router {
     /// The scheduler's view of `model`'s pods, by slot.
-    fn pod_states(&self, model: &Model, table: &LoadTable, now_ms: u64) -> Vec<PodState> {
+    pub(super) fn pod_states(
+        &self,
+        model: &Model,
+        table: &LoadTable,
+        now_ms: u64,
+    ) -> Vec<PodState> {
         let scraped = self.scraped.borrow();
         let mut states: Vec<PodState> = model
             .pods

@@ -123,6 +123,7 @@ extern "C" {
     fn proxy_get_log_level(level: *mut u32) -> u32;
     fn proxy_get_current_time_nanoseconds(time: *mut u64) -> u32;
     fn proxy_set_tick_period_milliseconds(period: u32) -> u32;
+    fn proxy_set_effective_context(context_id: u32) -> u32;
     fn proxy_get_buffer_bytes(
         kind: u32,
         start: usize,
@@ -228,6 +229,12 @@ pub fn now_ns() -> Result<u64, Status> {
 
 pub fn set_tick_period_ms(period: u32) -> Result<(), Status> {
     ok(unsafe { proxy_set_tick_period_milliseconds(period) })
+}
+
+/// Makes the host calls that follow act on context `id` (a stream of this
+/// VM, from the root's tick); an error when Envoy has no such context.
+pub fn set_effective_context(id: u32) -> Result<(), Status> {
+    ok(unsafe { proxy_set_effective_context(id) })
 }
 
 /// Up to `max` bytes of a buffer from `start`; `None` when there is none.

@@ -6,11 +6,12 @@ mod root;
 mod shared;
 mod stats;
 mod stream;
+mod streams;
 
 use proxy_wasm::traits::RootContext;
 
 proxy_wasm::main! {{
-    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(root::Root::default()) });
+    proxy_wasm::set_root_context(|id| -> Box<dyn RootContext> { Box::new(root::Root::new(id)) });
 }}
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ use super::abi::{self, Buffer, LogLevel};
 use super::shared::{self, now_ms};
 use super::stats::Stats;
 use super::stream::{self, Stream};
+use super::streams::Streams;
 use crate::error::HostError;
 use crate::fleet::Fleet;
 use crate::host::{Counter, Histogram, Level, PodEvent, SharedStore, Telemetry};
@@ -24,10 +25,57 @@ const VERSION: &str = concat!(
     ")"
 );
 
-#[derive(Default)]
 pub(super) struct Root {
+    /// This root context's id: host calls point back at it after the root
+    /// drove a stream.
+    id: u32,
     state: Option<RootState>,
     stats: Rc<Stats>,
+    streams: Rc<Streams>,
+}
+
+impl Root {
+    pub(super) fn new(id: u32) -> Root {
+        Root {
+            id,
+            state: None,
+            stats: Rc::default(),
+            streams: Rc::default(),
+        }
+    }
+
+    /// Admission control, on each tick: answers the requests that waited
+    /// their TTL, lets in what the pods have room for (the highest
+    /// priority in the process first), and tells the other VMs what waits
+    /// here.
+    fn pump_admission(&mut self) {
+        let Some(state) = self.state.as_ref() else {
+            return;
+        };
+        let router = Rc::clone(&state.router);
+        if router.config.admission.is_none() {
+            return;
+        }
+        let mut io = RootIo { stats: &self.stats };
+        let now = now_ms();
+        router.read_others(&io, now);
+        for w in router.take_expired(now) {
+            self.streams.drive(w.context, self.id, |core| {
+                let (flow, io) = core.parts();
+                flow.expire(io);
+            });
+        }
+        let mut admitted = 0;
+        while let Some(w) = router.next_admitted(&io, now, admitted) {
+            admitted += 1;
+            self.streams.drive(w.context, self.id, |core| {
+                let (flow, io) = core.parts();
+                flow.admit(io);
+            });
+        }
+        router.publish_queue(&mut io, now);
+        self.stats.record_waiting(&router.waiting_counts());
+    }
 }
 
 fn log(level: LogLevel, msg: &str) {
@@ -122,10 +170,18 @@ impl Context for Root {
         body_size: usize,
         _trailers: usize,
     ) {
+        let status = shared::call_status(num_headers);
+        // A prefill a stream made while the root drove it (admission).
+        if let Some(context) = self.streams.owner_of_call(token) {
+            self.streams.drive(context, self.id, |core| {
+                let (flow, io) = core.parts();
+                flow.on_prefill_response(io, token, status, body_size);
+            });
+            return;
+        }
         let Some(state) = self.state.as_mut() else {
             return;
         };
-        let status = shared::call_status(num_headers);
         let mut io = RootIo { stats: &self.stats };
         state.on_call_answer(&mut io, token, status, body_size);
     }
@@ -183,13 +239,16 @@ impl RootContext for Root {
         self.stats.refresh_log_level();
         let mut io = RootIo { stats: &self.stats };
         state.on_tick(&mut io);
+        self.pump_admission();
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         let router = &self.state.as_ref()?.router;
         Some(Box::new(Stream::new(
             Rc::clone(router),
             Rc::clone(&self.stats),
+            context_id,
+            Rc::clone(&self.streams),
         )))
     }
 

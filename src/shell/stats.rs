@@ -37,6 +37,9 @@ pub(super) struct Stats {
     histograms: RefCell<HashMap<String, [Option<u32>; Histogram::ALL.len()]>>,
     /// Decider verdicts, by model and reason (bounded like the histograms).
     decisions: RefCell<HashMap<(String, &'static str), Option<u32>>>,
+    /// Requests waiting for admission, by model and priority (bounded like
+    /// the histograms).
+    waiting: RefCell<HashMap<(String, i32), Option<u32>>>,
     replies: RefCell<HashMap<u16, Option<u32>>>,
     /// This VM's linear memory, to see leaks under load; defined at the
     /// first tick, so a VM that never ticks (Envoy's base VM) shows none.
@@ -148,6 +151,32 @@ impl Stats {
         });
         if let Some(id) = id {
             let _ = abi::increment_metric(id, 1);
+        }
+    }
+
+    /// Publishes the waiting counts of the whole process: every series
+    /// seen so far, 0 where nothing waits now.
+    pub(super) fn record_waiting(&self, counts: &[(String, i32, u64)]) {
+        let mut ws = self.waiting.borrow_mut();
+        for (model, priority, _) in counts {
+            let key = (model.clone(), *priority);
+            if !ws.contains_key(&key) && ws.len() < MAX_MODEL_STATS * 4 {
+                let p = priority.to_string();
+                let name = tagged(
+                    "pd_router.admission.waiting",
+                    &[("pd_model", model), ("pd_priority", &p)],
+                );
+                ws.insert(key, define(MetricType::Gauge, &name));
+            }
+        }
+        for ((model, priority), id) in ws.iter() {
+            let n = counts
+                .iter()
+                .find(|(m, p, _)| m == model && p == priority)
+                .map_or(0, |c| c.2);
+            if let Some(id) = id {
+                let _ = abi::record_metric(*id, n);
+            }
         }
     }
 

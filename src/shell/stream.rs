@@ -1,6 +1,7 @@
 use super::abi::{self, Buffer, Headers, LogLevel};
 use super::shared;
 use super::stats::Stats;
+use super::streams::Streams;
 use crate::error::HostError;
 use crate::flow::Flow;
 use crate::host::{Action, Counter, Histogram, Host, Level, PodEvent, Telemetry};
@@ -9,6 +10,7 @@ use crate::router::Router;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action as WasmAction;
+use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -16,33 +18,80 @@ use std::time::Duration;
 /// the shell's own host calls ([`super::abi`]): a write Envoy refuses is an
 /// error the flow answers, never a trap.
 pub(super) struct Stream {
-    flow: Flow,
-    io: StreamHost,
+    core: Rc<RefCell<StreamCore>>,
+    context: u32,
+    streams: Rc<Streams>,
+}
+
+/// A stream's flow and host, shared with the root context (which drives a
+/// stream waiting for admission; see [`Streams`]).
+pub(super) struct StreamCore {
+    pub flow: Flow,
+    pub io: StreamHost,
 }
 
 /// The host calls of one stream.
 pub(super) struct StreamHost {
     stats: Rc<Stats>,
     reads: CallbackReads,
+    streams: Rc<Streams>,
 }
 
 impl StreamHost {
     /// A new host callback: what was read in the last one may be stale.
-    fn callback(&mut self) -> &mut StreamHost {
+    pub(super) fn callback(&mut self) -> &mut StreamHost {
         self.reads.clear();
         self
     }
 }
 
+impl StreamCore {
+    /// The flow and a fresh host callback, together.
+    pub(super) fn parts(&mut self) -> (&mut Flow, &mut StreamHost) {
+        (&mut self.flow, self.io.callback())
+    }
+}
+
 impl Stream {
-    pub(super) fn new(router: Rc<Router>, stats: Rc<Stats>) -> Stream {
-        Stream {
-            flow: Flow::new(router),
+    pub(super) fn new(
+        router: Rc<Router>,
+        stats: Rc<Stats>,
+        context: u32,
+        streams: Rc<Streams>,
+    ) -> Stream {
+        let core = Rc::new(RefCell::new(StreamCore {
+            flow: Flow::for_stream(router, context),
             io: StreamHost {
                 stats,
                 reads: CallbackReads::default(),
+                streams: Rc::clone(&streams),
             },
+        }));
+        streams.add(context, &core);
+        Stream {
+            core,
+            context,
+            streams,
         }
+    }
+
+    /// Runs a callback on the flow. The root context never runs inside a
+    /// stream callback, so the core is free; were it not, the callback is
+    /// answered as the flow's idle state would (`Continue`).
+    fn with<T>(&self, idle: T, f: impl FnOnce(&mut Flow, &mut StreamHost) -> T) -> T {
+        match self.core.try_borrow_mut() {
+            Ok(mut core) => {
+                let (flow, io) = core.parts();
+                f(flow, io)
+            }
+            Err(_) => idle,
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.streams.remove(self.context);
     }
 }
 
@@ -63,24 +112,23 @@ impl Context for Stream {
     ) {
         // A reset before any header arrives with no headers at all.
         let status = shared::call_status(num_headers);
-        self.flow
-            .on_prefill_response(self.io.callback(), token, status, body_size);
+        self.with((), |flow, io| {
+            flow.on_prefill_response(io, token, status, body_size)
+        });
     }
 }
 
 impl HttpContext for Stream {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> WasmAction {
-        to_wasm(
-            self.flow
-                .on_request_headers(self.io.callback(), end_of_stream),
-        )
+        to_wasm(self.with(Action::Continue, |flow, io| {
+            flow.on_request_headers(io, end_of_stream)
+        }))
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        to_wasm(
-            self.flow
-                .on_request_body(self.io.callback(), body_size, end_of_stream),
-        )
+        to_wasm(self.with(Action::Continue, |flow, io| {
+            flow.on_request_body(io, body_size, end_of_stream)
+        }))
     }
 
     fn on_http_response_headers(
@@ -88,20 +136,19 @@ impl HttpContext for Stream {
         _num_headers: usize,
         _end_of_stream: bool,
     ) -> WasmAction {
-        to_wasm(self.flow.on_response_headers(self.io.callback()))
+        to_wasm(self.with(Action::Continue, |flow, io| flow.on_response_headers(io)))
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> WasmAction {
-        to_wasm(
-            self.flow
-                .on_response_body(self.io.callback(), body_size, end_of_stream),
-        )
+        to_wasm(self.with(Action::Continue, |flow, io| {
+            flow.on_response_body(io, body_size, end_of_stream)
+        }))
     }
 
     // Called once at the end of every stream, however it ended (client
     // abort and local replies included): the flow gives back its load here.
     fn on_log(&mut self) {
-        self.flow.on_stream_end(self.io.callback());
+        self.with((), |flow, io| flow.on_stream_end(io));
     }
 }
 
@@ -221,7 +268,9 @@ impl Host for StreamHost {
         body: &[u8],
         timeout_ms: u64,
     ) -> Result<u32, HostError> {
-        dispatch(cluster, headers, body, timeout_ms)
+        let token = dispatch(cluster, headers, body, timeout_ms)?;
+        self.streams.dispatched(token);
+        Ok(token)
     }
 
     fn call_response_body(&self, len: usize) -> Result<Vec<u8>, HostError> {

@@ -1,0 +1,156 @@
+//! Admission control in the flow: a request of a saturated model waits,
+//! paused, until the shell's tick lets it in ([`Flow::admit`]), its TTL
+//! runs out ([`Flow::expire`]) or its client leaves; a negative priority
+//! is shed at once, and a full queue refuses it.
+
+use super::{Attempt, Flow, Phase, Sent};
+use crate::admission::{Dropped, Room};
+use crate::error::PdError;
+use crate::host::{Counter, Histogram, Host, Level};
+use crate::split::SplitRequest;
+use std::rc::Rc;
+
+/// A request waiting for room.
+pub(crate) struct QueuedRequest {
+    request: SplitRequest,
+    since_ms: u64,
+}
+
+impl Flow {
+    /// Places `request` now when its model has room (leaving full pods
+    /// out), or makes it wait, or drops it.
+    pub(super) fn admit_or_wait<H: Host>(
+        &mut self,
+        host: &mut H,
+        request: SplitRequest,
+    ) -> Result<Sent, PdError> {
+        let router = Rc::clone(&self.router);
+        let Some(settings) = router.config.admission else {
+            return self.place(host, request, Attempt::default());
+        };
+        // An endpoint picker before the router does its own flow control.
+        if self.head.picked.is_some() {
+            return self.place(host, request, Attempt::default());
+        }
+        let now = host.now_ms();
+        let model = Rc::clone(&request.model);
+        let priority = self.head.priority;
+        match router.room(&*host, &model, now) {
+            Room::Free { full } if !router.waits_behind(model.id, priority) => {
+                let attempt = Attempt {
+                    full: router.pods_at(&model, &full),
+                    ..Attempt::default()
+                };
+                self.place(host, request, attempt)
+            }
+            Room::Unservable => self.place(host, request, Attempt::default()),
+            _ => {
+                let drop = |why| PdError::Dropped {
+                    why,
+                    model: model.name.clone(),
+                    retry_after_s: settings.retry_after_s(why),
+                };
+                if priority < 0 {
+                    host.increment(Counter::AdmissionShed);
+                    return Err(drop(Dropped::Shed));
+                }
+                if router.waiting_total() >= u64::from(settings.max_queued) {
+                    host.increment(Counter::AdmissionQueueFull);
+                    return Err(drop(Dropped::QueueFull));
+                }
+                router.enqueue(
+                    self.context,
+                    model.id,
+                    priority,
+                    self.head.fairness.clone(),
+                    now,
+                );
+                host.increment(Counter::AdmissionQueued);
+                self.debug(host, || {
+                    format!(
+                        "model {} saturated: waiting at priority {priority}",
+                        model.name
+                    )
+                });
+                self.phase = Phase::Queued(Box::new(QueuedRequest {
+                    request,
+                    since_ms: now,
+                }));
+                Ok(Sent::Waiting)
+            }
+        }
+    }
+
+    /// Lets a waiting request in (the tick found room): places and sends it
+    /// as if it had just arrived, its model's full pods left out.
+    pub fn admit<H: Host>(&mut self, host: &mut H) {
+        let Some(queued) = self.take_queued(host) else {
+            return;
+        };
+        let router = Rc::clone(&self.router);
+        let now = host.now_ms();
+        let full = match router.room(&*host, &queued.request.model, now) {
+            Room::Free { full } => router.pods_at(&queued.request.model, &full),
+            _ => Vec::new(),
+        };
+        let attempt = Attempt {
+            full,
+            ..Attempt::default()
+        };
+        match self.place(host, queued.request, attempt) {
+            Ok(Sent::Upstream) => {
+                if let Err(e) = host.resume_request() {
+                    self.fail(host, e.into());
+                }
+            }
+            Ok(Sent::Waiting) => {}
+            Err(e) => {
+                self.fail(host, e);
+            }
+        }
+    }
+
+    /// Answers a request that waited its TTL.
+    pub fn expire<H: Host>(&mut self, host: &mut H) {
+        let Some(queued) = self.take_queued(host) else {
+            return;
+        };
+        let why = Dropped::Expired;
+        let retry_after_s = self
+            .router
+            .config
+            .admission
+            .map_or(1, |a| a.retry_after_s(why));
+        host.increment(Counter::AdmissionExpired);
+        let err = PdError::Dropped {
+            why,
+            model: queued.request.model.name.clone(),
+            retry_after_s,
+        };
+        self.fail(host, err);
+    }
+
+    /// The client left while its request waited: its place goes.
+    pub(super) fn leave_queue<H: Host>(&mut self, host: &mut H) {
+        if self.take_queued(host).is_some() {
+            host.increment(Counter::AdmissionCancelled);
+            self.log(host, Level::Debug, "client left while waiting for room");
+        }
+        self.phase = Phase::Replied;
+    }
+
+    /// The waiting request, out of the queue and the phase, its wait
+    /// recorded.
+    fn take_queued<H: Host>(&mut self, host: &mut H) -> Option<QueuedRequest> {
+        if !matches!(self.phase, Phase::Queued(_)) {
+            return None;
+        }
+        let Phase::Queued(q) = std::mem::replace(&mut self.phase, Phase::Replied) else {
+            return None;
+        };
+        self.router.dequeue(self.context);
+        let waited = host.now_ms().saturating_sub(q.since_ms);
+        host.record(Histogram::QueueDuration, &q.request.model.name, waited);
+        Some(*q)
+    }
+}

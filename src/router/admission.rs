@@ -1,0 +1,161 @@
+//! The router's side of admission control: whether a model has room now,
+//! this VM's queue, and what the VMs tell each other about their queues
+//! (`crate::admission`).
+
+use super::Router;
+use crate::admission::room::room;
+use crate::admission::shared::{Others, Report};
+use crate::admission::{Room, Waiting};
+use crate::fleet::{Model, ModelId, PodId};
+use crate::pods::SharedStore;
+use crate::trt_id::WORKER_SLOTS;
+
+/// At most this many requests are let in per VM per tick: a tick never
+/// stalls the VM behind a long queue.
+const MAX_ADMITTED_PER_TICK: usize = 256;
+
+impl Router {
+    /// Whether `model` can take a request now; with room, the pods that are
+    /// full (to leave out of its placement). Without admission, room.
+    pub fn room<S: SharedStore + ?Sized>(&self, store: &S, model: &Model, now_ms: u64) -> Room {
+        let Some(a) = &self.config.admission else {
+            return Room::Free { full: Vec::new() };
+        };
+        let table = self.load(store, model.id);
+        let pods = self.pod_states(model, &table, now_ms);
+        room(model, &pods, a)
+    }
+
+    /// The pod ids of `full` slots of `model`.
+    pub fn pods_at(&self, model: &Model, full: &[usize]) -> Vec<PodId> {
+        full.iter()
+            .filter_map(|slot| model.pods.get(*slot).copied())
+            .collect()
+    }
+
+    /// Whether a request of `model` at `priority` must queue behind others
+    /// already waiting for it (here, or in another VM at the last tick)
+    /// rather than take a free pod first.
+    pub fn waits_behind(&self, model: ModelId, priority: i32) -> bool {
+        let here = self.queue.borrow().top_priority(model);
+        let there = self.others.borrow().top_priority(model);
+        here.max(there).is_some_and(|p| p >= priority)
+    }
+
+    /// Requests waiting in the whole process (as of the last tick for the
+    /// other VMs).
+    pub fn waiting_total(&self) -> u64 {
+        self.queue.borrow().len() as u64 + u64::from(self.others.borrow().total())
+    }
+
+    /// Queues a request of this VM's stream `context`.
+    pub fn enqueue(
+        &self,
+        context: u32,
+        model: ModelId,
+        priority: i32,
+        fairness: String,
+        now_ms: u64,
+    ) {
+        self.queue
+            .borrow_mut()
+            .push(context, model, priority, fairness, now_ms);
+    }
+
+    /// Takes `context` out of the queue (its client left).
+    pub fn dequeue(&self, context: u32) -> Option<Waiting> {
+        self.queue.borrow_mut().remove(context)
+    }
+
+    /// Takes out the requests that waited their TTL.
+    pub fn take_expired(&self, now_ms: u64) -> Vec<Waiting> {
+        let Some(a) = &self.config.admission else {
+            return Vec::new();
+        };
+        self.queue.borrow_mut().expired(now_ms, a.queue_ttl_ms)
+    }
+
+    /// Reads the other VMs' reports (once per tick).
+    pub fn read_others<S: SharedStore + ?Sized>(&self, store: &S, now_ms: u64) {
+        let reports = (0..WORKER_SLOTS)
+            .filter(|s| *s != self.worker_slot)
+            .filter_map(|s| store.shared_get(&self.keys.admission(s)).0)
+            .filter_map(|b| Report::decode(&b))
+            .collect();
+        *self.others.borrow_mut() = Others::new(reports, now_ms);
+    }
+
+    /// The next of this VM's waiting requests to let in now: of a model
+    /// with room, at the highest priority waiting for it here, unless
+    /// another VM has a higher one waiting (that VM goes first).
+    pub fn next_admitted<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        now_ms: u64,
+        admitted: usize,
+    ) -> Option<Waiting> {
+        if admitted >= MAX_ADMITTED_PER_TICK {
+            return None;
+        }
+        let fleet = self.fleet();
+        let mut models = self.queue.borrow().models();
+        // Highest waiting priority first, across models.
+        models.sort_by_key(|m| std::cmp::Reverse(self.queue.borrow().top_priority(*m)));
+        for id in models {
+            let Some(mine) = self.queue.borrow().top_priority(id) else {
+                continue;
+            };
+            if self
+                .others
+                .borrow()
+                .top_priority(id)
+                .is_some_and(|p| p > mine)
+            {
+                continue;
+            }
+            let Some(model) = fleet.models().iter().find(|m| m.id == id) else {
+                continue;
+            };
+            if matches!(self.room(store, model, now_ms), Room::Free { .. }) {
+                return self.queue.borrow_mut().take_next(id);
+            }
+        }
+        None
+    }
+
+    /// Publishes this VM's waiting counts for the others.
+    pub fn publish_queue<S: SharedStore + ?Sized>(&self, store: &mut S, now_ms: u64) {
+        let report = Report {
+            at_ms: now_ms,
+            counts: self.queue.borrow().counts(),
+        };
+        let _ = store.shared_set(
+            &self.keys.admission(self.worker_slot),
+            &report.encode(),
+            None,
+        );
+    }
+
+    /// Waiting requests in the process by (model name, priority): this VM's
+    /// queue now, the others' as of this tick.
+    pub fn waiting_counts(&self) -> Vec<(String, i32, u64)> {
+        let fleet = self.fleet();
+        let mut out: Vec<(String, i32, u64)> = Vec::new();
+        let queue = self.queue.borrow();
+        let others = self.others.borrow();
+        let mine = queue.counts();
+        for (m, p, n) in mine.iter().chain(others.counts()) {
+            let Some(model) = fleet.models().iter().find(|x| x.id == *m) else {
+                continue;
+            };
+            match out
+                .iter_mut()
+                .find(|(name, q, _)| *name == model.name && q == p)
+            {
+                Some(c) => c.2 += u64::from(*n),
+                None => out.push((model.name.clone(), *p, u64::from(*n))),
+            }
+        }
+        out
+    }
+}
