@@ -11,6 +11,7 @@
     clippy::indexing_slicing
 )]
 
+mod admission;
 mod bad_input;
 mod decider;
 mod deploy;
