@@ -249,6 +249,9 @@ fn prometheus_sees_per_pod_labels_histograms_and_every_dashboard_query() {
             "--require-data",
             "--allow-empty",
             "discovery",
+            // Admission is off here: nothing waits, no queue time.
+            "--allow-empty",
+            "admission_waiting|queue_duration",
             &prom.url,
             "-",
         ])
