@@ -237,6 +237,45 @@ mod tests {
     }
 
     #[test]
+    fn admission_is_on_only_with_a_limit() {
+        let parse = |adm: &str| {
+            Config::parse(
+                format!(r#"{{"admission":{adm},"objectives":{{"batch":-1}},"models":[{{"name":"m","engine":"vllm"}}]}}"#)
+                    .as_bytes(),
+            )
+        };
+        let c = parse(r#"{"max_in_flight_per_pod":4,"queue_ttl_ms":800}"#).expect("valid");
+        let a = c.admission.expect("on");
+        assert_eq!(
+            (a.max_in_flight_per_pod, a.queue_ttl_ms, a.max_queued),
+            (4, 800, 1000)
+        );
+        assert_eq!(c.objectives.priority(Some("batch")), -1);
+        assert!(
+            parse("{}").expect("valid").admission.is_none(),
+            "no limit: off"
+        );
+        for (adm, at) in [
+            (
+                r#"{"max_in_flight_per_pod":1,"queue_ttl_ms":0}"#,
+                "admission.queue_ttl_ms",
+            ),
+            (
+                r#"{"max_in_flight_per_pod":1,"max_queued":0}"#,
+                "admission.max_queued",
+            ),
+            (
+                r#"{"max_waiting_per_pod":1,"tick_ms":5}"#,
+                "admission.tick_ms",
+            ),
+            (r#"{"max_in_flight":1}"#, "max_in_flight"),
+        ] {
+            let e = parse(adm).expect_err("refused").to_string();
+            assert!(e.contains(at), "{adm}: {e}");
+        }
+    }
+
+    #[test]
     fn adapter_names_are_distinct_from_models_and_each_other() {
         let c = Config::parse(
             br#"{"models":[{"name":"m","engine":"vllm","adapters":["sql","chat"],"rolesets":[]}]}"#,
