@@ -125,6 +125,11 @@ class FakeEnvoy:
     def proxy_record_metric(self, caller, _id, _value):
         return 0
 
+    def proxy_set_effective_context(self, caller, context_id):
+        if self.status("proxy_set_effective_context"):
+            return self.status("proxy_set_effective_context")
+        return 0
+
     def proxy_send_local_response(self, caller, status, _d, _ds, body, body_size, _h, _hs, _grpc):
         if self.status("proxy_send_local_response"):
             return self.status("proxy_send_local_response")

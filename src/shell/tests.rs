@@ -6,6 +6,7 @@
 
 use super::stats::Stats;
 use super::stream::Stream;
+use super::streams::Streams;
 use crate::config::Config;
 use crate::hostwire::serialize_pairs;
 use crate::router::Router;
@@ -77,7 +78,44 @@ fn stream() -> Stream {
     )
     .expect("config");
     let router = Rc::new(Router::new(config, 0).expect("router"));
-    Stream::new(router, Rc::new(Stats::default()))
+    Stream::new(router, Rc::new(Stats::default()), 1, Rc::default())
+}
+
+#[test]
+fn the_root_drives_a_live_stream_and_gets_the_answers_of_its_calls() {
+    let config = Config::parse(
+        br#"{"models":[{"name":"m","engine":"vllm","rolesets":[
+            {"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#,
+    )
+    .expect("config");
+    let router = Rc::new(Router::new(config, 0).expect("router"));
+    let streams: Rc<Streams> = Rc::default();
+    let stream = Stream::new(router, Rc::new(Stats::default()), 7, Rc::clone(&streams));
+    let envoy = FakeEnvoy::open(&REQUEST);
+    let mut ran = false;
+    streams.drive(7, 1, |_core| {
+        // A call the stream makes now is the root's to hand back.
+        streams.dispatched(42);
+        ran = true;
+    });
+    assert!(ran);
+    streams.dispatched(43);
+    assert_eq!(streams.owner_of_call(42), Some(7));
+    assert_eq!(streams.owner_of_call(43), None, "made outside a drive");
+    assert_eq!(streams.owner_of_call(42), None, "handed back once");
+
+    // Envoy has no such context: nothing runs.
+    envoy.fail("proxy_set_effective_context", BAD_ARGUMENT);
+    streams.drive(7, 1, |_| panic!("ran without its context"));
+    drop(envoy);
+
+    // A stream that ended is gone, its calls with it.
+    let envoy = FakeEnvoy::open(&REQUEST);
+    streams.drive(7, 1, |_| streams.dispatched(44));
+    drop(stream);
+    assert_eq!(streams.owner_of_call(44), None);
+    streams.drive(7, 1, |_| panic!("drove a stream that ended"));
+    drop(envoy);
 }
 
 #[test]
