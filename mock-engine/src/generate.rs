@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::OnceLock;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Number, Value};
@@ -462,18 +462,6 @@ fn with_kv(mut resp: Response, kv: Kv) -> Response {
     resp
 }
 
-fn sse_response(body: Body) -> Response {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = StatusCode::OK;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    resp
-}
-
 /// A chat/completions answer: `n` identical choices of `pieces`, as one
 /// JSON body or as SSE events.
 struct Completion {
@@ -838,7 +826,7 @@ pub fn prefill_response(
         starts: OnceLock::new(),
     };
     if params.stream {
-        return with_kv(sse_response(Body::from(answer.sse())), Kv::None);
+        return with_kv(crate::sse::sse(Body::from(answer.sse())), Kv::None);
     }
     if out.top_raw.is_empty() {
         return with_kv(axum::Json(answer.body()).into_response(), Kv::None);
@@ -959,7 +947,7 @@ pub fn decode_response(
             ))
         },
     );
-    with_kv(sse_response(Body::from_stream(stream)), out.kv)
+    with_kv(crate::sse::sse(Body::from_stream(stream)), out.kv)
 }
 
 /// A Messages or token-in answer's content, whichever the leg.

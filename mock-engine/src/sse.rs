@@ -8,7 +8,8 @@ use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 
-fn sse(body: Body) -> Response {
+/// A 200 `text/event-stream` answer with `body`.
+pub(crate) fn sse(body: Body) -> Response {
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
