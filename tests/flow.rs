@@ -751,13 +751,17 @@ fn next_request(host: &mut FakeHost, body: &str) {
 
 /// [`next_request`] on `path`.
 fn next_request_to(host: &mut FakeHost, path: &str, body: &str) {
-    static DRAWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    // Per test thread: each test draws the same numbers however the tests
+    // beside it interleave, so a placement-dependent test is repeatable.
+    thread_local! {
+        static DRAWS: std::cell::Cell<u64> = const { std::cell::Cell::new(1) };
+    }
     let shared = std::mem::take(&mut host.shared);
     *host = post(path, body);
     host.shared = shared;
     host.randoms = (0..16)
         .map(|_| {
-            let n = DRAWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let n = DRAWS.with(|d| d.replace(d.get() + 1));
             pd_router::sched::SplitMix64(n).next_u64()
         })
         .collect();
