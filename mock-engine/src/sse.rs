@@ -9,7 +9,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 
 /// A 200 `text/event-stream` answer with `body`.
-pub(crate) fn sse(body: Body) -> Response {
+pub fn sse(body: Body) -> Response {
     let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
