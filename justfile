@@ -124,13 +124,14 @@ native_benches := "-p pd-router -p mock-engine --bench select --bench host_calls
 bench-build: bench-setup
     cargo build --release --bins {{native_benches}}
 
-# End to end (~7 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them (bench/README.md).
+# End to end (~8 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them; then the decider's rows at c=1 (bench/README.md). ARGS go to run.py.
 bench-e2e *ARGS: bench-build
     cargo build --target wasm32-wasip1 --release
     cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
     [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
-    bench/.venv/bin/python bench/run.py {{ARGS}}
+    # The decider's rows (~1 min) run even when run.py could not measure a configuration; the recipe then exits with run.py's status.
+    rc=0; bench/.venv/bin/python bench/run.py {{ARGS}} || rc=$?; bench/.venv/bin/python bench/decider.py; exit $rc
 
 # Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and sglang-router onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
 bench-fleet *ARGS: bench-setup
