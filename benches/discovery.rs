@@ -118,16 +118,16 @@ fn main() {
         pods.sort();
         // Publishing: compared with the set already there, written when new.
         let mut store = MemoryStore::default();
-        published::publish(&mut store, "set", "gen", &pods).expect("publish");
+        published::publish(&mut store, "set", "gen", Some(&pods), None).expect("publish");
         let publish = median_us(5, iters, || {
-            black_box(published::publish(&mut store, "set", "gen", &pods).ok());
+            black_box(published::publish(&mut store, "set", "gen", Some(&pods), None).ok());
         });
         let fleet = median_us(5, iters, || {
-            black_box(build_fleet(&config.models, &pods));
+            black_box(build_fleet(&config.models, &pods, &[]));
         });
         let apply = median_us(5, iters, || {
             let set = published::read(&store, "set").expect("set");
-            black_box(build_fleet(&config.models, &set.pods));
+            black_box(build_fleet(&config.models, &set.pods, &[]));
         });
         println!(
             "{:>6} {:>10.0} {:>10.0} {:>10.0} {:>10.0} {:>12.0} {:>14.0}",

@@ -1066,8 +1066,10 @@ def check_bootstrap(v, conf, proxy, failures, local_files):
             failures.append(f"{where}: route {r.get('name') or json.dumps(r.get('match'))} has a total timeout {action.get('timeout')!r} (want 0s)")
         check_routing(where, routing, header, clusters, [prefill, decode], failures)
     if proxy is not None:
+        # ModelAdapters are read by default under AIBrix's labels.
+        adapters = kube.get("model_adapters", kube.get("labels", "aibrix") == "aibrix")
         check_proxy(v, conf, proxy, kube.get("namespace", "default") if api_cluster else None, failures,
-                    local_files, token_files)
+                    local_files, token_files, adapters)
 
 
 def check_routing(where, routing, header, clusters, names, failures):
@@ -1138,12 +1140,12 @@ def check_injector(v, where, name, cluster, failures):
     return [sds[0].get("path")] + files
 
 
-def check_proxy(v, conf, proxy, namespace, failures, local_files, token_files):
+def check_proxy(v, conf, proxy, namespace, failures, local_files, token_files, adapters):
     where = proxy.where
     if namespace is not None:
         if proxy.ns != namespace:
             failures.add(where, f"the proxy runs in {proxy.ns}, but discovery lists {namespace}: the Role binds there")
-        check_rbac(v, proxy, namespace, failures)
+        check_rbac(v, proxy, namespace, failures, adapters)
     # Every file the configuration reads must be mounted: ConfigMaps, and the
     # token from a projected ServiceAccount token volume.
     files = [n["filename"] for n in walk(conf) if isinstance(n, dict) and isinstance(n.get("filename"), str)]
@@ -1204,14 +1206,18 @@ def unpacks(container, key, volumes):
     return False
 
 
-def check_rbac(v, proxy, namespace, failures):
-    """The proxy's ServiceAccount may get, list and watch pods there."""
+def check_rbac(v, proxy, namespace, failures, adapters):
+    """The proxy's ServiceAccount may get, list and watch pods there, and
+    list AIBrix's ModelAdapters when discovery reads them."""
     sa_name = proxy.service_account
     sa = next((d for d in v.all("ServiceAccount") if d.name == sa_name and d.ns == proxy.ns), None)
     if sa is None:
         failures.add(proxy.where, f"runs as ServiceAccount {sa_name!r}, which deploy/ does not create in {proxy.ns}")
         return
-    granted = False
+    needed = [("", "pods", {"get", "list", "watch"})]
+    if adapters:
+        needed.append(("model.aibrix.ai", "modeladapters", {"list"}))
+    granted = set()
     for rb in v.all("RoleBinding"):
         if rb.ns != namespace:
             continue
@@ -1220,11 +1226,13 @@ def check_rbac(v, proxy, namespace, failures):
             continue
         role = next((d for d in v.all("Role") if d.name == rb.obj["roleRef"]["name"] and d.ns == namespace), None)
         for rule in (role.obj.get("rules") if role else []) or []:
-            if "" in rule.get("apiGroups", []) and "pods" in rule.get("resources", []) \
-                    and {"get", "list", "watch"} <= set(rule.get("verbs", [])):
-                granted = True
-    if not granted:
-        failures.add(sa, f"no RoleBinding in {namespace} grants it get/list/watch on pods")
+            for group, resource, verbs in needed:
+                if group in rule.get("apiGroups", []) and resource in rule.get("resources", []) \
+                        and verbs <= set(rule.get("verbs", [])):
+                    granted.add(resource)
+    for group, resource, verbs in needed:
+        if resource not in granted:
+            failures.add(sa, f"no RoleBinding in {namespace} grants it {'/'.join(sorted(verbs))} on {resource}")
 
 
 def ssl_ca_bundle():

@@ -63,6 +63,10 @@ pub struct KubeDiscovery {
     /// llm-d's (`llm-d.ai/role`).
     #[serde(default)]
     pub labels: LabelScheme,
+    /// Read AIBrix's `ModelAdapter` objects every `interval_ms`: which
+    /// pods serve which LoRA adapter. Unset: with AIBrix's labels.
+    #[serde(default)]
+    pub model_adapters: Option<bool>,
     /// The pods are an InferencePool's: its selector and target ports.
     #[serde(default)]
     pub inference_pool: Option<PoolRef>,
@@ -327,6 +331,26 @@ impl KubeDiscovery {
             LabelScheme::Aibrix => labels::MODEL,
             LabelScheme::LlmD => labels::LLMD_MODEL,
         }
+    }
+
+    /// Whether `ModelAdapter` objects are read (see `model_adapters`).
+    pub fn reads_adapters(&self) -> bool {
+        self.model_adapters
+            .unwrap_or(self.labels == LabelScheme::Aibrix)
+    }
+
+    /// The LIST of `ModelAdapter`s in the discovery namespace (or every
+    /// one): a handful of objects, one answer, no paging.
+    pub fn adapters_path(&self) -> String {
+        let mut path = "/apis/model.aibrix.ai/v1alpha1/".to_owned();
+        if !self.namespace.is_empty() {
+            path.push_str(&format!("namespaces/{}/", encode(&self.namespace)));
+        }
+        path.push_str("modeladapters");
+        if self.list_from_cache {
+            path.push_str("?resourceVersion=0");
+        }
+        path
     }
 
     /// The pods asked for: an InferencePool's selector, else

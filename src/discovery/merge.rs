@@ -7,38 +7,66 @@
 //! Deployment per role has no roleset label, and pairing them is what such
 //! a deployment means; AIBrix would skip them). Pods without a role serve
 //! both phases, as combined pods.
+//!
+//! A discovered LoRA adapter joins the model of the pods its
+//! `status.instances` name (or its `spec.baseModel`, which also decides
+//! when they are pods of several models), served on those pods only.
 
+use super::adapter::DiscoveredAdapter;
 use super::kube::{DiscoveredPod, PodRole};
 use crate::fleet::{
-    Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, PrefillPolicy, RolesetPods,
-    DEFAULT_BYTES_PER_TOKEN,
+    Connector, DecodePolicy, Endpoint, Fleet, Model, ModelSettings, PodId, PrefillPolicy,
+    RolesetPods, DEFAULT_BYTES_PER_TOKEN,
 };
 use std::collections::BTreeMap;
 
 /// The roleset of discovered pods that name none.
 pub const UNNAMED_ROLESET: &str = "default";
 
-/// A discovered pod left out of the fleet, and why.
+/// A discovered pod or adapter left out of the fleet, and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unused {
-    pub pod: String,
+    /// `pod <name>` or `adapter <name>`.
+    pub what: String,
     pub why: String,
 }
 
-/// Builds the fleet; also returns the pods it could not use.
-pub fn build_fleet(configured: &[Model], pods: &[DiscoveredPod]) -> (Fleet, Vec<Unused>) {
+fn unused_pod(p: &DiscoveredPod, why: String) -> Unused {
+    Unused {
+        what: format!("pod {}", p.name),
+        why,
+    }
+}
+
+/// Builds the fleet; also returns the pods and adapters it could not use.
+pub fn build_fleet(
+    configured: &[Model],
+    pods: &[DiscoveredPod],
+    adapters: &[DiscoveredAdapter],
+) -> (Fleet, Vec<Unused>) {
     let mut by_model: BTreeMap<&str, Vec<&DiscoveredPod>> = BTreeMap::new();
     for p in pods {
         by_model.entry(p.model.as_str()).or_default().push(p);
     }
     let mut unused = Vec::new();
+    // Each adapter with its base model.
+    let mut based: Vec<(&str, &DiscoveredAdapter)> = Vec::with_capacity(adapters.len());
+    for a in adapters {
+        match base_of(a, pods, configured) {
+            Ok(base) => based.push((base, a)),
+            Err(why) => unused.push(Unused {
+                what: format!("adapter {}", a.name),
+                why,
+            }),
+        }
+    }
     let mut models = Vec::with_capacity(configured.len() + by_model.len());
     for m in configured {
-        let found = by_model.remove(m.name.as_str()).unwrap_or_default();
-        models.push(with_pods(m, &found, &mut unused));
+        let pods = by_model.remove(m.name.as_str()).unwrap_or_default();
+        models.push(with_pods(m, &pods, &based, &mut unused));
     }
-    for (name, found) in by_model {
-        let Some(first) = found.first() else { continue };
+    for (name, pods) in by_model {
+        let Some(first) = pods.first() else { continue };
         let base = Model::new(
             ModelSettings {
                 name: name.to_owned(),
@@ -54,9 +82,44 @@ pub fn build_fleet(configured: &[Model], pods: &[DiscoveredPod]) -> (Fleet, Vec<
             Vec::new(),
             Vec::new(),
         );
-        models.push(with_pods(&base, &found, &mut unused));
+        models.push(with_pods(&base, &pods, &based, &mut unused));
     }
     (Fleet::new(models), unused)
+}
+
+/// The model an adapter belongs to: its `spec.baseModel` when that is a
+/// configured or discovered model, else the one model of its instance
+/// pods. One whose pods have all left keeps its base model (a 503 until it
+/// is loaded again); with neither it serves nothing.
+fn base_of<'a>(
+    a: &'a DiscoveredAdapter,
+    pods: &'a [DiscoveredPod],
+    configured: &[Model],
+) -> Result<&'a str, String> {
+    let is_model = |name: &str| {
+        configured.iter().any(|m| m.name == name) || pods.iter().any(|p| p.model == name)
+    };
+    if is_model(&a.name) {
+        return Err("its name is a model's".into());
+    }
+    let mut on: Vec<&str> = Vec::new();
+    for p in pods
+        .iter()
+        .filter(|p| a.instances.iter().any(|i| i == p.object()))
+    {
+        if !on.contains(&p.model.as_str()) {
+            on.push(&p.model);
+        }
+    }
+    match (a.base.as_deref(), &on[..]) {
+        (Some(b), _) if is_model(b) => Ok(b),
+        (_, [one]) => Ok(one),
+        (_, []) => Err("no pod its status.instances names is discovered".into()),
+        _ => Err(format!(
+            "its instances serve models {}; spec.baseModel must name one",
+            on.join(", ")
+        )),
+    }
 }
 
 fn endpoint(p: &DiscoveredPod, unused: &mut Vec<Unused>) -> Endpoint {
@@ -70,13 +133,13 @@ fn endpoint(p: &DiscoveredPod, unused: &mut Vec<Unused>) -> Endpoint {
         Some(name) => {
             let c = Connector::from_name(name);
             if c.is_none() {
-                unused.push(Unused {
-                    pod: p.name.clone(),
-                    why: format!(
+                unused.push(unused_pod(
+                    p,
+                    format!(
                         "kv-connector-type {name:?} is not supported (known: {}); the model's connector is used",
                         Connector::NAMES.join(", ")
                     ),
-                });
+                ));
             }
             c
         }
@@ -84,8 +147,14 @@ fn endpoint(p: &DiscoveredPod, unused: &mut Vec<Unused>) -> Endpoint {
     e
 }
 
-/// `model` (its settings and static pods) with `found` added.
-fn with_pods(model: &Model, found: &[&DiscoveredPod], unused: &mut Vec<Unused>) -> Model {
+/// `model` (its settings and static pods) with the pods `found` and the
+/// adapters `based` on it added.
+fn with_pods(
+    model: &Model,
+    found: &[&DiscoveredPod],
+    based: &[(&str, &DiscoveredAdapter)],
+    unused: &mut Vec<Unused>,
+) -> Model {
     let static_pods = |list: &[std::rc::Rc<Endpoint>]| -> Vec<Endpoint> {
         list.iter().map(|e| (**e).clone()).collect()
     };
@@ -101,18 +170,19 @@ fn with_pods(model: &Model, found: &[&DiscoveredPod], unused: &mut Vec<Unused>) 
         .collect();
     let mut combined = static_pods(&model.combined);
     let mut discovered: BTreeMap<&str, RolesetPods> = BTreeMap::new();
+    // The endpoints of each Kubernetes pod, for the adapters' instances.
+    let mut of_pod: Vec<(&str, PodId)> = Vec::new();
     for p in found {
         if p.engine != model.engine {
-            unused.push(Unused {
-                pod: p.name.clone(),
-                why: format!(
-                    "engine {:?} differs from model {:?}'s {:?}",
-                    p.engine, model.name, model.engine
-                ),
-            });
+            let why = format!(
+                "engine {:?} differs from model {:?}'s {:?}",
+                p.engine, model.name, model.engine
+            );
+            unused.push(unused_pod(p, why));
             continue;
         }
         let e = endpoint(p, unused);
+        of_pod.push((p.object(), e.id));
         let roleset = if p.roleset.is_empty() {
             UNNAMED_ROLESET
         } else {
@@ -133,5 +203,22 @@ fn with_pods(model: &Model, found: &[&DiscoveredPod], unused: &mut Vec<Unused>) 
             .into_values()
             .filter(|r| !r.prefill.is_empty() || !r.decode.is_empty()),
     );
-    Model::new(model.settings(), rolesets, combined)
+    let mut settings = model.settings();
+    // A name discovery gives another model is that model's.
+    settings
+        .adapters
+        .retain(|n| !based.iter().any(|(b, a)| a.name == *n && *b != model.name));
+    let mut adapter_pods = model.adapter_pods.clone();
+    for (_, a) in based.iter().filter(|(b, _)| *b == model.name) {
+        if !settings.adapters.contains(&a.name) {
+            settings.adapters.push(a.name.clone());
+        }
+        let on = of_pod
+            .iter()
+            .filter(|(pod, _)| a.instances.iter().any(|i| i == pod));
+        adapter_pods.push((a.name.clone(), on.map(|(_, id)| *id).collect()));
+    }
+    let mut built = Model::new(settings, rolesets, combined);
+    built.adapter_pods = adapter_pods;
+    built
 }

@@ -6,11 +6,12 @@
 //! never empties a model, and a set older than `stale_after_ms` is said.
 //!
 //! [`kube`] is the configuration and the requests, [`pod`] reads pods,
-//! [`pool`] an InferencePool, [`lister`] pages through one list,
+//! [`pool`] an InferencePool, [`adapter`] AIBrix's ModelAdapters, [`lister`] pages through one list,
 //! [`watch`] applies watch events, [`schedule`] says when the next call
 //! goes, [`merge`] turns pods into the fleet, [`published`] is the shared
 //! record.
 
+pub mod adapter;
 pub mod kube;
 pub mod lister;
 pub mod merge;
@@ -20,6 +21,7 @@ pub mod published;
 pub mod schedule;
 pub mod watch;
 
+pub use adapter::DiscoveredAdapter;
 pub use kube::{DiscoveredPod, KubeDiscovery, PodRole};
 pub use lister::{ListFailure, ListRun, Listed, Step};
 pub use merge::build_fleet;

@@ -4,6 +4,7 @@
 //! JSON rather than a fixed record: pods carry strings, the set is written
 //! once per change, and one serde derive is the whole codec.
 
+use super::adapter::DiscoveredAdapter;
 use super::kube::DiscoveredPod;
 use crate::codec::{RecordReader, RecordWriter};
 use crate::pods::SharedStore;
@@ -13,6 +14,8 @@ use serde::{Deserialize, Serialize};
 pub struct PublishedPods {
     pub generation: u64,
     pub pods: Vec<DiscoveredPod>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<DiscoveredAdapter>,
 }
 
 pub fn decode_generation(bytes: Option<&[u8]>) -> u64 {
@@ -31,23 +34,33 @@ pub fn read<S: SharedStore + ?Sized>(store: &S, key: &str) -> Option<PublishedPo
     serde_json::from_slice(&bytes?).ok()
 }
 
-/// Publishes `pods` unless they are what is published already; returns the
-/// new generation when it wrote one. The set goes in before its generation,
-/// so a VM that sees a generation finds its set.
+/// Publishes `pods` and `adapters` (`None`: what is published already)
+/// unless they are what is published; returns the record when it wrote
+/// one. The set goes in before its generation, so a VM that sees a
+/// generation finds its set.
 pub fn publish<S: SharedStore + ?Sized>(
     store: &mut S,
     set_key: &str,
     generation_key: &str,
-    pods: &[DiscoveredPod],
-) -> Result<Option<u64>, String> {
+    pods: Option<&[DiscoveredPod]>,
+    adapters: Option<&[DiscoveredAdapter]>,
+) -> Result<Option<PublishedPods>, String> {
     let current = read(store, set_key);
-    if current.as_ref().is_some_and(|c| c.pods == pods) {
+    let (old_pods, old_adapters) = current
+        .as_ref()
+        .map_or((&[][..], &[][..]), |c| (&c.pods[..], &c.adapters[..]));
+    let pods = pods.unwrap_or(old_pods);
+    let adapters = adapters.unwrap_or(old_adapters);
+    if current.is_some() && pods == old_pods && adapters == old_adapters {
         return Ok(None);
     }
-    let generation = current.map_or(1, |c| c.generation.wrapping_add(1).max(1));
+    let generation = current
+        .as_ref()
+        .map_or(1, |c| c.generation.wrapping_add(1).max(1));
     let record = PublishedPods {
         generation,
         pods: pods.to_vec(),
+        adapters: adapters.to_vec(),
     };
     let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
     store
@@ -56,5 +69,5 @@ pub fn publish<S: SharedStore + ?Sized>(
     store
         .shared_set(generation_key, &encode_generation(generation), None)
         .map_err(|e| format!("{e:?}"))?;
-    Ok(Some(generation))
+    Ok(Some(record))
 }

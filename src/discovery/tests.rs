@@ -2,7 +2,8 @@
 //! set of kubernetes/api `core/v1`, as the mock API server serialises it
 //! with the official Python models).
 
-use super::kube::{KubeDiscovery, PodRole, Skipped};
+use super::adapter::DiscoveredAdapter;
+use super::kube::{DiscoveredPod, KubeDiscovery, PodRole, Skipped};
 use super::lister::{ListFailure, ListRun, Step};
 use super::merge::{build_fleet, UNNAMED_ROLESET};
 use super::pod::read_page;
@@ -95,10 +96,10 @@ fn hand_off_annotations_reach_the_fleet() {
     );
     // Through the published form, into endpoints.
     let mut store = MemoryStore::default();
-    published::publish(&mut store, "set", "gen", &page.pods).expect("publish");
+    published::publish(&mut store, "set", "gen", Some(&page.pods), None).expect("publish");
     let back = published::read(&store, "set").expect("published").pods;
     assert_eq!(back, page.pods);
-    let (fleet, _) = build_fleet(&[], &back);
+    let (fleet, _) = build_fleet(&[], &back, &[]);
     let e = &fleet.models()[0].rolesets[0].prefill[0];
     assert_eq!((e.dp_size, e.kv_port), (4, 21001));
     assert_eq!(
@@ -394,7 +395,7 @@ fn discovered_pods_join_configured_models_or_found_their_own() {
         sg,
         sg_d,
     ]);
-    let (fleet, unused) = build_fleet(&config.models, &pods);
+    let (fleet, unused) = build_fleet(&config.models, &pods, &[]);
     let llama = fleet.model("llama").expect("llama");
     assert_eq!(
         llama.decode_policy,
@@ -417,8 +418,8 @@ fn discovered_pods_join_configured_models_or_found_their_own() {
     );
     let qwen = fleet.model("qwen").expect("a model only discovery knows");
     assert_eq!(qwen.engine, "sglang");
-    let why: Vec<&str> = unused.iter().map(|u| u.pod.as_str()).collect();
-    assert_eq!(why, vec!["llama-p1", "llama-x"], "{unused:?}");
+    let why: Vec<&str> = unused.iter().map(|u| u.what.as_str()).collect();
+    assert_eq!(why, vec!["pod llama-p1", "pod llama-x"], "{unused:?}");
     assert!(unused[0].why.contains("lmcache") && unused[1].why.contains("trtllm"));
     // The unsupported connector label only falls back; the pod still serves.
     assert!(llama.rolesets[1].prefill[0].kv_connector.is_none());
@@ -432,22 +433,25 @@ fn publishing_writes_only_changes_and_bumps_the_generation() {
         Some("10.0.0.1"),
         labels("m", "prefill", "rs"),
     )]);
-    assert_eq!(
-        published::publish(&mut store, "set", "gen", &pods),
-        Ok(Some(1))
-    );
-    assert_eq!(
-        published::publish(&mut store, "set", "gen", &pods),
-        Ok(None),
-        "unchanged"
-    );
+    let mut publish = |pods: Option<&[DiscoveredPod]>, adapters: Option<&[DiscoveredAdapter]>| {
+        published::publish(&mut store, "set", "gen", pods, adapters)
+            .expect("publish")
+            .map(|set| set.generation)
+    };
+    assert_eq!(publish(Some(&pods), None), Some(1));
+    assert_eq!(publish(Some(&pods), None), None, "unchanged");
+    let sql = [DiscoveredAdapter {
+        name: "sql".into(),
+        base: None,
+        instances: vec!["a".into()],
+    }];
+    assert_eq!(publish(None, Some(&sql)), Some(2), "adapters, pods kept");
+    assert_eq!(publish(Some(&pods), None), None, "adapters kept");
+    assert_eq!(publish(Some(&[]), None), Some(3));
+    let set = published::read(&store, "set").expect("set");
+    assert_eq!((set.pods, set.adapters), (vec![], sql.to_vec()));
     let (gen, _) = crate::pods::SharedStore::shared_get(&store, "gen");
-    assert_eq!(published::decode_generation(gen.as_deref()), 1);
-    assert_eq!(
-        published::publish(&mut store, "set", "gen", &[]),
-        Ok(Some(2))
-    );
-    assert_eq!(published::read(&store, "set").expect("set").pods, vec![]);
+    assert_eq!(published::decode_generation(gen.as_deref()), 3);
 }
 
 #[test]
@@ -518,4 +522,117 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
     )
     .expect("page");
     assert!(page.pods.iter().all(|p| p.model == "served"));
+}
+
+fn adapter(name: &str, base: Option<&str>, instances: &[&str]) -> DiscoveredAdapter {
+    DiscoveredAdapter {
+        name: name.into(),
+        base: base.map(str::to_owned),
+        instances: instances.iter().map(|i| i.to_string()).collect(),
+    }
+}
+
+#[test]
+fn a_discovered_adapter_is_served_on_its_instance_pods_only() {
+    let config = Config::parse(
+        br#"{"models":[{"name":"llama","engine":"vllm","adapters":["sql","chat"]},
+                       {"name":"idle","engine":"vllm","adapters":["qwen-lora"]}]}"#,
+    )
+    .expect("config");
+    let pods = discovered(vec![
+        pod("llama-p0", Some("10.1.0.1"), labels("llama", "prefill", "")),
+        pod("llama-d0", Some("10.1.0.2"), labels("llama", "decode", "")),
+        pod("llama-d1", Some("10.1.0.3"), labels("llama", "decode", "")),
+        pod("qwen-0", Some("10.2.0.1"), labels("qwen", "", "")),
+    ]);
+    let adapters = [
+        // Configured, and discovered on two pods: discovery narrows it.
+        adapter("sql", None, &["llama-p0", "llama-d1", "gone-pod"]),
+        adapter("qwen-lora", None, &["qwen-0"]),
+        // Its pods left: kept under its base model, served nowhere.
+        adapter("idle-lora", Some("idle"), &["gone-pod"]),
+        adapter("stray", None, &["gone-pod"]),
+        adapter("both", None, &["llama-d0", "qwen-0"]),
+        adapter("qwen", None, &["qwen-0"]),
+    ];
+    let (fleet, unused) = build_fleet(&config.models, &pods, &adapters);
+    let ids = |model: &str, names: &[&str]| -> Vec<crate::fleet::PodId> {
+        let m = fleet.model(model).expect("model");
+        let eps = m.endpoints();
+        names
+            .iter()
+            .filter_map(|n| eps.iter().find(|e| e.name == *n).map(|e| e.id))
+            .collect()
+    };
+    let llama = fleet.model("llama").expect("llama");
+    assert_eq!(llama.adapters, ["sql", "chat"], "no name twice");
+    let sql: Vec<bool> = ids("llama", &["llama-p0", "llama-d0", "llama-d1"])
+        .into_iter()
+        .map(|id| llama.serves(Some("sql"), id))
+        .collect();
+    assert_eq!(sql, [true, false, true]);
+    let any = ids("llama", &["llama-d0"]);
+    assert!(llama.serves(Some("chat"), any[0]), "configured: every pod");
+    assert!(llama.serves(None, any[0]));
+    let qwen = fleet.model("qwen").expect("discovered model");
+    assert_eq!(qwen.adapters, ["qwen-lora"]);
+    assert_eq!(
+        fleet.serve("qwen-lora").expect("served").model.name,
+        "qwen",
+        "discovery moves a configured name to its base model"
+    );
+    assert!(qwen.serves(Some("qwen-lora"), ids("qwen", &["qwen-0"])[0]));
+    let idle = fleet.serve("idle-lora").expect("kept");
+    assert_eq!(idle.model.name, "idle");
+    assert_eq!(idle.model.adapter_pods, [("idle-lora".to_owned(), vec![])]);
+    let left: Vec<(&str, bool)> = unused
+        .iter()
+        .map(|u| (u.what.as_str(), u.why.contains("baseModel")))
+        .collect();
+    assert_eq!(
+        left,
+        [
+            ("adapter stray", false),
+            ("adapter both", true),
+            ("adapter qwen", false)
+        ]
+    );
+    for gone in ["stray", "both"] {
+        assert!(fleet.serve(gone).is_none(), "{gone}");
+    }
+    assert!(fleet.serve("qwen").is_some_and(|s| s.adapter.is_none()));
+    // The objects gone: configured names are served everywhere again.
+    let (fleet, _) = build_fleet(&config.models, &pods, &[]);
+    let llama = fleet.model("llama").expect("llama");
+    assert!(llama.adapter_pods.is_empty() && llama.serves(Some("sql"), any[0]));
+    let back = fleet.serve("qwen-lora").expect("configured");
+    assert_eq!(back.model.name, "idle", "its configured model again");
+    assert!(fleet.serve("stray").is_none());
+}
+
+#[test]
+fn model_adapters_are_read_with_aibrix_labels_unless_turned_off() {
+    let c = cfg();
+    assert!(c.reads_adapters());
+    assert_eq!(
+        c.adapters_path(),
+        "/apis/model.aibrix.ai/v1alpha1/namespaces/default/modeladapters?resourceVersion=0"
+    );
+    let every: KubeDiscovery = serde_json::from_value(json!({
+        "cluster": "k", "namespace": "", "list_from_cache": false}))
+    .expect("cfg");
+    assert_eq!(
+        every.adapters_path(),
+        "/apis/model.aibrix.ai/v1alpha1/modeladapters"
+    );
+    let read = |v: Value| -> bool {
+        let mut v = v;
+        v["cluster"] = json!("k");
+        serde_json::from_value::<KubeDiscovery>(v)
+            .expect("cfg")
+            .reads_adapters()
+    };
+    assert!(!read(json!({"model_adapters": false})));
+    assert!(!read(json!({"labels": "llm-d"})));
+    assert!(read(json!({"labels": "llm-d", "model_adapters": true})));
 }

@@ -161,6 +161,10 @@ pub struct Model {
     pub decider: Option<Decider>,
     pub bytes_per_token: f64,
     pub adapters: Vec<String>,
+    /// The pods that serve an adapter, for those discovery says are loaded
+    /// on some pods only (AIBrix's `ModelAdapter` `status.instances`); an
+    /// adapter not here is served by every pod of the model.
+    pub adapter_pods: Vec<(String, Vec<PodId>)>,
     pub rolesets: Vec<Roleset>,
     /// Pods that serve both phases: no prefill call.
     pub combined: Vec<Rc<Endpoint>>,
@@ -209,6 +213,7 @@ impl Model {
             decider: settings.decider,
             bytes_per_token: settings.bytes_per_token,
             adapters: settings.adapters,
+            adapter_pods: Vec::new(),
             rolesets,
             combined,
             pods,
@@ -261,6 +266,12 @@ impl Model {
             None => self.id.0,
             Some(a) => xxhash_rust::xxh64::xxh64(a.as_bytes(), self.id.0),
         }
+    }
+
+    /// Whether `pod` serves requests naming `adapter` (or the base weights).
+    pub fn serves(&self, adapter: Option<&str>, pod: PodId) -> bool {
+        let on = adapter.and_then(|a| self.adapter_pods.iter().find(|(n, _)| n == a));
+        on.is_none_or(|(_, pods)| pods.contains(&pod))
     }
 
     /// Whether a request can be placed at all: a roleset with both roles,

@@ -38,7 +38,7 @@ impl Flow {
         // In executor mode the endpoint picker chose the pod.
         let pod = match &self.head.picked {
             Some(picked) => router.picked_decode(&model, picked)?,
-            None => router.place_unsplit(host, &model, &mut random, now)?,
+            None => router.place_unsplit(host, &model, served.adapter, &mut random, now)?,
         };
         host.increment(Counter::Unsplit);
         self.debug(host, || {

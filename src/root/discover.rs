@@ -4,13 +4,15 @@
 //! [`crate::discovery`].
 
 use super::RootHost;
+use crate::discovery::adapter::read_adapters;
 use crate::discovery::lister::failure;
 use crate::discovery::pod::Reader;
 use crate::discovery::pool::{pool_path, read_pool};
-use crate::discovery::schedule::{delay_ms, max_delay_ms, Jitter, Outcome};
+use crate::discovery::published::PublishedPods;
+use crate::discovery::schedule::{delay_ms, max_delay_ms, Jitter, Outcome, MAX_BACKOFF_MS};
 use crate::discovery::{
-    build_fleet, published, DiscoveredPod, KubeDiscovery, ListFailure, ListRun, Step, WatchOutcome,
-    Watched,
+    build_fleet, published, DiscoveredAdapter, DiscoveredPod, KubeDiscovery, ListFailure, ListRun,
+    Step, WatchOutcome, Watched,
 };
 use crate::host::{Counter, Level};
 use crate::pods::lease;
@@ -29,6 +31,8 @@ enum Call {
     Watch,
     /// The InferencePool, read before the pods it selects.
     Pool,
+    /// AIBrix's ModelAdapters, read after the pods.
+    Adapters,
 }
 
 pub struct Discoverer {
@@ -58,6 +62,15 @@ pub struct Discoverer {
     /// When the InferencePool was last read (it is read again every
     /// `interval_ms`, so a changed selector or port list takes effect).
     pool_read_ms: u64,
+    /// This VM has synced the pods (adapters are read after them).
+    pods_synced: bool,
+    /// No ModelAdapter list starts before this (Unix ms).
+    adapters_at_ms: u64,
+    /// Failed ModelAdapter lists in a row (their own backoff: pods go on).
+    adapter_failures: u32,
+    /// What was last said about reading ModelAdapters: a failure's kind,
+    /// "absent" (no such resource), or nothing while they read well.
+    adapters_said: Option<&'static str>,
 }
 
 impl Discoverer {
@@ -78,6 +91,10 @@ impl Discoverer {
             lister: false,
             stale_said: false,
             pool_read_ms: 0,
+            pods_synced: false,
+            adapters_at_ms: 0,
+            adapter_failures: 0,
+            adapters_said: None,
         }
     }
 
@@ -97,7 +114,7 @@ impl Discoverer {
         let Some(set) = published::read(host, &keys.discovered()) else {
             return false;
         };
-        let (fleet, _unused) = build_fleet(&router.config.models, &set.pods);
+        let (fleet, _unused) = build_fleet(&router.config.models, &set.pods, &set.adapters);
         host.know_fleet(&fleet);
         router.set_fleet(fleet);
         host.record_discovered(set.pods.len() as u64);
@@ -140,7 +157,8 @@ impl Discoverer {
 
     /// Starts a list or a watch if this VM holds the lease and one is due.
     pub fn maybe_list<H: RootHost>(&mut self, host: &mut H, router: &Router, vm_id: u64, now: u64) {
-        if self.in_flight.is_some() || now < self.next_at_ms {
+        let adapters = self.cfg.reads_adapters() && self.pods_synced && now >= self.adapters_at_ms;
+        if self.in_flight.is_some() || (now < self.next_at_ms && !adapters) {
             return;
         }
         let watching = self.cfg.watch && self.watched.is_some();
@@ -154,6 +172,11 @@ impl Discoverer {
             .saturating_add(self.cfg.interval_ms);
         self.lister = lease::try_hold(host, &router.keys().discovery_lease(), vm_id, now, ttl);
         if !self.lister {
+            return;
+        }
+        if adapters {
+            let path = self.cfg.adapters_path();
+            self.send(host, Call::Adapters, &path);
             return;
         }
         let pool_due = self.cfg.inference_pool.is_some()
@@ -243,6 +266,76 @@ impl Discoverer {
             },
             Call::Watch => self.on_watch_answer(host, router, status, &body),
             Call::Pool => self.on_pool_answer(host, status, &body),
+            Call::Adapters => self.on_adapters_answer(host, router, status, &body),
+        }
+    }
+
+    /// The ModelAdapters answered: a good list replaces the published
+    /// adapters; a 404 (AIBrix's CRD is not installed) means none, asked
+    /// again after the longest backoff; a failure keeps the last good set.
+    fn on_adapters_answer<H: RootHost>(
+        &mut self,
+        host: &mut H,
+        router: &Router,
+        status: Option<u16>,
+        body: &[u8],
+    ) {
+        let now = host.now_ms();
+        let read = match status {
+            Some(200) => {
+                read_adapters(body, self.cfg.namespace.is_empty()).map_err(ListFailure::Unparsable)
+            }
+            Some(404) => Ok(Vec::new()),
+            other => Err(failure(other, body)),
+        };
+        let adapters = match read {
+            Ok(adapters) => adapters,
+            Err(f) => {
+                host.increment(Counter::DiscoveryFailure);
+                self.adapter_failures = self.adapter_failures.saturating_add(1);
+                let wait = delay_ms(
+                    &self.cfg,
+                    Outcome::Failed(self.adapter_failures),
+                    &mut self.jitter,
+                );
+                self.adapters_at_ms = now.saturating_add(wait);
+                let why = match &f {
+                    ListFailure::Forbidden(m) => format!("403 Forbidden ({m}): the ServiceAccount needs list on modeladapters.model.aibrix.ai (deploy/values/rbac.yaml), or set discovery.kubernetes.model_adapters to false"),
+                    other => other.to_string(),
+                };
+                let msg =
+                    format!("reading ModelAdapters failed, keeping the last good adapters: {why}");
+                self.say_adapters(host, Some(f.kind()), Level::Warn, &msg);
+                return;
+            }
+        };
+        self.adapter_failures = 0;
+        let (said, wait) = match status {
+            Some(404) => (Some("absent"), MAX_BACKOFF_MS),
+            _ => (None, self.cfg.interval_ms),
+        };
+        self.adapters_at_ms = now.saturating_add(wait);
+        let msg = match said {
+            Some(_) => "the API server has no ModelAdapter resource (AIBrix is not installed): no adapters discovered",
+            None => "ModelAdapters are read again",
+        };
+        self.say_adapters(host, said, Level::Info, msg);
+        publish(host, router, None, Some(&adapters), "ModelAdapters");
+    }
+
+    /// Logs `msg` when the state of reading ModelAdapters changes.
+    fn say_adapters<H: RootHost>(
+        &mut self,
+        host: &H,
+        state: Option<&'static str>,
+        level: Level,
+        msg: &str,
+    ) {
+        // The first good read is no news.
+        let news = self.adapters_said != state && (state.is_some() || self.adapters_said.is_some());
+        self.adapters_said = state;
+        if news {
+            log(host, level, msg);
         }
     }
 
@@ -381,33 +474,56 @@ impl Discoverer {
             watching: self.watched.is_some(),
         };
         self.next_at_ms = now.saturating_add(delay_ms(&self.cfg, outcome, &mut self.jitter));
-        match published::publish(
+        self.pods_synced = true;
+        // Adapters not read: none (a set published before is dropped).
+        let adapters: Option<&[DiscoveredAdapter]> = if self.cfg.reads_adapters() {
+            None
+        } else {
+            Some(&[])
+        };
+        publish(host, router, Some(pods), adapters, how);
+    }
+}
+
+/// Publishes the pods and adapters (`None`: as published) if they
+/// changed, saying what the fleet is made of.
+fn publish<H: RootHost>(
+    host: &mut H,
+    router: &Router,
+    pods: Option<&[DiscoveredPod]>,
+    adapters: Option<&[DiscoveredAdapter]>,
+    how: &str,
+) {
+    let keys = router.keys();
+    let set_key = keys.discovered();
+    let generation_key = keys.discovered_generation();
+    match published::publish(host, &set_key, &generation_key, pods, adapters) {
+        Ok(Some(set)) => report(host, router, &set, how),
+        Ok(None) => {}
+        Err(e) => log(
             host,
-            &keys.discovered(),
-            &keys.discovered_generation(),
-            pods,
-        ) {
-            Ok(Some(generation)) => {
-                let (fleet, unused) = build_fleet(&router.config.models, pods);
-                let models = fleet.models().iter().filter(|m| !m.pods.is_empty()).count();
-                log(
-                    host,
-                    Level::Info,
-                    &format!(
-                        "pod set {generation}: {} routable pods in {models} models ({how})",
-                        pods.len()
-                    ),
-                );
-                for u in unused {
-                    log(host, Level::Warn, &format!("pod {}: {}", u.pod, u.why));
-                }
-            }
-            Ok(None) => {}
-            Err(e) => log(
-                host,
-                Level::Error,
-                &format!("could not publish the pod set: {e}"),
-            ),
-        }
+            Level::Error,
+            &format!("could not publish the pod set: {e}"),
+        ),
+    }
+}
+
+/// Says what a newly published set makes of the fleet, and what of it
+/// is not used.
+fn report<H: RootHost>(host: &H, router: &Router, set: &PublishedPods, how: &str) {
+    let (fleet, unused) = build_fleet(&router.config.models, &set.pods, &set.adapters);
+    let models = fleet.models().iter().filter(|m| !m.pods.is_empty()).count();
+    log(
+        host,
+        Level::Info,
+        &format!(
+            "pod set {}: {} routable pods in {models} models, {} adapters ({how})",
+            set.generation,
+            set.pods.len(),
+            set.adapters.len()
+        ),
+    );
+    for u in unused {
+        log(host, Level::Warn, &format!("{}: {}", u.what, u.why));
     }
 }

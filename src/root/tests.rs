@@ -257,7 +257,7 @@ fn pod_list(items: Vec<Value>) -> Vec<u8> {
 }
 
 const DISCOVERED: &str = r#"{"scrape_interval_ms":0,
-    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000}},
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"model_adapters":false}},
     "models":[{"name":"m","engine":"vllm"}]}"#;
 
 #[test]
@@ -303,7 +303,8 @@ fn discovery_publishes_a_list_and_keeps_the_last_good_set_when_lists_fail() {
 }
 
 const WATCHED: &str = r#"{"scrape_interval_ms":0,
-    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"stale_after_ms":5000}},
+    "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"stale_after_ms":5000,
+                               "model_adapters":false}},
     "models":[{"name":"m","engine":"vllm"}]}"#;
 
 fn watch_events(events: &[(&str, Value)]) -> Vec<u8> {
@@ -579,4 +580,98 @@ fn an_inference_pool_is_read_first_and_a_changed_selector_lists_again() {
     assert!(ha.logged("does not exist"), "{:?}", ha.logs.borrow());
     a.on_tick(ha);
     assert_eq!(a.router.fleet().pods().len(), 2, "the last good set stays");
+}
+
+fn adapter_list(items: Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({"apiVersion": "model.aibrix.ai/v1alpha1",
+        "kind": "ModelAdapterList", "metadata": {"resourceVersion": "9"}, "items": items}))
+    .expect("json")
+}
+
+/// Ticks (answering watches with nothing new) until the lister lists
+/// ModelAdapters.
+fn adapters_call(root: &mut Root, host: &mut FakeRoot) -> Call {
+    loop {
+        let c = next_call(root, host);
+        if c.header(":path").contains("modeladapters") {
+            return c;
+        }
+        answer(root, host, &c, Some(200), b"");
+    }
+}
+
+#[test]
+fn model_adapters_are_listed_after_the_pods_and_name_their_pods() {
+    let config = r#"{"scrape_interval_ms":0,
+        "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000}},
+        "models":[{"name":"m","engine":"vllm"}]}"#;
+    let mut vms = vms(config, 2);
+    let [(a, ha), (b, hb)] = &mut vms[..] else {
+        panic!("two vms")
+    };
+    let list = next_call(a, ha);
+    assert!(list
+        .header(":path")
+        .starts_with("/api/v1/namespaces/default/pods?"));
+    let pods = pod_list(vec![
+        pod("p0", "10.1.0.1", "prefill"),
+        pod("d0", "10.1.0.2", "decode"),
+        pod("d1", "10.1.0.3", "decode"),
+    ]);
+    answer(a, ha, &list, Some(200), &pods);
+    let get = next_call(a, ha);
+    assert_eq!(
+        get.header(":path"),
+        "/apis/model.aibrix.ai/v1alpha1/namespaces/default/modeladapters?resourceVersion=0",
+        "right after the first pod list"
+    );
+    let sql = adapter_list(json!([{"apiVersion": "model.aibrix.ai/v1alpha1",
+        "kind": "ModelAdapter", "metadata": {"name": "sql", "namespace": "default"},
+        "spec": {"baseModel": "m"}, "status": {"instances": ["p0", "d1"]}}]));
+    answer(a, ha, &get, Some(200), &sql);
+    b.on_tick(hb);
+    let fleet = b.router.fleet();
+    let served = fleet.serve("sql").expect("sql");
+    let on: Vec<&str> = served
+        .model
+        .endpoints()
+        .into_iter()
+        .filter(|e| served.model.serves(served.adapter, e.id))
+        .map(|e| e.name.as_str())
+        .collect();
+    assert_eq!(on, ["p0", "d1"]);
+
+    // Refused: counted and said once, the adapter stays; the pods go on.
+    for _ in 0..2 {
+        let get = adapters_call(a, ha);
+        answer(a, ha, &get, Some(403), br#"{"kind":"Status","code":403}"#);
+    }
+    assert_eq!(ha.counted(Counter::DiscoveryFailure), 2);
+    let said = |h: &FakeRoot, what: &str| {
+        h.logs
+            .borrow()
+            .iter()
+            .filter(|(_, l)| l.contains(what))
+            .count()
+    };
+    assert_eq!(said(ha, "modeladapters.model.aibrix.ai"), 1);
+    assert!(ha.counted(Counter::DiscoveryWatch) >= 1);
+    b.on_tick(hb);
+    assert!(b.router.fleet().serve("sql").is_some());
+
+    // The object deleted: the adapter goes.
+    let get = adapters_call(a, ha);
+    answer(a, ha, &get, Some(200), &adapter_list(json!([])));
+    assert!(ha.logged("ModelAdapters are read"));
+    b.on_tick(hb);
+    assert!(b.router.fleet().serve("sql").is_none());
+
+    // No such resource (AIBrix not installed): none, and asked rarely.
+    let get = adapters_call(a, ha);
+    answer(a, ha, &get, Some(404), br#"{"kind":"Status","code":404}"#);
+    assert!(ha.logged("no ModelAdapter resource"));
+    assert_eq!(ha.counted(Counter::DiscoveryFailure), 2, "not a failure");
+    let at = ha.now;
+    let _ = adapters_call(a, ha);
+    assert!(ha.now >= at + 30_000, "{}", ha.now - at);
 }

@@ -87,9 +87,10 @@ impl Router {
         v
     }
 
-    /// Chooses pods for `request` from the shared load and the prefix table;
-    /// with a decider, keeps it whole on its decode pod when a split would
-    /// not pay (`sched::decider`).
+    /// Chooses pods for `request` from the shared load and the prefix table,
+    /// none in `exclude` and only pods that serve its adapter; with a
+    /// decider, keeps it whole on its decode pod when a split would not pay
+    /// (`sched::decider`).
     pub fn place<S: SharedStore + ?Sized>(
         &self,
         store: &mut S,
@@ -105,7 +106,10 @@ impl Router {
             .map(|_| self.decode_prefix(&*store, request, now_ms));
         let table = self.load(&*store, model.id);
         let pods = self.pod_states(model, &table, now_ms);
-        let excluded = slots_of(model, |id| exclude.contains(&id));
+        let adapter = request.adapter.as_deref();
+        let excluded = slots_of(model, |id| {
+            exclude.contains(&id) || !model.serves(adapter, id)
+        });
         // Seeded from the host at the first draw: a placement with one
         // candidate pair needs no randomness and costs no host call.
         let mut rng: Option<SplitMix64> = None;
@@ -142,13 +146,15 @@ impl Router {
         }
     }
 
-    /// The pod for a call of `model` the router does not split (it names
-    /// the model, as embeddings and tokenize calls do): one of the model's
-    /// decode or combined pods, by its decode policy.
+    /// The pod for a call of `model` (or its `adapter`) the router does not
+    /// split (it names the model, as embeddings and tokenize calls do): one
+    /// of the model's decode or combined pods that serves it, by its decode
+    /// policy.
     pub fn place_unsplit<S: SharedStore + ?Sized>(
         &self,
         store: &mut S,
         model: &Model,
+        adapter: Option<&str>,
         random: &mut dyn FnMut(&mut S) -> u64,
         now_ms: u64,
     ) -> Result<Rc<crate::fleet::Endpoint>, PdError> {
@@ -160,6 +166,7 @@ impl Router {
                 .next_u64()
         };
         let mut no_turn = |_: usize| 0;
+        let excluded = slots_of(model, |id| !model.serves(adapter, id));
         let mut query = PlacementRequest {
             prompt_tokens: 0,
             prefix_match: &|_| 0.0,
@@ -168,7 +175,7 @@ impl Router {
             prefill_turn: self.next_turn(model.id),
             decode_turn: &mut no_turn,
             random: &mut draw,
-            exclude: &[],
+            exclude: &excluded,
         };
         match unsplit_pod(model, &pods, &mut query, &self.config.scheduling) {
             Ok(pod) => Ok(Rc::clone(pod)),

@@ -155,3 +155,80 @@ fn a_failed_scrape_judges_a_pod_in_every_model_that_serves_it() {
         assert!(!r.load(&store, m.id).get(shared.id).is_healthy(1_001));
     }
 }
+
+#[test]
+fn an_adapter_request_goes_only_to_the_pods_that_loaded_it() {
+    use crate::discovery::{build_fleet, DiscoveredAdapter, DiscoveredPod, PodRole};
+    let r = router(r#"{"models":[{"name":"m","engine":"vllm","adapters":["everywhere"]}]}"#);
+    let pod = |name: &str, ip: &str, role| DiscoveredPod {
+        model: "m".into(),
+        name: name.into(),
+        address: format!("{ip}:8000").parse().expect("addr"),
+        engine: "vllm".into(),
+        role,
+        roleset: String::new(),
+        kv_connector: None,
+        bootstrap_port: 8998,
+        dp_size: 1,
+        kv_port: 14579,
+        nixl_push: None,
+        object: String::new(),
+    };
+    let pods = [
+        pod("p0", "10.0.0.1", PodRole::Prefill),
+        pod("p1", "10.0.0.2", PodRole::Prefill),
+        pod("d0", "10.0.1.1", PodRole::Decode),
+        pod("d1", "10.0.1.2", PodRole::Decode),
+    ];
+    let adapter = |name: &str, instances: &[&str]| DiscoveredAdapter {
+        name: name.into(),
+        base: Some("m".into()),
+        instances: instances.iter().map(|i| i.to_string()).collect(),
+    };
+    let adapters = [adapter("sql", &["p1", "d1"]), adapter("nowhere", &[])];
+    r.set_fleet(build_fleet(&r.config.models, &pods, &adapters).0);
+    let mut store = MemoryStore::default();
+    let names = |p: &Placement| match p {
+        Placement::Split {
+            prefill, decode, ..
+        } => format!("{} {}", prefill.name, decode.name),
+        other => format!("{other:?}"),
+    };
+    let mut random = |_: &mut MemoryStore| 7;
+    for i in 0..8 {
+        let sql = request(&r, "sql", &format!("prompt {i}"));
+        let placed = place(&r, &mut store, &sql, &[]).expect("placed");
+        assert_eq!(names(&placed), "p1 d1");
+        let whole = r.place_unsplit(&mut store, &sql.model, Some("sql"), &mut random, 1_000);
+        assert_eq!(
+            whole.expect("unsplit").name,
+            "d1",
+            "calls routed by model too"
+        );
+    }
+    // The base model and a configured adapter take every pod.
+    let fleet = r.fleet();
+    let m = fleet.model("m").expect("m");
+    let on = |name: &str| m.endpoints().iter().find(|e| e.name == name).map(|e| e.id);
+    let (p1, d1) = (on("p1").expect("p1"), on("d1").expect("d1"));
+    for model in ["m", "everywhere"] {
+        let req = request(&r, model, "x");
+        let placed = place(&r, &mut store, &req, &[p1, d1]).expect("placed");
+        assert_eq!(names(&placed), "p0 d0", "{model}");
+    }
+    // No instance left to take it: 503, as for a model without pods.
+    let sql = request(&r, "sql", "x");
+    let none = place(&r, &mut store, &sql, &[p1]);
+    assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
+    let nowhere = request(&r, "nowhere", "x");
+    let none = place(&r, &mut store, &nowhere, &[]);
+    assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
+    let none = r.place_unsplit(
+        &mut store,
+        &nowhere.model,
+        Some("nowhere"),
+        &mut random,
+        1_000,
+    );
+    assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
+}

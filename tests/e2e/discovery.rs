@@ -65,13 +65,13 @@ fn as_pod(mock: &Mock, model: &str, engine: &str, role: &str, roleset: &str) -> 
     p
 }
 
-/// Waits until the filter has called the API twice since now (a list or a
-/// watch: the second began after the first, which saw the change, ended)
-/// and every worker had a tick to apply what it published.
+/// Waits until the filter has asked for the pods twice since now (a list
+/// or a watch: the second began after the first, which saw the change,
+/// ended) and every worker had a tick to apply what it published.
 fn wait_for_lists(api: &KubeApi) {
     api.clear_requests();
     let deadline = Instant::now() + Duration::from_secs(15);
-    while api.requests().len() < 2 {
+    while api.pod_requests().len() < 2 {
         assert!(
             Instant::now() < deadline,
             "the filter stopped calling the API"
@@ -159,7 +159,7 @@ fn pods_are_discovered_and_followed_through_changes_under_load() {
     }
     assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 7);
     assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.failures"), 0);
-    let listed = api.requests();
+    let listed = api.pod_requests();
     assert!(
         listed.iter().all(|r| r.authorized),
         "the token from the VM environment is sent"
@@ -399,7 +399,7 @@ fn lists_page_through_a_consistent_snapshot() {
     wait_for_lists(&api);
     let a = post(&envoy.url("/v1/completions"), completion("m", 0), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
-    let requests = api.requests();
+    let requests = api.pod_requests();
     assert!(
         requests.iter().any(|r| r.query.contains_key("continue")),
         "paged"
@@ -498,7 +498,7 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
     let age = || envoy.stat("wasmcustom.pd_router.discovery.age_ms");
     let load = Load::start(&envoy.url("/v1/completions"), "w", 3);
     // The selector names the configured model only.
-    let first = api.requests();
+    let first = api.pod_requests();
     assert!(
         first
             .iter()
@@ -512,7 +512,7 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
     api.compact();
     wait_until("the expired watch is answered by a list", || relists() >= 1);
     wait_until("a list after the 410", || {
-        api.requests().iter().any(|r| !is_watch(r))
+        api.pod_requests().iter().any(|r| !is_watch(r))
     });
     // 2. An HTTP 410 on the watch: the same.
     api.set_mode("gone");
@@ -828,5 +828,126 @@ fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_dele
     let a = post(&url, completion("qwen", 2), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.header("prefill-target-pod"), Some("pool-b-p0"));
+    envoy.assert_counters_zero();
+}
+
+/// The last `n` answers to `body` on `url` all had `status`: every worker
+/// VM has applied the same set (a request lands on any of them).
+fn settled(url: &str, body: &str, status: u16, n: usize) -> bool {
+    (0..n).all(|_| post(url, body.to_owned(), &[]).status == status)
+}
+
+#[test]
+fn model_adapters_route_to_their_instance_pods_and_leave_with_their_object() {
+    let api = KubeApi::start(TOKEN);
+    // The adapter is loaded on p1 and d1 only: the others answer it 404.
+    let vllm = |name: &str, role: &str, lora: bool| {
+        let mut args = vec!["--engine", "vllm", "--role", role, "--model", "llama"];
+        if lora {
+            args.extend(["--lora", "sql"]);
+        }
+        Mock::start(name, &args)
+    };
+    let (p0, p1) = (
+        vllm("ad-p0", "prefill", false),
+        vllm("ad-p1", "prefill", true),
+    );
+    let (d0, d1) = (
+        vllm("ad-d0", "decode", false),
+        vllm("ad-d1", "decode", true),
+    );
+    let pods: Vec<KubePod> = [
+        (&p0, "prefill"),
+        (&p1, "prefill"),
+        (&d0, "decode"),
+        (&d1, "decode"),
+    ]
+    .into_iter()
+    .map(|(m, role)| as_pod(m, "llama", "vllm", role, "rs0"))
+    .collect();
+    api.set_pods(&pods);
+    let sql: &[&str] = &["ad-p1", "ad-d1"];
+    api.set_adapters(&[("sql", "llama", sql)]);
+    let envoy = start_envoy(&api, &discovery_config(json!([])), 2);
+    let url = envoy.url("/v1/completions");
+    let embeddings = envoy.url("/v1/embeddings");
+    wait_until("the adapter is served", || {
+        settled(&url, &completion("sql", 0), 200, 6)
+    });
+    let models = get(&envoy.url("/v1/models"), &[]).json();
+    let ids: Vec<(&str, &Value)> = models["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|m| (m["id"].as_str().unwrap_or_default(), &m["parent"]))
+        .collect();
+    assert_eq!(ids, [("llama", &Value::Null), ("sql", &json!("llama"))]);
+
+    // Split and routed-by-model calls of the adapter reach its pods only;
+    // the base model keeps all four.
+    for i in 0..20 {
+        let a = post(&url, completion("sql", i), &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(
+            (
+                a.header("prefill-target-pod"),
+                a.header("decode-target-pod")
+            ),
+            (Some("ad-p1"), Some("ad-d1"))
+        );
+        let e = post(
+            &embeddings,
+            json!({"model": "sql", "input": "x"}).to_string(),
+            &[],
+        );
+        assert_eq!(e.status, 200, "{}", e.body);
+        let b = post(&url, completion("llama", i), &[]);
+        assert_eq!(b.status, 200, "{}", b.body);
+    }
+    let named = |m: &Mock, model: &str| {
+        m.requests()
+            .iter()
+            .filter(|r| r.model.as_deref() == Some(model))
+            .count()
+    };
+    assert_eq!(
+        (named(&p0, "sql"), named(&d0, "sql")),
+        (0, 0),
+        "no adapter call on a pod without it"
+    );
+    assert!(
+        named(&p1, "sql") >= 20 && named(&d1, "sql") >= 40,
+        "split and embeddings"
+    );
+    assert!(
+        named(&p0, "llama") + named(&d0, "llama") > 0,
+        "the base model on every pod"
+    );
+
+    // Its pods unloaded it (the object stays, its instances empty): 503.
+    api.set_adapters(&[("sql", "llama", &[])]);
+    wait_until("no pod serves the adapter", || {
+        settled(&url, &completion("sql", 0), 503, 6)
+    });
+    let a = post(
+        &embeddings,
+        json!({"model": "sql", "input": "x"}).to_string(),
+        &[],
+    );
+    assert_eq!(a.status, 503, "{}", a.body);
+
+    // The object deleted: an unknown model after the next list.
+    api.set_adapters(&[]);
+    wait_until("the adapter is unknown", || {
+        settled(&url, &completion("sql", 0), 404, 6)
+    });
+    let a = post(&url, completion("sql", 1), &[]);
+    assert!(a.error_message().contains("sql"), "{}", a.body);
+    assert!(settled(&url, &completion("llama", 0), 200, 4));
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.failures"), 0);
+    let listed = api.requests();
+    assert!(listed.iter().any(|r| r.path
+        == "/apis/model.aibrix.ai/v1alpha1/namespaces/default/modeladapters"
+        && r.query.get("resourceVersion").map(String::as_str) == Some("0")));
     envoy.assert_counters_zero();
 }

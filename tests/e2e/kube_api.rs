@@ -127,6 +127,23 @@ impl KubeApi {
         );
     }
 
+    /// Replaces AIBrix's ModelAdapters (in namespace `default`): name, base
+    /// model, the pods in `status.instances`. The first call installs the
+    /// CRD; until then the API answers their path 404.
+    pub fn set_adapters(&self, adapters: &[(&str, &str, &[&str])]) {
+        let body: Vec<Value> = adapters
+            .iter()
+            .map(|(name, base, instances)| {
+                serde_json::json!({"name": name, "baseModel": base, "instances": instances})
+            })
+            .collect();
+        self.control(
+            reqwest::Method::PUT,
+            "/_mock/adapters",
+            Some(serde_json::json!(body)),
+        );
+    }
+
     /// The bearer token accepted from now on (the old one gets 401).
     pub fn set_token(&self, token: &str) {
         self.control(
@@ -147,6 +164,14 @@ impl KubeApi {
     pub fn requests(&self) -> Vec<KubeRequest> {
         let v = self.control(reqwest::Method::GET, "/_mock/requests", None);
         serde_json::from_value(v).expect("mock kube api request log")
+    }
+
+    /// [`KubeApi::requests`] of pods (lists and watches), leaving out the
+    /// InferencePool and ModelAdapter calls between them.
+    pub fn pod_requests(&self) -> Vec<KubeRequest> {
+        let mut all = self.requests();
+        all.retain(|r| r.path.ends_with("/pods"));
+        all
     }
 
     pub fn clear_requests(&self) {

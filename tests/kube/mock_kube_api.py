@@ -4,7 +4,8 @@
 It serves Pod LISTs the way kube-apiserver does (see /work/notes/k8s.md
 §1.1-1.4 for the facts it follows), with answers shaped by the official
 Python client's models (PyPI `kubernetes`), and lets a test replace the pod
-set, inject failures and read back what the filter asked.
+set (and the InferencePools and AIBrix ModelAdapters), inject failures and
+read back what the filter asked.
 
     python mock_kube_api.py --listen 127.0.0.1:0 --token TOKEN
 
@@ -64,6 +65,15 @@ Control (no auth):
                           served at GET /apis/inference.networking.k8s.io/
                           v1/namespaces/{ns}/inferencepools/{name} (404
                           NotFound when absent); replaces them all
+  PUT    /_mock/adapters  [{name, namespace, baseModel, instances, artifactURL}]:
+                          AIBrix's ModelAdapters (model.aibrix.ai/v1alpha1,
+                          its CRD installed from then on), replacing them
+                          all, listed at GET /apis/model.aibrix.ai/v1alpha1/
+                          [namespaces/{ns}/]modeladapters (resourceVersion
+                          checked, selectors ignored, one answer, no watch:
+                          400); before the first PUT, or after DELETE
+                          /_mock/adapters (the CRD removed), those paths
+                          are 404 NotFound, as for any unknown resource
   PUT    /_mock/token     {"token": T}: the bearer token accepted from now on
                           (a rotated ServiceAccount token)
   POST   /_mock/compact   the history restarts after now (etcd compacted, a
@@ -529,10 +539,13 @@ def unauthorized():
     return 401, status_body(401, "Unauthorized", "Unauthorized")
 
 
-def forbidden(namespace):
+def forbidden(namespace, resource="pods", group=""):
     where = 'in the namespace "%s"' % namespace if namespace is not None else "at the cluster scope"
-    msg = 'pods is forbidden: User "%s" cannot list resource "pods" in API group "" %s' % (SERVICE_ACCOUNT, where)
-    return 403, status_body(403, "Forbidden", msg, k8s.V1StatusDetails(kind="pods"))
+    qualified = "%s.%s" % (resource, group) if group else resource
+    msg = '%s is forbidden: User "%s" cannot list resource "%s" in API group "%s" %s' % (
+        qualified, SERVICE_ACCOUNT, resource, group, where)
+    details = k8s.V1StatusDetails(kind=resource, group=group or None)
+    return 403, status_body(403, "Forbidden", msg, details)
 
 
 def bad_request(message):
@@ -813,6 +826,45 @@ def build_pool(p, i):
     }
 
 
+ADAPTER_KEYS = {"name", "namespace", "baseModel", "instances", "artifactURL"}
+ADAPTER_API = "model.aibrix.ai/v1alpha1"
+
+
+def build_adapter(a, i, rv, created):
+    """A ModelAdapter as AIBrix's controller leaves it (vllm-project/aibrix
+    api/model/v1alpha1/modeladapter_types.go, its CRD's schema): the pods
+    it loaded the adapter on in status.instances (omitted when none), the
+    phase Running once it is loaded somewhere. Custom resources keep kind
+    and apiVersion in a list's items."""
+    if not isinstance(a, dict) or set(a) - ADAPTER_KEYS:
+        raise ValueError("adapters[%d]: an object with keys from %s" % (i, sorted(ADAPTER_KEYS)))
+    name, ns = a["name"], a.get("namespace", "default")
+    base, instances = a.get("baseModel"), a.get("instances", [])
+    if not isinstance(name, str) or not name or not isinstance(ns, str) or not ns:
+        raise ValueError("adapters[%d]: name and namespace must be non-empty strings" % i)
+    if not isinstance(instances, list) or not all(isinstance(p, str) and p for p in instances):
+        raise ValueError("adapters[%d]: instances must be a list of pod names" % i)
+    selector = {"model.aibrix.ai/name": base} if base else {"adapter.model.aibrix.ai/enabled": "true"}
+    spec = {"podSelector": {"matchLabels": selector},
+            "artifactURL": a.get("artifactURL", "huggingface://example/%s" % name),
+            "schedulerName": "default", "replicas": 1}
+    if base is not None:
+        spec["baseModel"] = base
+    status = {"phase": "Running" if instances else "Pending", "candidates": len(instances), "desiredReplicas": 1}
+    if instances:
+        status["instances"] = list(instances)
+        status["readyReplicas"] = len(instances)
+    return {
+        "apiVersion": ADAPTER_API,
+        "kind": "ModelAdapter",
+        "metadata": {"name": name, "namespace": ns, "generation": 1, "resourceVersion": str(rv),
+                     "uid": str(uuid.uuid5(uuid.NAMESPACE_URL, "%s/%s" % (ns, name))),
+                     "creationTimestamp": utc(created).strftime("%Y-%m-%dT%H:%M:%SZ")},
+        "spec": spec,
+        "status": status,
+    }
+
+
 def bookmark(rv):
     return ("BOOKMARK", {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}})
 
@@ -842,6 +894,39 @@ class State:
         self.compacted_rv = self.rv
         self.changed = threading.Condition(self.lock)
         self.pools = {}  # (namespace, name) -> InferencePool object
+        # (namespace, name) -> ModelAdapter object; None: no such resource
+        # (AIBrix's CRD not installed). Their own resourceVersions.
+        self.adapters = None
+        self.adapters_rv = FIRST_RV
+
+    def set_adapters(self, adapters):
+        now = time.time()
+        with self.lock:
+            self.adapters_rv += 1
+            built = {}
+            for i, a in enumerate(adapters):
+                obj = build_adapter(a, i, self.adapters_rv, now)
+                key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+                if key in built:
+                    raise ValueError("duplicate adapter %s/%s" % key)
+                built[key] = obj
+            self.adapters = built
+            return self.adapters_rv
+
+    def list_adapters(self, namespace, q):
+        """(code, JSON object) for a ModelAdapter LIST in `namespace` (None: all)."""
+        rv_param = q.get("resourceVersion", "")
+        if rv_param and not re.fullmatch(r"[0-9]+", rv_param):
+            return bad_request('invalid resource version: strconv.ParseUint: parsing "%s": invalid syntax' % rv_param)
+        if q.get("watch", "") in ("1", "true", "True"):
+            return bad_request("this mock serves no watch of modeladapters")
+        with self.lock:
+            if self.adapters is None:
+                return not_found()
+            items = [o for k, o in sorted(self.adapters.items()) if namespace is None or k[0] == namespace]
+            rv = self.adapters_rv
+        return 200, {"apiVersion": ADAPTER_API, "items": items, "kind": "ModelAdapterList",
+                     "metadata": {"continue": "", "resourceVersion": str(rv)}}
 
     def set_pods(self, pods):
         specs = [normalise_pod(p, i) for i, p in enumerate(pods)]
@@ -1059,6 +1144,7 @@ class State:
 # --------------------------------------------------------------------------
 
 NAMESPACED = re.compile(r"^/api/v1/namespaces/([^/]+)/pods$")
+ADAPTERS = re.compile(r"^/apis/model\.aibrix\.ai/v1alpha1/(?:namespaces/([^/]+)/)?modeladapters$")
 POOL = re.compile(r"^/apis/inference\.networking\.k8s\.io/v1/namespaces/([^/]+)/inferencepools/([^/]+)$")
 CLUSTER = "/api/v1/pods"
 
@@ -1219,6 +1305,19 @@ class Handler(BaseHTTPRequestHandler):
                 with st.lock:
                     st.pools = built
                 return self._send(200, {"pools": len(built)})
+            if path == "/_mock/adapters" and m == "PUT":
+                adapters = parse_json()
+                if not isinstance(adapters, list):
+                    raise BadRequestBody("expected a JSON array of adapters")
+                try:
+                    rv = st.set_adapters(adapters)
+                except (KeyError, TypeError, ValueError) as e:
+                    raise BadRequestBody("adapters: %s" % e) from None
+                return self._send(200, {"resourceVersion": str(rv)})
+            if path == "/_mock/adapters" and m == "DELETE":
+                with st.lock:
+                    st.adapters = None
+                return self._send(200, {"adapters": None})
             if path == "/_mock/token" and m == "PUT":
                 req = parse_json()
                 if not isinstance(req, dict) or not isinstance(req.get("token"), str) or not req["token"]:
@@ -1230,7 +1329,8 @@ class Handler(BaseHTTPRequestHandler):
                 return self._send(200, {"compactedResourceVersion": str(st.compact())})
         except BadRequestBody as e:
             return self._send(400, {"error": str(e)})
-        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact", "/_mock/token", "/_mock/pools"):
+        if path in ("/_mock/pods", "/_mock/mode", "/_mock/requests", "/_mock/compact", "/_mock/token", "/_mock/pools",
+                    "/_mock/adapters"):
             return self._send(*method_not_allowed())
         return self._send(*not_found())
 
@@ -1282,6 +1382,9 @@ class Handler(BaseHTTPRequestHandler):
         if m:
             namespace = urllib.parse.unquote(m.group(1))
         pool = POOL.match(path)
+        adapters = ADAPTERS.match(path)
+        if adapters:
+            namespace = urllib.parse.unquote(adapters.group(1)) if adapters.group(1) else None
         if mode == "unauthorized" or not authorized:
             code, body = unauthorized()
         elif pool and self.command == "GET" and mode not in ("forbidden", "too_many_requests"):
@@ -1294,10 +1397,12 @@ class Handler(BaseHTTPRequestHandler):
                     k8s.V1StatusDetails(name=key[1], group="inference.networking.k8s.io", kind="inferencepools"))
             else:
                 code, body = 200, obj
-        elif not m and path != CLUSTER:
+        elif not m and path != CLUSTER and not adapters:
             code, body = not_found()
         elif self.command not in ("GET", "HEAD"):
             code, body = method_not_allowed()
+        elif mode == "forbidden" and adapters:
+            code, body = forbidden(namespace, "modeladapters", "model.aibrix.ai")
         elif mode == "forbidden":
             code, body = forbidden(namespace)
         elif mode == "too_many_requests":
@@ -1305,6 +1410,8 @@ class Handler(BaseHTTPRequestHandler):
                 429, "TooManyRequests", "storage is (re)initializing", k8s.V1StatusDetails(retry_after_seconds=1)
             )
             return self._answer(entry, code, body, [("Retry-After", "1")])
+        elif adapters:
+            code, body = st.list_adapters(namespace, q)
         elif q.get("watch", "") in ("1", "true", "True"):
             if mode == "gone":
                 code, body = expired("too old resource version: %s (%d)" % (q.get("resourceVersion", ""), st.compacted_rv))

@@ -94,6 +94,7 @@ class MockKubeApiTest(unittest.TestCase):
     def setUp(self):
         self.control("PUT", "/_mock/mode", {"mode": "ok"})
         self.put_pods([])
+        self.control("DELETE", "/_mock/adapters")
         self.control("DELETE", "/_mock/requests")
 
     # -- helpers -------------------------------------------------------------
@@ -677,6 +678,69 @@ class MockKubeApiTest(unittest.TestCase):
         self.mode("ok")
         validate_status(self.api_json("/api/v1/pods", token="x")[1])
 
+    # -- ModelAdapters (AIBrix's CRD) ------------------------------------------
+
+    def test_model_adapters(self):
+        path = "/apis/model.aibrix.ai/v1alpha1/namespaces/default/modeladapters"
+        everywhere = "/apis/model.aibrix.ai/v1alpha1/modeladapters"
+        code, body = self.api_json(path)
+        self.assertEqual((code, body["kind"], body["reason"]), (404, "Status", "NotFound"), "no CRD yet")
+        rv = self.control("PUT", "/_mock/adapters", [
+            {"name": "sql", "baseModel": "llama", "instances": ["llama-1", "llama-0"]},
+            {"name": "chat", "namespace": "team-a", "baseModel": "llama"},
+            {"name": "other"},
+        ])["resourceVersion"]
+        for query in ({}, {"resourceVersion": "0"}):
+            code, body = self.api_json(path, query)
+            self.assertEqual(code, 200, body)
+            self.assertEqual(
+                (body["apiVersion"], body["kind"], body["metadata"]),
+                ("model.aibrix.ai/v1alpha1", "ModelAdapterList", {"continue": "", "resourceVersion": rv}),
+            )
+            self.assertEqual(self.names(body), ["other", "sql"], "in key order")
+        sql = body["items"][1]
+        self.assertEqual((sql["kind"], sql["apiVersion"]), ("ModelAdapter", "model.aibrix.ai/v1alpha1"))
+        self.assertEqual(sql["spec"]["baseModel"], "llama")
+        self.assertEqual(sql["spec"]["podSelector"], {"matchLabels": {"model.aibrix.ai/name": "llama"}})
+        self.assertEqual(
+            (sql["status"]["phase"], sql["status"]["instances"]), ("Running", ["llama-1", "llama-0"])
+        )
+        other = body["items"][0]
+        self.assertNotIn("instances", other["status"], "omitempty, as AIBrix's type says")
+        self.assertNotIn("baseModel", other["spec"])
+        import jsonschema
+        for item in body["items"]:
+            jsonschema.validate(item, MODEL_ADAPTER_SCHEMA)
+            self.assertTrue(TIME.match(item["metadata"]["creationTimestamp"]))
+        code, body = self.api_json(everywhere)
+        self.assertEqual(
+            [(i["metadata"]["namespace"], i["metadata"]["name"]) for i in body["items"]],
+            [("default", "other"), ("default", "sql"), ("team-a", "chat")],
+        )
+        self.assertEqual(self.api_json(path, {"resourceVersion": "x"})[0], 400)
+        self.assertEqual(self.api_json(path, {"watch": "1"})[0], 400)
+        self.assertEqual(self.api_json(path, token="nope")[0], 401)
+        self.mode("forbidden")
+        code, body = self.api_json(path)
+        self.assertEqual(code, 403)
+        self.assertEqual(
+            body["message"],
+            'modeladapters.model.aibrix.ai is forbidden: User "%s" cannot list resource "modeladapters" '
+            'in API group "model.aibrix.ai" in the namespace "default"' % SA,
+        )
+        self.assertEqual(body["details"], {"group": "model.aibrix.ai", "kind": "modeladapters"})
+        self.mode("ok")
+        code, _, _ = self.http("POST", path, body=b"{}", headers={"Authorization": "Bearer " + TOKEN})
+        self.assertEqual(code, 405)
+        for bad in ([{"name": "a", "bogus": 1}], [{"name": "a"}, {"name": "a"}], [{"name": "a", "instances": "p"}]):
+            code, _, _ = self.http("PUT", "/_mock/adapters", body=json.dumps(bad).encode())
+            self.assertEqual(code, 400, bad)
+        self.control("DELETE", "/_mock/adapters")
+        self.assertEqual(self.api_json(path)[0], 404, "the CRD removed")
+        self.assertEqual(
+            [(r["path"], r["status"]) for r in self.requests_log()][:2], [(path, 404), (path, 200)]
+        )
+
     # -- HTTP/1.1 --------------------------------------------------------------
 
     def test_keep_alive_and_bodies(self):
@@ -749,6 +813,52 @@ class MockKubeApiTest(unittest.TestCase):
         self.assertEqual(len(self.requests_log()), 2)
         self.control("DELETE", "/_mock/requests")
         self.assertEqual(self.requests_log(), [])
+
+
+# The schema of AIBrix's ModelAdapter CRD (vllm-project/aibrix
+# config/crd/model/model.aibrix.ai_modeladapters.yaml, openAPIV3Schema; its
+# descriptions and the conditions' item schema left out).
+MODEL_ADAPTER_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"type": "string"},
+        "kind": {"type": "string"},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "required": ["artifactURL", "podSelector"],
+            "additionalProperties": False,
+            "properties": {
+                "additionalConfig": {"type": "object", "additionalProperties": {"type": "string"}},
+                "artifactURL": {"type": "string"},
+                "baseModel": {"type": "string"},
+                "credentialsSecretRef": {"type": "object", "properties": {"name": {"type": "string"}}},
+                "podSelector": {
+                    "type": "object",
+                    "properties": {
+                        "matchExpressions": {"type": "array"},
+                        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    },
+                },
+                "replicas": {"type": "integer", "enum": [1]},
+                "schedulerName": {"type": "string"},
+            },
+        },
+        "status": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "candidates": {"type": "integer"},
+                "conditions": {"type": "array"},
+                "desiredReplicas": {"type": "integer"},
+                "instances": {"type": "array", "items": {"type": "string"}},
+                "phase": {"type": "string"},
+                "readyReplicas": {"type": "integer"},
+            },
+        },
+    },
+}
 
 
 def status_validator(utils):
