@@ -2075,7 +2075,7 @@ fn a_saturated_model_sheds_queues_by_priority_and_expires_waits() {
         f.on_stream_end(h);
     });
     assert_eq!(next(&mut first, &mut store), Some(4));
-    premium.on(&mut store, |f, h| f.admit(h));
+    assert!(premium.on(&mut store, |f, h| f.admit(h)));
     assert_eq!(
         premium.host.dispatched.len(),
         1,

@@ -35,7 +35,8 @@ impl Flow {
         let now = host.now_ms();
         let model = Rc::clone(&request.model);
         let priority = self.head.priority;
-        match router.room(&*host, &model, now) {
+        let adapter = request.adapter.clone();
+        match router.room(&*host, &model, adapter.as_deref(), now) {
             Room::Free { full } if !router.waits_behind(model.id, priority) => {
                 let attempt = Attempt {
                     full: router.pods_at(&model, &full),
@@ -81,18 +82,36 @@ impl Flow {
         }
     }
 
-    /// Lets a waiting request in (the tick found room): places and sends it
-    /// as if it had just arrived, its model's full pods left out.
-    pub fn admit<H: Host>(&mut self, host: &mut H) {
-        let Some(queued) = self.take_queued(host) else {
-            return;
-        };
+    /// Lets a waiting request in (the tick found room for its model):
+    /// places and sends it as if it had just arrived, its model's full pods
+    /// left out. False when the pods of its adapter are all full: it waits
+    /// on, in its place, and the tick lets nothing more in.
+    pub fn admit<H: Host>(&mut self, host: &mut H) -> bool {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
-        let full = match router.room(&*host, &queued.request.model, now) {
-            Room::Free { full } => router.pods_at(&queued.request.model, &full),
-            _ => Vec::new(),
+        let room = match &self.phase {
+            Phase::Queued(q) => {
+                let r = &q.request;
+                router.room(&*host, &r.model, r.adapter.as_deref(), now)
+            }
+            _ => return true,
         };
+        let full = match room {
+            Room::Free { full } => full,
+            Room::Saturated => {
+                if let Phase::Queued(q) = &self.phase {
+                    let (model, since) = (q.request.model.id, q.since_ms);
+                    let tenant = self.head.fairness.clone();
+                    router.enqueue(self.context, model, self.head.priority, tenant, since);
+                }
+                return false;
+            }
+            Room::Unservable => Vec::new(),
+        };
+        let Some(queued) = self.take_queued(host) else {
+            return true;
+        };
+        let full = router.pods_at(&queued.request.model, &full);
         let attempt = Attempt {
             full,
             ..Attempt::default()
@@ -108,6 +127,7 @@ impl Flow {
                 self.fail(host, e);
             }
         }
+        true
     }
 
     /// Answers a request that waited its TTL.

@@ -15,14 +15,27 @@ use crate::trt_id::WORKER_SLOTS;
 const MAX_ADMITTED_PER_TICK: usize = 256;
 
 impl Router {
-    /// Whether `model` can take a request now; with room, the pods that are
-    /// full (to leave out of its placement). Without admission, room.
-    pub fn room<S: SharedStore + ?Sized>(&self, store: &S, model: &Model, now_ms: u64) -> Room {
+    /// Whether `model` (for requests naming `adapter`: its pods that
+    /// serve it) can take a request now; with room, the pods that are full
+    /// (to leave out of its placement). Without admission, room.
+    pub fn room<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        model: &Model,
+        adapter: Option<&str>,
+        now_ms: u64,
+    ) -> Room {
         let Some(a) = &self.config.admission else {
             return Room::Free { full: Vec::new() };
         };
         let table = self.load(store, model.id);
-        let pods = self.pod_states(model, &table, now_ms);
+        let mut pods = self.pod_states(model, &table, now_ms);
+        // A pod without the adapter can never take it: as if down.
+        for (state, id) in pods.iter_mut().zip(&model.pods) {
+            if !model.serves(adapter, *id) {
+                state.unhealthy = true;
+            }
+        }
         room(model, &pods, a)
     }
 
@@ -116,7 +129,9 @@ impl Router {
             let Some(model) = fleet.models().iter().find(|m| m.id == id) else {
                 continue;
             };
-            if matches!(self.room(store, model, now_ms), Room::Free { .. }) {
+            // The model's room; a waiting adapter request whose own pods
+            // are full goes back to wait (`Flow::admit`).
+            if matches!(self.room(store, model, None, now_ms), Room::Free { .. }) {
                 return self.queue.borrow_mut().take_next(id);
             }
         }

@@ -68,10 +68,15 @@ impl Root {
         let mut admitted = 0;
         while let Some(w) = router.next_admitted(&io, now, admitted) {
             admitted += 1;
-            self.streams.drive(w.context, self.id, |core| {
+            let went = self.streams.drive(w.context, self.id, |core| {
                 let (flow, io) = core.parts();
-                flow.admit(io);
+                flow.admit(io)
             });
+            // An adapter request whose own pods are full waits on: the
+            // next tick looks again rather than this one spinning.
+            if went == Some(false) {
+                break;
+            }
         }
         router.publish_queue(&mut io, now);
         self.stats.record_waiting(&router.waiting_counts());

@@ -48,27 +48,26 @@ impl Streams {
     }
 
     /// Runs `f` on stream `context` with the host calls acting on it, then
-    /// points them back at the root context `root`. Nothing happens for a
-    /// stream that is gone.
-    pub(super) fn drive(&self, context: u32, root: u32, f: impl FnOnce(&mut StreamCore)) {
+    /// points them back at the root context `root`. `None` (nothing ran)
+    /// for a stream that is gone.
+    pub(super) fn drive<T>(
+        &self,
+        context: u32,
+        root: u32,
+        f: impl FnOnce(&mut StreamCore) -> T,
+    ) -> Option<T> {
         let core = self
             .by_context
             .borrow()
             .get(&context)
-            .and_then(Weak::upgrade);
-        let Some(core) = core else {
-            return;
-        };
-        if abi::set_effective_context(context).is_err() {
-            return;
-        }
+            .and_then(Weak::upgrade)?;
+        abi::set_effective_context(context).ok()?;
         self.driving.set(Some(context));
         // A stream callback running now would hold it; the root never runs
         // inside one, so this only guards against a host that did.
-        if let Ok(mut core) = core.try_borrow_mut() {
-            f(&mut core);
-        }
+        let out = core.try_borrow_mut().ok().map(|mut core| f(&mut core));
         self.driving.set(None);
         let _ = abi::set_effective_context(root);
+        out
     }
 }
