@@ -73,6 +73,9 @@ class Config:
     plugin: dict = field(default_factory=dict)
     replicas: int = 1
     scale: float = 1.0
+    # The replayer sends prompts as token ids (what the sims' render gives
+    # for the text), for a router that keys on them.
+    token_ids: bool = False
     about: str = ""
 
 
@@ -90,11 +93,12 @@ CONFIGS = [
            about="three Envoy replicas with consistent_hash, the replayer taking them in turn"),
     Config("pd-sglang-prefix", "pd", "sglang", {"prefill_policy": "prefix_cache"},
            about="pd-router, prefix_cache, SGLang sims (bootstrap rooms)"),
-    # A quarter of the time scale: its cache_aware asks every pod to render
-    # (tokenize) each prompt before it routes, real-time work on this
-    # machine that the time scale would multiply.
-    Config("vllm-router", "vllm-router", "vllm", scale=0.25,
-           about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware"),
+    # Prompts as token ids: its cache_aware keys on them as they come, where
+    # a text prompt makes it ask every pod to render (tokenize) it first,
+    # real-time work on this machine that the time scale would multiply.
+    Config("vllm-router", "vllm-router", "vllm", token_ids=True,
+           about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware, "
+                 "prompts as token ids"),
     Config("sglang-router", "sglang-router", "sglang",
            about="sglang-router 0.3.2 --pd-disaggregation --policy cache_aware "
                  "(random in PD mode: its PD policies are never seeded)"),
@@ -643,6 +647,8 @@ def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int
                 "--out", str(out), "--timeout-s", str(timeout_s), "--model", MODEL]
         for u in urls:
             argv += ["--url", u]
+        if run.config.token_ids:
+            argv.append("--token-ids")
         t_replay = time.time()
         cpu0 = {n: proc_cpu_s(p.pid) for n, p in procs.procs}
         m0 = machine_ticks()
@@ -797,10 +803,9 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
         w("@2x: the arrivals outpace the prefill pods, and P busy's window includes the "
           "backlog's drain after the last arrival.")
     if any(r.config.router == "vllm-router" for r in runs):
-        w("vllm-router asks every pod to render (tokenize) each prompt before it routes: real "
-          "work on this machine's 2 cores, shown in")
-        w("  ovh50 (hence its lower time scale). Where the renders outlast its 1 s budget it "
-          "routes by load alone (missing_tokens below).")
+        w("vllm-router gets each prompt as token ids (the sims' render of its text) and keys "
+          "on them without a render call; where")
+        w("  it has no ids it routes by load alone (missing_tokens below).")
     for n in names:
         d = (results.get(n) or {}).get("prefill_decisions")
         if d:
@@ -936,8 +941,7 @@ def main() -> int:
                     help="requests of the 32-prefill-pod runs (default: --requests)")
     ap.add_argument("--time-scale", type=float, default=DEFAULTS["time_scale"],
                     help="modelled seconds per real second (sim and replayer; default "
-                         f"{DEFAULTS['time_scale']:g}; vllm-router runs at a quarter of it, "
-                         "the @32p runs at half)")
+                         f"{DEFAULTS['time_scale']:g}; the @32p runs at half)")
     ap.add_argument("--load", type=float, default=DEFAULTS["load"],
                     help=f"the trace's rate multiplied by this (default {DEFAULTS['load']:g}; "
                          "@2x runs twice it, @32p runs it times 32 / --prefill)")
