@@ -143,7 +143,7 @@ pub fn parse_token_ids(ids: &[u32]) -> Prompt {
         .map(|chunk| {
             let first = chunk.first().copied().unwrap_or(0) as u64;
             let named = first < ANONYMOUS_BASE
-                && first % BLOCK_TOKENS as u64 == 0
+                && first.is_multiple_of(BLOCK_TOKENS as u64)
                 && chunk
                     .iter()
                     .enumerate()
