@@ -76,34 +76,73 @@ class Config:
     # The replayer sends prompts as token ids (what the sims' render gives
     # for the text), for a router that keys on them.
     token_ids: bool = False
+    # The variants it runs in (by key of VARIANTS); empty: every one asked.
+    variants: tuple = ()
     about: str = ""
 
 
-# Adding a configuration is one line here.
+# Adding a configuration is one line here. A configuration without
+# `variants` runs in every variant the command line asks for; one with them
+# only in those (the rows that measure one change against the default).
+AIBRIX = {"prefill_policy": "prefix_cache", "decode_policy": "load_balancing"}
+DECIDER = {"min_prompt_tokens": 256, "min_uncached_tokens": 256,
+           "prefill_saturated_local": False}
 CONFIGS = [
-    Config("pd-prefix", "pd", "vllm", {"prefill_policy": "prefix_cache"},
-           about="pd-router, prefix_cache (the default), vLLM NIXL sims"),
+    Config("pd-ttft", "pd", "vllm",
+           about="pd-router's defaults: least_ttft, decode least_request; vLLM NIXL sims"),
+    Config("pd-prefix", "pd", "vllm", AIBRIX,
+           about="pd-router, AIBrix's prefix_cache and load_balancing"),
     Config("pd-least", "pd", "vllm", {"prefill_policy": "least_request"},
-           about="pd-router, least_request"),
+           variants=("1x", "32p"), about="pd-router, least_request"),
     Config("pd-chash", "pd", "vllm", {"prefill_policy": "consistent_hash"},
            about="pd-router, consistent_hash"),
     Config("pd-random", "pd", "vllm", {"prefill_policy": "random"},
-           about="pd-router, random placement"),
+           variants=("1x", "32p"), about="pd-router, random placement"),
     Config("pd-chash-x3", "pd", "vllm", {"prefill_policy": "consistent_hash"}, replicas=3,
+           variants=("1x", "32p"),
            about="three Envoy replicas with consistent_hash, the replayer taking them in turn"),
-    Config("pd-sglang-prefix", "pd", "sglang", {"prefill_policy": "prefix_cache"},
-           about="pd-router, prefix_cache, SGLang sims (bootstrap rooms)"),
+    Config("pd-sglang", "pd", "sglang", variants=("1x", "2x"),
+           about="pd-router's defaults, SGLang sims (bootstrap rooms)"),
+    # A quarter of the time scale: its routing takes real time on this
+    # machine (the ovh50 column), which the time scale would multiply.
     # Prompts as token ids: its cache_aware keys on them as they come, where
-    # a text prompt makes it ask every pod to render (tokenize) it first,
-    # real-time work on this machine that the time scale would multiply.
-    Config("vllm-router", "vllm-router", "vllm", token_ids=True,
+    # a text prompt makes it ask every pod to render (tokenize) it first.
+    Config("vllm-router", "vllm-router", "vllm", token_ids=True, scale=0.25,
            about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware, "
                  "prompts as token ids"),
     Config("sglang-router", "sglang-router", "sglang",
            about="sglang-router 0.3.2 --pd-disaggregation --policy cache_aware "
                  "(random in PD mode: its PD policies are never seeded)"),
-    # e.g. Config("pd-decider", "pd", "vllm", {"decider": {"min_uncached_tokens": 256}},
-    #             about="pd-router, prefix_cache, the decider on"),
+    # One change each, against pd-ttft, pd-prefix or pd-chash (bench/README.md,
+    # "What was changed").
+    Config("pd-prefix-b128", "pd", "vllm", AIBRIX,
+           {"scheduling": {"prefix_block_tokens": 32, "prefix_max_blocks": 128}},
+           variants=("1x",),
+           about="AIBrix's policies on blocks of 128 bytes, the first 16 KB hashed "
+                 "(before issue 24)"),
+    Config("pd-ttft-w1", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 1}},
+           variants=("1x",), about="least_ttft, uncached_token_weight 1 (the TTFT alone)"),
+    Config("pd-ttft-w4", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 4}},
+           variants=("1x",), about="least_ttft, uncached_token_weight 4"),
+    Config("pd-ttft-lb", "pd", "vllm", {"decode_policy": "load_balancing"},
+           variants=("1x", "32p"), about="least_ttft, decode load_balancing (AIBrix's)"),
+    Config("pd-ttft-decider", "pd", "vllm", {"decider": DECIDER},
+           variants=("1x", "2x"), about="pd-router's defaults, the decider on"),
+    Config("pd-ttft-follow", "pd", "vllm",
+           {"decider": {"min_prompt_tokens": 0, "min_uncached_tokens": 0}},
+           variants=("1x",), about="pd-router's defaults, the decode pod follows the "
+                                   "prompt's KV (a decider that never keeps one whole)"),
+    Config("pd-ttft-x3", "pd", "vllm", replicas=3, variants=("1x",),
+           about="three Envoy replicas with pd-router's defaults"),
+    Config("pd-prefix-decider", "pd", "vllm", dict(AIBRIX, decider=DECIDER),
+           variants=("1x",), about="AIBrix's policies, the decider on"),
+    Config("pd-chash-c1.25", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           {"scheduling": {"bounded_load_factor": 1.25}}, variants=("1x",),
+           about="consistent_hash, bounded_load_factor 1.25"),
+    Config("pd-chash-k256", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           {"scheduling": {"prefix_block_tokens": 32, "consistent_hash_blocks": 8}},
+           variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
+                                   "(before issue 24), the bound of now"),
 ]
 BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -123,7 +162,7 @@ class Variant:
 # machine's request rate that of the @2x runs.
 VARIANTS = {"1x": Variant(""), "2x": Variant("@2x", load=2.0),
             "32p": Variant("@32p", prefill=32, scale=0.5)}
-QUICK_CONFIGS = ["pd-prefix", "pd-chash", "vllm-router", "sglang-router"]
+QUICK_CONFIGS = ["pd-ttft", "pd-prefix", "pd-chash", "vllm-router", "sglang-router"]
 
 # Defaults measured on the 2-core machine (bench/README.md, "Fleet simulation").
 DEFAULTS = dict(requests=1000, time_scale=10.0, load=3.0, prefill=8, decode=8,
@@ -319,9 +358,9 @@ def endpoints(pods: list[dict], engine: str) -> list[dict]:
 
 def plugin_config(c: Config, sim: dict) -> dict:
     """pd-router's configuration for the sim's pods."""
+    # The policies a configuration does not name are pd-router's defaults.
     model = deep_merge({
         "name": MODEL, "engine": c.engine,
-        "prefill_policy": "prefix_cache", "decode_policy": "load_balancing",
         "rolesets": [{"name": "rs0", "prefill": endpoints(sim["prefill"], c.engine),
                       "decode": endpoints(sim["decode"], c.engine)}],
     }, c.model)
@@ -804,8 +843,10 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
           "backlog's drain after the last arrival.")
     if any(r.config.router == "vllm-router" for r in runs):
         w("vllm-router gets each prompt as token ids (the sims' render of its text) and keys "
-          "on them without a render call; where")
-        w("  it has no ids it routes by load alone (missing_tokens below).")
+          "on them without a render call (where it")
+        w("  has none it routes by load alone: missing_tokens below); it runs at a quarter of "
+          "the time scale, its routing being real")
+        w("  time on this machine (ovh50).")
     for n in names:
         d = (results.get(n) or {}).get("prefill_decisions")
         if d:
@@ -902,7 +943,8 @@ def plan(a, ap) -> list[Run]:
                 ap.error(f"unknown variant @{suffix} in {n}")
             picked.append((BY_NAME[base], v))
         else:
-            picked.extend((BY_NAME[base], v) for v in variants)
+            c = BY_NAME[base]
+            picked.extend((c, v) for v in variants if not c.variants or v in c.variants)
     # Variant by variant: the 1x rows first, then 2x, then 32 pods.
     picked.sort(key=lambda r: list(VARIANTS).index(r[1]))
     runs = []
@@ -941,7 +983,8 @@ def main() -> int:
                     help="requests of the 32-prefill-pod runs (default: --requests)")
     ap.add_argument("--time-scale", type=float, default=DEFAULTS["time_scale"],
                     help="modelled seconds per real second (sim and replayer; default "
-                         f"{DEFAULTS['time_scale']:g}; the @32p runs at half)")
+                         f"{DEFAULTS['time_scale']:g}; vllm-router runs at a quarter of it, "
+                         "the @32p runs at half)")
     ap.add_argument("--load", type=float, default=DEFAULTS["load"],
                     help=f"the trace's rate multiplied by this (default {DEFAULTS['load']:g}; "
                          "@2x runs twice it, @32p runs it times 32 / --prefill)")
