@@ -73,35 +73,82 @@ class Config:
     plugin: dict = field(default_factory=dict)
     replicas: int = 1
     scale: float = 1.0
+    # The replayer sends prompts as token ids (what the sims' render gives
+    # for the text), for a router that keys on them.
+    token_ids: bool = False
+    # The variants it runs in (by key of VARIANTS); empty: every one asked.
+    variants: tuple = ()
+    # A change: the configuration it is measured against.
+    against: str = ""
     about: str = ""
 
 
-# Adding a configuration is one line here.
+# Adding a configuration is one line here. A configuration without
+# `variants` runs in every variant the command line asks for; one with them
+# only in those (the rows that measure one change against the default).
+AIBRIX = {"prefill_policy": "prefix_cache", "decode_policy": "load_balancing"}
+DECIDER = {"min_prompt_tokens": 256, "min_uncached_tokens": 256,
+           "prefill_saturated_local": False}
 CONFIGS = [
-    Config("pd-prefix", "pd", "vllm", {"prefill_policy": "prefix_cache"},
-           about="pd-router, prefix_cache (the default), vLLM NIXL sims"),
+    Config("pd-ttft", "pd", "vllm",
+           about="pd-router's defaults: least_ttft, decode least_request; vLLM NIXL sims"),
+    Config("pd-prefix", "pd", "vllm", AIBRIX,
+           about="pd-router, AIBrix's prefix_cache and load_balancing"),
     Config("pd-least", "pd", "vllm", {"prefill_policy": "least_request"},
-           about="pd-router, least_request"),
+           variants=("1x", "32p"), about="pd-router, least_request"),
     Config("pd-chash", "pd", "vllm", {"prefill_policy": "consistent_hash"},
            about="pd-router, consistent_hash"),
     Config("pd-random", "pd", "vllm", {"prefill_policy": "random"},
-           about="pd-router, random placement"),
+           variants=("1x", "32p"), about="pd-router, random placement"),
     Config("pd-chash-x3", "pd", "vllm", {"prefill_policy": "consistent_hash"}, replicas=3,
+           variants=("1x", "32p"),
            about="three Envoy replicas with consistent_hash, the replayer taking them in turn"),
-    Config("pd-sglang-prefix", "pd", "sglang", {"prefill_policy": "prefix_cache"},
-           about="pd-router, prefix_cache, SGLang sims (bootstrap rooms)"),
-    # A quarter of the time scale: its cache_aware asks every pod to render
-    # (tokenize) each prompt before it routes, real-time work on this
-    # machine that the time scale would multiply.
-    Config("vllm-router", "vllm-router", "vllm", scale=0.25,
-           about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware"),
+    Config("pd-sglang", "pd", "sglang", variants=("1x", "2x"),
+           about="pd-router's defaults, SGLang sims (bootstrap rooms)"),
+    # Prompts as token ids: its cache_aware keys on them as they come, where
+    # a text prompt makes it ask every pod to render (tokenize) it first.
+    Config("vllm-router", "vllm-router", "vllm", token_ids=True,
+           about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware, "
+                 "prompts as token ids"),
     Config("sglang-router", "sglang-router", "sglang",
            about="sglang-router 0.3.2 --pd-disaggregation --policy cache_aware "
                  "(random in PD mode: its PD policies are never seeded)"),
-    # e.g. Config("pd-decider", "pd", "vllm", {"decider": {"min_uncached_tokens": 256}},
-    #             about="pd-router, prefix_cache, the decider on"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS}
+
+# One change each against a configuration above (`against`), in the
+# variants that say something: `--changes` runs them with those, and writes
+# fleet-changes.* (bench/README.md, "What was changed").
+CHANGES = [
+    Config("pd-prefix-b128", "pd", "vllm", AIBRIX,
+           {"scheduling": {"prefix_block_tokens": 32, "prefix_max_blocks": 128}},
+           against="pd-prefix", variants=("1x",),
+           about="AIBrix's policies on blocks of 128 bytes, the first 16 KB hashed "
+                 "(before issue 24)"),
+    Config("pd-ttft-w1", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 1}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 1 (the TTFT alone)"),
+    Config("pd-ttft-w4", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 4}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 4"),
+    Config("pd-ttft-lb", "pd", "vllm", {"decode_policy": "load_balancing"},
+           against="pd-ttft", variants=("1x", "32p"), about="least_ttft, decode load_balancing (AIBrix's)"),
+    Config("pd-ttft-decider", "pd", "vllm", {"decider": DECIDER},
+           against="pd-ttft", variants=("1x", "2x"), about="pd-router's defaults, the decider on"),
+    Config("pd-ttft-follow", "pd", "vllm",
+           {"decider": {"min_prompt_tokens": 0, "min_uncached_tokens": 0}},
+           against="pd-ttft", variants=("1x",), about="pd-router's defaults, the decode pod follows the "
+                                   "prompt's KV (a decider that never keeps one whole)"),
+    Config("pd-ttft-x3", "pd", "vllm", replicas=3, against="pd-ttft", variants=("1x",),
+           about="three Envoy replicas with pd-router's defaults"),
+    Config("pd-prefix-decider", "pd", "vllm", dict(AIBRIX, decider=DECIDER),
+           against="pd-prefix", variants=("1x",), about="AIBrix's policies, the decider on"),
+    Config("pd-chash-c1.25", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           {"scheduling": {"bounded_load_factor": 1.25}}, against="pd-chash", variants=("1x",),
+           about="consistent_hash, bounded_load_factor 1.25"),
+    Config("pd-chash-k256", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           {"scheduling": {"prefix_block_tokens": 32, "consistent_hash_blocks": 8}},
+           against="pd-chash", variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
+                                   "(before issue 24), the bound of now"),
+]
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES}
 
 
 @dataclass(frozen=True)
@@ -119,10 +166,10 @@ class Variant:
 # machine's request rate that of the @2x runs.
 VARIANTS = {"1x": Variant(""), "2x": Variant("@2x", load=2.0),
             "32p": Variant("@32p", prefill=32, scale=0.5)}
-QUICK_CONFIGS = ["pd-prefix", "pd-chash", "vllm-router", "sglang-router"]
+QUICK_CONFIGS = ["pd-ttft", "pd-prefix", "pd-chash", "vllm-router", "sglang-router"]
 
 # Defaults measured on the 2-core machine (bench/README.md, "Fleet simulation").
-DEFAULTS = dict(requests=1000, time_scale=10.0, load=3.0, prefill=8, decode=8,
+DEFAULTS = dict(requests=1000, time_scale=5.0, load=3.0, prefill=8, decode=8,
                 cache_blocks=4 * 859)
 QUICK = dict(requests=300)
 
@@ -315,9 +362,9 @@ def endpoints(pods: list[dict], engine: str) -> list[dict]:
 
 def plugin_config(c: Config, sim: dict) -> dict:
     """pd-router's configuration for the sim's pods."""
+    # The policies a configuration does not name are pd-router's defaults.
     model = deep_merge({
         "name": MODEL, "engine": c.engine,
-        "prefill_policy": "prefix_cache", "decode_policy": "load_balancing",
         "rolesets": [{"name": "rs0", "prefill": endpoints(sim["prefill"], c.engine),
                       "decode": endpoints(sim["decode"], c.engine)}],
     }, c.model)
@@ -518,6 +565,26 @@ def max_over_mean(values: list[float]) -> float | None:
     return max(values) / mean if mean > 0 else None
 
 
+def pod_ttft(legs: dict[str, list[dict]]) -> float | None:
+    """The time to first token the pods alone take, on the sim's clock: the
+    decode leg's (or the whole request's) arrival to its first token, plus
+    the answered prefill leg's time on its pod before the decode arrived (a
+    sequential hand-off's whole prefill; nothing for a concurrent one, whose
+    decode waits for the KV on its pod). The router's and HTTP's real time,
+    which the time scale multiplies, is left out."""
+    def answered(role: str) -> dict | None:
+        rs = [r for r in legs.get(role) or [] if r["status"] == 200]
+        return max(rs, key=lambda r: r.get("finish_s") or 0) if rs else None
+    last = answered("decode") or answered("whole")
+    if last is None or last.get("first_token_s") is None:
+        return None
+    t = last["first_token_s"] - last["arrival_s"]
+    pre = answered("prefill")
+    if pre is not None and pre.get("finish_s") is not None:
+        t += max(0.0, min(pre["finish_s"], last["arrival_s"]) - pre["arrival_s"])
+    return t
+
+
 def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dict],
               reusable: list[int]) -> dict:
     by_user: dict[str, dict[str, list[dict]]] = {}
@@ -537,6 +604,7 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
 
     cached = 0
     overhead = []
+    pod_times = []
     for s in seen:
         r = computed_here(s["user"])
         if r is not None:
@@ -549,6 +617,9 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
                   if x["role"] in ("decode", "whole") and x.get("first_token_s") is not None]
         if legs and firsts and s.get("ttft_s") is not None and s["status"] == 200:
             overhead.append(s["ttft_s"] - (min(firsts) - min(x["arrival_s"] for x in legs)))
+            t = pod_ttft(by_user.get(s["user"], {}))
+            if t is not None:
+                pod_times.append(t)
     prompt_tokens = sum(t["input_length"] for t in trace)
     limit = sum(reusable)
     good = [s for s in seen if s["status"] == 200 and not s.get("error")]
@@ -588,6 +659,7 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
         "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90), "ttft_p99": pct(ttft, 99),
         "e2e_p50": pct(e2e, 50), "e2e_p99": pct(e2e, 99),
         "overhead_p50": pct(overhead, 50), "overhead_p99": pct(overhead, 99),
+        "pod_ttft_p50": pct(pod_times, 50), "pod_ttft_p99": pct(pod_times, 99),
         "output_tokens": out_tokens,
         "span_s": span,
         "output_tok_s": out_tokens / span if span else None,
@@ -643,6 +715,8 @@ def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int
                 "--out", str(out), "--timeout-s", str(timeout_s), "--model", MODEL]
         for u in urls:
             argv += ["--url", u]
+        if run.config.token_ids:
+            argv.append("--token-ids")
         t_replay = time.time()
         cpu0 = {n: proc_cpu_s(p.pid) for n, p in procs.procs}
         m0 = machine_ticks()
@@ -700,6 +774,8 @@ COLUMNS = [
     ("ttft_p50", "ttft50", "{:.2f}", "ttft_p50_s"),
     ("ttft_p90", "ttft90", "{:.2f}", "ttft_p90_s"),
     ("ttft_p99", "ttft99", "{:.2f}", "ttft_p99_s"),
+    ("pod_ttft_p50", "pod50", "{:.2f}", "pod_ttft_p50_s"),
+    ("pod_ttft_p99", "pod99", "{:.2f}", "pod_ttft_p99_s"),
     ("e2e_p50", "e2e50", "{:.1f}", "e2e_p50_s"),
     ("e2e_p99", "e2e99", "{:.1f}", "e2e_p99_s"),
     ("output_tok_s", "out/s", "{:.0f}", "output_tok_s"),
@@ -782,8 +858,10 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
       "of the run: an unbounded cache")
     w("  shared by the fleet); hit%prm: the same / all prompt tokens. The limit row is the "
       "first requests' (the @32p runs' too).")
-    w("ttft, e2e: p50/p90/p99 over answered requests, as the client saw them. out/s: output "
-      "tokens / (first arrival to last completion).")
+    w("ttft, e2e: p50/p90/p99 over answered requests, as the client saw them. pod50/99: the "
+      "TTFT the pods alone took (router")
+    w("  and HTTP time left out: the placement's). out/s: output tokens / (first arrival to "
+      "last completion).")
     w("computed: prompt tokens computed on all pods (decodes that computed the prompt "
       "included). P/D max/mn: per role, the max over")
     w("  pods of running requests integrated over time / the mean. P busy: the prefill pods' "
@@ -797,10 +875,11 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
         w("@2x: the arrivals outpace the prefill pods, and P busy's window includes the "
           "backlog's drain after the last arrival.")
     if any(r.config.router == "vllm-router" for r in runs):
-        w("vllm-router asks every pod to render (tokenize) each prompt before it routes: real "
-          "work on this machine's 2 cores, shown in")
-        w("  ovh50 (hence its lower time scale). Where the renders outlast its 1 s budget it "
-          "routes by load alone (missing_tokens below).")
+        w("vllm-router gets each prompt as token ids (the sims' render of its text) and keys "
+          "on them without a render call (where it")
+        w("  has none it routes by load alone: missing_tokens below). Every router's own time "
+          "is real time, multiplied by the")
+        w("  time scale (ovh50); pod50/99 leave it out.")
     for n in names:
         d = (results.get(n) or {}).get("prefill_decisions")
         if d:
@@ -879,11 +958,19 @@ def plot(results: dict, path: Path, title: str) -> None:
 # ---------------------------------------------------------------------- main
 
 def plan(a, ap) -> list[Run]:
-    requests = a.requests or (QUICK["requests"] if a.quick else DEFAULTS["requests"])
     variants = (a.variants or ("1x" if a.quick else ",".join(VARIANTS))).split(",")
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v} (one of {', '.join(VARIANTS)})")
+    if a.changes:
+        # Each change and what it is measured against, in the change's variants.
+        want = {}
+        for c in CHANGES:
+            for v in c.variants or variants:
+                want.setdefault(c.name, set()).add(v)
+                want.setdefault(c.against, set()).add(v)
+        order = [c.name for c in CONFIGS + CHANGES if c.name in want]
+        return [run_of(a, BY_NAME[n], v) for v in VARIANTS for n in order if v in want[n]]
     names = (a.configs.split(",") if a.configs else
              QUICK_CONFIGS if a.quick else [c.name for c in CONFIGS])
     picked: list[tuple[Config, str]] = []
@@ -897,20 +984,24 @@ def plan(a, ap) -> list[Run]:
                 ap.error(f"unknown variant @{suffix} in {n}")
             picked.append((BY_NAME[base], v))
         else:
-            picked.extend((BY_NAME[base], v) for v in variants)
+            c = BY_NAME[base]
+            picked.extend((c, v) for v in variants if not c.variants or v in c.variants)
     # Variant by variant: the 1x rows first, then 2x, then 32 pods.
     picked.sort(key=lambda r: list(VARIANTS).index(r[1]))
-    runs = []
-    for c, v in picked:
-        x = VARIANTS[v]
-        prefill = x.prefill or a.prefill
-        grow = prefill / a.prefill
-        runs.append(Run(name=c.name + x.suffix, config=c, variant=v,
-                        requests=a.requests_32p or requests if v == "32p" else requests,
-                        load=a.load * x.load * grow, prefill=prefill,
-                        decode=max(1, round(a.decode * grow)),
-                        time_scale=a.time_scale * x.scale * c.scale))
-    return runs
+    return [run_of(a, c, v) for c, v in picked]
+
+
+def run_of(a, c: Config, v: str) -> Run:
+    """Configuration `c` in variant `v`."""
+    requests = a.requests or (QUICK["requests"] if a.quick else DEFAULTS["requests"])
+    x = VARIANTS[v]
+    prefill = x.prefill or a.prefill
+    grow = prefill / a.prefill
+    return Run(name=c.name + x.suffix, config=c, variant=v,
+               requests=a.requests_32p or requests if v == "32p" else requests,
+               load=a.load * x.load * grow, prefill=prefill,
+               decode=max(1, round(a.decode * grow)),
+               time_scale=a.time_scale * x.scale * c.scale)
 
 
 def git_state() -> str:
@@ -936,8 +1027,7 @@ def main() -> int:
                     help="requests of the 32-prefill-pod runs (default: --requests)")
     ap.add_argument("--time-scale", type=float, default=DEFAULTS["time_scale"],
                     help="modelled seconds per real second (sim and replayer; default "
-                         f"{DEFAULTS['time_scale']:g}; vllm-router runs at a quarter of it, "
-                         "the @32p runs at half)")
+                         f"{DEFAULTS['time_scale']:g}; the @32p runs at half)")
     ap.add_argument("--load", type=float, default=DEFAULTS["load"],
                     help=f"the trace's rate multiplied by this (default {DEFAULTS['load']:g}; "
                          "@2x runs twice it, @32p runs it times 32 / --prefill)")
@@ -962,6 +1052,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true",
                     help="a short run (the `just bench` one): fewer configurations and requests; "
                          "writes fleet-quick.*")
+    ap.add_argument("--changes", action="store_true",
+                    help="run each change of CHANGES with the configuration it is measured "
+                         "against, in the change's variants; writes fleet-changes.*")
     ap.add_argument("--request-timeout", type=float, default=1200,
                     help="a request unanswered after this many modelled seconds is an error")
     ap.add_argument("--out-dir", type=Path, default=BENCH / "results")
@@ -1055,7 +1148,7 @@ def main() -> int:
     }
     wall = time.time() - t_start
     text = report(results, failed, params, runs, wall)
-    stem = "fleet-quick" if a.quick else "fleet"
+    stem = "fleet-changes" if a.changes else "fleet-quick" if a.quick else "fleet"
     a.out_dir.mkdir(parents=True, exist_ok=True)
     (a.out_dir / f"{stem}.txt").write_text(text + "\n")
     write_csv(a.out_dir / f"{stem}.csv", results)

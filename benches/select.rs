@@ -100,6 +100,7 @@ fn main() {
         "policies", "pods", "decide µs", "full µs", "ratio", "shared ops/req"
     );
     for (pp, dp) in [
+        ("least_ttft", "least_request"),
         ("prefix_cache", "load_balancing"),
         ("least_request", "least_request"),
         ("round_robin", "round_robin"),
@@ -135,10 +136,7 @@ fn main() {
                     prompt_tokens: 1000,
                     prefix_match: &no_prefix,
                     prefix_key: None,
-                    load_bound: LoadBound {
-                        factor: 1.25,
-                        min_spread: 8.0,
-                    },
+                    load_bound: LoadBound { factor: 1.25 },
                     prefill_turn: i as u64,
                     decode_turn: &mut |_| 0,
                     random: &mut next,
@@ -179,6 +177,7 @@ fn main() {
                 let held = HeldLoad {
                     model: model.id,
                     prefill: Some(prefill.id),
+                    prefill_tokens: router.uncached_tokens(&request, &prefix, prefill.id),
                     decode: Some(decode.id),
                 };
                 router.hold(&mut store, held, 1_000).expect("hold");

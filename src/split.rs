@@ -312,14 +312,22 @@ fn prompt_key(
             }
             _ => s.prefix_max_blocks,
         };
-        let cap = s.prefix_block_bytes.saturating_mul(blocks);
-        let mut key = Vec::with_capacity(len.min(cap));
-        for p in parts.iter() {
-            let room = cap.saturating_sub(key.len());
-            key.extend_from_slice(p.get(..p.len().min(room)).unwrap_or_default());
-        }
         let seed = model.prefix_seed(adapter);
-        block_hashes(&key, seed, s.prefix_block_bytes, blocks)
+        let block_bytes = model.block_bytes(s.prefix_block_tokens);
+        let cap = block_bytes.saturating_mul(blocks);
+        match parts.as_slice() {
+            // One part (a completion's prompt): hashed where it lies, as a
+            // whole prompt of a long context is up to 512 KB.
+            [one] => block_hashes(one, seed, block_bytes, blocks),
+            _ => {
+                let mut key = Vec::with_capacity(len.min(cap));
+                for p in &parts {
+                    let room = cap.saturating_sub(key.len());
+                    key.extend_from_slice(p.get(..p.len().min(room)).unwrap_or_default());
+                }
+                block_hashes(&key, seed, block_bytes, blocks)
+            }
+        }
     } else {
         Vec::new()
     };
@@ -627,7 +635,7 @@ mod tests {
         )
         .expect("config");
         let fleet = c.fleet();
-        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(1000));
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(5000));
         let top = Members::parse(body.as_bytes()).expect("parse");
         let key = |name: &str| {
             let m = fleet.model(name).expect("model");
@@ -640,8 +648,9 @@ mod tests {
                 &top,
             )
         };
-        assert_eq!(key("m").hashes.len(), 1002 / 128);
+        // Blocks of 128 tokens, at 4 bytes a token.
+        assert_eq!(key("m").hashes.len(), 5002 / 512);
         assert!(key("n").hashes.is_empty());
-        assert_eq!(key("n").tokens, 1002u64.div_ceil(4));
+        assert_eq!(key("n").tokens, 5002u64.div_ceil(4));
     }
 }

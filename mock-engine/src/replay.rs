@@ -9,7 +9,7 @@
 //! were answered, as a production service's clients do. `--load` divides
 //! the trace's gaps (2 replays it at twice its rate).
 
-use crate::sim::text::prompt_text;
+use crate::sim::text::{parse_prompt, prompt_text, token_ids};
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
@@ -55,6 +55,10 @@ pub struct ReplayArgs {
     /// as timed out
     #[arg(long, default_value_t = 300)]
     pub timeout_s: u64,
+    /// Send each prompt as the token ids a simulated pod's render gives for
+    /// its text (a router that keys on token ids then needs no render call)
+    #[arg(long)]
+    pub token_ids: bool,
 }
 
 /// One line of a trace.
@@ -207,9 +211,15 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
             .cloned()
             .unwrap_or_default();
         let user = format!("r{}", args.skip + i);
+        let text = prompt_text(&t.hash_ids, t.input_length);
+        let prompt = if args.token_ids {
+            serde_json::json!(token_ids(&parse_prompt(text.as_bytes())))
+        } else {
+            serde_json::json!(text)
+        };
         let body = serde_json::json!({
             "model": args.model,
-            "prompt": prompt_text(&t.hash_ids, t.input_length),
+            "prompt": prompt,
             "max_tokens": t.output_length.max(1),
             "stream": true,
             "user": user,

@@ -182,9 +182,9 @@ fn check_settings(raw: &RawConfig) -> Result<(), ConfigError> {
         return Err(err("max_body_bytes", "must be greater than 0"));
     }
     let sch = &raw.scheduling;
-    if sch.prefix_block_bytes == 0 {
+    if sch.prefix_block_tokens == 0 {
         return Err(err(
-            "scheduling.prefix_block_bytes",
+            "scheduling.prefix_block_tokens",
             "must be greater than 0",
         ));
     }

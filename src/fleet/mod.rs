@@ -287,12 +287,20 @@ impl Model {
     /// Estimated tokens in `bytes` bytes of this model's prompts (the router
     /// does not tokenize).
     pub fn estimate_tokens(&self, bytes: usize) -> u64 {
-        let per = if self.bytes_per_token > 0.0 {
+        (bytes as f64 / self.bytes_per_token()).ceil() as u64
+    }
+
+    fn bytes_per_token(&self) -> f64 {
+        if self.bytes_per_token > 0.0 {
             self.bytes_per_token
         } else {
             DEFAULT_BYTES_PER_TOKEN
-        };
-        (bytes as f64 / per).ceil() as u64
+        }
+    }
+
+    /// Prompt bytes per prefix-cache block: `tokens` estimated tokens.
+    pub fn block_bytes(&self, tokens: usize) -> usize {
+        ((tokens as f64 * self.bytes_per_token()).round() as usize).max(1)
     }
 }
 

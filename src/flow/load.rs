@@ -27,26 +27,33 @@ pub(super) struct Judgement<'a> {
 }
 
 impl Flow {
-    /// Takes load on the chosen pods and counts the selections.
+    /// Takes load on the chosen pods (the prefill's with the prompt tokens
+    /// it computes) and counts the selections.
     pub(super) fn hold<H: Host>(
         &mut self,
         host: &mut H,
         model: ModelId,
-        prefill: Option<&Rc<Endpoint>>,
+        prefill: Option<(&Rc<Endpoint>, u64)>,
         decode: Option<&Rc<Endpoint>>,
     ) {
         let router = Rc::clone(&self.router);
         let taken = HeldLoad {
             model,
-            prefill: prefill.map(|p| p.id),
+            prefill: prefill.map(|(p, _)| p.id),
+            prefill_tokens: prefill.map_or(0, |(_, tokens)| tokens),
             decode: decode.map(|d| d.id),
         };
         let now = host.now_ms();
         match router.hold(host, taken, now) {
             Ok(()) => {
+                let (prefill, prefill_tokens) = match taken.prefill {
+                    Some(p) => (Some(p), taken.prefill_tokens),
+                    None => (self.held.prefill, self.held.prefill_tokens),
+                };
                 self.held = HeldLoad {
                     model,
-                    prefill: taken.prefill.or(self.held.prefill),
+                    prefill,
+                    prefill_tokens,
                     decode: taken.decode.or(self.held.decode),
                 };
             }
@@ -57,7 +64,7 @@ impl Flow {
                 &format!("could not update pod load: {e}"),
             ),
         }
-        if let Some(p) = prefill {
+        if let Some((p, _)) = prefill {
             host.count_pod(&p.name, PodEvent::PrefillSelected);
         }
         if let Some(d) = decode {
@@ -87,6 +94,7 @@ impl Flow {
         let released = HeldLoad {
             model: self.held.model,
             prefill,
+            prefill_tokens: self.held.prefill_tokens,
             decode,
         };
         let router = Rc::clone(&self.router);

@@ -136,6 +136,7 @@ impl Flow {
             held: HeldLoad {
                 model: ModelId(0),
                 prefill: None,
+                prefill_tokens: 0,
                 decode: None,
             },
             response: ResponseRewrite::default(),

@@ -128,13 +128,14 @@ impl Flow {
             Plan::Split(plan) => plan,
         };
         let now = host.now_ms();
+        let router = Rc::clone(&self.router);
+        let computes = router.uncached_tokens(&plan.request, &plan.prefix, plan.prefill_pod.id);
         self.hold(
             host,
             plan.request.model.id,
-            Some(&plan.prefill_pod),
+            Some((&plan.prefill_pod, computes)),
             Some(&plan.decode_pod),
         );
-        let router = Rc::clone(&self.router);
         router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);
         if let Some(decided) = &plan.decided {
             self.report_decision(host, &plan.request, &plan.decode_pod, decided);

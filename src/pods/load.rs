@@ -14,6 +14,9 @@ use crate::fleet::PodId;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PodCounters {
     pub outstanding_prefills: u32,
+    /// The prompt tokens those prefills compute, as estimated when they
+    /// were placed (what they do not find cached on the pod).
+    pub outstanding_prefill_tokens: u64,
     pub pending_decodes: u32,
     /// The pod is skipped until this time (Unix ms).
     pub unhealthy_until_ms: u64,
@@ -31,8 +34,8 @@ impl PodCounters {
     }
 }
 
-/// `PodId`, outstanding, pending, unhealthy until, failures.
-const RECORD: usize = 8 + 4 + 4 + 8 + 4;
+/// `PodId`, outstanding, their tokens, pending, unhealthy until, failures.
+const RECORD: usize = 8 + 4 + 8 + 4 + 8 + 4;
 
 /// One model's rows. Absent rows read as idle and healthy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -49,6 +52,7 @@ impl LoadTable {
                     PodId(r.u64()?),
                     PodCounters {
                         outstanding_prefills: r.u32()?,
+                        outstanding_prefill_tokens: r.u64()?,
                         pending_decodes: r.u32()?,
                         unhealthy_until_ms: r.u64()?,
                         failures: r.u32()?,
@@ -64,6 +68,7 @@ impl LoadTable {
         for (id, c) in &self.rows {
             w.u64(id.0)
                 .u32(c.outstanding_prefills)
+                .u64(c.outstanding_prefill_tokens)
                 .u32(c.pending_decodes)
                 .u64(c.unhealthy_until_ms)
                 .u32(c.failures);
@@ -143,6 +148,7 @@ mod tests {
         t.update(A, |c| {
             *c = PodCounters {
                 outstanding_prefills: 3,
+                outstanding_prefill_tokens: 70_000,
                 pending_decodes: 9,
                 unhealthy_until_ms: u64::MAX,
                 failures: 2,

@@ -15,6 +15,10 @@ pub struct PodMetrics {
     /// scrape answered: those it counts exactly itself, and a scrape that
     /// caught one of them must not make the pod look busy until the next.
     pub own_running: f64,
+    /// This Envoy's prefills in flight on the pod when the scrape answered
+    /// (the larger count, at its leaving or its answer): the engine counts
+    /// them in `running` or `waiting`, and the router exactly.
+    pub own_prefills: f64,
     pub waiting: f64,
     /// KV-cache usage, a fraction.
     pub kv_usage: Option<f64>,
@@ -22,6 +26,15 @@ pub struct PodMetrics {
     pub gen_throughput: Option<f64>,
     /// Finished requests per second.
     pub drain_rate: Option<f64>,
+}
+
+impl PodMetrics {
+    /// Requests the engine runs or queues for others than this Envoy's
+    /// prefills (other replicas', unsplit requests): what it reported
+    /// beyond those prefills at the scrape.
+    pub fn others_prefill_load(&self) -> f64 {
+        (self.running + self.waiting - self.own_prefills).max(0.0)
+    }
 }
 
 /// One pod's metrics as stored in shared data.
@@ -41,9 +54,9 @@ impl StoredMetrics {
     }
 }
 
-/// `PodId`, scraped at, running, own running, waiting, KV usage,
-/// throughput, drain rate.
-const RECORD: usize = 8 + 8 + 6 * 4;
+/// `PodId`, scraped at, running, own running, own prefills, waiting, KV
+/// usage, throughput, drain rate.
+const RECORD: usize = 8 + 8 + 7 * 4;
 
 /// Every pod's last scrape, keyed by identity.
 pub type ScrapedTable = HashMap<PodId, StoredMetrics>;
@@ -56,6 +69,7 @@ pub fn decode_scraped(bytes: Option<&[u8]>) -> ScrapedTable {
             let metrics = PodMetrics {
                 running: r.f32()?.unwrap_or(0.0),
                 own_running: r.f32()?.unwrap_or(0.0),
+                own_prefills: r.f32()?.unwrap_or(0.0),
                 waiting: r.f32()?.unwrap_or(0.0),
                 kv_usage: r.f32()?,
                 gen_throughput: r.f32()?,
@@ -77,6 +91,7 @@ pub fn encode_scraped(table: &ScrapedTable) -> Vec<u8> {
             .u64(s.at_ms)
             .f32(Some(m.running))
             .f32(Some(m.own_running))
+            .f32(Some(m.own_prefills))
             .f32(Some(m.waiting))
             .f32(m.kv_usage)
             .f32(m.gen_throughput)
@@ -105,6 +120,7 @@ mod tests {
             metrics: PodMetrics {
                 running: 5.0,
                 own_running: 2.0,
+                own_prefills: 3.0,
                 waiting: 1.0,
                 kv_usage: Some(0.5),
                 gen_throughput: None,

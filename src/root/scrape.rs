@@ -19,9 +19,9 @@ pub const MAX_METRICS_BYTES: usize = 1 << 20;
 #[derive(Default)]
 pub struct Scraper {
     last_scrape_ms: u64,
-    /// Scrapes in flight: call token → pod, and this Envoy's decodes on it
-    /// when the scrape left.
-    in_flight: HashMap<u32, (Rc<Endpoint>, u32)>,
+    /// Scrapes in flight: call token → pod, and this Envoy's decodes and
+    /// prefills on it when the scrape left.
+    in_flight: HashMap<u32, (Rc<Endpoint>, (u32, u32))>,
     previous: HashMap<PodId, Previous>,
 }
 
@@ -76,7 +76,10 @@ impl Scraper {
             ];
             match host.dispatch(&config.scrape.cluster, &headers, config.scrape.timeout_ms) {
                 Ok(token) => {
-                    let own = router.own_decodes(&*host, &pod);
+                    let own = (
+                        router.own_decodes(&*host, &pod),
+                        router.own_prefills(&*host, &pod),
+                    );
                     self.in_flight.insert(token, (pod, own));
                 }
                 Err(e) => host.log(
@@ -112,13 +115,14 @@ impl Scraper {
         }
     }
 
-    /// `own_at_send`: this Envoy's decodes on the pod when the scrape left.
+    /// `own_at_send`: this Envoy's decodes and prefills on the pod when the
+    /// scrape left.
     fn scraped<H: RootHost>(
         &mut self,
         host: &mut H,
         router: &Router,
         pod: &Endpoint,
-        own_at_send: u32,
+        own_at_send: (u32, u32),
         now: u64,
         body_size: usize,
     ) {
@@ -129,7 +133,8 @@ impl Scraper {
         self.previous.insert(pod.id, next);
         // The engine counted its running requests somewhere between the
         // scrape leaving and its answer: ours then were at most the larger.
-        metrics.own_running = router.own_decodes(&*host, pod).max(own_at_send) as f64;
+        metrics.own_running = router.own_decodes(&*host, pod).max(own_at_send.0) as f64;
+        metrics.own_prefills = router.own_prefills(&*host, pod).max(own_at_send.1) as f64;
         let fleet = router.fleet();
         let _ = update_scraped(host, &router.keys().scraped(), |t| {
             t.insert(

@@ -12,6 +12,8 @@ use std::rc::Rc;
 pub struct HeldLoad {
     pub model: ModelId,
     pub prefill: Option<PodId>,
+    /// The prompt tokens the prefill computes, as estimated at placement.
+    pub prefill_tokens: u64,
     pub decode: Option<PodId>,
 }
 
@@ -49,6 +51,7 @@ impl Router {
                 for t in &tables {
                     let c = t.get(ep.id);
                     sum.outstanding_prefills += c.outstanding_prefills;
+                    sum.outstanding_prefill_tokens += c.outstanding_prefill_tokens;
                     sum.pending_decodes += c.pending_decodes;
                     sum.unhealthy_until_ms = sum.unhealthy_until_ms.max(c.unhealthy_until_ms);
                     sum.failures = sum.failures.max(c.failures);
@@ -88,7 +91,10 @@ impl Router {
         update_load(store, &self.keys.load(held.model), |t| {
             if let Some(p) = held.prefill {
                 t.update(p, |c| {
-                    c.outstanding_prefills = c.outstanding_prefills.saturating_add(1)
+                    c.outstanding_prefills = c.outstanding_prefills.saturating_add(1);
+                    c.outstanding_prefill_tokens = c
+                        .outstanding_prefill_tokens
+                        .saturating_add(held.prefill_tokens);
                 });
             }
             if let Some(d) = held.decode {
@@ -117,7 +123,13 @@ impl Router {
             ejected = false;
             if let Some(p) = released.prefill {
                 t.update_existing(p, |c| {
-                    c.outstanding_prefills = c.outstanding_prefills.saturating_sub(1)
+                    c.outstanding_prefills = c.outstanding_prefills.saturating_sub(1);
+                    c.outstanding_prefill_tokens = if c.outstanding_prefills == 0 {
+                        0
+                    } else {
+                        c.outstanding_prefill_tokens
+                            .saturating_sub(released.prefill_tokens)
+                    };
                 });
             }
             if let Some(d) = released.decode {
@@ -185,6 +197,16 @@ impl Router {
             pod: pod.name.clone(),
             message: rule.message(&pod.name, cause),
         }))
+    }
+
+    /// The prefills this Envoy has in flight on `pod`, over every model.
+    pub fn own_prefills<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> u32 {
+        self.fleet()
+            .models()
+            .iter()
+            .filter(|m| m.pods.contains(&pod.id))
+            .map(|m| self.load(store, m.id).get(pod.id).outstanding_prefills)
+            .sum()
     }
 
     /// The decodes this Envoy has in flight on `pod`, over every model.

@@ -5,7 +5,7 @@
 use super::Router;
 use crate::error::PdError;
 use crate::fleet::Decider;
-use crate::fleet::{Model, ModelId, PodId, PrefillPolicy};
+use crate::fleet::{Model, ModelId, PodId};
 use crate::pods::{LoadTable, SharedStore};
 use crate::sched::decider::{self, decide, Figures};
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
@@ -48,6 +48,7 @@ impl Router {
                 let c = table.get(*id);
                 PodState {
                     outstanding_prefills: c.outstanding_prefills,
+                    outstanding_prefill_tokens: c.outstanding_prefill_tokens,
                     pending_decodes: c.pending_decodes,
                     unhealthy: !c.is_healthy(now_ms),
                     not_ready_for_prefill: false,
@@ -189,8 +190,8 @@ impl Router {
         }
     }
 
-    /// What the prefill prefix table knows of the prompt (only the
-    /// prefix-cache policy reads it: consistent hashing needs no memory of
+    /// What the prefill prefix table knows of the prompt (only the policies
+    /// that remember prefixes read it: consistent hashing needs no memory of
     /// where prompts went).
     fn prefill_prefix<S: SharedStore + ?Sized>(
         &self,
@@ -199,7 +200,7 @@ impl Router {
         now_ms: u64,
     ) -> PrefixMatch {
         let s = &self.config.scheduling;
-        if request.model.prefill_policy != PrefillPolicy::PrefixCache {
+        if !request.model.prefill_policy.remembers_prefixes() {
             return PrefixMatch::default();
         }
         prefix::walk(
@@ -394,12 +395,7 @@ impl Router {
         };
         let model = &request.model;
         let prompt_tokens = request.prompt.tokens;
-        let held_bytes = seen.depth * self.config.scheduling.prefix_block_bytes;
-        let decode_cached_tokens = if seen.percent(decode.id) > 0.0 {
-            model.estimate_tokens(held_bytes).min(prompt_tokens)
-        } else {
-            0
-        };
+        let decode_cached_tokens = self.cached_tokens(request, &seen, decode.id);
         let waiting = |id: PodId| {
             model
                 .pods
@@ -443,6 +439,28 @@ impl Router {
         }
     }
 
+    /// Prompt tokens `found` says `pod` holds (the blocks matched, in
+    /// estimated tokens; 0 when another pod holds them).
+    pub fn cached_tokens(&self, request: &SplitRequest, found: &PrefixMatch, pod: PodId) -> u64 {
+        if found.percent(pod) <= 0.0 {
+            return 0;
+        }
+        let model = &request.model;
+        let block = model.block_bytes(self.config.scheduling.prefix_block_tokens);
+        model
+            .estimate_tokens(found.depth.saturating_mul(block))
+            .min(request.prompt.tokens)
+    }
+
+    /// Prompt tokens the prefill on `pod` computes, as far as the router
+    /// knows: the load it holds there until it answers.
+    pub fn uncached_tokens(&self, request: &SplitRequest, found: &PrefixMatch, pod: PodId) -> u64 {
+        request
+            .prompt
+            .tokens
+            .saturating_sub(self.cached_tokens(request, found, pod))
+    }
+
     /// Records `pod` as the decode pod that last served the prompt, for the
     /// decider's next look (as [`Router::remember_prefix`], checkpoints
     /// closer together: the decider compares tokens, not pods).
@@ -462,11 +480,7 @@ impl Router {
         let slots = self.config.scheduling.prefix_table_slots;
         let hashes = &request.prompt.hashes;
         for h in prefix::to_record_every(hashes, held, DECODE_CHECKPOINT_EVERY) {
-            let entry = PrefixEntry {
-                hash: h,
-                pod,
-                at_ms: now_ms,
-            };
+            let entry = PrefixEntry::new(h, hashes, pod, now_ms);
             let key = self.keys.decode_prefix_slot(prefix::slot_of(h, slots));
             let _ = store.shared_set(&key, &entry.encode(), None);
         }
@@ -483,7 +497,7 @@ impl Router {
         now_ms: u64,
     ) {
         let hashes = &request.prompt.hashes;
-        if hashes.is_empty() || request.model.prefill_policy != PrefillPolicy::PrefixCache {
+        if hashes.is_empty() || !request.model.prefill_policy.remembers_prefixes() {
             return;
         }
         let held = if found.percent(pod) > 0.0 {
@@ -493,11 +507,7 @@ impl Router {
         };
         let slots = self.config.scheduling.prefix_table_slots;
         for h in prefix::to_record(hashes, held) {
-            let entry = PrefixEntry {
-                hash: h,
-                pod,
-                at_ms: now_ms,
-            };
+            let entry = PrefixEntry::new(h, hashes, pod, now_ms);
             let key = self.keys.prefix_slot(prefix::slot_of(h, slots));
             let _ = store.shared_set(&key, &entry.encode(), None);
         }

@@ -64,6 +64,57 @@ fn a_remembered_prompt_goes_back_to_the_pod_that_holds_it() {
 }
 
 #[test]
+fn least_ttft_holds_the_tokens_a_prefill_computes_and_follows_the_prefix() {
+    let r = router(
+        r#"{"models":[{"name":"m","engine":"vllm","prefill_policy":"least_ttft","rolesets":[
+            {"prefill":["10.0.0.1:1","10.0.0.2:1"],"decode":["10.0.1.1:1"]}]}]}"#,
+    );
+    let mut store = MemoryStore::default();
+    // 4,000 tokens (16,000 bytes): 31 blocks of 128 tokens and a part.
+    let turn = "x".repeat(16_000);
+    let req = request(&r, "m", &turn);
+    let Placement::Split {
+        prefill, prefix, ..
+    } = place(&r, &mut store, &req, &[]).expect("placed")
+    else {
+        panic!("split")
+    };
+    assert_eq!(r.uncached_tokens(&req, &prefix, prefill.id), 4_001);
+    r.remember_prefix(&mut store, &req, &prefix, prefill.id, 1_000);
+    // The next turn holds all of this one's blocks: the pod holds them.
+    let next = request(&r, "m", &format!("{turn}{}", "y".repeat(2_000)));
+    let Placement::Split {
+        prefill: again,
+        prefix,
+        ..
+    } = place(&r, &mut store, &next, &[]).expect("placed")
+    else {
+        panic!("split")
+    };
+    assert_eq!(again.id, prefill.id);
+    assert_eq!(r.cached_tokens(&next, &prefix, again.id), 31 * 128);
+    assert_eq!(
+        r.uncached_tokens(&next, &prefix, again.id),
+        4_501 - 31 * 128
+    );
+    // Held load counts those tokens; enough of them queued there (more than
+    // 8 times the 3,968 it holds) sends the next turn to the other pod.
+    let mut held = HeldLoad {
+        model: next.model.id,
+        prefill: Some(again.id),
+        prefill_tokens: 30_000,
+        decode: None,
+    };
+    r.hold(&mut store, held, 1_000).expect("hold");
+    let stays = place(&r, &mut store, &next, &[]).expect("placed");
+    assert_eq!(prefill_of(&stays), again.address);
+    held.prefill_tokens = 5_000;
+    r.hold(&mut store, held, 1_000).expect("hold");
+    let elsewhere = place(&r, &mut store, &next, &[]).expect("placed");
+    assert_ne!(prefill_of(&elsewhere), again.address);
+}
+
+#[test]
 fn excluded_pods_are_never_chosen_and_nowhere_left_is_unavailable() {
     let r = router(TWO_PREFILLS);
     let mut store = MemoryStore::default();
@@ -109,23 +160,42 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
     let held = HeldLoad {
         model: m.id,
         prefill: Some(p.id),
+        prefill_tokens: 3_000,
         decode: Some(d.id),
     };
+    let smaller = HeldLoad {
+        prefill_tokens: 500,
+        ..held
+    };
     r.hold(&mut store, held, 1_000).expect("hold");
+    r.hold(&mut store, smaller, 1_000).expect("hold");
     let c = r.load(&store, m.id);
-    assert_eq!(c.get(p.id).outstanding_prefills, 1);
-    assert_eq!(c.get(d.id).pending_decodes, 1);
-    assert_eq!(r.own_decodes(&store, d), 1);
+    assert_eq!(c.get(p.id).outstanding_prefills, 2);
+    assert_eq!(c.get(p.id).outstanding_prefill_tokens, 3_500);
+    assert_eq!(c.get(d.id).pending_decodes, 2);
+    assert_eq!(
+        (r.own_decodes(&store, d), r.own_prefills(&store, p)),
+        (2, 2)
+    );
     r.release(&mut store, held, None, 1_000).expect("release");
+    assert_eq!(
+        r.load(&store, m.id).get(p.id).outstanding_prefill_tokens,
+        500
+    );
+    r.release(&mut store, smaller, None, 1_000)
+        .expect("release");
     assert!(r
         .counters(&store)
         .iter()
-        .all(|c| c.outstanding_prefills == 0 && c.pending_decodes == 0));
+        .all(|c| c.outstanding_prefills == 0
+            && c.outstanding_prefill_tokens == 0
+            && c.pending_decodes == 0));
 
     let failures = r.config.health.eject_after_failures;
     let none = HeldLoad {
         model: m.id,
         prefill: None,
+        prefill_tokens: 0,
         decode: None,
     };
     for i in 1..=failures {

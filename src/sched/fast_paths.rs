@@ -140,7 +140,7 @@ pub(super) fn decode_imbalance<'m>(
     s: &Scheduling,
 ) -> Option<Choice<'m>> {
     let (dec, reason) = imbalanced_decode(&pool.decode, pods, s, req)?;
-    let prefill = pick_one_prefill(model, &pool.prefill_of(dec.roleset), pods, req)?;
+    let prefill = pick_one_prefill(model, &pool.prefill_of(dec.roleset), pods, req, s)?;
     Some(Choice::Split {
         prefill,
         decode: dec.ep,

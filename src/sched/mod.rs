@@ -28,6 +28,8 @@ pub use score::{decode_scores, prefill_scores};
 pub struct PodState {
     /// Prefills in flight from every worker of this Envoy.
     pub outstanding_prefills: u32,
+    /// The prompt tokens they compute, as estimated when they were placed.
+    pub outstanding_prefill_tokens: u64,
     /// Decodes sent by this Envoy and not finished.
     pub pending_decodes: u32,
     pub unhealthy: bool,
@@ -73,7 +75,7 @@ pub struct PlacementRequest<'a> {
     /// `consistent_hash`: the hash naming the prompt's leading blocks.
     pub prefix_key: Option<u64>,
     /// `consistent_hash`: when a pod's load makes it give way (from
-    /// [`Scheduling::bounded_load_factor`] and `prefill_outlier_min_spread`).
+    /// [`Scheduling::bounded_load_factor`]).
     pub load_bound: LoadBound,
     /// This VM's round-robin turn over the model's prefill pods.
     pub prefill_turn: u64,
@@ -88,22 +90,26 @@ pub struct PlacementRequest<'a> {
     pub exclude: &'a [usize],
 }
 
-/// When a pod holding a prefix is too busy to keep it: its load reaches
-/// `factor` × the mean load (+1), and it is `min_spread` above the least
-/// loaded pod (so one request in flight on an otherwise idle pool does not
-/// move a prefix).
+/// When a pod holding a prefix is too busy to keep it (consistent hashing
+/// with bounded loads, Mirrokni, Thorup and Zadimoghaddam): each pod takes
+/// at most ⌈`factor` × (the pods' load + 1) / pods⌉, so no pod runs more
+/// than `factor` times the mean, at any load.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct LoadBound {
     pub factor: f64,
-    pub min_spread: f64,
 }
 
 impl LoadBound {
     pub fn of(s: &Scheduling) -> LoadBound {
         LoadBound {
             factor: s.bounded_load_factor,
-            min_spread: s.prefill_outlier_min_spread as f64,
         }
+    }
+
+    /// The load at which a pod gives way, when the candidates' loads sum to
+    /// `total` over `pods` pods.
+    pub fn capacity(&self, total: f64, pods: usize) -> f64 {
+        (self.factor * (total + 1.0) / pods.max(1) as f64).ceil()
     }
 }
 
@@ -177,6 +183,12 @@ pub fn schedule<'m>(
     // shared load alone: the fast paths read this replica's own counters,
     // and would send one prefix to different pods from different replicas.
     if model.prefill_policy == crate::fleet::PrefillPolicy::ConsistentHash {
+        return score::by_policy(model, &pool, pods, req, s);
+    }
+    // The least-TTFT cost weighs load and cache in tokens itself, and the
+    // decode policy its own load: AIBrix's rules of thumb over counts of
+    // requests would override them.
+    if model.prefill_policy == crate::fleet::PrefillPolicy::LeastTtft {
         return score::by_policy(model, &pool, pods, req, s);
     }
     let pool = fast_paths::without_prefill_outliers(pool, pods, s);

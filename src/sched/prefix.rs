@@ -10,7 +10,12 @@
 //! Every entry is a host call inside Envoy, so not every block is stored:
 //! only checkpoint blocks (powers of two, every 16th, and the last), and a
 //! lookup bisects over them (a repeated prompt costs one lookup; a partial
-//! match a handful). A 32 KB prompt stores 20 entries instead of 256.
+//! match a handful). A prompt of 256 blocks stores 20 entries.
+//!
+//! Each entry also names where the prompt that wrote it ended (its block
+//! count and last hash): a conversation's next turn, which holds the last
+//! turn's whole prompt, matches to that block exactly, not to the
+//! checkpoint below it, without another lookup.
 
 use crate::codec::{RecordReader, RecordWriter};
 use crate::fleet::PodId;
@@ -21,14 +26,34 @@ pub struct PrefixEntry {
     pub hash: u64,
     pub pod: PodId,
     pub at_ms: u64,
+    /// The blocks of the prompt that wrote the entry, and the hash of its
+    /// last: the pod holds that whole prompt.
+    pub end: u32,
+    pub end_hash: u64,
 }
 
 impl PrefixEntry {
-    pub const SIZE: usize = 24;
+    pub const SIZE: usize = 36;
+
+    /// The entry for block hash `hash` of a prompt whose block hashes are
+    /// `hashes`, served by `pod` at `at_ms`.
+    pub fn new(hash: u64, hashes: &[u64], pod: PodId, at_ms: u64) -> PrefixEntry {
+        PrefixEntry {
+            hash,
+            pod,
+            at_ms,
+            end: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
+            end_hash: hashes.last().copied().unwrap_or(0),
+        }
+    }
 
     pub fn encode(&self) -> Vec<u8> {
         let mut w = RecordWriter::with_capacity(Self::SIZE);
-        w.u64(self.hash).u64(self.pod.0).u64(self.at_ms);
+        w.u64(self.hash)
+            .u64(self.pod.0)
+            .u64(self.at_ms)
+            .u32(self.end)
+            .u64(self.end_hash);
         w.finish()
     }
 
@@ -41,7 +66,24 @@ impl PrefixEntry {
             hash: r.u64()?,
             pod: PodId(r.u64()?),
             at_ms: r.u64()?,
+            end: r.u32()?,
+            end_hash: r.u64()?,
         })
+    }
+
+    /// How many leading blocks of `hashes` the entry's pod holds, found at
+    /// checkpoint block `at`: the whole of the prompt that wrote it when
+    /// `hashes` extends that prompt (chained hashes: an equal hash at its
+    /// last block means an equal prefix), else up to `at`.
+    fn held(&self, hashes: &[u64], at: usize) -> usize {
+        let end = self.end as usize;
+        let extends =
+            end > at + 1 && end.checked_sub(1).and_then(|i| hashes.get(i)) == Some(&self.end_hash);
+        if extends {
+            end
+        } else {
+            at + 1
+        }
     }
 }
 
@@ -157,7 +199,7 @@ pub fn walk_every(
         }
     };
     if let Some((k, e)) = found {
-        m.depth = cps.get(k).map_or(0, |i| i + 1);
+        m.depth = cps.get(k).map_or(0, |i| e.held(hashes, *i));
         m.by_pod
             .push((e.pod, m.depth as f64 * 100.0 / hashes.len() as f64));
     }
@@ -203,16 +245,7 @@ mod tests {
     fn table(hashes: &[u64], upto: usize, pod: PodId, at: u64) -> HashMap<u64, PrefixEntry> {
         to_record(&hashes[..upto], 0)
             .into_iter()
-            .map(|h| {
-                (
-                    h,
-                    PrefixEntry {
-                        hash: h,
-                        pod,
-                        at_ms: at,
-                    },
-                )
-            })
+            .map(|h| (h, PrefixEntry::new(h, &hashes[..upto], pod, at)))
             .collect()
     }
 
@@ -268,11 +301,7 @@ mod tests {
         assert_eq!(
             walk(
                 &hashes,
-                |h| Some(PrefixEntry {
-                    hash: h ^ 1,
-                    pod: PodId(1),
-                    at_ms: 0
-                }),
+                |h| Some(PrefixEntry::new(h ^ 1, &hashes, PodId(1), 0)),
                 0,
                 10
             )
@@ -280,6 +309,32 @@ mod tests {
             0
         );
         assert_eq!(walk(&[], |_| None, 0, 10), PrefixMatch::default());
+    }
+
+    #[test]
+    fn a_prompt_that_extends_a_recorded_one_matches_all_of_it() {
+        let turn = [5u8; 4 * 45]; // 45 blocks of 4: its checkpoints are 0, 1, 3, 7, 15, 31, 44
+        let hashes = block_hashes(&turn, 3, 4, 1000);
+        let t = table(&hashes, 45, PodId(4), 100);
+        // The next turn: the whole last turn and 30 blocks more. Its own
+        // checkpoints below 45 are ..., 31: without the recorded end it
+        // would match 32 blocks.
+        let mut next = turn.to_vec();
+        next.extend_from_slice(&[6u8; 4 * 30]);
+        let next_hashes = block_hashes(&next, 3, 4, 1000);
+        let m = walk(&next_hashes, |h| t.get(&h).copied(), 200, 1000);
+        assert_eq!((m.depth, m.blocks), (45, 75));
+        assert_eq!(m.percent(PodId(4)), 60.0);
+        // A prompt that leaves the last turn before its end matches only to
+        // the checkpoint below where it leaves.
+        let mut other = turn.to_vec();
+        other[40 * 4] = 1;
+        other.extend_from_slice(&[6u8; 4 * 30]);
+        let other_hashes = block_hashes(&other, 3, 4, 1000);
+        assert_eq!(
+            walk(&other_hashes, |h| t.get(&h).copied(), 200, 1000).depth,
+            32
+        );
     }
 
     #[test]
@@ -296,6 +351,8 @@ mod tests {
             hash: u64::MAX - 3,
             pod: PodId(9),
             at_ms: 1_764_000_000_000,
+            end: 77,
+            end_hash: 12,
         };
         assert_eq!(PrefixEntry::decode(&e.encode()), Some(e));
         assert_eq!(PrefixEntry::decode(&[1, 2, 3]), None);

@@ -39,6 +39,7 @@ pub fn prefill_scores(
     c: &[&Endpoint],
     pods: &[PodState],
     ask: &mut PlacementRequest,
+    s: &Scheduling,
 ) -> Vec<f64> {
     let outstanding: Vec<f64> = c
         .iter()
@@ -50,6 +51,7 @@ pub fn prefill_scores(
         PrefillPolicy::LeastRequest => outstanding,
         PrefillPolicy::PowerOfTwo => power_of_two(outstanding, ask),
         PrefillPolicy::ConsistentHash => bounded_rendezvous(c, pods, ask, &outstanding),
+        PrefillPolicy::LeastTtft => least_ttft(c, pods, ask, s),
         PrefillPolicy::PrefixCache => {
             // AIBrix: (100 − match %) × 0.1 + outstanding / max outstanding.
             let max = outstanding.iter().copied().fold(1.0, f64::max);
@@ -61,6 +63,54 @@ pub fn prefill_scores(
                 .collect()
         }
     }
+}
+
+/// The prompt tokens each candidate computes before this prompt's first
+/// token, lowest first: those of the prefills queued on it (this Envoy's, as
+/// estimated when each was placed; the requests it reported for others at
+/// the last scrape, at this Envoy's mean prefill) and this prompt's tokens
+/// it does not hold. Prefill time grows with the tokens computed, so this
+/// is the order of the first tokens' times.
+fn least_ttft(
+    c: &[&Endpoint],
+    pods: &[PodState],
+    ask: &PlacementRequest,
+    s: &Scheduling,
+) -> Vec<f64> {
+    let prompt = ask.prompt_tokens as f64;
+    c.iter()
+        .zip(queued_tokens(c, pods, prompt))
+        .map(|(e, queued)| {
+            let held = prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
+            queued + s.uncached_token_weight * (prompt - held)
+        })
+        .collect()
+}
+
+/// The prompt tokens queued on each candidate: this Envoy's prefills, as
+/// estimated when each was placed, and the requests the pod reported for
+/// others at the last scrape, at this Envoy's mean prefill (`prompt`'s
+/// tokens when it has none in flight).
+fn queued_tokens(c: &[&Endpoint], pods: &[PodState], prompt: f64) -> Vec<f64> {
+    let states: Vec<PodState> = c.iter().map(|e| state(pods, e)).collect();
+    let (count, tokens) = states.iter().fold((0u64, 0u64), |(n, t), s| {
+        (
+            n + s.outstanding_prefills as u64,
+            t.saturating_add(s.outstanding_prefill_tokens),
+        )
+    });
+    let per_request = if count > 0 {
+        tokens as f64 / count as f64
+    } else {
+        prompt
+    };
+    states
+        .iter()
+        .map(|s| {
+            let others = s.metrics.map_or(0.0, |m| m.others_prefill_load());
+            s.outstanding_prefill_tokens as f64 + others * per_request
+        })
+        .collect()
 }
 
 /// Rendezvous hashing with bounded load: each pod's weight for the prompt's
@@ -76,19 +126,20 @@ fn bounded_rendezvous(
     let Some(key) = ask.prefix_key else {
         return outstanding.to_vec();
     };
-    // Load every replica sees (the engines' own queue) plus this one's.
+    // What the engine reported for others (every replica sees it) plus this
+    // replica's own prefills, counted exactly.
     let load: Vec<f64> = c
         .iter()
         .zip(outstanding)
         .map(|(e, o)| {
-            let m = state(pods, e).metrics.unwrap_or_default();
-            m.running + m.waiting + o
+            state(pods, e)
+                .metrics
+                .map_or(0.0, |m| m.others_prefill_load())
+                + o
         })
         .collect();
-    let n = c.len().max(1) as f64;
-    let bound = (ask.load_bound.factor * (load.iter().sum::<f64>() + 1.0) / n).ceil();
-    let least = load.iter().copied().fold(f64::INFINITY, f64::min);
-    let fits = |l: f64| l < bound || l < least + ask.load_bound.min_spread;
+    let bound = ask.load_bound.capacity(load.iter().sum(), c.len());
+    let fits = |l: f64| l < bound;
     let mut order: Vec<usize> = (0..c.len()).collect();
     let weight = |i: usize| c.get(i).map_or(0, |e| rendezvous_weight(key, e.id));
     order.sort_by_key(|i| std::cmp::Reverse(weight(*i)));
@@ -226,8 +277,9 @@ pub(super) fn pick_one_prefill<'m>(
     c: &[Candidate<'m>],
     pods: &[PodState],
     req: &mut PlacementRequest,
+    s: &Scheduling,
 ) -> Option<&'m Rc<Endpoint>> {
-    let scores = prefill_scores(model.prefill_policy, &eps(c), pods, req);
+    let scores = prefill_scores(model.prefill_policy, &eps(c), pods, req, s);
     argmin(&scores).and_then(|i| c.get(i)).map(|c| c.ep)
 }
 
@@ -261,7 +313,7 @@ pub(super) fn by_policy<'m>(
         }
     }
     // Direct policies: the prefill pod first, then a decode pod of its roleset.
-    let Some(pre) = pick_one_prefill(model, &pool.prefill, pods, req) else {
+    let Some(pre) = pick_one_prefill(model, &pool.prefill, pods, req, s) else {
         return Choice::NoPod(NoPod::AllUnhealthy);
     };
     let ri = pool
@@ -289,7 +341,7 @@ fn best_roleset<'m>(
     req: &mut PlacementRequest,
     s: &Scheduling,
 ) -> Option<Choice<'m>> {
-    let ps = prefill_scores(model.prefill_policy, &eps(&pool.prefill), pods, req);
+    let ps = prefill_scores(model.prefill_policy, &eps(&pool.prefill), pods, req, s);
     // Score policies only: no rotation to advance.
     let ds = decode_scores(model.decode_policy, &eps(&pool.decode), pods, req, s, 0);
     let max_p = ps

@@ -18,6 +18,10 @@ fn config(extra_model: &str) -> Config {
     Config::parse(json.as_bytes()).expect("config")
 }
 
+/// AIBrix's policies, named (the defaults are `least_ttft` and
+/// `least_request`): the tests of its formulas and fast paths use them.
+const AIBRIX: &str = r#","prefill_policy":"prefix_cache","decode_policy":"load_balancing""#;
+
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
@@ -51,10 +55,7 @@ fn run_seeded(
         prompt_tokens: tokens,
         prefix_match: prefix,
         prefix_key: None,
-        load_bound: LoadBound {
-            factor: 1.25,
-            min_spread: 8.0,
-        },
+        load_bound: LoadBound { factor: 1.25 },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -95,7 +96,7 @@ fn eps(c: &Config, pods: &[usize]) -> Vec<Endpoint> {
 
 #[test]
 fn prefix_cache_score_matches_aibrix_formula() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     pods[0].outstanding_prefills = 2;
     let cands = eps(&c, &[0, 1]);
@@ -106,10 +107,7 @@ fn prefix_cache_score_matches_aibrix_formula() {
         prompt_tokens: 0,
         prefix_match: &prefix,
         prefix_key: None,
-        load_bound: LoadBound {
-            factor: 1.25,
-            min_spread: 8.0,
-        },
+        load_bound: LoadBound { factor: 1.25 },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -117,18 +115,115 @@ fn prefix_cache_score_matches_aibrix_formula() {
     };
     // (100 − 80) × 0.1 + 2/2 = 3.0 ; (100 − 0) × 0.1 + 0/2 = 10.0
     assert_eq!(
-        prefill_scores(PrefillPolicy::PrefixCache, &refs, &pods, &mut ask),
+        prefill_scores(
+            PrefillPolicy::PrefixCache,
+            &refs,
+            &pods,
+            &mut ask,
+            &c.scheduling
+        ),
         vec![3.0, 10.0]
     );
     assert_eq!(
-        prefill_scores(PrefillPolicy::LeastRequest, &refs, &pods, &mut ask),
+        prefill_scores(
+            PrefillPolicy::LeastRequest,
+            &refs,
+            &pods,
+            &mut ask,
+            &c.scheduling
+        ),
         vec![2.0, 0.0]
     );
 }
 
 #[test]
+fn least_ttft_counts_the_tokens_queued_and_those_not_held() {
+    let c = config(r#","prefill_policy":"least_ttft""#);
+    let mut pods = idle(8);
+    // Pod 0 holds 80 % of a 10,000-token prompt and has 5,000 tokens of
+    // prefills queued; pod 1 holds nothing and has 2 prefills queued of 300
+    // and 200 tokens, plus 2 requests of others (scraped, besides this
+    // Envoy's own 2): each counted at this Envoy's mean prefill
+    // (5,500 / 3 tokens).
+    pods[0].outstanding_prefills = 1;
+    pods[0].outstanding_prefill_tokens = 5_000;
+    pods[1].outstanding_prefills = 2;
+    pods[1].outstanding_prefill_tokens = 500;
+    pods[1].metrics = Some(PodMetrics {
+        running: 3.0,
+        waiting: 1.0,
+        own_prefills: 2.0,
+        ..Default::default()
+    });
+    let cands = eps(&c, &[0, 1]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
+    let mut ask = PlacementRequest {
+        prompt_tokens: 10_000,
+        prefix_match: &prefix,
+        prefix_key: None,
+        load_bound: LoadBound { factor: 1.25 },
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
+        random: &mut random,
+        exclude: &[],
+    };
+    let mut s = c.scheduling.clone();
+    s.uncached_token_weight = 1.0;
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    assert_eq!(scores[0], 5_000.0 + 2_000.0);
+    assert!((scores[1] - (500.0 + 2.0 * 5_500.0 / 3.0 + 10_000.0)).abs() < 1e-6);
+    // The tokens not held weigh 8 times the queued ones by default.
+    let scores = prefill_scores(
+        PrefillPolicy::LeastTtft,
+        &refs,
+        &pods,
+        &mut ask,
+        &c.scheduling,
+    );
+    assert_eq!(scores[0], 5_000.0 + 8.0 * 2_000.0);
+    // Queued work past what the cache saves, so weighed, sends the prompt
+    // elsewhere (to an idle pod of the other roleset here): 70,000 + 16,000
+    // against 80,000.
+    pods[0].outstanding_prefill_tokens = 70_000;
+    let (p, _, reason) = run(&c, &pods, 10_000, &prefix);
+    assert!(
+        p.starts_with("10.0.1.") && reason == "policy",
+        "{p} {reason}"
+    );
+    pods[0].outstanding_prefill_tokens = 60_000;
+    assert_eq!(run(&c, &pods, 10_000, &prefix).0, "10.0.0.1:1");
+}
+
+#[test]
+fn least_ttft_is_not_overridden_by_counts_of_requests() {
+    let c = config(r#","prefill_policy":"least_ttft""#);
+    let mut pods = idle(8);
+    // Pod 0 runs 20 short prefills (far above the others by count, an
+    // outlier and an imbalance for the count rules), 2,000 tokens in all;
+    // pod 1 one prefill of 50,000 tokens.
+    pods[0].outstanding_prefills = 20;
+    pods[0].outstanding_prefill_tokens = 2_000;
+    pods[1].outstanding_prefills = 1;
+    pods[1].outstanding_prefill_tokens = 50_000;
+    for p in [4, 5] {
+        pods[p].outstanding_prefills = 1;
+        pods[p].outstanding_prefill_tokens = 50_000;
+    }
+    // Roleset 0's decode pods are busy, roleset 1's idle.
+    pods[2].pending_decodes = 6;
+    pods[3].pending_decodes = 4;
+    let (p, d, reason) = run(&c, &pods, 1_000, &no_prefix);
+    assert_eq!((p.as_str(), reason), ("10.0.0.1:1", "policy"));
+    // The decode pod is the decode policy's, within the prefill's roleset,
+    // though another roleset's decode pods are idler.
+    assert_eq!(d, "10.0.0.4:1");
+}
+
+#[test]
 fn load_balancing_score_matches_aibrix_formula() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     pods[2].pending_decodes = 1;
     pods[2].metrics = Some(PodMetrics {
@@ -149,10 +244,7 @@ fn load_balancing_score_matches_aibrix_formula() {
         prompt_tokens: 0,
         prefix_match: &no_prefix,
         prefix_key: None,
-        load_bound: LoadBound {
-            factor: 1.25,
-            min_spread: 8.0,
-        },
+        load_bound: LoadBound { factor: 1.25 },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -180,7 +272,7 @@ fn load_balancing_score_matches_aibrix_formula() {
 
 #[test]
 fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     // Both decode pods idle; d0 served the last requests, so its scraped
     // rate is high. Counting it would send it every next request.
@@ -195,10 +287,7 @@ fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
         prompt_tokens: 0,
         prefix_match: &no_prefix,
         prefix_key: None,
-        load_bound: LoadBound {
-            factor: 1.25,
-            min_spread: 8.0,
-        },
+        load_bound: LoadBound { factor: 1.25 },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -216,7 +305,7 @@ fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
 
 #[test]
 fn rolesets_are_ranked_by_the_normalised_sum_of_their_best_pods() {
-    let mut c = config("");
+    let mut c = config(AIBRIX);
     // The scores alone, without the prefix-affinity shortcut.
     c.scheduling.prefix_affinity_min_match = 101.0;
     let mut pods = idle(8);
@@ -279,7 +368,7 @@ fn rolesets_are_ranked_by_the_normalised_sum_of_their_best_pods() {
 
 #[test]
 fn prefill_imbalance_takes_the_least_loaded_pod_and_aligns_decode() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     for p in [0, 1, 5] {
         pods[p].outstanding_prefills = 17;
@@ -301,7 +390,7 @@ fn prefill_imbalance_takes_the_least_loaded_pod_and_aligns_decode() {
 
 #[test]
 fn outliers_are_filtered_before_scoring() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     // Loads 1, 1, 1, 10: mean 3.25, sample σ 4.5, limit 7.75 → pod 5 is out,
     // although its 100% prefix match would otherwise win.
@@ -318,7 +407,7 @@ fn outliers_are_filtered_before_scoring() {
 
 #[test]
 fn decode_imbalance_checks_in_aibrix_order() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     // 1. running + pending spread ≥ 16 → the least loaded decode pod.
     for d in [2, 3, 6] {
@@ -381,10 +470,7 @@ fn unhealthy_and_excluded_pods_are_skipped() {
         prompt_tokens: 1,
         prefix_match: &no_prefix,
         prefix_key: None,
-        load_bound: LoadBound {
-            factor: 1.25,
-            min_spread: 8.0,
-        },
+        load_bound: LoadBound { factor: 1.25 },
         prefill_turn: 0,
         decode_turn: &mut |_| 0,
         random: &mut random,
@@ -407,10 +493,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             prefix_key: None,
-            load_bound: LoadBound {
-                factor: 1.25,
-                min_spread: 8.0,
-            },
+            load_bound: LoadBound { factor: 1.25 },
             prefill_turn: turn,
             decode_turn: &mut |_| 0,
             random: &mut random,
@@ -438,10 +521,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             prefix_key: None,
-            load_bound: LoadBound {
-                factor: 1.25,
-                min_spread: 8.0,
-            },
+            load_bound: LoadBound { factor: 1.25 },
             prefill_turn: 0,
             decode_turn: &mut |_| 0,
             random: &mut random,
@@ -469,10 +549,7 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             prefix_key: None,
-            load_bound: LoadBound {
-                factor: 1.25,
-                min_spread: 8.0,
-            },
+            load_bound: LoadBound { factor: 1.25 },
             prefill_turn: 0,
             decode_turn: &mut |_| 0,
             random: &mut random,
@@ -561,7 +638,7 @@ fn models_without_a_complete_roleset() {
 
 #[test]
 fn a_pod_holding_most_of_the_prompt_takes_it_whatever_the_decode_load() {
-    let c = config("");
+    let c = config(AIBRIX);
     let mut pods = idle(8);
     // rs0's decodes are busier, which alone would favour rs1.
     for d in [2, 3] {
@@ -612,6 +689,7 @@ fn three_rolesets(extra_model: &str) -> Config {
 fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
     for policies in [
         "",
+        AIBRIX,
         r#","prefill_policy":"least_request","decode_policy":"least_request""#,
         r#","prefill_policy":"power_of_two","decode_policy":"power_of_two""#,
         r#","prefill_policy":"random","decode_policy":"random""#,
@@ -628,10 +706,7 @@ fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
                 prompt_tokens: 10,
                 prefix_match: &no_prefix,
                 prefix_key: None,
-                load_bound: LoadBound {
-                    factor: 1.25,
-                    min_spread: 8.0,
-                },
+                load_bound: LoadBound { factor: 1.25 },
                 prefill_turn: seed,
                 decode_turn: &mut |_| 0,
                 random: &mut random,
@@ -690,10 +765,7 @@ fn round_robin_rotates_each_phase_on_its_own() {
             prompt_tokens: 1,
             prefix_match: &no_prefix,
             prefix_key: None,
-            load_bound: LoadBound {
-                factor: 1.25,
-                min_spread: 8.0,
-            },
+            load_bound: LoadBound { factor: 1.25 },
             prefill_turn: turn,
             decode_turn: &mut decode_turn,
             random: &mut random,
@@ -718,7 +790,8 @@ fn consistent(pods: usize) -> Config {
         })
         .collect();
     let json = format!(
-        r#"{{"models":[{{"name":"m","engine":"vllm","prefill_policy":"consistent_hash","rolesets":[{}]}}]}}"#,
+        r#"{{"scheduling":{{"bounded_load_factor":1.25}},
+            "models":[{{"name":"m","engine":"vllm","prefill_policy":"consistent_hash","rolesets":[{}]}}]}}"#,
         rs.join(",")
     );
     Config::parse(json.as_bytes()).expect("config")
@@ -812,10 +885,42 @@ fn consistent_hashing_gives_way_under_load() {
     });
     let second = place_key(&c, &pods, key, 1);
     assert_ne!(second, first, "an overloaded pod gives way");
-    // A little load above the others is within the bound: it stays.
+    let set = |pods: &mut Vec<PodState>, loads: [f64; 3]| {
+        for (addr, l) in [&first, &second].into_iter().zip(loads) {
+            pods[slot(addr)].metrics = Some(PodMetrics {
+                running: l,
+                ..Default::default()
+            });
+        }
+        let third = (0..3)
+            .map(|r| format!("10.7.{r}.1:1"))
+            .find(|a| *a != first && *a != second)
+            .expect("a third pod");
+        pods[slot(&third)].metrics = Some(PodMetrics {
+            waiting: loads[2],
+            ..Default::default()
+        });
+    };
+    // At most ⌈1.25 × (load + 1) / pods⌉ a pod, whatever the load: under
+    // light load one request in flight is a pod's share (1, 0, 0: at most 1).
+    set(&mut pods, [1.0, 0.0, 0.0]);
+    assert_eq!(place_key(&c, &pods, key, 1), second, "light load spreads");
+    // 2, 1, 1: at most ⌈1.25 × 5 / 3⌉ = 3, so the key's pod keeps it.
+    set(&mut pods, [2.0, 1.0, 1.0]);
+    assert_eq!(place_key(&c, &pods, key, 1), first);
+    // 3, 1, 1: at most ⌈1.25 × 6 / 3⌉ = 3, reached: the next of the ranking.
+    set(&mut pods, [3.0, 1.0, 1.0]);
+    assert_eq!(place_key(&c, &pods, key, 1), second);
+    // This replica's own prefills count once: scraped while in flight, they
+    // are taken out of the engine's figure (3 − 2 + 2 in flight now, not 5).
+    set(&mut pods, [2.0, 1.0, 1.0]);
     pods[slot(&first)].metrics = Some(PodMetrics {
-        running: 1.0,
+        running: 3.0,
+        own_prefills: 2.0,
         ..Default::default()
     });
-    assert_eq!(place_key(&c, &pods, key, 1), first);
+    pods[slot(&first)].outstanding_prefills = 2;
+    assert_eq!(place_key(&c, &pods, key, 1), second, "3 of at most 3");
+    pods[slot(&first)].outstanding_prefills = 1;
+    assert_eq!(place_key(&c, &pods, key, 1), first, "2 of at most 3");
 }

@@ -33,6 +33,7 @@ pub fn observe(prev: &Previous, now_ms: u64, m: &EngineMetrics) -> (PodMetrics, 
         running: m.running.unwrap_or(0.0),
         // Filled in by the scraper, which knows this Envoy's own load.
         own_running: 0.0,
+        own_prefills: 0.0,
         waiting: m.waiting.unwrap_or(0.0),
         kv_usage: m.kv_usage,
         // An engine's own throughput gauge beats a rate over one interval.

@@ -9,8 +9,9 @@ use serde_json::json;
 use std::collections::HashMap;
 
 /// Prefill and decode policies, as a user would configure them.
-const POLICIES: [(&str, Option<&str>, Option<&str>); 6] = [
+const POLICIES: [(&str, Option<&str>, Option<&str>); 7] = [
     ("default", None, None),
+    ("aibrix", Some("prefix_cache"), Some("load_balancing")),
     (
         "least-request",
         Some("least_request"),

@@ -9,7 +9,7 @@
 use super::fleet::{Flavor, Fleet, Offer, Record};
 use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
-use super::text::{parse_prompt, token_ids};
+use super::text::{parse_prompt, parse_token_ids, token_ids};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -52,16 +52,24 @@ fn bad(message: &str) -> Response {
 
 /// The request's fields the simulation reads.
 fn asked(v: &Value) -> Result<Asked, String> {
-    let prompt = v
-        .get("prompt")
-        .and_then(Value::as_str)
-        .ok_or("the simulated pods take `prompt` as one string")?;
+    let prompt = match v.get("prompt") {
+        Some(Value::String(text)) => parse_prompt(text.as_bytes()),
+        // Token ids (vllm-router keys on them without asking for a render).
+        Some(Value::Array(ids)) => {
+            let ids: Option<Vec<u32>> = ids
+                .iter()
+                .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
+                .collect();
+            parse_token_ids(&ids.ok_or("token ids must be integers below 2^32")?)
+        }
+        _ => return Err("the simulated pods take `prompt` as one string or token ids".into()),
+    };
     let max_tokens = match v.get("max_tokens") {
         None | Some(Value::Null) => 16,
         Some(m) => m.as_u64().ok_or("max_tokens must be an integer")? as u32,
     };
     Ok(Asked {
-        prompt: parse_prompt(prompt.as_bytes()),
+        prompt,
         max_tokens,
         stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
         user: v

@@ -116,7 +116,9 @@ pub fn parse_prompt(text: &[u8]) -> Prompt {
 pub fn token_ids(prompt: &Prompt) -> Vec<u32> {
     let mut out = Vec::with_capacity(prompt.tokens as usize);
     for (i, b) in prompt.blocks.iter().enumerate() {
-        let base = b.id.map_or(0x4000_0000 + i as u64, |id| {
+        // Named blocks' ids stay below ANONYMOUS_BASE for ids under 2^21
+        // (a trace's are far fewer), so they read back.
+        let base = b.id.map_or(ANONYMOUS_BASE + i as u64, |id| {
             id.wrapping_mul(BLOCK_TOKENS as u64)
         });
         for t in 0..b.tokens {
@@ -124,6 +126,38 @@ pub fn token_ids(prompt: &Prompt) -> Vec<u32> {
         }
     }
     out
+}
+
+/// The base of an anonymous block's token ids (block `i` starts at
+/// `ANONYMOUS_BASE + i`): above every named block's ids, so no anonymous
+/// block reads back as a named one.
+const ANONYMOUS_BASE: u64 = 0x4000_0000;
+
+/// A prompt sent as the token ids [`token_ids`] gives (a router that keys on
+/// token ids needs no tokenizer call): its blocks and length, as
+/// [`parse_prompt`] reads the same prompt's text. A chunk of
+/// [`BLOCK_TOKENS`] ids that is not a named block's is anonymous.
+pub fn parse_token_ids(ids: &[u32]) -> Prompt {
+    let blocks = ids
+        .chunks(BLOCK_TOKENS as usize)
+        .map(|chunk| {
+            let first = chunk.first().copied().unwrap_or(0) as u64;
+            let named = first < ANONYMOUS_BASE
+                && first.is_multiple_of(BLOCK_TOKENS as u64)
+                && chunk
+                    .iter()
+                    .enumerate()
+                    .all(|(t, id)| *id as u64 == first + t as u64);
+            Block {
+                id: named.then_some(first / BLOCK_TOKENS as u64),
+                tokens: chunk.len() as u32,
+            }
+        })
+        .collect();
+    Prompt {
+        blocks,
+        tokens: ids.len() as u32,
+    }
 }
 
 #[cfg(test)]
@@ -171,6 +205,21 @@ mod tests {
         assert_eq!(p.tokens, 8);
         let forged = format!("#5;{}", "x".repeat(100));
         assert_eq!(parse_prompt(forged.as_bytes()).ids(), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn token_ids_read_back_as_the_text_does() {
+        for (ids, tokens) in [
+            (&[3u64, 4][..], 600u32),
+            (&[0, 7, 9], 1100),
+            (&[5], 1),
+            (&[], 0),
+        ] {
+            let p = parse_prompt(prompt_text(ids, tokens).as_bytes());
+            assert_eq!(parse_token_ids(&token_ids(&p)), p, "{ids:?} {tokens}");
+        }
+        let foreign = parse_token_ids(&[1, 2, 3]);
+        assert_eq!((foreign.ids(), foreign.tokens), (vec![], 3));
     }
 
     #[test]
