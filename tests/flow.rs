@@ -2104,3 +2104,54 @@ fn a_saturated_model_sheds_queues_by_priority_and_expires_waits() {
     assert_eq!(gone.host.counted(Counter::AdmissionCancelled), 1);
     assert!(gone.host.dispatched.is_empty() && gone.host.replies.is_empty());
 }
+
+#[test]
+fn a_prefill_retry_may_use_a_pod_that_was_full_when_the_request_was_let_in() {
+    let json = r#"{
+      "admission": {"max_in_flight_per_pod": 1},
+      "prefill_max_retries": 1,
+      "models": [{"name": "m", "engine": "vllm", "prefill_policy": "round_robin",
+                  "rolesets": [{"prefill": ["10.9.1.1:8000", "10.9.1.2:8000"],
+                                "decode": ["10.9.1.3:8000"]}]}]
+    }"#;
+    let r = Rc::new(Router::new(Config::parse(json.as_bytes()).unwrap(), 0).unwrap());
+    let fleet = r.fleet();
+    let m = fleet.model("m").unwrap();
+    let a = m
+        .endpoints()
+        .iter()
+        .find(|e| e.address == "10.9.1.1:8000")
+        .unwrap()
+        .id;
+    let full_a = pd_router::router::HeldLoad {
+        model: m.id,
+        prefill: Some(a),
+        prefill_tokens: 1,
+        decode: None,
+    };
+    let mut host = post(
+        "/v1/completions",
+        r#"{"model":"m","prompt":"p","max_tokens":5}"#,
+    );
+    // Another request's prefill fills pod A when this one arrives.
+    let now = host.now_ms();
+    r.hold(host.shared.get_mut(), full_a, now).unwrap();
+    let mut flow = Flow::new(Rc::clone(&r));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(dispatched_to(&host, 0), "10.9.1.2:8000", "A was full");
+    // A frees; then B's prefill fails: the retry goes to A.
+    r.release(host.shared.get_mut(), full_a, None, now).unwrap();
+    answer(
+        &mut flow,
+        &mut host,
+        Some(503),
+        "upstream connect error or disconnect/reset before headers",
+    );
+    assert!(host.replies.is_empty(), "{:?}", host.replies);
+    assert_eq!(host.dispatched.len(), 2, "retried");
+    assert_eq!(dispatched_to(&host, 1), "10.9.1.1:8000");
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    flow.on_stream_end(&mut host);
+    assert!(all_zero(&r, &host));
+}

@@ -15,7 +15,7 @@ pub mod room;
 pub mod settings;
 pub mod shared;
 
-pub use queue::{Queue, Waiting};
+pub use queue::{Count, Entry, Queue, Waiting};
 pub use room::{full_slots, Room};
 pub use settings::{Admission, Objectives, FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
 

@@ -1,7 +1,9 @@
 //! One VM's waiting requests: taken highest priority first; within a
 //! priority, round robin over fairness ids (the tenant served longest ago
 //! goes next, one that was never served first), and first come first
-//! served within a tenant.
+//! served within a tenant. A request that cannot go now (its LoRA
+//! adapter's own pods are full) is passed over, not waited on: it keeps its
+//! place, and the requests behind it that can go do.
 
 use crate::fleet::ModelId;
 use std::collections::HashMap;
@@ -12,11 +14,36 @@ pub struct Waiting {
     /// The stream's context id: the shell resumes it by this.
     pub context: u32,
     pub model: ModelId,
+    /// The LoRA adapter it names: only the pods that serve it can take it.
+    pub adapter: Option<String>,
     pub priority: i32,
     pub fairness: String,
     pub since_ms: u64,
     /// Arrival order.
     seq: u64,
+    /// The last look found no pod of its own free: other VMs do not let
+    /// their requests wait behind it.
+    blocked: bool,
+}
+
+/// Who a request is and where it goes, as it enters the queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub context: u32,
+    pub model: ModelId,
+    pub adapter: Option<String>,
+    pub priority: i32,
+    pub fairness: String,
+}
+
+/// One (model, priority)'s waiting requests: all of them, and those not
+/// blocked on their own pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub model: ModelId,
+    pub priority: i32,
+    pub waiting: u32,
+    pub open: u32,
 }
 
 #[derive(Debug, Default)]
@@ -38,23 +65,25 @@ impl Queue {
         self.waiting.is_empty()
     }
 
-    pub fn push(
-        &mut self,
-        context: u32,
-        model: ModelId,
-        priority: i32,
-        fairness: String,
-        now_ms: u64,
-    ) {
+    pub fn push(&mut self, e: Entry, now_ms: u64) {
         self.arrivals += 1;
         self.waiting.push(Waiting {
-            context,
-            model,
-            priority,
-            fairness,
+            context: e.context,
+            model: e.model,
+            adapter: e.adapter,
+            priority: e.priority,
+            fairness: e.fairness,
             since_ms: now_ms,
             seq: self.arrivals,
+            blocked: false,
         });
+    }
+
+    /// Puts back a request [`Queue::take_next`] gave out that could not go
+    /// after all: in its old place, blocked.
+    pub fn put_back(&mut self, mut w: Waiting) {
+        w.blocked = true;
+        self.waiting.push(w);
     }
 
     /// Takes `context` out (its client left, or it was answered).
@@ -86,6 +115,16 @@ impl Queue {
             .max()
     }
 
+    /// The highest priority waiting for `model` here that the last look
+    /// did not find blocked on its own pods.
+    pub fn top_open_priority(&self, model: ModelId) -> Option<i32> {
+        self.waiting
+            .iter()
+            .filter(|w| w.model == model && !w.blocked)
+            .map(|w| w.priority)
+            .max()
+    }
+
     /// The models with requests waiting, each once.
     pub fn models(&self) -> Vec<ModelId> {
         let mut out: Vec<ModelId> = Vec::new();
@@ -97,41 +136,73 @@ impl Queue {
         out
     }
 
-    /// Takes the next request of `model` at its highest waiting priority.
-    pub fn take_next(&mut self, model: ModelId) -> Option<Waiting> {
-        let priority = self.top_priority(model)?;
-        let served = |w: &Waiting| {
-            self.served
-                .get(&(w.model, w.priority, w.fairness.clone()))
-                .copied()
-                .unwrap_or(0)
-        };
-        // The tenant served longest ago; its oldest request.
-        let i = self
+    /// Takes the next request of `model` that `can_go` lets go: at the
+    /// highest priority that has one, the tenant served longest ago, its
+    /// oldest request. Those `can_go` refuses stay, marked blocked.
+    pub fn take_next(
+        &mut self,
+        model: ModelId,
+        can_go: &mut dyn FnMut(&Waiting) -> bool,
+    ) -> Option<Waiting> {
+        let mut priorities: Vec<i32> = self
             .waiting
             .iter()
-            .enumerate()
-            .filter(|(_, w)| w.model == model && w.priority == priority)
-            .min_by_key(|(_, w)| (served(w), w.seq))
-            .map(|(i, _)| i)?;
-        let w = self.waiting.remove(i);
-        self.services += 1;
-        self.served
-            .insert((w.model, w.priority, w.fairness.clone()), self.services);
-        self.forget_if_idle(&w);
-        Some(w)
+            .filter(|w| w.model == model)
+            .map(|w| w.priority)
+            .collect();
+        priorities.sort_unstable_by(|a, b| b.cmp(a));
+        priorities.dedup();
+        for priority in priorities {
+            for w in self.waiting.iter_mut() {
+                if w.model == model && w.priority == priority {
+                    w.blocked = !can_go(w);
+                }
+            }
+            let served = |w: &Waiting| {
+                self.served
+                    .get(&(w.model, w.priority, w.fairness.clone()))
+                    .copied()
+                    .unwrap_or(0)
+            };
+            let next = self
+                .waiting
+                .iter()
+                .enumerate()
+                .filter(|(_, w)| w.model == model && w.priority == priority && !w.blocked)
+                .min_by_key(|(_, w)| (served(w), w.seq))
+                .map(|(i, _)| i);
+            let Some(i) = next else {
+                continue;
+            };
+            let w = self.waiting.remove(i);
+            self.services += 1;
+            self.served
+                .insert((w.model, w.priority, w.fairness.clone()), self.services);
+            self.forget_if_idle(&w);
+            return Some(w);
+        }
+        None
     }
 
     /// Waiting requests by (model, priority).
-    pub fn counts(&self) -> Vec<(ModelId, i32, u32)> {
-        let mut out: Vec<(ModelId, i32, u32)> = Vec::new();
+    pub fn counts(&self) -> Vec<Count> {
+        let mut out: Vec<Count> = Vec::new();
         for w in &self.waiting {
+            let open = u32::from(!w.blocked);
             match out
                 .iter_mut()
-                .find(|(m, p, _)| *m == w.model && *p == w.priority)
+                .find(|c| c.model == w.model && c.priority == w.priority)
             {
-                Some(c) => c.2 += 1,
-                None => out.push((w.model, w.priority, 1)),
+                Some(c) => {
+                    c.waiting += 1;
+                    c.open += open;
+                }
+                None => out.push(Count {
+                    model: w.model,
+                    priority: w.priority,
+                    waiting: 1,
+                    open,
+                }),
             }
         }
         out
@@ -156,19 +227,42 @@ mod tests {
     const N: ModelId = ModelId(2);
 
     fn order(q: &mut Queue, model: ModelId) -> Vec<u32> {
-        std::iter::from_fn(|| q.take_next(model).map(|w| w.context)).collect()
+        std::iter::from_fn(|| q.take_next(model, &mut |_| true).map(|w| w.context)).collect()
+    }
+
+    fn push(q: &mut Queue, context: u32, model: ModelId, priority: i32, tenant: &str, at: u64) {
+        let e = Entry {
+            context,
+            model,
+            adapter: None,
+            priority,
+            fairness: tenant.into(),
+        };
+        q.push(e, at);
+    }
+
+    fn count(model: ModelId, priority: i32, waiting: u32, open: u32) -> Count {
+        Count {
+            model,
+            priority,
+            waiting,
+            open,
+        }
     }
 
     #[test]
     fn priority_first_then_first_come() {
         let mut q = Queue::default();
-        q.push(1, M, 0, String::new(), 0);
-        q.push(2, M, 10, String::new(), 1);
-        q.push(3, M, 0, String::new(), 2);
-        q.push(4, N, 99, String::new(), 3);
-        q.push(5, M, 10, String::new(), 4);
+        push(&mut q, 1, M, 0, "", 0);
+        push(&mut q, 2, M, 10, "", 1);
+        push(&mut q, 3, M, 0, "", 2);
+        push(&mut q, 4, N, 99, "", 3);
+        push(&mut q, 5, M, 10, "", 4);
         assert_eq!(q.top_priority(M), Some(10));
-        assert_eq!(q.counts(), vec![(M, 0, 2), (M, 10, 2), (N, 99, 1)]);
+        assert_eq!(
+            q.counts(),
+            vec![count(M, 0, 2, 2), count(M, 10, 2, 2), count(N, 99, 1, 1)]
+        );
         assert_eq!(order(&mut q, M), vec![2, 5, 1, 3]);
         assert_eq!(q.models(), vec![N]);
     }
@@ -177,7 +271,7 @@ mod tests {
     fn tenants_take_turns_within_a_priority() {
         let mut q = Queue::default();
         for (ctx, tenant) in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "c"), (6, "b")] {
-            q.push(ctx, M, 0, tenant.into(), ctx as u64);
+            push(&mut q, ctx, M, 0, tenant, ctx as u64);
         }
         assert_eq!(order(&mut q, M), vec![1, 4, 5, 2, 6, 3]);
         assert!(
@@ -189,13 +283,41 @@ mod tests {
     #[test]
     fn expiry_and_removal_take_requests_out() {
         let mut q = Queue::default();
-        q.push(1, M, 0, "a".into(), 100);
-        q.push(2, M, 0, "a".into(), 500);
-        q.push(3, M, 0, "b".into(), 900);
+        push(&mut q, 1, M, 0, "a", 100);
+        push(&mut q, 2, M, 0, "a", 500);
+        push(&mut q, 3, M, 0, "b", 900);
         let gone: Vec<u32> = q.expired(1500, 1000).iter().map(|w| w.context).collect();
         assert_eq!(gone, vec![1, 2]);
         assert_eq!(q.remove(3).map(|w| w.context), Some(3));
         assert!(q.remove(3).is_none());
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_request_that_cannot_go_keeps_its_place_and_the_next_goes() {
+        let mut q = Queue::default();
+        push(&mut q, 1, M, 10, "a", 0);
+        push(&mut q, 2, M, 0, "b", 1);
+        push(&mut q, 3, M, 10, "c", 2);
+        // Requests 1 and 3 name an adapter whose pods are full.
+        let mut base_only = |w: &Waiting| w.priority == 0;
+        assert_eq!(q.take_next(M, &mut base_only).map(|w| w.context), Some(2));
+        assert_eq!(q.top_priority(M), Some(10));
+        assert_eq!(q.top_open_priority(M), None, "both are blocked");
+        assert_eq!(q.counts(), vec![count(M, 10, 2, 0)]);
+        // Room again: first come, first served, as if never passed over.
+        assert_eq!(order(&mut q, M), vec![1, 3]);
+    }
+
+    #[test]
+    fn a_request_put_back_keeps_its_arrival() {
+        let mut q = Queue::default();
+        push(&mut q, 1, M, 0, "", 0);
+        push(&mut q, 2, M, 0, "", 1);
+        let first = q.take_next(M, &mut |_| true).expect("one waits");
+        assert_eq!(first.context, 1);
+        q.put_back(first);
+        assert_eq!(q.top_open_priority(M), Some(0), "request 2 is open");
+        assert_eq!(order(&mut q, M), vec![1, 2]);
     }
 }

@@ -1,9 +1,11 @@
 //! What each VM tells the others about its queue, through shared data: per
 //! worker slot, its waiting counts by model and priority, and when it
 //! wrote them. A VM lets its own request go only when no other VM has a
-//! higher priority waiting for the same model, so the highest priority in
-//! the Envoy process goes first.
+//! higher priority waiting for the same model that could go (one blocked
+//! on its adapter's full pods holds no one back), so the highest priority
+//! in the Envoy process goes first.
 
+use super::queue::Count;
 use crate::codec::{RecordReader, RecordWriter};
 use crate::fleet::ModelId;
 
@@ -14,18 +16,19 @@ pub const STALE_MS: u64 = 5_000;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Report {
     pub at_ms: u64,
-    pub counts: Vec<(ModelId, i32, u32)>,
+    pub counts: Vec<Count>,
 }
 
 impl Report {
     pub fn encode(&self) -> Vec<u8> {
-        let mut w = RecordWriter::with_capacity(12 + self.counts.len() * 16);
+        let mut w = RecordWriter::with_capacity(12 + self.counts.len() * 20);
         w.u64(self.at_ms);
         w.u32(self.counts.len() as u32);
-        for (m, p, n) in &self.counts {
-            w.u64(m.0);
-            w.u32(*p as u32);
-            w.u32(*n);
+        for c in &self.counts {
+            w.u64(c.model.0);
+            w.u32(c.priority as u32);
+            w.u32(c.waiting);
+            w.u32(c.open);
         }
         w.finish()
     }
@@ -37,7 +40,12 @@ impl Report {
         let n = r.u32()? as usize;
         let mut counts = Vec::with_capacity(n.min(1024));
         for _ in 0..n {
-            counts.push((ModelId(r.u64()?), r.u32()? as i32, r.u32()?));
+            counts.push(Count {
+                model: ModelId(r.u64()?),
+                priority: r.u32()? as i32,
+                waiting: r.u32()?,
+                open: r.u32()?,
+            });
         }
         Some(Report { at_ms, counts })
     }
@@ -56,13 +64,12 @@ impl Others {
         Others(reports.into_iter().filter(|r| r.fresh(now_ms)).collect())
     }
 
-    /// The highest priority another VM has waiting for `model`.
+    /// The highest priority another VM has waiting for `model` that could
+    /// go at its last look.
     pub fn top_priority(&self, model: ModelId) -> Option<i32> {
-        self.0
-            .iter()
-            .flat_map(|r| r.counts.iter())
-            .filter(|(m, _, n)| *m == model && *n > 0)
-            .map(|(_, p, _)| *p)
+        self.counts()
+            .filter(|c| c.model == model && c.open > 0)
+            .map(|c| c.priority)
             .max()
     }
 
@@ -71,12 +78,12 @@ impl Others {
         self.0
             .iter()
             .flat_map(|r| r.counts.iter())
-            .map(|(_, _, n)| *n)
+            .map(|c| c.waiting)
             .sum()
     }
 
     /// Waiting counts in the other VMs, by (model, priority).
-    pub fn counts(&self) -> impl Iterator<Item = &(ModelId, i32, u32)> {
+    pub fn counts(&self) -> impl Iterator<Item = &Count> {
         self.0.iter().flat_map(|r| r.counts.iter())
     }
 }
@@ -85,21 +92,39 @@ impl Others {
 mod tests {
     use super::*;
 
+    fn count(model: u64, priority: i32, waiting: u32, open: u32) -> Count {
+        Count {
+            model: ModelId(model),
+            priority,
+            waiting,
+            open,
+        }
+    }
+
     #[test]
     fn reports_round_trip_and_stale_ones_are_ignored() {
         let r = Report {
             at_ms: 1000,
-            counts: vec![(ModelId(7), -1, 3), (ModelId(7), 10, 1), (ModelId(8), 0, 2)],
+            counts: vec![
+                count(7, -1, 3, 3),
+                count(7, 10, 1, 1),
+                count(7, 20, 1, 0),
+                count(8, 0, 2, 2),
+            ],
         };
         assert_eq!(Report::decode(&r.encode()), Some(r.clone()));
         assert_eq!(Report::decode(&[1, 2]), None);
         let old = Report {
             at_ms: 0,
-            counts: vec![(ModelId(7), 99, 1)],
+            counts: vec![count(7, 99, 1, 1)],
         };
         let others = Others::new(vec![r, old], 1000 + STALE_MS - 1);
-        assert_eq!(others.top_priority(ModelId(7)), Some(10));
+        assert_eq!(
+            others.top_priority(ModelId(7)),
+            Some(10),
+            "priority 20 is blocked on its adapter's pods"
+        );
         assert_eq!(others.top_priority(ModelId(9)), None);
-        assert_eq!(others.total(), 6);
+        assert_eq!(others.total(), 7);
     }
 }

@@ -4,8 +4,9 @@
 //! is shed at once, and a full queue refuses it.
 
 use super::{Attempt, Flow, Phase, Sent};
-use crate::admission::{Dropped, Room};
+use crate::admission::{Dropped, Entry, Room};
 use crate::error::PdError;
+use crate::fleet::PodId;
 use crate::host::{Counter, Histogram, Host, Level};
 use crate::split::SplitRequest;
 use std::rc::Rc;
@@ -59,13 +60,14 @@ impl Flow {
                     host.increment(Counter::AdmissionQueueFull);
                     return Err(drop(Dropped::QueueFull));
                 }
-                router.enqueue(
-                    self.context,
-                    model.id,
+                let entry = Entry {
+                    context: self.context,
+                    model: model.id,
+                    adapter,
                     priority,
-                    self.head.fairness.clone(),
-                    now,
-                );
+                    fairness: self.head.fairness.clone(),
+                };
+                router.enqueue(entry, now);
                 host.increment(Counter::AdmissionQueued);
                 self.debug(host, || {
                     format!(
@@ -82,10 +84,10 @@ impl Flow {
         }
     }
 
-    /// Lets a waiting request in (the tick found room for its model):
-    /// places and sends it as if it had just arrived, its model's full pods
-    /// left out. False when the pods of its adapter are all full: it waits
-    /// on, in its place, and the tick lets nothing more in.
+    /// Lets a waiting request in (the tick found room for it): places and
+    /// sends it as if it had just arrived, its model's full pods left out.
+    /// False when its pods are all full after all: it is still waiting, and
+    /// the caller puts it back in its place.
     pub fn admit<H: Host>(&mut self, host: &mut H) -> bool {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
@@ -98,14 +100,7 @@ impl Flow {
         };
         let full = match room {
             Room::Free { full } => full,
-            Room::Saturated => {
-                if let Phase::Queued(q) = &self.phase {
-                    let (model, since) = (q.request.model.id, q.since_ms);
-                    let tenant = self.head.fairness.clone();
-                    router.enqueue(self.context, model, self.head.priority, tenant, since);
-                }
-                return false;
-            }
+            Room::Saturated => return false,
             Room::Unservable => Vec::new(),
         };
         let Some(queued) = self.take_queued(host) else {
@@ -128,6 +123,20 @@ impl Flow {
             }
         }
         true
+    }
+
+    /// The pods admission control finds full now, for a retry's placement:
+    /// those full when the request was let in may have room by then. When
+    /// every pod is full, none is left out: the request was let in already.
+    pub(super) fn full_now<H: Host>(&self, host: &H, request: &SplitRequest) -> Vec<PodId> {
+        if self.router.config.admission.is_none() {
+            return Vec::new();
+        }
+        let (model, adapter) = (&request.model, request.adapter.as_deref());
+        match self.router.room(host, model, adapter, host.now_ms()) {
+            Room::Free { full } => self.router.pods_at(model, &full),
+            Room::Saturated | Room::Unservable => Vec::new(),
+        }
     }
 
     /// Answers a request that waited its TTL.

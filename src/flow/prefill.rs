@@ -264,6 +264,7 @@ impl Flow {
             attempt.failed_on.push(p.plan.prefill_pod.id);
         }
         attempt.number += 1;
+        attempt.full = self.full_now(host, &p.plan.request);
         match self.place(host, p.plan.request, attempt) {
             Ok(Sent::Waiting) => Ok(()),
             Ok(Sent::Upstream) => Ok(host.resume_request()?),

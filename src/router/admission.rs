@@ -5,7 +5,7 @@
 use super::Router;
 use crate::admission::room::room;
 use crate::admission::shared::{Others, Report};
-use crate::admission::{Room, Waiting};
+use crate::admission::{Entry, Room, Waiting};
 use crate::fleet::{Model, ModelId, PodId};
 use crate::pods::SharedStore;
 use crate::trt_id::WORKER_SLOTS;
@@ -50,7 +50,7 @@ impl Router {
     /// already waiting for it (here, or in another VM at the last tick)
     /// rather than take a free pod first.
     pub fn waits_behind(&self, model: ModelId, priority: i32) -> bool {
-        let here = self.queue.borrow().top_priority(model);
+        let here = self.queue.borrow().top_open_priority(model);
         let there = self.others.borrow().top_priority(model);
         here.max(there).is_some_and(|p| p >= priority)
     }
@@ -61,18 +61,15 @@ impl Router {
         self.queue.borrow().len() as u64 + u64::from(self.others.borrow().total())
     }
 
-    /// Queues a request of this VM's stream `context`.
-    pub fn enqueue(
-        &self,
-        context: u32,
-        model: ModelId,
-        priority: i32,
-        fairness: String,
-        now_ms: u64,
-    ) {
-        self.queue
-            .borrow_mut()
-            .push(context, model, priority, fairness, now_ms);
+    /// Queues a request of this VM's stream.
+    pub fn enqueue(&self, entry: Entry, now_ms: u64) {
+        self.queue.borrow_mut().push(entry, now_ms);
+    }
+
+    /// Puts back a request [`Router::next_admitted`] gave out that found
+    /// its pods full after all: in its old place.
+    pub fn put_back(&self, w: Waiting) {
+        self.queue.borrow_mut().put_back(w);
     }
 
     /// Takes `context` out of the queue (its client left).
@@ -98,9 +95,11 @@ impl Router {
         *self.others.borrow_mut() = Others::new(reports, now_ms);
     }
 
-    /// The next of this VM's waiting requests to let in now: of a model
-    /// with room, at the highest priority waiting for it here, unless
-    /// another VM has a higher one waiting (that VM goes first).
+    /// The next of this VM's waiting requests to let in now: one that has
+    /// room (a request naming an adapter: on the pods that serve it), at
+    /// the highest priority that has one waiting here, unless another VM has
+    /// a higher one that could go (that VM goes first). A request whose
+    /// pods are full is passed over and keeps its place.
     pub fn next_admitted<S: SharedStore + ?Sized>(
         &self,
         store: &S,
@@ -118,6 +117,8 @@ impl Router {
             let Some(mine) = self.queue.borrow().top_priority(id) else {
                 continue;
             };
+            // Another VM's higher priority goes first, unless it is higher
+            // only than requests of ours that cannot go anyway.
             if self
                 .others
                 .borrow()
@@ -129,10 +130,23 @@ impl Router {
             let Some(model) = fleet.models().iter().find(|m| m.id == id) else {
                 continue;
             };
-            // The model's room; a waiting adapter request whose own pods
-            // are full goes back to wait (`Flow::admit`).
-            if matches!(self.room(store, model, None, now_ms), Room::Free { .. }) {
-                return self.queue.borrow_mut().take_next(id);
+            // Room per adapter, looked up once per call.
+            let mut rooms: Vec<(Option<String>, bool)> = Vec::new();
+            let mut can_go = |w: &Waiting| {
+                if let Some((_, free)) = rooms.iter().find(|(a, _)| *a == w.adapter) {
+                    return *free;
+                }
+                // Unservable goes too: placement answers why.
+                let free = !matches!(
+                    self.room(store, model, w.adapter.as_deref(), now_ms),
+                    Room::Saturated
+                );
+                rooms.push((w.adapter.clone(), free));
+                free
+            };
+            let next = self.queue.borrow_mut().take_next(id, &mut can_go);
+            if next.is_some() {
+                return next;
             }
         }
         None
@@ -159,16 +173,17 @@ impl Router {
         let queue = self.queue.borrow();
         let others = self.others.borrow();
         let mine = queue.counts();
-        for (m, p, n) in mine.iter().chain(others.counts()) {
-            let Some(model) = fleet.models().iter().find(|x| x.id == *m) else {
+        for c in mine.iter().chain(others.counts()) {
+            let Some(model) = fleet.models().iter().find(|x| x.id == c.model) else {
                 continue;
             };
+            let n = u64::from(c.waiting);
             match out
                 .iter_mut()
-                .find(|(name, q, _)| *name == model.name && q == p)
+                .find(|(name, p, _)| *name == model.name && *p == c.priority)
             {
-                Some(c) => c.2 += u64::from(*n),
-                None => out.push((model.name.clone(), *p, u64::from(*n))),
+                Some(o) => o.2 += n,
+                None => out.push((model.name.clone(), c.priority, n)),
             }
         }
         out

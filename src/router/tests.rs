@@ -302,3 +302,92 @@ fn an_adapter_request_goes_only_to_the_pods_that_loaded_it() {
     );
     assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
 }
+
+/// Model `m` on prefill pods p0, p1 and decode pods d0, d1, with adapter
+/// `sql` loaded on p1 and d1 only.
+fn adapter_fleet(r: &Router) {
+    use crate::discovery::{build_fleet, DiscoveredAdapter, DiscoveredPod, PodRole};
+    let pod = |name: &str, ip: &str, role| DiscoveredPod {
+        model: "m".into(),
+        name: name.into(),
+        address: format!("{ip}:8000").parse().expect("addr"),
+        engine: "vllm".into(),
+        role,
+        roleset: String::new(),
+        kv_connector: None,
+        bootstrap_port: 8998,
+        dp_size: 1,
+        kv_port: 14579,
+        nixl_push: None,
+        object: String::new(),
+    };
+    let pods = [
+        pod("p0", "10.0.0.1", PodRole::Prefill),
+        pod("p1", "10.0.0.2", PodRole::Prefill),
+        pod("d0", "10.0.1.1", PodRole::Decode),
+        pod("d1", "10.0.1.2", PodRole::Decode),
+    ];
+    let sql = DiscoveredAdapter {
+        name: "sql".into(),
+        base: Some("m".into()),
+        instances: vec!["p1".into(), "d1".into()],
+    };
+    r.set_fleet(build_fleet(&r.config.models, &pods, &[sql]).0);
+}
+
+#[test]
+fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
+    use crate::admission::{Entry, Room};
+    let json = r#"{"admission":{"max_in_flight_per_pod":1},
+        "models":[{"name":"m","engine":"vllm"}]}"#;
+    let r = router(json);
+    adapter_fleet(&r);
+    let mut store = MemoryStore::default();
+    let fleet = r.fleet();
+    let m = fleet.model("m").expect("m");
+    let on = |name: &str| m.endpoints().iter().find(|e| e.name == name).map(|e| e.id);
+    // The adapter's prefill pod is full; p0 and d0 are free.
+    let held = HeldLoad {
+        model: m.id,
+        prefill: on("p1"),
+        prefill_tokens: 10,
+        decode: None,
+    };
+    r.hold(&mut store, held, 1_000).expect("hold");
+    assert_eq!(r.room(&store, m, Some("sql"), 1_000), Room::Saturated);
+    assert!(matches!(r.room(&store, m, None, 1_000), Room::Free { .. }));
+    let entry = |context: u32, adapter: Option<&str>, priority: i32| Entry {
+        context,
+        model: m.id,
+        adapter: adapter.map(str::to_string),
+        priority,
+        fairness: String::new(),
+    };
+    r.enqueue(entry(1, Some("sql"), 10), 1_000);
+    r.enqueue(entry(2, None, 0), 1_001);
+    let next = r.next_admitted(&store, 1_100, 0).map(|w| w.context);
+    assert_eq!(next, Some(2), "the base request goes on p0 and d0");
+    assert_eq!(r.next_admitted(&store, 1_100, 0), None);
+    // A new base request need not wait behind the blocked one, and another
+    // VM's requests are not held back by it either.
+    assert!(!r.waits_behind(m.id, 0));
+    let mut other_vm = MemoryStore::default();
+    r.publish_queue(&mut other_vm, 1_100);
+    let report = other_vm.shared_get(&r.keys.admission(r.worker_slot)).0;
+    let report = crate::admission::shared::Report::decode(&report.expect("published"));
+    let others = crate::admission::shared::Others::new(vec![report.expect("report")], 1_100);
+    assert_eq!(others.top_priority(m.id), None);
+    assert_eq!(others.total(), 1);
+    assert_eq!(r.waiting_total(), 1);
+    // p1 frees: the adapter request goes, in the place it had.
+    let released = HeldLoad {
+        model: m.id,
+        prefill: on("p1"),
+        prefill_tokens: 10,
+        decode: None,
+    };
+    r.release(&mut store, released, None, 1_200)
+        .expect("release");
+    let next = r.next_admitted(&store, 1_200, 0).map(|w| w.context);
+    assert_eq!(next, Some(1));
+}

@@ -72,9 +72,11 @@ impl Root {
                 let (flow, io) = core.parts();
                 flow.admit(io)
             });
-            // An adapter request whose own pods are full waits on: the
-            // next tick looks again rather than this one spinning.
+            // Its pods filled between the look and the placement (they
+            // cannot, within one tick; this keeps the queue right if they
+            // ever do): it keeps its place, and the next tick looks again.
             if went == Some(false) {
+                router.put_back(w);
                 break;
             }
         }
