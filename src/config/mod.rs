@@ -13,7 +13,7 @@ mod validate;
 
 use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
-use crate::fleet::{fnv1a, Connector, Fleet, Model, Scheduling};
+use crate::fleet::{fnv1a, fnv1a_extend, Connector, Fleet, Model, Scheduling};
 use crate::pods::HealthRule;
 use raw::RawConfig;
 use std::fmt;
@@ -183,7 +183,11 @@ impl Config {
             err(path, e.into_inner().to_string())
         })?;
         let mut config = validate::config(raw)?;
-        config.fingerprint = format!("{:016x}", fnv1a(json));
+        // The build's shared-data layout is part of it: VMs of a module
+        // whose records differ (an update in place, same `vm_id`) never
+        // read each other's bytes.
+        let layout = crate::pods::SHARED_LAYOUT.as_bytes();
+        config.fingerprint = format!("{:016x}", fnv1a_extend(fnv1a(layout), json));
         Ok(config)
     }
 

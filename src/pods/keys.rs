@@ -4,6 +4,12 @@
 use crate::fleet::ModelId;
 use crate::inline_str::InlineStr;
 
+/// The layout of the records kept in shared data, folded into the
+/// configuration's fingerprint. Bump the number when a record's bytes
+/// change (the load table, scraped metrics, prefix entries, admission
+/// reports); a release changes it anyway.
+pub const SHARED_LAYOUT: &str = concat!(env!("CARGO_PKG_VERSION"), "/2");
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedKeys {
     prefix: String,

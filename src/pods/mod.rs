@@ -13,7 +13,7 @@ mod scraped;
 mod store;
 
 pub use health::{HealthRule, Verdict};
-pub use keys::{SharedKeys, WORKER_SLOTS_KEY};
+pub use keys::{SharedKeys, SHARED_LAYOUT, WORKER_SLOTS_KEY};
 pub use load::{update_load, LoadTable, PodCounters};
 pub use pairs::{update_pairs, PairCounters, PairTable};
 pub use scraped::{
