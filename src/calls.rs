@@ -74,12 +74,17 @@ fn percent_decode(s: &str) -> String {
 /// The model a body names: the `model` member of a JSON object, or the
 /// `model` field of a multipart form delimited by `boundary`. `None`
 /// when it names none or the body is neither: such a call keeps the
-/// router's choice for calls without a model. A JSON body with two
-/// `model` members is refused: the router and the engine could each read
-/// a different one.
+/// router's choice for calls without a model. A body naming the model
+/// twice (two JSON `model` members, two `model` form fields) is refused:
+/// the router and the engine could each read a different one.
 pub fn model_named(body: &[u8], boundary: Option<&str>) -> Result<Option<String>, ClientError> {
     if let Some(b) = boundary {
-        let value = multipart::field(body, b, "model")
+        let named = multipart::fields(body, b, "model", 2);
+        if named.len() > 1 {
+            return Err(ClientError::DuplicateKey("model".into()));
+        }
+        let value = named
+            .first()
             .and_then(|v| std::str::from_utf8(v).ok())
             .map(str::trim)
             .filter(|v| !v.is_empty());
@@ -149,5 +154,11 @@ mod tests {
             b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n whisper \r\n--b--";
         assert_eq!(model_named(form, Some("b")), Ok(Some("whisper".into())));
         assert_eq!(model_named(form, Some("c")), Ok(None));
+        let twice = b"--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\na\r\n--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nb\r\n--b--";
+        assert_eq!(
+            model_named(twice, Some("b")),
+            Err(ClientError::DuplicateKey("model".into())),
+            "the engine may read the other one"
+        );
     }
 }

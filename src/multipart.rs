@@ -31,26 +31,34 @@ pub fn boundary(content_type: &str) -> Option<&str> {
 /// The value of the first plain field called `name` in `body`, a
 /// multipart body delimited by `boundary`.
 pub fn field<'a>(body: &'a [u8], boundary: &str, name: &str) -> Option<&'a [u8]> {
+    fields(body, boundary, name, 1).into_iter().next()
+}
+
+/// The values of the first `max` plain fields called `name`, in order.
+pub fn fields<'a>(body: &'a [u8], boundary: &str, name: &str, max: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
     let mut delimiter = Vec::with_capacity(boundary.len() + 4);
     delimiter.extend_from_slice(b"\r\n--");
     delimiter.extend_from_slice(boundary.as_bytes());
     // The first delimiter may open the body without the CRLF before it.
-    let first = find(body, delimiter.get(2..)?)?;
-    let mut rest = body.get(first + delimiter.len() - 2..)?;
-    loop {
-        // After a delimiter: `--` ends the body, else CRLF opens a part.
-        if rest.starts_with(b"--") {
-            return None;
+    let Some(first) = delimiter.get(2..).and_then(|d| find(body, d)) else {
+        return out;
+    };
+    let mut rest = body.get(first + delimiter.len() - 2..).unwrap_or_default();
+    // After a delimiter: `--` ends the body, else CRLF opens a part.
+    while out.len() < max && !rest.starts_with(b"--") {
+        let Some(part) = skip_line(rest).and_then(|i| rest.get(i..)) else {
+            break;
+        };
+        let Some(end) = find(part, &delimiter) else {
+            break;
+        };
+        if let Some(value) = part.get(..end).and_then(|p| value_if_named(p, name)) {
+            out.push(value);
         }
-        let part_start = skip_line(rest)?;
-        let part = rest.get(part_start..)?;
-        let end = find(part, &delimiter)?;
-        let part_body = part.get(..end)?;
-        if let Some(value) = value_if_named(part_body, name) {
-            return Some(value);
-        }
-        rest = part.get(end + delimiter.len()..)?;
+        rest = part.get(end + delimiter.len()..).unwrap_or_default();
     }
+    out
 }
 
 /// The part's value when its headers name it `name` and it is not a file.
