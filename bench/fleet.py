@@ -1079,6 +1079,12 @@ def main() -> int:
     a.cache_blocks = a.cache_blocks or None
 
     t_start = time.time()
+
+    # The tree the recipe just built from (edits made while the runs go
+
+    # do not change the binaries).
+
+    commit = git_state()
     scratch = Path(tempfile.mkdtemp(prefix="pd-fleet-"))
 
     def on_signal(signum, _frame):
@@ -1136,7 +1142,7 @@ def main() -> int:
     params = {
         "trace": str(a.trace.resolve().relative_to(REPO) if a.trace.resolve().is_relative_to(REPO)
                      else a.trace),
-        "commit": git_state(),
+        "commit": commit,
         "requests": main_n,
         "trace_span_s": (tr[-1]["timestamp"] - tr[0]["timestamp"]) / 1000 if tr else 0,
         "limit_pct": sum(re) / prompt if prompt else 0,

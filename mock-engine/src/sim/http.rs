@@ -6,6 +6,7 @@
 //! server and model info), plus the simulation's own `/sim/records` and
 //! `/sim/pods`.
 
+use super::engine::Counters;
 use super::fleet::{Flavor, Fleet, Offer, Record};
 use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
@@ -324,8 +325,22 @@ async fn model_info(State(app): State<App>) -> Response {
 /// The engine's load, as vLLM and SGLang export it.
 async fn metrics(State(app): State<App>) -> Response {
     let (running, waiting, kv, c) = app.pod.load();
-    let labels = format!("{{engine=\"0\",model_name=\"{}\"}}", app.fleet.model);
-    let text = match app.fleet.flavor {
+    let text = metrics_page(app.fleet.flavor, &app.fleet.model, running, waiting, kv, &c);
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The `/metrics` page: vLLM v1's names (counters with `_total` samples,
+/// the prefix-cache ones in prompt tokens) or SGLang's.
+fn metrics_page(
+    flavor: Flavor,
+    model: &str,
+    running: usize,
+    waiting: usize,
+    kv: f64,
+    c: &Counters,
+) -> String {
+    let labels = format!("{{engine=\"0\",model_name=\"{model}\"}}");
+    match flavor {
         Flavor::Vllm => format!(
             "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{labels} {running}\n\
              # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{labels} {waiting}\n\
@@ -344,8 +359,7 @@ async fn metrics(State(app): State<App>) -> Response {
              # TYPE sglang:generation_tokens counter\nsglang:generation_tokens_total{labels} {}\n",
             c.generated_tokens
         ),
-    };
-    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+    }
 }
 
 async fn records(State(app): State<App>) -> Response {
@@ -371,4 +385,67 @@ async fn pods(State(app): State<App>) -> Response {
         })
         .collect();
     Json(json!({"now_s": app.pod.clock.now_s(), "pods": pods})).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sim::engine::{Engine, EngineConfig, Job};
+    use crate::sim::text::{parse_prompt, prompt_text};
+
+    /// The samples of a Prometheus page: name (labels cut) → value.
+    fn samples(page: &str) -> Vec<(String, f64)> {
+        page.lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| {
+                let (name, value) = l.rsplit_once(' ')?;
+                let name = name.split('{').next()?;
+                Some((name.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    fn value(page: &str, name: &str) -> Option<f64> {
+        samples(page)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    }
+
+    #[test]
+    fn metrics_carry_vllms_names_and_the_engines_counts() {
+        let mut e = Engine::new(EngineConfig::default());
+        for (key, last) in [(1, 4), (2, 5)] {
+            e.submit(Job {
+                key,
+                prompt: parse_prompt(prompt_text(&[1, 2, 3, last], 2048).as_bytes()),
+                output: 1,
+                handed_off: false,
+            });
+            let mut events = Vec::new();
+            while e.plan(&mut events).is_some() {
+                e.complete(&mut events);
+            }
+        }
+        let c = e.counters();
+        let page = metrics_page(Flavor::Vllm, "m", 3, 2, 0.25, &c);
+        for (name, want) in [
+            ("vllm:num_requests_running", 3.0),
+            ("vllm:num_requests_waiting", 2.0),
+            ("vllm:kv_cache_usage_perc", 0.25),
+            // The second prompt found its first three blocks of 512 tokens.
+            ("vllm:prefix_cache_queries_total", 4096.0),
+            ("vllm:prefix_cache_hits_total", 1536.0),
+            ("vllm:prompt_tokens_total", 4096.0),
+            ("vllm:request_success_total", 2.0),
+        ] {
+            assert_eq!(value(&page, name), Some(want), "{name} in\n{page}");
+        }
+        assert!(page.contains("# TYPE vllm:prefix_cache_hits counter\n"));
+        assert!(page.contains(r#"model_name="m""#));
+        let page = metrics_page(Flavor::Sglang, "m", 3, 2, 0.25, &c);
+        assert_eq!(value(&page, "sglang:num_running_reqs"), Some(3.0));
+        assert_eq!(value(&page, "sglang:num_queue_reqs"), Some(2.0));
+        assert_eq!(value(&page, "sglang:token_usage"), Some(0.25));
+    }
 }
