@@ -130,16 +130,23 @@ fn main() {
             plan_t + merge
         );
     }
-    let digest_input = body(64 * 1024);
-    let digest = per_call(2000, || {
-        black_box(pd_router::sched::prefix::block_hashes(
-            &digest_input,
-            7,
-            128,
-            128,
-        ));
-    });
-    println!("of read, the prompt digest (128 blocks of 128 B, the prefix_cache default): {digest:.2} µs");
+    // The default digest: blocks of 128 estimated tokens (512 B), the whole
+    // prompt up to 1,024 blocks.
+    for size in [64 * 1024, 512 * 1024] {
+        let digest_input = body(size);
+        let digest = per_call(200, || {
+            black_box(pd_router::sched::prefix::block_hashes(
+                &digest_input,
+                7,
+                512,
+                1024,
+            ));
+        });
+        println!(
+            "of read at {}K, the prompt digest (blocks of 512 B, the whole prompt): {digest:.2} µs",
+            size / 1024
+        );
+    }
     println!("read: body copy, parse, fields, checks, prompt digest; plan: placement and both legs built;");
     println!("merge: the prefill answer parsed and the decode body rendered.");
     trtllm_merge();
