@@ -228,35 +228,8 @@ fn a_failed_scrape_judges_a_pod_in_every_model_that_serves_it() {
 
 #[test]
 fn an_adapter_request_goes_only_to_the_pods_that_loaded_it() {
-    use crate::discovery::{build_fleet, DiscoveredAdapter, DiscoveredPod, PodRole};
     let r = router(r#"{"models":[{"name":"m","engine":"vllm","adapters":["everywhere"]}]}"#);
-    let pod = |name: &str, ip: &str, role| DiscoveredPod {
-        model: "m".into(),
-        name: name.into(),
-        address: format!("{ip}:8000").parse().expect("addr"),
-        engine: "vllm".into(),
-        role,
-        roleset: String::new(),
-        kv_connector: None,
-        bootstrap_port: 8998,
-        dp_size: 1,
-        kv_port: 14579,
-        nixl_push: None,
-        object: String::new(),
-    };
-    let pods = [
-        pod("p0", "10.0.0.1", PodRole::Prefill),
-        pod("p1", "10.0.0.2", PodRole::Prefill),
-        pod("d0", "10.0.1.1", PodRole::Decode),
-        pod("d1", "10.0.1.2", PodRole::Decode),
-    ];
-    let adapter = |name: &str, instances: &[&str]| DiscoveredAdapter {
-        name: name.into(),
-        base: Some("m".into()),
-        instances: instances.iter().map(|i| i.to_string()).collect(),
-    };
-    let adapters = [adapter("sql", &["p1", "d1"]), adapter("nowhere", &[])];
-    r.set_fleet(build_fleet(&r.config.models, &pods, &adapters).0);
+    adapter_fleet(&r, &[("sql", &["p1", "d1"]), ("nowhere", &[])]);
     let mut store = MemoryStore::default();
     let names = |p: &Placement| match p {
         Placement::Split {
@@ -303,9 +276,9 @@ fn an_adapter_request_goes_only_to_the_pods_that_loaded_it() {
     assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
 }
 
-/// Model `m` on prefill pods p0, p1 and decode pods d0, d1, with adapter
-/// `sql` loaded on p1 and d1 only.
-fn adapter_fleet(r: &Router) {
+/// Model `m` on prefill pods p0, p1 and decode pods d0, d1, with the
+/// discovered `adapters`, each loaded on the pods it names.
+fn adapter_fleet(r: &Router, adapters: &[(&str, &[&str])]) {
     use crate::discovery::{build_fleet, DiscoveredAdapter, DiscoveredPod, PodRole};
     let pod = |name: &str, ip: &str, role| DiscoveredPod {
         model: "m".into(),
@@ -327,12 +300,15 @@ fn adapter_fleet(r: &Router) {
         pod("d0", "10.0.1.1", PodRole::Decode),
         pod("d1", "10.0.1.2", PodRole::Decode),
     ];
-    let sql = DiscoveredAdapter {
-        name: "sql".into(),
-        base: Some("m".into()),
-        instances: vec!["p1".into(), "d1".into()],
-    };
-    r.set_fleet(build_fleet(&r.config.models, &pods, &[sql]).0);
+    let adapters: Vec<DiscoveredAdapter> = adapters
+        .iter()
+        .map(|(name, instances)| DiscoveredAdapter {
+            name: (*name).into(),
+            base: Some("m".into()),
+            instances: instances.iter().map(|i| i.to_string()).collect(),
+        })
+        .collect();
+    r.set_fleet(build_fleet(&r.config.models, &pods, &adapters).0);
 }
 
 #[test]
@@ -341,7 +317,7 @@ fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
     let json = r#"{"admission":{"max_in_flight_per_pod":1},
         "models":[{"name":"m","engine":"vllm"}]}"#;
     let r = router(json);
-    adapter_fleet(&r);
+    adapter_fleet(&r, &[("sql", &["p1", "d1"])]);
     let mut store = MemoryStore::default();
     let fleet = r.fleet();
     let m = fleet.model("m").expect("m");
