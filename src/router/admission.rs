@@ -130,8 +130,14 @@ impl Router {
             let Some(model) = fleet.models().iter().find(|m| m.id == id) else {
                 continue;
             };
+            // No room for the model at all: nothing of it can go, and none
+            // of its requests is blocked on its own pods (other VMs keep
+            // deferring to its priorities).
+            if matches!(self.room(store, model, None, now_ms), Room::Saturated) {
+                continue;
+            }
             // Room per adapter, looked up once per call.
-            let mut rooms: Vec<(Option<String>, bool)> = Vec::new();
+            let mut rooms: Vec<(Option<String>, bool)> = vec![(None, true)];
             let mut can_go = |w: &Waiting| {
                 if let Some((_, free)) = rooms.iter().find(|(a, _)| *a == w.adapter) {
                     return *free;

@@ -367,3 +367,47 @@ fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
     let next = r.next_admitted(&store, 1_200, 0).map(|w| w.context);
     assert_eq!(next, Some(1));
 }
+
+#[test]
+fn requests_of_a_saturated_model_stay_ahead_of_other_workers_lower_ones() {
+    use crate::admission::shared::{Others, Report};
+    use crate::admission::Entry;
+    let json = r#"{"admission":{"max_in_flight_per_pod":1},
+        "models":[{"name":"m","engine":"vllm",
+                   "rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#;
+    let r = router(json);
+    let mut store = MemoryStore::default();
+    let fleet = r.fleet();
+    let m = fleet.model("m").expect("m");
+    let held = HeldLoad {
+        model: m.id,
+        prefill: None,
+        prefill_tokens: 0,
+        decode: m
+            .endpoints()
+            .iter()
+            .find(|e| e.address == "10.0.0.2:8000")
+            .map(|e| e.id),
+    };
+    r.hold(&mut store, held, 1_000).expect("hold");
+    let premium = Entry {
+        context: 1,
+        model: m.id,
+        adapter: None,
+        priority: 10,
+        fairness: String::new(),
+    };
+    r.enqueue(premium, 1_000);
+    assert_eq!(r.next_admitted(&store, 1_050, 0), None, "saturated");
+    r.publish_queue(&mut store, 1_050);
+    let report = store.shared_get(&r.keys.admission(r.worker_slot)).0;
+    let others = Others::new(
+        vec![Report::decode(&report.expect("published")).expect("report")],
+        1_050,
+    );
+    assert_eq!(
+        others.top_priority(m.id),
+        Some(10),
+        "another worker lets none of its standard requests in before it"
+    );
+}
