@@ -36,10 +36,8 @@ import gzip
 import json
 import os
 import resource
-import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -50,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from run import free_port, read_line, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -261,30 +261,6 @@ class Procs:
         self.procs.clear()
 
 
-def read_line(p: subprocess.Popen, timeout: float) -> str:
-    """The first stdout line of `p`, within `timeout` seconds."""
-    fd = p.stdout.fileno()
-    buf = b""
-    deadline = time.time() + timeout
-    while b"\n" not in buf:
-        left = deadline - time.time()
-        if left <= 0 or p.poll() is not None:
-            break
-        r, _, _ = select.select([fd], [], [], left)
-        if r:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            buf += chunk
-    return buf.decode(errors="replace").split("\n")[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -296,18 +272,6 @@ def http_get(url: str, timeout: float = 30) -> tuple[int, bytes]:
         return e.code, e.read()
     except (OSError, urllib.error.URLError):
         return 0, b""
-
-
-def wait_until(what: str, check, timeout: float, proc: subprocess.Popen | None = None):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        v = check()
-        if v:
-            return v
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
-        time.sleep(0.1)
-    raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
 
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -452,45 +416,42 @@ def start_envoy(procs: Procs, a, name: str, cfg: dict) -> int:
         raise RuntimeError(f"{e}\n{procs.log_tail(name)}") from None
 
 
-def start_vllm_router(procs: Procs, a, sim: dict) -> int:
+def start_peer(procs: Procs, name: str, argv: list[str], probe: str) -> int:
+    """A peer router on fresh ports, once `probe` answers 200; its
+    Prometheus page joins the run's metrics."""
     port, prom = free_port(), free_port()
+    argv = argv + ["--host", "127.0.0.1", "--port", str(port),
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom)]
+    p = procs.start(name, argv)
+    try:
+        wait_until(f"{name} {probe}",
+                   lambda: http_get(f"http://127.0.0.1:{port}{probe}", 2)[0] == 200, 60, p)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}\n{procs.log_tail(name)}") from None
+    procs.metrics_urls.append(f"http://127.0.0.1:{prom}/metrics")
+    return port
+
+
+def start_vllm_router(procs: Procs, a, sim: dict) -> int:
     argv = [str(a.peer_venv / "bin" / "vllm-router"), "--vllm-pd-disaggregation"]
     for pod in sim["prefill"]:
         argv += ["--prefill", f"http://{pod['address']}"]
     for pod in sim["decode"]:
         argv += ["--decode", f"http://{pod['address']}"]
-    argv += ["--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-             "--log-level", "warning", "--worker-startup-check-interval", "1"]
-    p = procs.start("vllm-router", argv)
-    try:
-        wait_until("vllm-router health",
-                   lambda: http_get(f"http://127.0.0.1:{port}/health", 2)[0] == 200, 60, p)
-    except RuntimeError as e:
-        raise RuntimeError(f"{e}\n{procs.log_tail('vllm-router')}") from None
-    procs.metrics_urls.append(f"http://127.0.0.1:{prom}/metrics")
-    return port
+    argv += ["--policy", "cache_aware", "--log-level", "warning",
+             "--worker-startup-check-interval", "1"]
+    return start_peer(procs, "vllm-router", argv, "/health")
 
 
 def start_sglang_router(procs: Procs, a, sim: dict) -> int:
-    port, prom = free_port(), free_port()
     argv = [str(a.peer_venv / "bin" / "python"), "-m", "sglang_router.launch_router",
             "--pd-disaggregation"]
     for pod in sim["prefill"]:
         argv += ["--prefill", f"http://{pod['address']}", str(pod["bootstrap_port"])]
     for pod in sim["decode"]:
         argv += ["--decode", f"http://{pod['address']}"]
-    argv += ["--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(prom),
-             "--log-level", "warn", "--history-backend", "none"]
-    p = procs.start("sglang-router", argv)
-    try:
-        wait_until("sglang-router readiness",
-                   lambda: http_get(f"http://127.0.0.1:{port}/readiness", 2)[0] == 200, 60, p)
-    except RuntimeError as e:
-        raise RuntimeError(f"{e}\n{procs.log_tail('sglang-router')}") from None
-    procs.metrics_urls.append(f"http://127.0.0.1:{prom}/metrics")
-    return port
+    argv += ["--policy", "cache_aware", "--log-level", "warn", "--history-backend", "none"]
+    return start_peer(procs, "sglang-router", argv, "/readiness")
 
 
 def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
