@@ -208,13 +208,13 @@ impl DiscoveredPod {
     }
 }
 
-pub(super) fn one() -> u32 {
+fn one() -> u32 {
     1
 }
 fn is_one(v: &u32) -> bool {
     *v == 1
 }
-pub(super) fn d_kv_port() -> u16 {
+fn d_kv_port() -> u16 {
     crate::fleet::DEFAULT_KV_PORT
 }
 fn is_default_kv_port(v: &u16) -> bool {

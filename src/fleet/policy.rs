@@ -57,6 +57,13 @@ impl PrefillPolicy {
         )
     }
 
+    /// Whether AIBrix's fast paths are skipped: `consistent_hash` places by
+    /// the shared load alone (they read one replica's counters), and
+    /// `least_ttft` weighs load and cache in tokens itself.
+    pub fn skips_fast_paths(self) -> bool {
+        matches!(self, Self::ConsistentHash | Self::LeastTtft)
+    }
+
     /// Whether the policy reads and writes the prefill prefix table.
     pub fn remembers_prefixes(self) -> bool {
         matches!(self, Self::PrefixCache | Self::LeastTtft)

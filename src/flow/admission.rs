@@ -36,8 +36,8 @@ impl Flow {
         let now = host.now_ms();
         let model = Rc::clone(&request.model);
         let priority = self.head.priority;
-        let adapter = request.adapter.clone();
-        match router.room(&*host, &model, adapter.as_deref(), now) {
+        let room = router.room(&*host, &model, request.adapter.as_deref(), now);
+        match room {
             Room::Free { full } if !router.waits_behind(model.id, priority) => {
                 let attempt = Attempt {
                     full: router.pods_at(&model, &full),
@@ -63,7 +63,7 @@ impl Flow {
                 let entry = Entry {
                     context: self.context,
                     model: model.id,
-                    adapter,
+                    adapter: request.adapter.clone(),
                     priority,
                     fairness: self.head.fairness.clone(),
                 };

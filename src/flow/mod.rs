@@ -335,7 +335,6 @@ impl Flow {
     ) -> Action {
         match &self.phase {
             Phase::Buffering(kind) => {
-                let kind = kind.clone();
                 let limit = self.router.config.max_body_bytes;
                 if body_size > limit {
                     return self.fail(host, ClientError::TooLarge { limit }.into());
@@ -344,6 +343,9 @@ impl Flow {
                     // body_size is the total buffered so far; read once at the end.
                     return Action::Pause;
                 }
+                // Once per request, at the end of the body (a form's
+                // boundary is a String).
+                let kind = kind.clone();
                 let sent = match kind {
                     Buffered::Split(api) => self.split(host, api, body_size),
                     Buffered::ByModel { boundary } => {

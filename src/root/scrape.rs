@@ -76,10 +76,7 @@ impl Scraper {
             ];
             match host.dispatch(&config.scrape.cluster, &headers, config.scrape.timeout_ms) {
                 Ok(token) => {
-                    let own = (
-                        router.own_decodes(&*host, &pod),
-                        router.own_prefills(&*host, &pod),
-                    );
+                    let own = router.own_in_flight(&*host, &pod);
                     self.in_flight.insert(token, (pod, own));
                 }
                 Err(e) => host.log(
@@ -133,8 +130,9 @@ impl Scraper {
         self.previous.insert(pod.id, next);
         // The engine counted its running requests somewhere between the
         // scrape leaving and its answer: ours then were at most the larger.
-        metrics.own_running = router.own_decodes(&*host, pod).max(own_at_send.0) as f64;
-        metrics.own_prefills = router.own_prefills(&*host, pod).max(own_at_send.1) as f64;
+        let (decodes, prefills) = router.own_in_flight(&*host, pod);
+        metrics.own_running = decodes.max(own_at_send.0) as f64;
+        metrics.own_prefills = prefills.max(own_at_send.1) as f64;
         let fleet = router.fleet();
         let _ = update_scraped(host, &router.keys().scraped(), |t| {
             t.insert(

@@ -199,24 +199,32 @@ impl Router {
         }))
     }
 
-    /// The prefills this Envoy has in flight on `pod`, over every model.
-    pub fn own_prefills<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> u32 {
+    /// The (decodes, prefills) this Envoy has in flight on `pod`, over every
+    /// model: each model's table read once.
+    pub fn own_in_flight<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> (u32, u32) {
         self.fleet()
             .models()
             .iter()
             .filter(|m| m.pods.contains(&pod.id))
-            .map(|m| self.load(store, m.id).get(pod.id).outstanding_prefills)
-            .sum()
+            .map(|m| self.load(store, m.id).get(pod.id))
+            .fold((0, 0), |(d, p), c| {
+                (
+                    d.saturating_add(c.pending_decodes),
+                    p.saturating_add(c.outstanding_prefills),
+                )
+            })
+    }
+
+    /// The prefills this Envoy has in flight on `pod`, over every model.
+    #[cfg(test)]
+    pub fn own_prefills<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> u32 {
+        self.own_in_flight(store, pod).1
     }
 
     /// The decodes this Envoy has in flight on `pod`, over every model.
+    #[cfg(test)]
     pub fn own_decodes<S: SharedStore + ?Sized>(&self, store: &S, pod: &Endpoint) -> u32 {
-        self.fleet()
-            .models()
-            .iter()
-            .filter(|m| m.pods.contains(&pod.id))
-            .map(|m| self.load(store, m.id).get(pod.id).pending_decodes)
-            .sum()
+        self.own_in_flight(store, pod).0
     }
 
     /// Whether `pod` is healthy in every model that serves it.

@@ -65,9 +65,7 @@ impl Router {
     /// the router does not split but routes by model go there too.
     pub fn picked_decode(&self, model: &Model, picked: &Picked) -> Result<Rc<Endpoint>, PdError> {
         let decodes = model.rolesets.iter().flat_map(|r| r.decode.iter());
-        let combined = known(model.combined.iter(), picked.decode);
-        known(decodes, picked.decode)
-            .or(combined)
+        known(decodes.chain(model.combined.iter()), picked.decode)
             .ok_or_else(|| unknown(model, "decode", picked.decode))
     }
 

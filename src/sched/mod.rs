@@ -182,13 +182,10 @@ pub fn schedule<'m>(
     // Consistent hashing decides the prefill pod from the prefix and the
     // shared load alone: the fast paths read this replica's own counters,
     // and would send one prefix to different pods from different replicas.
-    if model.prefill_policy == crate::fleet::PrefillPolicy::ConsistentHash {
-        return score::by_policy(model, &pool, pods, req, s);
-    }
     // The least-TTFT cost weighs load and cache in tokens itself, and the
     // decode policy its own load: AIBrix's rules of thumb over counts of
     // requests would override them.
-    if model.prefill_policy == crate::fleet::PrefillPolicy::LeastTtft {
+    if model.prefill_policy.skips_fast_paths() {
         return score::by_policy(model, &pool, pods, req, s);
     }
     let pool = fast_paths::without_prefill_outliers(pool, pods, s);
