@@ -79,25 +79,27 @@ fn wait_for_waiting(g: &Gateway, n: u64) {
     }
 }
 
-/// Waits until a pod holds `n` pending decodes (the gauges follow the
-/// shared load table at each tick), rather than guessing how long the
-/// requests take to get there on a busy machine.
-fn wait_for_pending_decodes(g: &Gateway, n: u64) {
+/// Waits until the prefill pod has seen `n` requests whose id starts with
+/// `prefix`: each was placed, so its decode already holds its place on the
+/// decode pod (rather than guessing how long that takes on a busy machine).
+fn wait_for_placed(g: &Gateway, prefix: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let most = g
-            .envoy
-            .stats("wasmcustom.pd_router.pod.pending_decodes.")
+        let seen = g
+            .prefill
+            .requests()
             .iter()
-            .map(|(_, v)| *v)
-            .max()
-            .unwrap_or(0);
-        if most >= n {
+            .filter(|r| {
+                r.header("x-request-id")
+                    .is_some_and(|id| id.starts_with(prefix))
+            })
+            .count();
+        if seen >= n {
             return;
         }
         assert!(
             Instant::now() < deadline,
-            "a pod holds {most} pending decodes, not {n}"
+            "the prefill pod saw {seen} `{prefix}` requests, not {n}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -121,7 +123,7 @@ fn batch_is_shed_and_premium_goes_before_standard() {
                 s.spawn(move || request(g, &format!("slow-{i}"), "standard", 20 + 10 * i))
             })
             .collect();
-        wait_for_pending_decodes(&g, 2);
+        wait_for_placed(&g, "slow-", 2);
 
         let start = Instant::now();
         let shed: Vec<_> = (0..3)
@@ -185,7 +187,7 @@ fn a_wait_ends_at_its_ttl_with_retry_after() {
                 s.spawn(move || request(g, &format!("hold-{i}"), "standard", 20))
             })
             .collect();
-        wait_for_pending_decodes(&g, 2);
+        wait_for_placed(&g, "hold-", 2);
         let waits: Vec<_> = (0..4)
             .map(|i| {
                 let g = &g;
