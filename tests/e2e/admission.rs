@@ -114,13 +114,13 @@ fn assert_drained(g: &Gateway) {
 fn batch_is_shed_and_premium_goes_before_standard() {
     let g = gateway(json!({"max_in_flight_per_pod": 2}));
     std::thread::scope(|s| {
-        // Two slow requests (2 s and 3 s of decode) fill the decode pod;
+        // Two slow requests (4 s and 5 s of decode) fill the decode pod;
         // from then on one place frees at a time, so the order the queue
         // lets requests in is the order they reach the prefill pod.
         let slow: Vec<_> = (0..2)
             .map(|i| {
                 let g = &g;
-                s.spawn(move || request(g, &format!("slow-{i}"), "standard", 20 + 10 * i))
+                s.spawn(move || request(g, &format!("slow-{i}"), "standard", 40 + 10 * i))
             })
             .collect();
         wait_for_placed(&g, "slow-", 2);
@@ -179,12 +179,14 @@ fn batch_is_shed_and_premium_goes_before_standard() {
 
 #[test]
 fn a_wait_ends_at_its_ttl_with_retry_after() {
+    // The pod is held for 6 s, far past the 0.8 s TTL, so a wait that
+    // reaches Envoy late on a loaded machine still finds it full.
     let g = gateway(json!({"max_in_flight_per_pod": 2, "queue_ttl_ms": 800}));
     std::thread::scope(|s| {
         let slow: Vec<_> = (0..2)
             .map(|i| {
                 let g = &g;
-                s.spawn(move || request(g, &format!("hold-{i}"), "standard", 20))
+                s.spawn(move || request(g, &format!("hold-{i}"), "standard", 60))
             })
             .collect();
         wait_for_placed(&g, "hold-", 2);
