@@ -146,6 +146,10 @@ bench-fleet *ARGS: bench-setup
 footprint:
     bench/footprint.sh
 
+# The admission end-to-end tests (four Envoy workers) `runs` times beside two CPU hogs; stops at the first failure.
+admission-loop runs="20": build
+    scripts/admission-loop.sh {{runs}}
+
 # The full soak: 100 000 mixed requests at concurrency 64 through Envoy.
 soak: build
     PD_SOAK_REQUESTS=100000 PD_SOAK_CONCURRENCY=64 cargo test --release --test e2e soak -- --nocapture

@@ -2106,6 +2106,149 @@ fn a_saturated_model_sheds_queues_by_priority_and_expires_waits() {
 }
 
 #[test]
+fn a_negative_priority_waits_when_room_is_free_but_others_wait_ahead() {
+    let r = Rc::new(Router::new(Config::parse(ADMISSION.as_bytes()).unwrap(), 0).unwrap());
+    let mut store = MemoryStore::default();
+    let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
+    let mut first = Waiter::new(&r, 1, "standard");
+    assert_eq!(send(&mut first, &mut store), Action::Pause);
+    let mut premium = Waiter::new(&r, 2, "premium");
+    assert_eq!(send(&mut premium, &mut store), Action::Pause);
+    assert!(premium.host.dispatched.is_empty(), "full: premium waits");
+    // The first request ends: the model has room, but premium still waits
+    // for the next look at the queue. A batch request arriving now is not
+    // shed (the model is not saturated): it waits behind premium.
+    first.on(&mut store, |f, h| {
+        answer(f, h, Some(200), VLLM_ANSWER);
+        f.on_stream_end(h);
+    });
+    let mut batch = Waiter::new(&r, 3, "batch");
+    assert_eq!(send(&mut batch, &mut store), Action::Pause);
+    assert!(
+        batch.host.replies.is_empty() && batch.host.dispatched.is_empty(),
+        "{:?}",
+        batch.host.replies
+    );
+    assert_eq!(batch.host.counted(Counter::AdmissionShed), 0);
+    assert_eq!(r.waiting_total(), 2);
+    let now = first.host.now_ms();
+    let next = first.on(&mut store, |_, h| {
+        r.next_admitted(&*h, now, 0).map(|w| w.context)
+    });
+    assert_eq!(next, Some(2), "premium first");
+}
+
+/// The admission router's configuration with `rolesets` (JSON) as its pods.
+fn admission_with(rolesets: &str) -> Config {
+    let json = format!(
+        r#"{{"admission": {{"max_in_flight_per_pod": 1}},
+            "models": [{{"name": "m", "engine": "vllm", "rolesets": {rolesets}}}]}}"#
+    );
+    Config::parse(json.as_bytes()).unwrap()
+}
+
+#[test]
+fn a_waiting_request_goes_to_pods_that_joined_while_it_waited() {
+    let first_pair = r#"[{"prefill": ["10.9.2.1:8000"], "decode": ["10.9.2.2:8000"]}]"#;
+    let r = Rc::new(Router::new(admission_with(first_pair), 0).unwrap());
+    let mut store = MemoryStore::default();
+    let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
+    let mut held = Waiter::new(&r, 1, "standard");
+    assert_eq!(send(&mut held, &mut store), Action::Pause);
+    let mut waiting = Waiter::new(&r, 2, "standard");
+    assert_eq!(send(&mut waiting, &mut store), Action::Pause);
+    assert!(waiting.host.dispatched.is_empty(), "the one pair is full");
+    // A second pair joins (discovery) while the first stays held.
+    let two_pairs = r#"[{"prefill": ["10.9.2.1:8000"], "decode": ["10.9.2.2:8000"]},
+                        {"prefill": ["10.9.2.3:8000"], "decode": ["10.9.2.4:8000"]}]"#;
+    r.set_fleet(admission_with(two_pairs).fleet());
+    let now = held.host.now_ms();
+    let next = held.on(&mut store, |_, h| {
+        r.next_admitted(&*h, now, 0).map(|w| w.context)
+    });
+    assert_eq!(next, Some(2));
+    assert!(waiting.on(&mut store, |f, h| f.admit(h)), "let in");
+    assert_eq!(
+        dispatched_to(&waiting.host, 0),
+        "10.9.2.3:8000",
+        "on the new pair"
+    );
+}
+
+#[test]
+fn a_waiting_request_never_goes_to_pods_that_left_while_it_waited() {
+    let two_pairs = r#"[{"prefill": ["10.9.3.1:8000"], "decode": ["10.9.3.2:8000"]},
+                        {"prefill": ["10.9.3.3:8000"], "decode": ["10.9.3.4:8000"]}]"#;
+    let r = Rc::new(Router::new(admission_with(two_pairs), 0).unwrap());
+    let mut store = MemoryStore::default();
+    let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
+    let mut a = Waiter::new(&r, 1, "standard");
+    let mut b = Waiter::new(&r, 2, "standard");
+    assert_eq!(send(&mut a, &mut store), Action::Pause);
+    assert_eq!(send(&mut b, &mut store), Action::Pause);
+    let mut waiting = Waiter::new(&r, 3, "standard");
+    assert_eq!(send(&mut waiting, &mut store), Action::Pause);
+    assert!(waiting.host.dispatched.is_empty(), "both pairs full");
+    // The request on the second pair ends, and that pair leaves the fleet:
+    // its pods have no load any more, and must not read as free.
+    let second = if dispatched_to(&a.host, 0) == "10.9.3.3:8000" {
+        &mut a
+    } else {
+        &mut b
+    };
+    second.on(&mut store, |f, h| {
+        answer(f, h, Some(200), VLLM_ANSWER);
+        f.on_stream_end(h);
+    });
+    let one_pair = r#"[{"prefill": ["10.9.3.1:8000"], "decode": ["10.9.3.2:8000"]}]"#;
+    r.set_fleet(admission_with(one_pair).fleet());
+    let now = waiting.host.now_ms();
+    assert!(
+        !waiting.on(&mut store, |f, h| f.admit(h)),
+        "still full: it keeps waiting"
+    );
+    assert!(
+        waiting.host.dispatched.is_empty(),
+        "{:?}",
+        waiting.host.dispatched
+    );
+    let next = waiting.on(&mut store, |_, h| {
+        r.next_admitted(&*h, now, 0).map(|w| w.context)
+    });
+    assert_eq!(next, None, "nothing has room");
+}
+
+#[test]
+fn a_prompt_whose_bucket_is_full_waits_rather_than_failing() {
+    let buckets = r#"[{"prefill": ["10.9.4.1:8000"], "decode": ["10.9.4.2:8000"], "prompt_tokens": {"max": 100}},
+                      {"prefill": ["10.9.4.3:8000"], "decode": ["10.9.4.4:8000"], "prompt_tokens": {"min": 101}}]"#;
+    let r = Rc::new(Router::new(admission_with(buckets), 0).unwrap());
+    let mut store = MemoryStore::default();
+    let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
+    // Short prompts: the first fills the short bucket's pods; the second
+    // waits for them though the long bucket's pods are idle.
+    let mut first = Waiter::new(&r, 1, "standard");
+    assert_eq!(send(&mut first, &mut store), Action::Pause);
+    assert_eq!(dispatched_to(&first.host, 0), "10.9.4.1:8000");
+    let mut second = Waiter::new(&r, 2, "standard");
+    assert_eq!(send(&mut second, &mut store), Action::Pause);
+    assert!(second.host.replies.is_empty(), "{:?}", second.host.replies);
+    assert!(second.host.dispatched.is_empty());
+    assert_eq!(r.waiting_total(), 1);
+    first.on(&mut store, |f, h| {
+        answer(f, h, Some(200), VLLM_ANSWER);
+        f.on_stream_end(h);
+    });
+    let now = first.host.now_ms();
+    let next = first.on(&mut store, |_, h| {
+        r.next_admitted(&*h, now, 0).map(|w| w.context)
+    });
+    assert_eq!(next, Some(2));
+    assert!(second.on(&mut store, |f, h| f.admit(h)));
+    assert_eq!(dispatched_to(&second.host, 0), "10.9.4.1:8000");
+}
+
+#[test]
 fn a_prefill_retry_may_use_a_pod_that_was_full_when_the_request_was_let_in() {
     let json = r#"{
       "admission": {"max_in_flight_per_pod": 1},

@@ -16,6 +16,9 @@ pub struct Waiting {
     pub model: ModelId,
     /// The LoRA adapter it names: only the pods that serve it can take it.
     pub adapter: Option<String>,
+    /// Its prompt's estimated length: only the pods whose bucket takes it
+    /// can.
+    pub prompt_tokens: u64,
     pub priority: i32,
     pub fairness: String,
     pub since_ms: u64,
@@ -32,6 +35,7 @@ pub struct Entry {
     pub context: u32,
     pub model: ModelId,
     pub adapter: Option<String>,
+    pub prompt_tokens: u64,
     pub priority: i32,
     pub fairness: String,
 }
@@ -71,6 +75,7 @@ impl Queue {
             context: e.context,
             model: e.model,
             adapter: e.adapter,
+            prompt_tokens: e.prompt_tokens,
             priority: e.priority,
             fairness: e.fairness,
             since_ms: now_ms,
@@ -235,6 +240,7 @@ mod tests {
             context,
             model,
             adapter: None,
+            prompt_tokens: 1,
             priority,
             fairness: tenant.into(),
         };

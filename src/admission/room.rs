@@ -1,12 +1,13 @@
 //! Whether a model can take a request now: a pod is full when the router
 //! has `max_in_flight_per_pod` requests on it (its prefills and decodes
 //! together, counted across the Envoy process) or its engine reports more
-//! than `max_waiting_per_pod` waiting; a model has room when a roleset has
-//! a healthy prefill pod and a healthy decode pod that are not full, or a
-//! combined pod is not full.
+//! than `max_waiting_per_pod` waiting; a model has room for a request when
+//! a roleset that takes its prompt length has a healthy prefill pod ready
+//! to hand off and a healthy decode pod that are not full, or such a
+//! combined pod is not full: the same pods placement would choose from.
 
 use super::Admission;
-use crate::fleet::Model;
+use crate::fleet::{Model, TokenRange};
 use crate::sched::PodState;
 
 /// What a model can do with one more request.
@@ -38,15 +39,25 @@ fn is_full(s: &PodState, a: &Admission) -> bool {
     by_router || by_engine
 }
 
-/// What `model` can do with a request now, from its pods' states.
-pub fn room(model: &Model, pods: &[PodState], a: &Admission) -> Room {
+/// What `model` can do with a request of `prompt_tokens` (`None`: of any
+/// length) now, from its pods' states.
+pub fn room(model: &Model, pods: &[PodState], a: &Admission, prompt_tokens: Option<u64>) -> Room {
     let full = full_slots(model, pods, a);
     let healthy = |slot: usize| pods.get(slot).is_none_or(|s| !s.unhealthy);
+    let ready = |slot: usize| pods.get(slot).is_none_or(|s| !s.not_ready_for_prefill);
     let open = |slot: usize| healthy(slot) && !full.contains(&slot);
+    let fits = |range: Option<TokenRange>| {
+        prompt_tokens.is_none_or(|t| range.is_none_or(|r| r.contains(t)))
+    };
     let can = |ok: &dyn Fn(usize) -> bool| {
-        model.combined.iter().any(|c| ok(c.slot))
+        model
+            .combined
+            .iter()
+            .any(|c| fits(c.prompt_tokens) && ok(c.slot))
             || model.rolesets.iter().any(|r| {
-                r.prefill.iter().any(|p| ok(p.slot)) && r.decode.iter().any(|d| ok(d.slot))
+                fits(r.prompt_tokens)
+                    && r.prefill.iter().any(|p| ready(p.slot) && ok(p.slot))
+                    && r.decode.iter().any(|d| ok(d.slot))
             })
     };
     if can(&open) {
@@ -89,7 +100,7 @@ mod tests {
             ..Admission::default()
         };
         let idle = vec![PodState::default(); 4];
-        assert_eq!(room(&m, &idle, &a), Room::Free { full: vec![] });
+        assert_eq!(room(&m, &idle, &a, None), Room::Free { full: vec![] });
         // Roleset 0's prefill and roleset 1's decode full: neither pairs.
         let mut s = idle.clone();
         s[0] = busy(2);
@@ -97,9 +108,9 @@ mod tests {
             pending_decodes: 2,
             ..PodState::default()
         };
-        assert_eq!(room(&m, &s, &a), Room::Saturated);
+        assert_eq!(room(&m, &s, &a, None), Room::Saturated);
         s[3] = busy(1);
-        assert_eq!(room(&m, &s, &a), Room::Free { full: vec![0] });
+        assert_eq!(room(&m, &s, &a, None), Room::Free { full: vec![0] });
         // Unhealthy is not full: placement says why.
         let down = vec![
             PodState {
@@ -108,7 +119,7 @@ mod tests {
             };
             4
         ];
-        assert_eq!(room(&m, &down, &a), Room::Unservable);
+        assert_eq!(room(&m, &down, &a, None), Room::Unservable);
     }
 
     #[test]
@@ -132,6 +143,39 @@ mod tests {
             PodState::default(),
         ];
         assert_eq!(full_slots(&m, &s, &a), vec![0, 2]);
-        assert_eq!(room(&m, &s, &a), Room::Saturated);
+        assert_eq!(room(&m, &s, &a, None), Room::Saturated);
+    }
+
+    #[test]
+    fn only_the_pods_that_take_the_prompt_and_can_hand_off_count() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","rolesets":[
+                {"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"],"prompt_tokens":{"max":1000}},
+                {"prefill":["10.0.0.3:1"],"decode":["10.0.0.4:1"],"prompt_tokens":{"min":1001}}]}]}"#,
+        )
+        .expect("config");
+        let m = c.models.into_iter().next().expect("model");
+        let a = Admission {
+            max_in_flight_per_pod: 1,
+            ..Admission::default()
+        };
+        // The short bucket is full, the long one idle.
+        let mut s = vec![PodState::default(); 4];
+        s[0] = busy(1);
+        assert_eq!(
+            room(&m, &s, &a, Some(500)),
+            Room::Saturated,
+            "a short prompt waits"
+        );
+        assert_eq!(room(&m, &s, &a, Some(5_000)), Room::Free { full: vec![0] });
+        assert_eq!(
+            room(&m, &s, &a, None),
+            Room::Free { full: vec![0] },
+            "any length"
+        );
+        // A prefill pod that cannot hand off yet (a Mooncake engine id not
+        // learned) takes nothing: placement says why.
+        s[2].not_ready_for_prefill = true;
+        assert_eq!(room(&m, &s, &a, Some(5_000)), Room::Unservable);
     }
 }

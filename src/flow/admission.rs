@@ -5,7 +5,7 @@
 
 use super::{Attempt, Flow, Phase, Sent};
 use crate::admission::{Dropped, Entry, Room};
-use crate::error::PdError;
+use crate::error::{ClientError, PdError};
 use crate::fleet::PodId;
 use crate::host::{Counter, Histogram, Host, Level};
 use crate::split::SplitRequest;
@@ -36,7 +36,8 @@ impl Flow {
         let now = host.now_ms();
         let model = Rc::clone(&request.model);
         let priority = self.head.priority;
-        let room = router.room(&*host, &model, request.adapter.as_deref(), now);
+        let tokens = Some(request.prompt.tokens);
+        let room = router.room(&*host, &model, request.adapter.as_deref(), tokens, now);
         match room {
             Room::Free { full } if !router.waits_behind(model.id, priority) => {
                 let attempt = Attempt {
@@ -52,7 +53,10 @@ impl Flow {
                     model: model.name.clone(),
                     retry_after_s: settings.retry_after_s(why),
                 };
-                if priority < 0 {
+                // Shed only when the model is full: with room free and
+                // others waiting ahead of it, a negative priority waits its
+                // turn like any other.
+                if priority < 0 && matches!(room, Room::Saturated) {
                     host.increment(Counter::AdmissionShed);
                     return Err(drop(Dropped::Shed));
                 }
@@ -64,10 +68,15 @@ impl Flow {
                     context: self.context,
                     model: model.id,
                     adapter: request.adapter.clone(),
+                    prompt_tokens: request.prompt.tokens,
                     priority,
                     fairness: self.head.fairness.clone(),
                 };
                 router.enqueue(entry, now);
+                // The other VMs learn of it now, not at this VM's next tick:
+                // they let their own lower priorities go only when no higher
+                // one waits anywhere.
+                router.publish_queue(host, now);
                 host.increment(Counter::AdmissionQueued);
                 self.debug(host, || {
                     format!(
@@ -91,10 +100,26 @@ impl Flow {
     pub fn admit<H: Host>(&mut self, host: &mut H) -> bool {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
-        let room = match &self.phase {
+        // The fleet may have changed while the request waited (pods added
+        // or gone through discovery): it is judged and placed on the model
+        // as it is now, not as it was when it arrived.
+        let fleet = router.fleet();
+        let room = match &mut self.phase {
             Phase::Queued(q) => {
-                let r = &q.request;
-                router.room(&*host, &r.model, r.adapter.as_deref(), now)
+                let r = &mut q.request;
+                match fleet.models().iter().find(|m| m.id == r.model.id) {
+                    Some(current) => r.model = Rc::clone(current),
+                    None => {
+                        let gone = ClientError::UnknownModel(r.model.name.clone());
+                        if let Some(q) = self.take_queued(host) {
+                            drop(q);
+                            self.fail(host, gone.into());
+                        }
+                        return true;
+                    }
+                }
+                let tokens = Some(r.prompt.tokens);
+                router.room(&*host, &r.model, r.adapter.as_deref(), tokens, now)
             }
             _ => return true,
         };
@@ -133,7 +158,11 @@ impl Flow {
             return Vec::new();
         }
         let (model, adapter) = (&request.model, request.adapter.as_deref());
-        match self.router.room(host, model, adapter, host.now_ms()) {
+        let tokens = Some(request.prompt.tokens);
+        match self
+            .router
+            .room(host, model, adapter, tokens, host.now_ms())
+        {
             Room::Free { full } => self.router.pods_at(model, &full),
             Room::Saturated | Room::Unservable => Vec::new(),
         }
@@ -179,6 +208,7 @@ impl Flow {
         };
         self.router.dequeue(self.context);
         let waited = host.now_ms().saturating_sub(q.since_ms);
+        self.router.publish_queue(host, host.now_ms());
         host.record(Histogram::QueueDuration, &q.request.model.name, waited);
         Some(*q)
     }

@@ -8,7 +8,7 @@ use crate::inline_str::InlineStr;
 /// configuration's fingerprint. Bump the number when a record's bytes
 /// change (the load table, scraped metrics, prefix entries, admission
 /// reports); a release changes it anyway.
-pub const SHARED_LAYOUT: &str = concat!(env!("CARGO_PKG_VERSION"), "/2");
+pub const SHARED_LAYOUT: &str = concat!(env!("CARGO_PKG_VERSION"), "/3");
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedKeys {
@@ -22,12 +22,14 @@ impl SharedKeys {
         }
     }
 
-    /// One model's pod load and health (read and written on every request:
-    /// built without allocating).
-    pub fn load(&self, model: ModelId) -> Key {
+    /// One model's pod load and health as one worker slot's VM holds them
+    /// (read and written on every request: built without allocating).
+    pub fn load(&self, model: ModelId, slot: u8) -> Key {
         let mut k = Key::from(self.prefix.as_str());
         k.push_str(".load.");
         k.push_hex16(model.0);
+        k.push_str(".");
+        k.push_decimal(u64::from(slot));
         k
     }
 
@@ -115,10 +117,9 @@ impl SharedKeys {
 /// fingerprint) and the longest suffix fit in 64 bytes with room to spare.
 pub type Key = InlineStr<64>;
 
-/// The counter that hands each worker VM its TensorRT-LLM id slot. Not per
-/// configuration: a reload must not hand a new VM the slot of one still
-/// running.
-pub const WORKER_SLOTS_KEY: &str = "pd_router.worker_slots";
+/// The worker slots' leases (`super::slots`). Not per configuration: a
+/// reload must not hand a new VM the slot of one still running.
+pub const WORKER_SLOTS_KEY: &str = "pd_router.worker_leases";
 
 #[cfg(test)]
 mod tests {
@@ -128,12 +129,12 @@ mod tests {
     fn keys_read_as_their_formatted_names() {
         let k = SharedKeys::new("00ff00ff00ff00ff");
         assert_eq!(
-            &*k.load(ModelId(0x2a35_a700_dfc7_594c)),
-            "pd_router.00ff00ff00ff00ff.load.2a35a700dfc7594c"
+            &*k.load(ModelId(0x2a35_a700_dfc7_594c), 15),
+            "pd_router.00ff00ff00ff00ff.load.2a35a700dfc7594c.15"
         );
         assert_eq!(
-            &*k.load(ModelId(1)),
-            "pd_router.00ff00ff00ff00ff.load.0000000000000001"
+            &*k.load(ModelId(1), 0),
+            "pd_router.00ff00ff00ff00ff.load.0000000000000001.0"
         );
         for slot in [0u32, 7, 10, 468, 13370, u32::MAX] {
             assert_eq!(
@@ -149,8 +150,8 @@ mod tests {
         let k = SharedKeys::new(&fp);
         assert_eq!(&*k.prefix_slot(42), format!("pd_router.{fp}.pfx.42"));
         assert_eq!(
-            &*k.load(ModelId(u64::MAX)),
-            format!("pd_router.{fp}.load.ffffffffffffffff")
+            &*k.load(ModelId(u64::MAX), 3),
+            format!("pd_router.{fp}.load.ffffffffffffffff.3")
         );
     }
 }

@@ -1,13 +1,16 @@
-//! Router-side load and health of pods, one shared table per model, rows
-//! keyed by pod identity.
+//! Router-side load and health of pods: per model, one record per worker
+//! slot (its writer is the VM that leases the slot, see [`super::slots`]),
+//! rows keyed by pod identity; readers merge the live slots' records.
 //!
-//! A table per model keeps a request's reads proportional to its own model's
-//! pods, not the cluster's. A pod named in two models is accounted once per
+//! One writer per record is what makes the counts exact: a shared record
+//! that every VM updated with CAS lost an update whenever two VMs created it
+//! at once (shared data has no "create if absent"). A table per model keeps
+//! a request's reads proportional to its own model's pods, not the
+//! cluster's. A pod named in two models is accounted once per
 //! model (AIBrix pods serve one model each; a static configuration that
 //! shares an address between models gets separate counts).
 
-use super::store::{cas_update, SharedStore};
-use crate::codec::{records, RecordWriter};
+use crate::codec::{records, RecordReader, RecordWriter};
 use crate::fleet::PodId;
 
 /// Router-side counters and health of one pod.
@@ -63,8 +66,28 @@ impl LoadTable {
         LoadTable { rows }
     }
 
+    /// Reads one slot's record: its writer's lease holder id, and its rows.
+    pub fn decode_record(bytes: &[u8]) -> Option<(u64, LoadTable)> {
+        let holder = RecordReader::new(bytes).u64()?;
+        let rows = bytes.get(8..)?;
+        Some((holder, LoadTable::decode(Some(rows))))
+    }
+
+    /// One slot's record, written by `holder`.
+    pub fn encode_record(&self, holder: u64) -> Vec<u8> {
+        let mut w = RecordWriter::with_capacity(8 + self.rows.len() * RECORD);
+        w.u64(holder);
+        self.write_rows(&mut w);
+        w.finish()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         let mut w = RecordWriter::with_capacity(self.rows.len() * RECORD);
+        self.write_rows(&mut w);
+        w.finish()
+    }
+
+    fn write_rows(&self, w: &mut RecordWriter) {
         for (id, c) in &self.rows {
             w.u64(id.0)
                 .u32(c.outstanding_prefills)
@@ -73,7 +96,25 @@ impl LoadTable {
                 .u64(c.unhealthy_until_ms)
                 .u32(c.failures);
         }
-        w.finish()
+    }
+
+    /// Adds another slot's rows: loads and failure streaks add up (a
+    /// pod's streak is the sum of the workers' streaks, each ended by a
+    /// success on that worker), the latest ejection holds.
+    pub fn merge(&mut self, other: &LoadTable) {
+        for (id, o) in &other.rows {
+            self.update(*id, |c| {
+                c.outstanding_prefills = c
+                    .outstanding_prefills
+                    .saturating_add(o.outstanding_prefills);
+                c.outstanding_prefill_tokens = c
+                    .outstanding_prefill_tokens
+                    .saturating_add(o.outstanding_prefill_tokens);
+                c.pending_decodes = c.pending_decodes.saturating_add(o.pending_decodes);
+                c.unhealthy_until_ms = c.unhealthy_until_ms.max(o.unhealthy_until_ms);
+                c.failures = c.failures.saturating_add(o.failures);
+            });
+        }
     }
 
     pub fn get(&self, id: PodId) -> PodCounters {
@@ -124,20 +165,9 @@ impl LoadTable {
     }
 }
 
-/// Applies `change` to the table at `key` with a CAS retry loop and returns
-/// what was written.
-pub fn update_load<S: SharedStore + ?Sized>(
-    store: &mut S,
-    key: &str,
-    change: impl FnMut(&mut LoadTable),
-) -> Result<LoadTable, String> {
-    cas_update(store, key, LoadTable::decode, LoadTable::encode, change)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pods::store::MemoryStore;
 
     const A: PodId = PodId(1);
     const B: PodId = PodId(2);
@@ -186,11 +216,39 @@ mod tests {
     }
 
     #[test]
-    fn updates_go_through_cas() {
-        let mut s = MemoryStore::default();
-        update_load(&mut s, "k", |t| t.update(B, |c| c.pending_decodes += 1)).unwrap();
-        s.contend = 3;
-        let out = update_load(&mut s, "k", |t| t.update(B, |c| c.pending_decodes += 1)).unwrap();
-        assert_eq!(out.get(B).pending_decodes, 2);
+    fn records_carry_their_writer_and_merge_by_pod() {
+        let mut a = LoadTable::default();
+        a.update(A, |c| {
+            c.outstanding_prefills = 1;
+            c.outstanding_prefill_tokens = 100;
+            c.failures = 1;
+            c.unhealthy_until_ms = 50;
+        });
+        let mut b = LoadTable::default();
+        b.update(A, |c| {
+            c.outstanding_prefills = 2;
+            c.outstanding_prefill_tokens = 10;
+            c.pending_decodes = 1;
+            c.failures = 1;
+            c.unhealthy_until_ms = 70;
+        });
+        b.update(B, |c| c.pending_decodes = 4);
+        assert_eq!(
+            LoadTable::decode_record(&b.encode_record(9)),
+            Some((9, b.clone()))
+        );
+        assert_eq!(LoadTable::decode_record(&[1, 2]), None);
+        a.merge(&b);
+        assert_eq!(
+            a.get(A),
+            PodCounters {
+                outstanding_prefills: 3,
+                outstanding_prefill_tokens: 110,
+                pending_decodes: 1,
+                unhealthy_until_ms: 70,
+                failures: 2,
+            }
+        );
+        assert_eq!(a.get(B).pending_decodes, 4);
     }
 }

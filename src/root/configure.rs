@@ -1,15 +1,14 @@
 //! The plugin configuration read into a router: parsed and validated, this
 //! replica's TensorRT-LLM machine id and signing key taken from the VM
-//! environment, and a worker slot claimed so that TensorRT-LLM ids of
-//! different workers never collide.
+//! environment, and a worker slot leased (`crate::pods::slots`): the key
+//! every VM's shared records and TensorRT-LLM ids are kept apart by.
 
-use crate::codec::{RecordReader, RecordWriter};
 use crate::config::{Config, ConfigError};
 use crate::fleet::EngineKind;
 use crate::host::SharedStore;
-use crate::pods::{cas_update, WORKER_SLOTS_KEY};
+use crate::pods::slots::{ensure_table, lease_slot};
+use crate::pods::WORKER_SLOTS_KEY;
 use crate::router::Router;
-use crate::trt_id::WORKER_SLOTS;
 
 /// A configured router, and what the operator should read about it.
 pub struct Configured {
@@ -31,12 +30,15 @@ fn error(path: &str, message: impl Into<String>) -> ConfigError {
 }
 
 /// Reads the plugin configuration (`None`: Envoy gave none). `env` reads
-/// the VM's environment. A refused configuration is one error whose text is
-/// what the operator sees in Envoy's log.
+/// the VM's environment; `vm` is this VM's random id, which its slot lease
+/// is held by, and `now_ms` the time. A refused configuration is one error
+/// whose text is what the operator sees in Envoy's log.
 pub fn configure<S: SharedStore + ?Sized>(
     raw: Option<&[u8]>,
     env: &dyn Fn(&str) -> Option<String>,
     store: &mut S,
+    vm: u64,
+    now_ms: u64,
 ) -> Result<Configured, ConfigError> {
     let raw = raw.ok_or_else(|| {
         error(
@@ -52,12 +54,15 @@ pub fn configure<S: SharedStore + ?Sized>(
     }
     let auth_key = env(&config.trt.auth_key_env).filter(|k| !k.is_empty());
     let mut warnings = Vec::new();
-    let slot = claim_worker_slot(store).unwrap_or_else(|| {
-        warnings.push("pd-router: could not claim a worker slot; using 0".to_owned());
+    // The first configure of a plugin runs in Envoy's configuration canary,
+    // before any worker VM: the table exists before anyone contends for it.
+    ensure_table(store, WORKER_SLOTS_KEY);
+    let slot = lease_slot(store, WORKER_SLOTS_KEY, vm, None, now_ms).unwrap_or_else(|| {
+        warnings.push(format!("pd-router: all {} worker slots are leased by live VMs (more Envoy workers than that?); this VM shares slot 0, so its load counts and another VM's overwrite each other and TensorRT-LLM ids may collide", crate::trt_id::WORKER_SLOTS));
         0
     });
-    let mut router =
-        Router::new(config, slot).map_err(|e| error("trt_machine_id", e.to_string()))?;
+    let mut router = Router::leased(config, slot, vm, now_ms)
+        .map_err(|e| error("trt_machine_id", e.to_string()))?;
     let mut notes = Vec::new();
     if auth_key.is_some() {
         notes.push(format!(
@@ -124,23 +129,4 @@ fn lease_warning(router: &Router) -> Option<String> {
             c.prefill.timeout_ms, c.kv_lease_ms
         )
     })
-}
-
-/// Hands this VM a distinct slot (mod [`WORKER_SLOTS`]) through shared data:
-/// shared data is per `vm_id` and CAS-guarded, and a lost race retries.
-/// `None` if the store would not take the claim.
-pub fn claim_worker_slot<S: SharedStore + ?Sized>(store: &mut S) -> Option<u8> {
-    let decode = |b: Option<&[u8]>| b.and_then(|b| RecordReader::new(b).u32()).unwrap_or(0);
-    let encode = |v: &u32| {
-        let mut w = RecordWriter::with_capacity(4);
-        w.u32(*v);
-        w.finish()
-    };
-    let mut claimed = 0;
-    cas_update(store, WORKER_SLOTS_KEY, decode, encode, |v| {
-        claimed = *v;
-        *v = v.wrapping_add(1);
-    })
-    .ok()?;
-    Some((claimed % WORKER_SLOTS as u32) as u8)
 }

@@ -100,6 +100,9 @@ impl Root {
     pub fn on_tick<H: RootHost>(&mut self, host: &mut H) {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
+        if let Err(warning) = router.renew_lease(host, now) {
+            host.log(crate::host::Level::Warn, &warning);
+        }
         if let Some(d) = self.discovery.as_mut() {
             if d.apply(host, &router) {
                 // Counter readings of pods that left make no rate any more.

@@ -130,7 +130,7 @@ fn vms(json: &str, vms: u64) -> Vec<(Root, FakeRoot)> {
         .map(|vm| {
             let mut host = FakeRoot::new(&store, &tokens);
             let env = |_: &str| None;
-            let c = configure(Some(json.as_bytes()), &env, &mut host).expect("configured");
+            let c = configure(Some(json.as_bytes()), &env, &mut host, vm, 0).expect("configured");
             (Root::new(Rc::new(c.router), vm, c.kube_token), host)
         })
         .collect()
@@ -146,7 +146,7 @@ fn configure_errors_say_what_to_fix() {
     let mut store = MemoryStore::default();
     let none = |_: &str| None;
     let err = |raw: Option<&[u8]>, env: &dyn Fn(&str) -> Option<String>| {
-        configure(raw, env, &mut MemoryStore::default())
+        configure(raw, env, &mut MemoryStore::default(), 1, 0)
             .err()
             .expect("refused")
             .to_string()
@@ -172,7 +172,7 @@ fn configure_errors_say_what_to_fix() {
         "PD_ROUTER_TRT_MACHINE_ID" => Some("7".to_owned()),
         _ => None,
     };
-    let c = configure(Some(ok), &env, &mut store).expect("valid");
+    let c = configure(Some(ok), &env, &mut store, 1, 0).expect("valid");
     assert_eq!(c.router.config.trt.machine_id, 7);
     assert!(c
         .notes
@@ -183,7 +183,7 @@ fn configure_errors_say_what_to_fix() {
         .iter()
         .any(|w| w.contains("\"lmdeploy\", which has no handler")));
     // Each VM claims its own worker slot.
-    let second = configure(Some(ok), &env, &mut store).expect("valid");
+    let second = configure(Some(ok), &env, &mut store, 2, 0).expect("valid");
     assert_ne!(c.router.worker_slot(), second.router.worker_slot());
 }
 
@@ -427,14 +427,14 @@ fn a_set_not_confirmed_for_stale_after_ms_is_said_and_its_age_published() {
 #[test]
 fn a_missing_token_is_said_at_configure() {
     let mut host = MemoryStore::default();
-    let c = configure(Some(DISCOVERED.as_bytes()), &|_| None, &mut host).expect("valid");
+    let c = configure(Some(DISCOVERED.as_bytes()), &|_| None, &mut host, 1, 0).expect("valid");
     assert!(c.kube_token.is_none());
     assert!(c
         .notes
         .iter()
         .any(|n| n.contains("no token in the VM environment variable \"PD_ROUTER_KUBE_TOKEN\"")));
     let env = |v: &str| (v == "PD_ROUTER_KUBE_TOKEN").then(|| " t0k3n\n".to_owned());
-    let c = configure(Some(DISCOVERED.as_bytes()), &env, &mut host).expect("valid");
+    let c = configure(Some(DISCOVERED.as_bytes()), &env, &mut host, 1, 0).expect("valid");
     assert_eq!(c.kube_token.as_deref(), Some("t0k3n"));
 }
 
@@ -479,6 +479,8 @@ fn a_prefill_timeout_longer_than_the_kv_lease_is_warned() {
             Some(json.as_bytes()),
             &|_| None,
             &mut MemoryStore::default(),
+            1,
+            0,
         )
         .expect("valid");
         c.warnings.iter().any(|w| w.contains("exceeds kv_lease_ms"))
@@ -674,4 +676,44 @@ fn model_adapters_are_listed_after_the_pods_and_name_their_pods() {
     let at = ha.now;
     let _ = adapters_call(a, ha);
     assert!(ha.now >= at + 30_000, "{}", ha.now - at);
+}
+
+#[test]
+fn reloads_never_put_two_live_vms_on_one_slot() {
+    // One VM lives through many reloads of the others (an Envoy whose
+    // listener configuration keeps changing): a slot counter handed the
+    // 17th VM the long-lived one's slot; leases hand out only free slots.
+    let ok = br#"{"models":[{"name":"m","engine":"vllm","rolesets":[]}]}"#;
+    let store = Rc::new(RefCell::new(MemoryStore::default()));
+    let tokens = Rc::new(RefCell::new(0));
+    let start = |vm: u64, now: u64| {
+        let mut host = FakeRoot::new(&store, &tokens);
+        host.now = now;
+        let c = configure(Some(ok), &|_| None, &mut host, vm, now).expect("valid");
+        let root = Root::new(Rc::new(c.router), vm, None);
+        (root, host)
+    };
+    let mut now = 10_000;
+    let mut elder = start(1, now);
+    let mut workers: Vec<(Root, FakeRoot)> = (2..=4).map(|vm| start(vm, now)).collect();
+    for round in 0..40u64 {
+        // The new generation starts while the old one drains, then the old
+        // one stops (it no longer ticks); its leases lapse 10 s later.
+        now += 4_000;
+        let next: Vec<(Root, FakeRoot)> = (0..3).map(|i| start(100 + round * 3 + i, now)).collect();
+        let live: Vec<u8> = std::iter::once(&elder)
+            .chain(&workers)
+            .chain(&next)
+            .map(|(r, _)| r.router.worker_slot())
+            .collect();
+        let distinct: HashSet<u8> = live.iter().copied().collect();
+        assert_eq!(distinct.len(), live.len(), "round {round}: {live:?}");
+        workers = next;
+        // Ticks renew the living VMs' leases.
+        for (root, host) in std::iter::once(&mut elder).chain(workers.iter_mut()) {
+            host.now = now;
+            root.on_tick(host);
+        }
+    }
+    assert!(!elder.1.logged("could not be renewed"));
 }

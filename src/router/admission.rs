@@ -15,28 +15,44 @@ use crate::trt_id::WORKER_SLOTS;
 const MAX_ADMITTED_PER_TICK: usize = 256;
 
 impl Router {
-    /// Whether `model` (for requests naming `adapter`: its pods that
-    /// serve it) can take a request now; with room, the pods that are full
-    /// (to leave out of its placement). Without admission, room.
+    /// Whether `model` can take a request of `prompt_tokens` (`None`: any
+    /// length) naming `adapter` now (only the pods that serve the adapter
+    /// and take the prompt's length count); with room, the pods that are
+    /// full (to leave out of its placement). Without admission, room.
     pub fn room<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         model: &Model,
         adapter: Option<&str>,
+        prompt_tokens: Option<u64>,
         now_ms: u64,
+    ) -> Room {
+        if self.config.admission.is_none() {
+            return Room::Free { full: Vec::new() };
+        }
+        let pods = self.pod_states(model, &self.load(store, model.id), now_ms);
+        self.room_in(model, &pods, adapter, prompt_tokens)
+    }
+
+    /// [`Router::room`] on pod states already read.
+    fn room_in(
+        &self,
+        model: &Model,
+        pods: &[crate::sched::PodState],
+        adapter: Option<&str>,
+        prompt_tokens: Option<u64>,
     ) -> Room {
         let Some(a) = &self.config.admission else {
             return Room::Free { full: Vec::new() };
         };
-        let table = self.load(store, model.id);
-        let mut pods = self.pod_states(model, &table, now_ms);
+        let mut pods = pods.to_vec();
         // A pod without the adapter can never take it: as if down.
         for (state, id) in pods.iter_mut().zip(&model.pods) {
             if !model.serves(adapter, *id) {
                 state.unhealthy = true;
             }
         }
-        room(model, &pods, a)
+        room(model, &pods, a, prompt_tokens)
     }
 
     /// The pod ids of `full` slots of `model`.
@@ -88,7 +104,7 @@ impl Router {
     /// Reads the other VMs' reports (once per tick).
     pub fn read_others<S: SharedStore + ?Sized>(&self, store: &S, now_ms: u64) {
         let reports = (0..WORKER_SLOTS)
-            .filter(|s| *s != self.worker_slot)
+            .filter(|s| *s != self.worker_slot.get())
             .filter_map(|s| store.shared_get(&self.keys.admission(s)).0)
             .filter_map(|b| Report::decode(&b))
             .collect();
@@ -130,25 +146,20 @@ impl Router {
             let Some(model) = fleet.models().iter().find(|m| m.id == id) else {
                 continue;
             };
+            // The model's pods read once for every request of it.
+            let pods = self.pod_states(model, &self.load(store, model.id), now_ms);
             // No room for the model at all: nothing of it can go, and none
             // of its requests is blocked on its own pods (other VMs keep
             // deferring to its priorities).
-            if matches!(self.room(store, model, None, now_ms), Room::Saturated) {
+            if matches!(self.room_in(model, &pods, None, None), Room::Saturated) {
                 continue;
             }
-            // Room per adapter, looked up once per call.
-            let mut rooms: Vec<(Option<String>, bool)> = vec![(None, true)];
+            // Unservable goes too: placement answers why.
             let mut can_go = |w: &Waiting| {
-                if let Some((_, free)) = rooms.iter().find(|(a, _)| *a == w.adapter) {
-                    return *free;
-                }
-                // Unservable goes too: placement answers why.
-                let free = !matches!(
-                    self.room(store, model, w.adapter.as_deref(), now_ms),
+                !matches!(
+                    self.room_in(model, &pods, w.adapter.as_deref(), Some(w.prompt_tokens)),
                     Room::Saturated
-                );
-                rooms.push((w.adapter.clone(), free));
-                free
+                )
             };
             let next = self.queue.borrow_mut().take_next(id, &mut can_go);
             if next.is_some() {
@@ -165,7 +176,7 @@ impl Router {
             counts: self.queue.borrow().counts(),
         };
         let _ = store.shared_set(
-            &self.keys.admission(self.worker_slot),
+            &self.keys.admission(self.worker_slot.get()),
             &report.encode(),
             None,
         );

@@ -1,10 +1,13 @@
 //! Load the router's requests hold on pods, given back exactly once, and
-//! the health their answers and scrapes judge: one model's table per
-//! shared-data key, so every worker VM sees the same counts.
+//! the health their answers and scrapes judge. Each VM writes its own
+//! record per model, under its worker slot, and reads the others' (live
+//! slots only), so every worker VM sees the same counts and no update is
+//! lost to another VM's write.
 
 use super::Router;
 use crate::fleet::{Endpoint, ModelId, PodId};
-use crate::pods::{update_load, update_pairs, LoadTable, PodCounters, SharedStore, Verdict};
+use crate::pods::slots::SlotTable;
+use crate::pods::{update_pairs, LoadTable, PodCounters, SharedStore, Verdict, WORKER_SLOTS_KEY};
 use std::rc::Rc;
 
 /// Load a stream holds, to give back exactly once.
@@ -25,10 +28,80 @@ pub struct Ejection {
 }
 
 impl Router {
-    /// One model's shared load table.
+    /// One model's load table over the whole Envoy: this VM's record and
+    /// those of the other live worker slots. A record whose writer no longer
+    /// holds its slot (a VM that stopped) counts for nothing.
     pub fn load<S: SharedStore + ?Sized>(&self, store: &S, model: ModelId) -> LoadTable {
-        let (bytes, _) = store.shared_get(&self.keys.load(model));
-        LoadTable::decode(bytes.as_deref())
+        let mine = self.worker_slot.get();
+        let mut table = self.own_load(store, model);
+        let (slots, _) = store.shared_get(WORKER_SLOTS_KEY);
+        let Some(slots) = slots else {
+            return table;
+        };
+        let now = self.lease_clock.get();
+        for (slot, holder) in SlotTable::decode(Some(&slots)).live(now) {
+            if slot == mine {
+                continue;
+            }
+            let (bytes, _) = store.shared_get(&self.keys.load(model, slot));
+            if let Some((writer, rows)) = bytes.as_deref().and_then(LoadTable::decode_record) {
+                if writer == holder {
+                    table.merge(&rows);
+                }
+            }
+        }
+        table
+    }
+
+    /// This VM's own record for `model` (empty if another VM wrote it last:
+    /// the slot was someone else's before this VM leased it).
+    fn own_load<S: SharedStore + ?Sized>(&self, store: &S, model: ModelId) -> LoadTable {
+        let (bytes, _) = store.shared_get(&self.keys.load(model, self.worker_slot.get()));
+        bytes
+            .as_deref()
+            .and_then(LoadTable::decode_record)
+            .filter(|(writer, _)| *writer == self.holder)
+            .map(|(_, t)| t)
+            .unwrap_or_default()
+    }
+
+    /// Changes this VM's own record for `model`: it is the record's only
+    /// writer, so a plain write (no CAS) loses nothing.
+    fn update_own<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        model: ModelId,
+        change: impl FnOnce(&mut LoadTable),
+    ) -> Result<LoadTable, String> {
+        let mut table = self.own_load(&*store, model);
+        change(&mut table);
+        store
+            .shared_set(
+                &self.keys.load(model, self.worker_slot.get()),
+                &table.encode_record(self.holder),
+                None,
+            )
+            .map_err(|e| format!("{e:?}"))?;
+        Ok(table)
+    }
+
+    /// Writes this VM's records under `slot` after its lease moved there
+    /// (it was stalled past its lease and another VM took the old slot).
+    pub(super) fn move_records<S: SharedStore + ?Sized>(&self, store: &mut S, slot: u8) {
+        let tables: Vec<(ModelId, LoadTable)> = self
+            .fleet()
+            .models()
+            .iter()
+            .map(|m| (m.id, self.own_load(&*store, m.id)))
+            .collect();
+        self.worker_slot.set(slot);
+        for (model, table) in tables {
+            let _ = store.shared_set(
+                &self.keys.load(model, slot),
+                &table.encode_record(self.holder),
+                None,
+            );
+        }
     }
 
     /// Every pod of the fleet with its counters (summed over the models that
@@ -69,6 +142,17 @@ impl Router {
             .collect()
     }
 
+    /// The failure streaks the other VMs' records hold for `pod`.
+    fn others_failures<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        model: ModelId,
+        pod: PodId,
+    ) -> u32 {
+        let all = self.load(store, model).get(pod).failures;
+        all.saturating_sub(self.own_load(store, model).get(pod).failures)
+    }
+
     /// Whether a pod is still one of `model`'s.
     fn is_live(&self, model: ModelId) -> impl Fn(PodId) -> bool {
         let model = self
@@ -88,7 +172,7 @@ impl Router {
         now_ms: u64,
     ) -> Result<(), String> {
         let live = self.is_live(held.model);
-        update_load(store, &self.keys.load(held.model), |t| {
+        self.update_own(store, held.model, |t| {
             if let Some(p) = held.prefill {
                 t.update(p, |c| {
                     c.outstanding_prefills = c.outstanding_prefills.saturating_add(1);
@@ -119,8 +203,12 @@ impl Router {
         let live = self.is_live(released.model);
         let rule = self.config.health;
         let mut ejected = false;
-        update_load(store, &self.keys.load(released.model), |t| {
-            ejected = false;
+        // The other VMs' failure streaks on the judged pod count towards
+        // its ejection too.
+        let others = judged.map_or(0, |(pod, _, _)| {
+            self.others_failures(&*store, released.model, pod.id)
+        });
+        self.update_own(store, released.model, |t| {
             if let Some(p) = released.prefill {
                 t.update_existing(p, |c| {
                     c.outstanding_prefills = c.outstanding_prefills.saturating_sub(1);
@@ -138,7 +226,8 @@ impl Router {
                 });
             }
             if let Some((pod, verdict, _)) = judged {
-                let judge = |c: &mut PodCounters| ejected = rule.judge(c, verdict, now_ms);
+                let judge =
+                    |c: &mut PodCounters| ejected = judge_with(rule, c, others, verdict, now_ms);
                 if live(pod.id) {
                     t.update(pod.id, judge);
                 } else {
@@ -187,8 +276,11 @@ impl Router {
         for m in fleet.models().iter().filter(|m| m.pods.contains(&pod.id)) {
             let live = self.is_live(m.id);
             let mut ejected = false;
-            update_load(store, &self.keys.load(m.id), |t| {
-                t.update(pod.id, |c| ejected = rule.judge(c, verdict, now_ms));
+            let others = self.others_failures(&*store, m.id, pod.id);
+            self.update_own(store, m.id, |t| {
+                t.update(pod.id, |c| {
+                    ejected = judge_with(rule, c, others, verdict, now_ms)
+                });
                 t.prune(now_ms, &live);
             })?;
             any |= ejected;
@@ -240,4 +332,24 @@ impl Router {
             .filter(|m| m.pods.contains(&pod.id))
             .all(|m| self.load(store, m.id).get(pod.id).is_healthy(now_ms))
     }
+}
+
+/// Judges this VM's row of a pod with the other VMs' failure streaks
+/// added to its own: `eject_after_failures` failures across the workers
+/// eject the pod. Only this VM's streak is kept in its row.
+fn judge_with(
+    rule: crate::pods::HealthRule,
+    own: &mut PodCounters,
+    others: u32,
+    verdict: Verdict,
+    now_ms: u64,
+) -> bool {
+    let mut seen = *own;
+    seen.failures = seen.failures.saturating_add(others);
+    let ejected = rule.judge(&mut seen, verdict, now_ms);
+    own.unhealthy_until_ms = seen.unhealthy_until_ms;
+    // A success or an ejection ends the streak (this VM's part of it);
+    // otherwise this VM's part is what the judgement added to its own.
+    own.failures = seen.failures.saturating_sub(others);
+    ejected
 }

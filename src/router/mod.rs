@@ -40,8 +40,15 @@ pub struct Router {
     decode_turns: RefCell<HashMap<(ModelId, String), u64>>,
     unsplit_turn: Cell<u64>,
     trt_ids: RefCell<DisaggIdGenerator>,
-    /// This VM's slot among the workers (TensorRT-LLM ids, stat names).
-    worker_slot: u8,
+    /// This VM's leased slot among the workers (its load records and
+    /// admission report, TensorRT-LLM ids, stat names): see
+    /// [`crate::pods::slots`].
+    worker_slot: Cell<u8>,
+    /// This VM's lease holder id (random per VM).
+    holder: u64,
+    /// When the lease was last renewed (Unix ms): the time other VMs'
+    /// leases are judged live at.
+    lease_clock: Cell<u64>,
     /// This VM's copy of the scraped metrics, refreshed on each tick.
     scraped: RefCell<ScrapedTable>,
     /// This VM's copy of each model's failing prefill/decode pairs,
@@ -70,6 +77,16 @@ impl Router {
     /// `worker_slot` keeps TensorRT-LLM ids of this VM apart from other
     /// workers' (see [`crate::trt_id`]).
     pub fn new(config: Config, worker_slot: u8) -> Result<Router, InvalidMachineId> {
+        Router::leased(config, worker_slot, u64::from(worker_slot) + 1, 0)
+    }
+
+    /// A router whose VM leased `worker_slot` as `holder` at `now_ms`.
+    pub fn leased(
+        config: Config,
+        worker_slot: u8,
+        holder: u64,
+        now_ms: u64,
+    ) -> Result<Router, InvalidMachineId> {
         let trt_ids = DisaggIdGenerator::new(config.trt.machine_id, worker_slot)?;
         Ok(Router {
             registry: Registry::builtin(),
@@ -80,7 +97,9 @@ impl Router {
             decode_turns: RefCell::new(HashMap::new()),
             unsplit_turn: Cell::new(0),
             trt_ids: RefCell::new(trt_ids),
-            worker_slot,
+            worker_slot: Cell::new(worker_slot),
+            holder,
+            lease_clock: Cell::new(now_ms),
             scraped: RefCell::new(ScrapedTable::new()),
             pairs: RefCell::new(HashMap::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
@@ -93,7 +112,39 @@ impl Router {
     }
 
     pub fn worker_slot(&self) -> u8 {
-        self.worker_slot
+        self.worker_slot.get()
+    }
+
+    /// Gives this VM's slot back (the VM is stopping).
+    pub fn release_lease<S: SharedStore + ?Sized>(&self, store: &mut S) {
+        crate::pods::slots::release_slot(
+            store,
+            crate::pods::WORKER_SLOTS_KEY,
+            self.holder,
+            self.worker_slot.get(),
+        );
+    }
+
+    /// Renews this VM's slot lease (each tick). A VM stalled past its lease
+    /// whose slot another VM took moves to a free slot, with its load
+    /// records and TensorRT-LLM ids; `Err` when no slot could be had (the
+    /// VM keeps writing under its old one and says so).
+    pub fn renew_lease<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        now_ms: u64,
+    ) -> Result<(), String> {
+        let old = self.worker_slot.get();
+        let slot = crate::pods::slots::lease_slot(store, crate::pods::WORKER_SLOTS_KEY, self.holder, Some(old), now_ms)
+            .ok_or_else(|| format!("pd-router: worker slot {old}'s lease could not be renewed and no slot is free; load counts of this VM may be overwritten"))?;
+        self.lease_clock.set(now_ms);
+        if slot != old {
+            self.move_records(store, slot);
+            if let Ok(ids) = DisaggIdGenerator::new(self.config.trt.machine_id, slot) {
+                *self.trt_ids.borrow_mut() = ids;
+            }
+        }
+        Ok(())
     }
 
     /// Whether this VM's copy of the pair table knows the pair as failing.

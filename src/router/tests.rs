@@ -330,12 +330,16 @@ fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
         decode: None,
     };
     r.hold(&mut store, held, 1_000).expect("hold");
-    assert_eq!(r.room(&store, m, Some("sql"), 1_000), Room::Saturated);
-    assert!(matches!(r.room(&store, m, None, 1_000), Room::Free { .. }));
+    assert_eq!(r.room(&store, m, Some("sql"), None, 1_000), Room::Saturated);
+    assert!(matches!(
+        r.room(&store, m, None, None, 1_000),
+        Room::Free { .. }
+    ));
     let entry = |context: u32, adapter: Option<&str>, priority: i32| Entry {
         context,
         model: m.id,
         adapter: adapter.map(str::to_string),
+        prompt_tokens: 1,
         priority,
         fairness: String::new(),
     };
@@ -349,7 +353,7 @@ fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
     assert!(!r.waits_behind(m.id, 0));
     let mut other_vm = MemoryStore::default();
     r.publish_queue(&mut other_vm, 1_100);
-    let report = other_vm.shared_get(&r.keys.admission(r.worker_slot)).0;
+    let report = other_vm.shared_get(&r.keys.admission(r.worker_slot())).0;
     let report = crate::admission::shared::Report::decode(&report.expect("published"));
     let others = crate::admission::shared::Others::new(vec![report.expect("report")], 1_100);
     assert_eq!(others.top_priority(m.id), None);
@@ -394,13 +398,14 @@ fn requests_of_a_saturated_model_stay_ahead_of_other_workers_lower_ones() {
         context: 1,
         model: m.id,
         adapter: None,
+        prompt_tokens: 1,
         priority: 10,
         fairness: String::new(),
     };
     r.enqueue(premium, 1_000);
     assert_eq!(r.next_admitted(&store, 1_050, 0), None, "saturated");
     r.publish_queue(&mut store, 1_050);
-    let report = store.shared_get(&r.keys.admission(r.worker_slot)).0;
+    let report = store.shared_get(&r.keys.admission(r.worker_slot())).0;
     let others = Others::new(
         vec![Report::decode(&report.expect("published")).expect("report")],
         1_050,

@@ -170,6 +170,17 @@ impl RootHost for RootIo<'_> {
 }
 
 impl Context for Root {
+    /// The VM is stopping (a reload, a shutdown): its worker slot is free
+    /// for the next VM now rather than when its lease lapses.
+    fn on_done(&mut self) -> bool {
+        if let Some(state) = self.state.as_ref() {
+            state
+                .router
+                .release_lease(&mut RootIo { stats: &self.stats });
+        }
+        true
+    }
+
     fn on_http_call_response(
         &mut self,
         token: u32,
@@ -206,7 +217,8 @@ impl RootContext for Root {
             .flatten();
         let env = |name: &str| std::env::var(name).ok();
         let mut io = RootIo { stats: &self.stats };
-        let configured = match configure(raw.as_deref(), &env, &mut io) {
+        let vm_id = getrandom::u64().unwrap_or_else(|_| now_ms());
+        let configured = match configure(raw.as_deref(), &env, &mut io, vm_id, now_ms()) {
             Ok(c) => c,
             Err(e) => {
                 // Envoy refuses the config when this returns false; this line
@@ -225,7 +237,6 @@ impl RootContext for Root {
         let stats = Stats::define(router.worker_slot(), router.config.max_pod_stats);
         stats.know_fleet(&router.fleet());
         self.stats = Rc::new(stats);
-        let vm_id = getrandom::u64().unwrap_or_else(|_| now_ms());
         let state = RootState::new(Rc::new(router), vm_id, configured.kube_token);
         let tick = u32::try_from(state.tick_period_ms()).unwrap_or(1000);
         if let Err(e) = abi::set_tick_period_ms(tick) {

@@ -1,4 +1,4 @@
-//! Admission control through Envoy (two workers) against enforcing vLLM
+//! Admission control through Envoy (four workers) against enforcing vLLM
 //! mocks: one prefill pod and one decode pod, `max_in_flight_per_pod` 2,
 //! and decode streams slow enough to hold the decode pod. Batch is shed
 //! at once, premium goes before standard, waits end at the TTL with 429
@@ -35,7 +35,7 @@ fn gateway(admission: Value) -> Gateway {
         "models": [{"name": "m", "engine": "vllm",
                     "rolesets": [{"prefill": [prefill.endpoint()], "decode": [decode.endpoint()]}]}]
     });
-    let envoy = Envoy::start_with(&config, 2);
+    let envoy = Envoy::start_with(&config, 4);
     Gateway {
         prefill,
         _decode: decode,
