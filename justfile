@@ -39,6 +39,8 @@ setup: bench-setup system envoy-versions
     .venv/bin/python -c "import kubernetes, kubernetes_validate, yaml, jsonschema" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0" "PyYAML==6.0.4" "jsonschema==4.26.0"
     # The OpenAI and Anthropic Python SDKs, as clients of the gateway (tests/e2e/gateway.rs).
     .venv/bin/python -c "import openai, anthropic" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "openai==3.57.0" "anthropic==2.16.0"
+    # An HTTP/2 client that sends trailers, which reqwest cannot (tests/e2e/adversarial.rs).
+    .venv/bin/python -c "import h2" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "h2==4.3.0"
     # Istio / Gateway API CRD validators, pinned by deploy/node/package-lock.json
     cmp -s deploy/node/package-lock.json .tools/node/package-lock.json || { mkdir -p .tools/node && cp deploy/node/package.json deploy/node/package-lock.json .tools/node/ && npm ci --prefix .tools/node --no-audit --no-fund --loglevel=error; }
     # Grafana dashboard check (deploy/grafana/validate.mjs): TypeScript and @grafana/schema, pinned by deploy/grafana/package-lock.json

@@ -827,6 +827,16 @@ def assemble_envoy_gateway(v, failures, wasm):
     idle = ((ctp_spec.get("timeout") or {}).get("http") or {}).get("streamIdleTimeout")
     if idle:
         hcm_extra["stream_idle_timeout"] = idle
+    # internal/xds/translator/listener.go: Envoy Gateway always normalizes
+    # paths, merges slashes unless told not to, and maps the escaped-slash
+    # action by name (its own default: UnescapeAndRedirect).
+    path = ctp_spec.get("path") or {}
+    hcm_extra["normalize_path"] = True
+    hcm_extra["merge_slashes"] = not path.get("disableMergeSlashes", False)
+    hcm_extra["path_with_escaped_slashes_action"] = {
+        "KeepUnchanged": "KEEP_UNCHANGED", "RejectRequest": "REJECT_REQUEST",
+        "UnescapeAndForward": "UNESCAPE_AND_FORWARD", "UnescapeAndRedirect": "UNESCAPE_AND_REDIRECT",
+    }[path.get("escapedSlashesAction", "UnescapeAndRedirect")]
     listener = {"name": lname, "address": {"socket_address": {"address": "0.0.0.0", "port_value": 10080}},
                 "per_connection_buffer_limit_bytes": buffer,
                 "default_filter_chain": {"filters": [{"name": HCM_NAME, "typed_config": dict(

@@ -20,16 +20,34 @@ pub enum Api {
 }
 
 impl Api {
-    /// The API served at `path` (the query string is ignored).
+    /// Every API, for tests and tables.
+    pub const ALL: [Api; 5] = [
+        Api::Completions,
+        Api::ChatCompletions,
+        Api::Responses,
+        Api::Messages,
+        Api::Generate,
+    ];
+
+    /// The API served at `path` (the query string is ignored), read through
+    /// [`canonical_path`]: a variant of a split path (another case, a
+    /// trailing or doubled slash, an escaped slash, a dot segment) is that
+    /// path. Engines and proxies disagree on which variants they serve, so
+    /// a variant that some engine answers must not slip past the checks of
+    /// the path it stands for; the flow sends it on as the canonical path.
     pub fn from_path(path: &str) -> Option<Api> {
-        let path = path.split(['?', '#']).next().unwrap_or(path);
-        match path {
-            "/v1/completions" => Some(Api::Completions),
-            "/v1/chat/completions" => Some(Api::ChatCompletions),
-            "/v1/responses" => Some(Api::Responses),
-            "/v1/messages" => Some(Api::Messages),
-            "/inference/v1/generate" => Some(Api::Generate),
-            _ => None,
+        let canonical = canonical_path(path);
+        Api::ALL.into_iter().find(|a| a.path() == canonical)
+    }
+
+    /// The path this API is served at.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Completions => "/v1/completions",
+            Api::ChatCompletions => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+            Api::Generate => "/inference/v1/generate",
         }
     }
 
@@ -67,6 +85,64 @@ impl Api {
             Api::Generate => &["token_ids"],
         }
     }
+}
+
+/// `path` without its query or fragment, with `%XX` escapes decoded, in
+/// ASCII lower case, `.` and `..` segments resolved, runs of `/` merged and
+/// a trailing `/` dropped: the one spelling the router classifies by.
+/// Starlette (vLLM, SGLang) redirects a trailing slash, some proxies decode
+/// `%2F` or merge slashes before the engine sees the path, and the router
+/// cannot know which of them stand behind it; so every variant counts as
+/// the path it may become. Escapes are decoded once: a `%252F` stays
+/// `%2F`, which no split path contains.
+pub fn canonical_path(path: &str) -> String {
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    let decoded = percent_decode(path).to_ascii_lowercase();
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split(['/', '\\']) {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len());
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    out
+}
+
+/// `%XX` escapes decoded (SDKs escape the `/` of `org/model` ids, clients
+/// may escape any byte of a path); an invalid escape stays as it is, and
+/// bytes that are not UTF-8 become U+FFFD.
+pub fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while let Some(&c) = b.get(i) {
+        let hex = b
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (c, hex) {
+            (b'%', Some(v)) => {
+                out.push(v);
+                i += 3;
+            }
+            _ => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Keys the router reads or writes on every engine. A duplicate of any of them
@@ -322,6 +398,43 @@ mod tests {
     fn fields(api: Api, body: &str) -> Result<ClientFields, ClientError> {
         let top = Members::parse(body.as_bytes()).expect("json");
         read_fields(api, body.as_bytes(), &top)
+    }
+
+    #[test]
+    fn variants_of_a_split_path_are_that_path() {
+        for api in Api::ALL {
+            let p = api.path();
+            let upper = p.to_ascii_uppercase();
+            let doubled = p.replacen('/', "//", 2);
+            let escaped = p.replace('/', "%2F");
+            let variants = [
+                p.to_owned(),
+                format!("{p}/"),
+                format!("/{p}"),
+                doubled,
+                upper,
+                format!("{p}%2F"),
+                format!("{p}%2f?stream=1"),
+                escaped,
+                format!("{p}/."),
+                format!("{p}/x/.."),
+                format!("/x/..{p}"),
+                p.replace('/', "\\"),
+                format!("{p}//#frag"),
+                p.replacen('v', "%76", 1),
+            ];
+            for v in &variants {
+                assert_eq!(Api::from_path(v), Some(api), "{v}");
+            }
+            for other in [format!("{p}x"), format!("{p}/x"), format!("{p}%252F")] {
+                assert_eq!(Api::from_path(&other), None, "{other}");
+            }
+        }
+        assert_eq!(canonical_path("/"), "/");
+        assert_eq!(canonical_path(""), "/");
+        assert_eq!(canonical_path("/../.."), "/");
+        assert_eq!(canonical_path("/A//b/?q=/C"), "/a/b");
+        assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
     }
 
     #[test]

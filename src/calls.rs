@@ -3,7 +3,7 @@
 //! (embeddings, tokenize, score, audio, ...), or one it passes through; and
 //! which model such a body names.
 
-use crate::api::Api;
+use crate::api::{percent_decode, Api};
 use crate::body::Members;
 use crate::error::ClientError;
 use crate::multipart;
@@ -19,9 +19,52 @@ pub enum Call {
     ShowModel(String),
     /// Any other POST with a body: routed by the model it names.
     ByModel,
-    /// Everything else (`/health`, `/metrics`, a POST without a body): to a
-    /// decode pod of any model.
+    /// Another method with a body: to a decode pod of any model, once the
+    /// body is read and holds no hand-off field the router owns.
+    PassThroughBody,
+    /// Everything else without a body (`/health`, `/metrics`, a POST
+    /// without a body): to a decode pod of any model, not buffered.
     PassThrough,
+}
+
+/// How an engine reads a body it is sent whole, by its `content-type`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BodyKind {
+    /// A multipart form with this boundary.
+    Form(String),
+    /// JSON: `application/json`, a `+json` type, or no `content-type` at
+    /// all (FastAPI, which vLLM and SGLang serve with, parses a body
+    /// without one as JSON).
+    Json,
+    /// Anything else: the engines' JSON APIs do not parse it as JSON.
+    Other,
+}
+
+impl BodyKind {
+    /// The kind a `content-type` header value (or its absence) declares.
+    pub fn of(content_type: Option<&str>) -> BodyKind {
+        let Some(t) = content_type else {
+            return BodyKind::Json;
+        };
+        if let Some(b) = multipart::boundary(t) {
+            return BodyKind::Form(b.to_owned());
+        }
+        let media = t.split(';').next().unwrap_or(t).trim().to_ascii_lowercase();
+        let subtype = media.split_once('/').map_or("", |(_, s)| s);
+        if media.is_empty() || subtype == "json" || subtype.ends_with("+json") {
+            BodyKind::Json
+        } else {
+            BodyKind::Other
+        }
+    }
+
+    /// The multipart boundary, for a form.
+    pub fn boundary(&self) -> Option<&str> {
+        match self {
+            BodyKind::Form(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 const MODELS: &str = "/v1/models";
@@ -41,34 +84,10 @@ impl Call {
                 None => Call::PassThrough,
             },
             b"POST" if has_body => Call::ByModel,
+            _ if has_body => Call::PassThroughBody,
             _ => Call::PassThrough,
         }
     }
-}
-
-/// `%XX` escapes decoded (SDKs escape the `/` of `org/model` ids); an
-/// invalid escape stays as it is.
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while let Some(&c) = b.get(i) {
-        let hex = b
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (c, hex) {
-            (b'%', Some(v)) => {
-                out.push(v);
-                i += 3;
-            }
-            _ => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The model a body names: the `model` member of a JSON object, or the
@@ -134,7 +153,30 @@ mod tests {
         assert_eq!(Call::of(b"POST", "/v1/embeddings", true), Call::ByModel);
         assert_eq!(Call::of(b"POST", "/tokenize", false), Call::PassThrough);
         assert_eq!(Call::of(b"GET", "/health", false), Call::PassThrough);
-        assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
+        assert_eq!(Call::of(b"PUT", "/x", true), Call::PassThroughBody);
+        assert_eq!(
+            Call::of(b"POST", "/V1/Chat//Completions%2F", true),
+            Call::Split(Api::ChatCompletions)
+        );
+    }
+
+    #[test]
+    fn body_kinds_by_content_type() {
+        assert_eq!(BodyKind::of(None), BodyKind::Json);
+        assert_eq!(
+            BodyKind::of(Some("Application/JSON; charset=utf-8")),
+            BodyKind::Json
+        );
+        assert_eq!(
+            BodyKind::of(Some("application/merge-patch+json")),
+            BodyKind::Json
+        );
+        assert_eq!(BodyKind::of(Some("text/plain")), BodyKind::Other);
+        assert_eq!(
+            BodyKind::of(Some("multipart/form-data; boundary=xy")),
+            BodyKind::Form("xy".into())
+        );
+        assert_eq!(BodyKind::of(Some("multipart/form-data")), BodyKind::Other);
     }
 
     #[test]

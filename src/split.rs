@@ -11,10 +11,11 @@
 //! and the randomness come from the caller.
 
 use crate::api::{read_fields, Api, ClientFields};
-use crate::body::{Edit, Edits, LegBody, Members, SourceMismatch};
+use crate::body::{BodyError, Edit, Edits, LegBody, Members, SourceMismatch};
+use crate::calls::BodyKind;
 use crate::engine::{
-    build_legs, Degraded, IdSource, LearnedPods, LegEdits, Merged, NothingLearned, PdContext,
-    PrefillAnswer, Registry,
+    build_legs, refuse_owned, refused_form_fields, Degraded, EngineHandler, IdSource, LearnedPods,
+    LegEdits, Merged, NothingLearned, PdContext, PrefillAnswer, Registry,
 };
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
@@ -247,14 +248,7 @@ pub fn read(
     let model = Rc::clone(served.model);
     let adapter = served.adapter.map(str::to_owned);
     let handler = view.registry.resolve(&model.engine);
-    if let Some(key) = handler.owned_keys().iter().find(|k| top.contains(k)) {
-        return Err(ClientError::RouterOwnedKey {
-            key: (*key).to_owned(),
-            engine: handler.name().to_owned(),
-        }
-        .into());
-    }
-    let client_params = handler.client_params(&body, &top)?;
+    let client_params = refuse_owned(handler, &body, &top)?;
     let prompt = prompt_key(
         view.scheduling,
         &model,
@@ -273,6 +267,87 @@ pub fn read(
         adapter,
         prompt,
     })
+}
+
+/// Checks a body that goes whole to one pod unsplit (a call routed by
+/// model, or a pass-through): refused when it carries a hand-off field the
+/// router owns for the engine of `model`, or, without a model, for any
+/// engine the fleet serves (a pass-through lands on a decode pod of any
+/// model; fields of engines the fleet lacks reach no pod that obeys them).
+/// A JSON body the router cannot read as an object is refused as well:
+/// Python's parser accepts more (`NaN`, a byte-order mark, UTF-16) and
+/// would find fields the router never saw. Other bodies are not JSON to
+/// the engines and pass.
+pub fn check_whole(
+    view: &SplitContext,
+    model: Option<&Model>,
+    body: &[u8],
+    kind: &BodyKind,
+) -> Result<(), PdError> {
+    let handlers: Vec<&dyn EngineHandler> = match model {
+        Some(m) => vec![view.registry.resolve(&m.engine)],
+        None => {
+            let mut all: Vec<&dyn EngineHandler> = Vec::new();
+            for m in view.fleet.models() {
+                let h = view.registry.resolve(&m.engine);
+                if !all.iter().any(|a| a.name() == h.name()) {
+                    all.push(h);
+                }
+            }
+            all
+        }
+    };
+    match kind {
+        BodyKind::Form(boundary) => {
+            for h in &handlers {
+                let sent = refused_form_fields(*h)
+                    .find(|f| !crate::multipart::fields(body, boundary, f, 1).is_empty());
+                if let Some(key) = sent {
+                    return Err(ClientError::RouterOwnedKey {
+                        key: key.to_owned(),
+                        engine: h.name().to_owned(),
+                    }
+                    .into());
+                }
+            }
+            Ok(())
+        }
+        BodyKind::Other if !opens_object(body) => Ok(()),
+        BodyKind::Json | BodyKind::Other => {
+            let Some(text) = json_text(body)? else {
+                return Ok(());
+            };
+            let top = match Members::parse(text) {
+                Ok(top) => top,
+                // A JSON array or scalar: no engine reads a hand-off there.
+                Err(BodyError::NotObject) if !opens_object(text) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            for h in handlers {
+                refuse_owned(h, text, &top)?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn opens_object(body: &[u8]) -> bool {
+    body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// The JSON text of a body as Python's `json.loads` reads bytes (what
+/// FastAPI, under vLLM and SGLang, parses with): a UTF-8 byte-order mark
+/// skipped; UTF-16 and UTF-32 (a zero byte among the first four) refused,
+/// as the router reads UTF-8 only. `None`: an empty body, nothing to check.
+fn json_text(body: &[u8]) -> Result<Option<&[u8]>, BodyError> {
+    let text = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    if text.iter().take(4).any(|&b| b == 0) {
+        return Err(BodyError::NotUtf8);
+    }
+    if text.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    Ok(Some(text))
 }
 
 /// The model of a request that names none (vLLM's generate API): the

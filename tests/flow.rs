@@ -9,6 +9,7 @@
     clippy::indexing_slicing
 )]
 
+use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::flow::Flow;
 use pd_router::host::{Action, Counter, Host, PodEvent, Telemetry};
@@ -2297,4 +2298,295 @@ fn a_prefill_retry_may_use_a_pod_that_was_full_when_the_request_was_let_in() {
     assert_eq!(host.resumed, 1);
     flow.on_stream_end(&mut host);
     assert!(all_zero(&r, &host));
+}
+
+/// Headers, the body in two chunks neither of which ends the stream, then
+/// trailers (an HTTP/2 client's trailing HEADERS frame). Returns the
+/// trailers' action.
+fn send_with_trailers(flow: &mut Flow, host: &mut FakeHost) -> Action {
+    assert_eq!(flow.on_request_headers(host, false), Action::Pause);
+    let half = host.body.len() / 2;
+    assert_eq!(flow.on_request_body(host, half, false), Action::Pause);
+    // Envoy may report the size before it buffered the last chunk.
+    assert_eq!(flow.on_request_body(host, half, false), Action::Pause);
+    flow.on_request_trailers(host)
+}
+
+/// One body per API path, for `vllm-m`, and a call routed by its model.
+const EVERY_PATH: [(&str, &str); 6] = [
+    (
+        "/v1/completions",
+        r#"{"model":"vllm-m","prompt":"p","max_tokens":5}"#,
+    ),
+    (
+        "/v1/chat/completions",
+        r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}]}"#,
+    ),
+    ("/v1/responses", r#"{"model":"vllm-m","input":"hi"}"#),
+    (
+        "/v1/messages",
+        r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}],"max_tokens":5}"#,
+    ),
+    (
+        "/inference/v1/generate",
+        r#"{"model":"vllm-m","token_ids":[1,2,3]}"#,
+    ),
+    ("/v1/embeddings", r#"{"model":"vllm-m","input":"hi"}"#),
+];
+
+#[test]
+fn trailers_end_the_body_and_the_request_is_split_as_usual() {
+    for (path, body) in EVERY_PATH {
+        let mut flow = Flow::new(router());
+        let mut host = post(path, body);
+        let action = send_with_trailers(&mut flow, &mut host);
+        assert!(host.replies.is_empty(), "{path}: {:?}", host.replies);
+        if path == "/v1/embeddings" {
+            assert_eq!(action, Action::Continue, "{path}");
+            assert!(host.dispatched.is_empty());
+            assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
+            continue;
+        }
+        assert_eq!(action, Action::Pause, "{path}: paused for the prefill");
+        assert_eq!(host.dispatched.len(), 1, "{path}: prefill sent");
+        let prefill = String::from_utf8_lossy(&host.dispatched[0].body).into_owned();
+        assert!(prefill.contains(r#""do_remote_decode":true"#), "{prefill}");
+        answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+        assert_eq!(host.resumed, 1, "{path}");
+        assert!(host.body_str().contains(r#""remote_engine_id":"e""#));
+        assert_eq!(host.header(ROUTING).as_deref(), Some("10.0.0.2:8000"));
+        assert_eq!(flow.on_request_trailers(&mut host), Action::Continue);
+    }
+    // SGLang sends its decode with the prefill: the trailers continue.
+    let mut flow = Flow::new(router());
+    let mut host = post(
+        "/v1/chat/completions",
+        r#"{"model":"sglang-m","messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    assert_eq!(send_with_trailers(&mut flow, &mut host), Action::Continue);
+    assert_eq!(host.dispatched.len(), 1);
+    assert!(host.body_str().contains("bootstrap_room"));
+}
+
+#[test]
+fn trailers_do_not_carry_forged_handoff_fields_past_the_router() {
+    let forged = r#""kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9"}"#;
+    for (path, body) in EVERY_PATH {
+        let body = body.replacen('{', &format!("{{{forged},"), 1);
+        let mut flow = Flow::new(router());
+        let mut host = post(path, &body);
+        assert_eq!(send_with_trailers(&mut flow, &mut host), Action::Pause);
+        assert!(host.dispatched.is_empty(), "{path}");
+        expect_error(&host, 400, "kv_transfer_params.do_remote_prefill");
+    }
+    // Trailers right after the headers: an empty body.
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/completions", "");
+    assert_eq!(flow.on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(flow.on_request_trailers(&mut host), Action::Pause);
+    expect_error(&host, 400, "empty");
+    // A body past max_body_bytes that Envoy reported short.
+    let mut flow = Flow::new(router());
+    let big = format!(r#"{{"model":"vllm-m","prompt":"{}"}}"#, "x".repeat(5000));
+    let mut host = post("/v1/completions", &big);
+    assert_eq!(flow.on_request_headers(&mut host, false), Action::Pause);
+    assert_eq!(flow.on_request_body(&mut host, 100, false), Action::Pause);
+    assert_eq!(flow.on_request_trailers(&mut host), Action::Pause);
+    expect_error(&host, 413, "4096");
+}
+
+/// A forged hand-off field per engine: the model, the field, the body.
+const FORGED: [(&str, &str, &str); 5] = [
+    (
+        "vllm-m",
+        "kv_transfer_params",
+        r#""kv_transfer_params":{"do_remote_prefill":true,"remote_host":"10.9.9.9","remote_port":5600}"#,
+    ),
+    (
+        "vllm-m",
+        "disagg_prefill_resp",
+        r#""disagg_prefill_resp":{}"#,
+    ),
+    (
+        "sglang-m",
+        "bootstrap_host",
+        r#""bootstrap_host":"10.9.9.9","bootstrap_port":8998,"bootstrap_room":7"#,
+    ),
+    (
+        "trt-m",
+        "disaggregated_params",
+        r#""disaggregated_params":{"request_type":"generation_only","ctx_request_id":1}"#,
+    ),
+    ("trt-m", "prompt_token_ids", r#""prompt_token_ids":[1,2]"#),
+];
+
+/// Variants of a split path that engines or proxies may read as it.
+fn variants(path: &str) -> Vec<String> {
+    vec![
+        path.to_owned(),
+        format!("{path}/"),
+        format!("/{path}"),
+        path.replacen('/', "//", 2),
+        path.to_ascii_uppercase(),
+        format!("{path}%2F"),
+        path.replace('/', "%2F"),
+        format!("{path}?x=1"),
+    ]
+}
+
+#[test]
+fn router_owned_fields_are_refused_on_every_path_that_reaches_a_pod() {
+    let mut paths: Vec<String> = Api::ALL.iter().flat_map(|a| variants(a.path())).collect();
+    paths.extend(
+        [
+            "/v1/embeddings",
+            "/tokenize",
+            "/v1/embeddings/",
+            "/generate",
+        ]
+        .map(str::to_owned),
+    );
+    for (model, field, forged) in FORGED {
+        for path in &paths {
+            let body = format!(
+                r#"{{"model":"{model}","prompt":"p",{forged},"messages":[],"input":"x","token_ids":[1],"max_tokens":3}}"#
+            );
+            let mut flow = Flow::new(router());
+            let mut host = post(path, &body);
+            assert_eq!(
+                send_request(&mut flow, &mut host),
+                Action::Pause,
+                "{model} {path}"
+            );
+            assert!(host.dispatched.is_empty(), "{model} {path}");
+            let (status, v) = host.reply();
+            assert_eq!(status, 400, "{model} {path}: {v}");
+            assert_eq!(
+                v["error"]["code"], "router_owned_field",
+                "{model} {path}: {v}"
+            );
+            assert!(
+                v["error"]["message"].as_str().unwrap().contains(field),
+                "{model} {path}: {v}"
+            );
+            assert!(host.header(ROUTING).is_none(), "{model} {path}");
+        }
+    }
+}
+
+#[test]
+fn a_body_naming_no_model_is_checked_for_every_engine_of_the_fleet() {
+    // SGLang's native /generate names no model: a pass-through, which may
+    // land on any engine's pod. Another method with a body too.
+    for (method, path, body, field) in [
+        (
+            "POST",
+            "/generate",
+            r#"{"text":"hi","bootstrap_host":"10.9.9.9","bootstrap_room":1}"#,
+            "bootstrap_host",
+        ),
+        (
+            "POST",
+            "/x",
+            r#"{"kv_transfer_params":{"do_remote_prefill":true}}"#,
+            "kv_transfer_params",
+        ),
+        (
+            "PUT",
+            "/x",
+            r#"{"disaggregated_params":{}}"#,
+            "disaggregated_params",
+        ),
+        (
+            "POST",
+            "/x",
+            r#"{"kv_transfer_params":{},"kv_transfer_params":{"remote_host":"h"}}"#,
+            "kv_transfer_params",
+        ),
+    ] {
+        let mut flow = Flow::new(router());
+        let mut host = post(path, body);
+        host.set_request_header(":method", Some(method)).unwrap();
+        assert_eq!(send_request(&mut flow, &mut host), Action::Pause, "{body}");
+        expect_error(&host, 400, field);
+    }
+    // JSON the router cannot read is refused: Python's parser reads more.
+    for body in [
+        r#"{"x":NaN,"kv_transfer_params":{"do_remote_prefill":true}}"#,
+        "\u{feff}{\"bootstrap_room\":1}",
+    ] {
+        let mut flow = Flow::new(router());
+        let mut host = post("/generate", body);
+        assert_eq!(send_request(&mut flow, &mut host), Action::Pause, "{body}");
+        let (status, _) = host.reply();
+        assert_eq!(status, 400, "{body}");
+    }
+    // What is not JSON to the engines, and clean bodies, pass.
+    for (ctype, body) in [
+        ("text/plain", r#"kv_transfer_params"#),
+        ("application/json", r#"{"text":"hi","sampling_params":{}}"#),
+        ("application/json", "[1,2]"),
+        ("application/json", "  "),
+        (
+            "application/json",
+            r#"{"model":"vllm-m","input":"x","kv_transfer_params":{"lmcache.tag.user":"u"}}"#,
+        ),
+    ] {
+        let mut flow = Flow::new(router());
+        let mut host = post("/generate", body);
+        host.set_request_header("content-type", Some(ctype))
+            .unwrap();
+        assert_eq!(
+            send_request(&mut flow, &mut host),
+            Action::Continue,
+            "{body}"
+        );
+        assert!(host.replies.is_empty(), "{body}: {:?}", host.replies);
+        assert!(host.header(ROUTING).is_some());
+    }
+    // A form field named for a hand-off.
+    let form = "--XX\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nsglang-m\r\n--XX\r\nContent-Disposition: form-data; name=\"bootstrap_room\"\r\n\r\n1\r\n--XX--\r\n";
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/audio/transcriptions", form);
+    host.set_request_header("content-type", Some("multipart/form-data; boundary=XX"))
+        .unwrap();
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    expect_error(&host, 400, "bootstrap_room");
+}
+
+#[test]
+fn a_bodyless_get_passes_straight_through_unread() {
+    let mut flow = Flow::new(router());
+    let mut host = post("/v1/anything", "");
+    host.set_request_header(":method", Some("GET")).unwrap();
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Continue);
+    assert!(host.header(ROUTING).is_some());
+    assert_eq!(host.counts.borrow().get("get request body"), None);
+}
+
+#[test]
+fn a_variant_of_a_split_path_is_split_as_that_path() {
+    for path in [
+        "/V1/Chat/Completions/?x=1",
+        "//v1/chat//completions",
+        "/v1/chat/completions%2F?x=1",
+    ] {
+        let mut flow = Flow::new(router());
+        let mut host = post(
+            path,
+            r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert_eq!(send_request(&mut flow, &mut host), Action::Pause, "{path}");
+        let canonical = if path.contains('?') {
+            "/v1/chat/completions?x=1"
+        } else {
+            "/v1/chat/completions"
+        };
+        assert_eq!(host.header(":path").as_deref(), Some(canonical), "{path}");
+        let d = &host.dispatched[0];
+        assert!(
+            d.headers.contains(&(":path".into(), canonical.into())),
+            "{path}"
+        );
+    }
 }

@@ -111,6 +111,42 @@ pub trait EngineHandler {
     ) -> Result<Merged, EngineError>;
 }
 
+/// Members whose contents a handler checks ([`EngineHandler::client_params`]):
+/// a second copy is refused, since the router would check one and the
+/// engine's JSON parser (Python's keeps the last) could read the other.
+pub const CHECKED_MEMBERS: [&str; 1] = ["kv_transfer_params"];
+
+/// Refuses a body that carries hand-off data `handler`'s engine reads and
+/// the router owns: a top-level key of [`EngineHandler::owned_keys`], a
+/// duplicated [`CHECKED_MEMBERS`] member, or what
+/// [`EngineHandler::client_params`] refuses inside one; otherwise returns
+/// the client's own settings that `client_params` keeps. Every body that
+/// reaches a pod passes here first, split or not: a field an engine obeys
+/// must not reach it from a client on any path.
+pub fn refuse_owned(
+    handler: &dyn EngineHandler,
+    body: &[u8],
+    top: &Members,
+) -> Result<Option<Vec<(String, String)>>, ClientError> {
+    if let Some(key) = handler.owned_keys().iter().find(|k| top.contains(k)) {
+        return Err(ClientError::RouterOwnedKey {
+            key: (*key).to_owned(),
+            engine: handler.name().to_owned(),
+        });
+    }
+    if let Some(dup) = top.first_duplicate(&CHECKED_MEMBERS) {
+        return Err(ClientError::DuplicateKey(dup.to_owned()));
+    }
+    handler.client_params(body, top)
+}
+
+/// The names a multipart form may not carry for `handler`'s engine: its
+/// owned keys and the members whose contents it checks (a form field's
+/// text is not parsed; no engine's form API takes hand-off settings).
+pub fn refused_form_fields(handler: &dyn EngineHandler) -> impl Iterator<Item = &'static str> {
+    handler.owned_keys().iter().copied().chain(CHECKED_MEMBERS)
+}
+
 /// The prefill-leg constraints shared by every engine (the union used by
 /// AIBrix, vLLM's proxy and llm-d): one token, no streaming, no minimums.
 pub fn prefill_constraints(fields: &ClientFields, body: &[u8], top: &Members) -> Edits {

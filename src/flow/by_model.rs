@@ -1,12 +1,18 @@
-//! Calls the router does not split but routes by the model they name
-//! (embeddings, tokenize, score, audio transcription, ...), and the
-//! gateway's own model list.
+//! Calls the router does not split: those it routes by the model they
+//! name (embeddings, tokenize, score, audio transcription, ...), those it
+//! passes through to a decode pod of any model, and the gateway's own
+//! model list. A body any of them carries is checked as a split body is for
+//! the hand-off fields the router owns (`split::check_whole`): the pod it
+//! reaches obeys them all the same.
 
 use super::{Flow, Phase, Sent};
-use crate::calls;
+use crate::api::Api;
+use crate::calls::{self, BodyKind};
 use crate::catalog;
-use crate::error::{ClientError, PdError};
+use crate::error::{ClientError, HostError, PdError};
 use crate::host::{Action, Counter, Host, Level};
+use crate::router::unsplit;
+use crate::split;
 use std::rc::Rc;
 
 impl Flow {
@@ -16,13 +22,12 @@ impl Flow {
     pub(super) fn route_by_model<H: Host>(
         &mut self,
         host: &mut H,
-        boundary: Option<&str>,
-        body_size: usize,
+        kind: &BodyKind,
+        ask: usize,
     ) -> Result<Sent, PdError> {
-        let body = host.request_body(body_size)?;
-        let Some(name) = calls::model_named(&body, boundary)? else {
-            self.send_to_any_decode(host)?;
-            return Ok(Sent::Upstream);
+        let body = self.take_body(host, ask)?;
+        let Some(name) = calls::model_named(&body, kind.boundary())? else {
+            return self.send_body_to_any_decode(host, kind, &body);
         };
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
@@ -30,6 +35,7 @@ impl Flow {
             .serve(&name)
             .ok_or_else(|| ClientError::UnknownModel(name.clone()))?;
         let model = Rc::clone(served.model);
+        split::check_whole(&router.view(&fleet), Some(&model), &body, kind)?;
         let now = host.now_ms();
         let mut random = |h: &mut H| {
             h.random_u64()
@@ -45,6 +51,96 @@ impl Flow {
             format!("{} for {name}: {}", self.head.path, pod.address)
         });
         self.forward_unsplit(host, model.id, &pod)
+    }
+
+    /// Paths the router does not split go to a healthy decode pod it chose.
+    pub(super) fn pass_through<H: Host>(&mut self, host: &mut H) -> Action {
+        match self.send_to_any_decode(host) {
+            Ok(()) => Action::Continue,
+            Err(e) => self.fail(host, e),
+        }
+    }
+
+    /// Points the request at the next healthy decode pod of any model, in
+    /// turn: calls that name no model. Such calls hold no load: the router
+    /// cannot tell a `/health` from a generation.
+    fn send_to_any_decode<H: Host>(&mut self, host: &mut H) -> Result<(), PdError> {
+        let router = Rc::clone(&self.router);
+        let now = host.now_ms();
+        let pods = unsplit::decode_pods(&router.fleet());
+        let turn = router.next_unsplit_turn();
+        let pod = unsplit::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
+            .ok_or_else(|| PdError::NoEndpoint {
+                model: "(any)".into(),
+            })?;
+        host.set_request_header(&router.config.routing.header, Some(&pod.address))?;
+        host.increment(Counter::Unsplit);
+        self.decode_pod = Some(Rc::clone(pod));
+        self.phase = Phase::Forwarded {
+            watched: None,
+            body_seen: false,
+        };
+        Ok(())
+    }
+
+    /// A call with a body that names no model: checked, then to a decode
+    /// pod of any model.
+    pub(super) fn pass_through_body<H: Host>(
+        &mut self,
+        host: &mut H,
+        kind: &BodyKind,
+        ask: usize,
+    ) -> Result<Sent, PdError> {
+        let body = self.take_body(host, ask)?;
+        self.send_body_to_any_decode(host, kind, &body)
+    }
+
+    fn send_body_to_any_decode<H: Host>(
+        &mut self,
+        host: &mut H,
+        kind: &BodyKind,
+        body: &[u8],
+    ) -> Result<Sent, PdError> {
+        let router = Rc::clone(&self.router);
+        let fleet = router.fleet();
+        split::check_whole(&router.view(&fleet), None, body, kind)?;
+        self.send_to_any_decode(host)?;
+        Ok(Sent::Upstream)
+    }
+
+    /// The buffered body, at most `ask` bytes of it; one over
+    /// `max_body_bytes` is refused (the count trailers end a body with is
+    /// only known once it is read).
+    pub(super) fn take_body<H: Host>(&self, host: &H, ask: usize) -> Result<Vec<u8>, PdError> {
+        let body = host.request_body(ask)?;
+        let limit = self.router.config.max_body_bytes;
+        if body.len() > limit {
+            return Err(ClientError::TooLarge { limit }.into());
+        }
+        Ok(body)
+    }
+
+    /// A split path the client spelled another way (`/V1/chat/completions/`,
+    /// `//v1/chat/completions`, an escaped slash) goes on as the path it
+    /// was read as, its query kept, so both legs reach the endpoint the
+    /// router split for, whatever the engine makes of the variant.
+    pub(super) fn canonical_path<H: Host>(
+        &mut self,
+        host: &mut H,
+        api: Api,
+    ) -> Result<(), HostError> {
+        let (path, query) = match self.head.path.find(['?', '#']) {
+            Some(i) => self.head.path.split_at(i),
+            None => (self.head.path.as_str(), ""),
+        };
+        if path == api.path() {
+            return Ok(());
+        }
+        let canonical = format!("{}{query}", api.path());
+        host.set_request_header(":path", Some(&canonical))?;
+        self.debug(host, || format!("{} read as {canonical}", self.head.path));
+        self.head.path = canonical;
+        Ok(())
     }
 
     /// Answers `GET /v1/models` (`id`: `None`) or `GET /v1/models/{id}`

@@ -27,14 +27,12 @@ use crate::admission::settings::fairness_id;
 use crate::admission::{FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
 use crate::api::Api;
 use crate::body::BodyError;
-use crate::calls::Call;
+use crate::calls::{BodyKind, Call};
 use crate::config::Routing;
 use crate::error::{ClientError, PdError};
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
-use crate::multipart;
 use crate::router::picked::PREFILLER_HEADER;
-use crate::router::unsplit;
 use crate::router::{HeldLoad, Router};
 use head::RequestHead;
 use load::Release;
@@ -59,9 +57,11 @@ struct WatchedPrefill {
 enum Buffered {
     /// A split path.
     Split(Api),
-    /// A call routed by the model it names; the multipart boundary when the
-    /// body is a form.
-    ByModel { boundary: Option<String> },
+    /// A call routed by the model it names.
+    ByModel(BodyKind),
+    /// A call that is not a POST but has a body: checked, then to a decode
+    /// pod of any model.
+    PassThrough(BodyKind),
 }
 
 enum Phase {
@@ -117,6 +117,8 @@ pub struct Flow {
     timing: Timing,
     /// A split's decode, judged by its answer.
     decode_verdict: Option<verdict::DecodeVerdict>,
+    /// How much body Envoy reported buffered last (0: none yet).
+    body_bytes: usize,
 }
 
 impl Flow {
@@ -142,6 +144,7 @@ impl Flow {
             response: ResponseRewrite::default(),
             timing: Timing::default(),
             decode_verdict: None,
+            body_bytes: 0,
         }
     }
 
@@ -245,15 +248,15 @@ impl Flow {
         self.head.path = header(":path").unwrap_or_default();
         let method = raw(":method").unwrap_or_default();
 
+        let kind = || BodyKind::of(header("content-type").as_deref());
         let api = match Call::of(method, &self.head.path, !end_of_stream) {
             Call::Split(api) => api,
             Call::ListModels => return self.reply_models(host, None),
             Call::ShowModel(id) => return self.reply_models(host, Some(&id)),
             Call::PassThrough => return self.pass_through(host),
-            Call::ByModel => {
-                let boundary =
-                    header("content-type").and_then(|t| multipart::boundary(&t).map(str::to_owned));
-                return self.buffer(host, &headers, Buffered::ByModel { boundary });
+            Call::ByModel => return self.buffer(host, &headers, Buffered::ByModel(kind())),
+            Call::PassThroughBody => {
+                return self.buffer(host, &headers, Buffered::PassThrough(kind()))
             }
         };
         if method != b"POST" {
@@ -262,6 +265,9 @@ impl Flow {
         }
         if end_of_stream {
             return self.fail(host, BodyError::Empty.into());
+        }
+        if let Err(e) = self.canonical_path(host, api) {
+            return self.fail(host, e.into());
         }
         self.buffer(host, &headers, Buffered::Split(api))
     }
@@ -297,36 +303,6 @@ impl Flow {
         Action::Pause
     }
 
-    /// Paths the router does not split go to a healthy decode pod it chose.
-    fn pass_through<H: Host>(&mut self, host: &mut H) -> Action {
-        match self.send_to_any_decode(host) {
-            Ok(()) => Action::Continue,
-            Err(e) => self.fail(host, e),
-        }
-    }
-
-    /// Points the request at the next healthy decode pod of any model, in
-    /// turn: calls that name no model. Such calls hold no load: the router
-    /// cannot tell a `/health` from a generation.
-    fn send_to_any_decode<H: Host>(&mut self, host: &mut H) -> Result<(), PdError> {
-        let router = Rc::clone(&self.router);
-        let now = host.now_ms();
-        let pods = unsplit::decode_pods(&router.fleet());
-        let turn = router.next_unsplit_turn();
-        let pod = unsplit::next_decode(&pods, turn, |e| router.is_healthy(&*host, e, now))
-            .ok_or_else(|| PdError::NoEndpoint {
-                model: "(any)".into(),
-            })?;
-        host.set_request_header(&router.config.routing.header, Some(&pod.address))?;
-        host.increment(Counter::Unsplit);
-        self.decode_pod = Some(Rc::clone(pod));
-        self.phase = Phase::Forwarded {
-            watched: None,
-            body_seen: false,
-        };
-        Ok(())
-    }
-
     pub fn on_request_body<H: Host>(
         &mut self,
         host: &mut H,
@@ -339,27 +315,56 @@ impl Flow {
                 if body_size > limit {
                     return self.fail(host, ClientError::TooLarge { limit }.into());
                 }
+                self.body_bytes = body_size;
                 if !end_of_stream {
                     // body_size is the total buffered so far; read once at the end.
                     return Action::Pause;
                 }
-                // Once per request, at the end of the body (a form's
-                // boundary is a String).
                 let kind = kind.clone();
-                let sent = match kind {
-                    Buffered::Split(api) => self.split(host, api, body_size),
-                    Buffered::ByModel { boundary } => {
-                        self.route_by_model(host, boundary.as_deref(), body_size)
-                    }
-                };
-                match sent {
-                    Ok(Sent::Upstream) => Action::Continue,
-                    Ok(Sent::Waiting) => Action::Pause,
-                    Err(e) => self.fail(host, e),
-                }
+                self.read_buffered(host, kind, body_size)
             }
             Phase::Replied | Phase::AwaitingPrefill(_) | Phase::Queued(_) => Action::Pause,
             Phase::Start | Phase::Forwarded { .. } => Action::Continue,
+        }
+    }
+
+    /// Trailers end the request: no body callback with `end_of_stream`
+    /// follows them (an HTTP/2 client's trailing HEADERS, a chunked
+    /// HTTP/1.1 body's trailer section). A request still buffering is read
+    /// and sent here, as at the end of its body; the trailers themselves go
+    /// on with the decode (or the whole request), as Envoy forwards them,
+    /// and never with a prefill.
+    pub fn on_request_trailers<H: Host>(&mut self, host: &mut H) -> Action {
+        match &self.phase {
+            Phase::Buffering(kind) => {
+                let kind = kind.clone();
+                // Envoy's count at the last body callback may not hold the
+                // chunk it buffered after it: ask for one byte past the
+                // limit instead (Envoy hands over what it holds), and none
+                // when no body came.
+                let ask = match self.body_bytes {
+                    0 => 0,
+                    _ => self.router.config.max_body_bytes.saturating_add(1),
+                };
+                self.read_buffered(host, kind, ask)
+            }
+            Phase::Replied | Phase::AwaitingPrefill(_) | Phase::Queued(_) => Action::Pause,
+            Phase::Start | Phase::Forwarded { .. } => Action::Continue,
+        }
+    }
+
+    /// Reads a buffered body, at most `ask` bytes of it, once per request
+    /// at its end, and sends the request on.
+    fn read_buffered<H: Host>(&mut self, host: &mut H, kind: Buffered, ask: usize) -> Action {
+        let sent = match kind {
+            Buffered::Split(api) => self.split(host, api, ask),
+            Buffered::ByModel(body) => self.route_by_model(host, &body, ask),
+            Buffered::PassThrough(body) => self.pass_through_body(host, &body, ask),
+        };
+        match sent {
+            Ok(Sent::Upstream) => Action::Continue,
+            Ok(Sent::Waiting) => Action::Pause,
+            Err(e) => self.fail(host, e),
         }
     }
 

@@ -23,7 +23,7 @@ impl Flow {
         // A body the host cannot hand over is the router's failure, not the
         // client's.
         self.timing.body_done_us = host.now_us();
-        let body = host.request_body(body_size)?;
+        let body = self.take_body(host, body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
         let request = split::read(&router.view(&fleet), api, &self.head.id, body)?;

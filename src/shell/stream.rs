@@ -131,6 +131,10 @@ impl HttpContext for Stream {
         }))
     }
 
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> WasmAction {
+        to_wasm(self.with(Action::Continue, |flow, io| flow.on_request_trailers(io)))
+    }
+
     fn on_http_response_headers(
         &mut self,
         _num_headers: usize,

@@ -12,6 +12,7 @@
 )]
 
 mod admission;
+mod adversarial;
 mod bad_input;
 mod decider;
 mod deploy;
