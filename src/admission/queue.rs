@@ -1,7 +1,10 @@
 //! One VM's waiting requests: taken highest priority first; within a
 //! priority, round robin over fairness ids (the tenant served longest ago
-//! goes next, one that was never served first), and first come first
-//! served within a tenant. A request that cannot go now (its LoRA
+//! goes next; a tenant that enters the queue, or comes back to it, joins
+//! at the back of the rotation), and first come first served within a
+//! tenant. Only tenants with requests waiting are remembered, so the state
+//! is bounded by the queue, and a client that sends a fresh tenant id with
+//! each request gains nothing over one that keeps its own. A request that cannot go now (its LoRA
 //! adapter's own pods are full) is passed over, not waited on: it keeps its
 //! place, and the requests behind it that can go do.
 
@@ -54,7 +57,8 @@ pub struct Count {
 pub struct Queue {
     waiting: Vec<Waiting>,
     /// When each (model, priority, tenant) with requests waiting was last
-    /// served, in service order; dropped once it has none waiting.
+    /// served (or entered the queue), in service order; dropped once it has
+    /// none waiting.
     served: HashMap<(ModelId, i32, String), u64>,
     arrivals: u64,
     services: u64,
@@ -71,6 +75,11 @@ impl Queue {
 
     pub fn push(&mut self, e: Entry, now_ms: u64) {
         self.arrivals += 1;
+        // A tenant new to the queue goes behind every tenant already in the
+        // rotation: as if served just now.
+        self.served
+            .entry((e.model, e.priority, e.fairness.clone()))
+            .or_insert(self.services);
         self.waiting.push(Waiting {
             context: e.context,
             model: e.model,
@@ -88,6 +97,10 @@ impl Queue {
     /// after all: in its old place, blocked.
     pub fn put_back(&mut self, mut w: Waiting) {
         w.blocked = true;
+        // It was about to go: its tenant's turn is not over.
+        self.served
+            .entry((w.model, w.priority, w.fairness.clone()))
+            .or_insert(0);
         self.waiting.push(w);
     }
 
@@ -167,7 +180,7 @@ impl Queue {
                 self.served
                     .get(&(w.model, w.priority, w.fairness.clone()))
                     .copied()
-                    .unwrap_or(0)
+                    .unwrap_or(self.services)
             };
             let next = self
                 .waiting
@@ -325,5 +338,38 @@ mod tests {
         q.put_back(first);
         assert_eq!(q.top_open_priority(M), Some(0), "request 2 is open");
         assert_eq!(order(&mut q, M), vec![1, 2]);
+    }
+
+    #[test]
+    fn a_returning_tenant_joins_the_back_of_the_rotation() {
+        let mut q = Queue::default();
+        push(&mut q, 1, M, 0, "a", 0);
+        push(&mut q, 2, M, 0, "a", 1);
+        push(&mut q, 3, M, 0, "b", 2);
+        let next = |q: &mut Queue| q.take_next(M, &mut |_| true).map(|w| w.context);
+        assert_eq!(next(&mut q), Some(1));
+        assert_eq!(next(&mut q), Some(3), "b's turn; b has none left");
+        // b comes back at once: a has waited longer since its last turn.
+        push(&mut q, 4, M, 0, "b", 3);
+        assert_eq!(order(&mut q, M), vec![2, 4]);
+    }
+
+    #[test]
+    fn a_flood_of_fresh_tenant_ids_does_not_starve_a_backlogged_tenant() {
+        let mut q = Queue::default();
+        for ctx in 1..=4 {
+            push(&mut q, ctx, M, 0, "backlog", 0);
+        }
+        // One place frees at a time; between two, a request with a tenant id
+        // never seen before arrives.
+        let mut served = Vec::new();
+        for fresh in 100..108u32 {
+            push(&mut q, fresh, M, 0, &format!("fresh-{fresh}"), 1);
+            served.extend(q.take_next(M, &mut |_| true).map(|w| w.context));
+        }
+        // Each fresh id joins the rotation behind the backlog; ids that were
+        // remembered as never served went first, every time.
+        assert_eq!(served, vec![1, 100, 2, 101, 102, 3, 103, 104]);
+        assert!(q.served.len() <= q.len(), "only waiting tenants are kept");
     }
 }
