@@ -1,6 +1,7 @@
 //! The shape of `src/` and `mock-engine/src/`, checked: no module cycle
 //! between the router's top-level modules nor between the mock's files, no
 //! function over 100 lines in either, the flow's callback file within 450.
+//! Every justfile recipe that builds for wasm installs the target first.
 //! A rule the code must keep belongs in the test suite, not in a reviewer's
 //! memory.
 #![allow(
@@ -602,4 +603,77 @@ fn use_trees_resolve_to_files() {
     let (code, tests) = shipped("#[cfg(test)]\nmod t;\nfn a() {}\n#[cfg(test)]\nmod tests {\n}\n");
     assert_eq!(tests, ["t"]);
     assert!(code.contains("fn a()") && !code.contains("mod t") && !code.contains("tests"));
+}
+
+/// The justfile's recipes: name, the recipes it depends on, its body.
+fn recipes() -> BTreeMap<String, (Vec<String>, String)> {
+    let text = fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("justfile"))
+        .expect("justfile");
+    let mut out: BTreeMap<String, (Vec<String>, String)> = BTreeMap::new();
+    let mut current: Option<String> = None;
+    for line in text.lines() {
+        if line.starts_with("    ") {
+            if let Some(body) = current.as_ref().and_then(|n| out.get_mut(n)) {
+                body.1.push_str(line);
+                body.1.push('\n');
+            }
+            continue;
+        }
+        current = None;
+        let Some((head, deps)) = line.split_once(':') else {
+            continue;
+        };
+        // `name args: deps` (not a `:=` assignment, a comment or a setting).
+        if deps.starts_with('=') || line.starts_with('#') || line.starts_with("set ") {
+            continue;
+        }
+        let Some(name) = head.split_whitespace().next() else {
+            continue;
+        };
+        let deps = deps
+            .split_whitespace()
+            .filter(|d| *d != "&&")
+            .map(|d| d.trim_start_matches('(').to_owned())
+            .collect();
+        out.insert(name.to_owned(), (deps, String::new()));
+        current = Some(name.to_owned());
+    }
+    out
+}
+
+#[test]
+fn every_recipe_that_builds_for_wasm_installs_the_target_first() {
+    // rustup adds rust-toolchain.toml's targets only when it installs the
+    // toolchain itself; a toolchain already there lacks wasm32-wasip1.
+    let all = recipes();
+    let installs = |name: &str| {
+        let mut todo = vec![name.to_owned()];
+        let mut seen = BTreeSet::new();
+        while let Some(n) = todo.pop() {
+            if !seen.insert(n.clone()) {
+                continue;
+            }
+            let Some((deps, body)) = all.get(&n) else {
+                continue;
+            };
+            if body.contains("scripts/wasm-target.sh") {
+                return true;
+            }
+            todo.extend(deps.iter().cloned());
+        }
+        false
+    };
+    let building: Vec<&String> = all
+        .iter()
+        .filter(|(_, (_, body))| body.contains("--target wasm32-wasip1"))
+        // `msrv` installs its own toolchain with the target.
+        .filter(|(_, (_, body))| !body.contains("rustup toolchain install"))
+        .map(|(n, _)| n)
+        .collect();
+    assert!(building.len() >= 5, "{building:?}");
+    let missing: Vec<&&String> = building.iter().filter(|n| !installs(n)).collect();
+    assert!(
+        missing.is_empty(),
+        "recipes build for wasm without scripts/wasm-target.sh: {missing:?}"
+    );
 }

@@ -30,7 +30,7 @@ fn replicas(api: &KubeApi, config: &Value, env: &[Vec<(&str, &str)>]) -> Vec<Env
         .map(|i| {
             let mut e: Vec<(&str, &str)> = vec![("PD_ROUTER_KUBE_TOKEN", TOKEN)];
             e.extend(env.get(i).cloned().unwrap_or_default());
-            Envoy::start_full(config, 2, &[("  clusters:\n", cluster.as_str())], &e)
+            Envoy::start_full(config, 4, &[("  clusters:\n", cluster.as_str())], &e)
         })
         .collect()
 }

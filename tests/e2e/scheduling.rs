@@ -1,4 +1,4 @@
-//! Pod choice under load, through Envoy with two workers (each its own VM):
+//! Pod choice under load, through Envoy with four workers (each its own VM):
 //! prefix affinity, load-aware decode choice, exact shared counters, failover,
 //! and prompt-length buckets.
 
@@ -109,7 +109,7 @@ fn settle() {
 #[test]
 fn a_shared_prefix_sticks_to_one_prefill_pod() {
     let cluster = Cluster::start("vllm", &[], &[]);
-    let envoy = Envoy::start_with(&config("vllm", &cluster, json!({})), 2);
+    let envoy = Envoy::start_with(&config("vllm", &cluster, json!({})), 4);
     let system = "You are a meticulous assistant. ".repeat(150); // ~4.8 KB shared prefix
     let url = envoy.url("/v1/chat/completions");
     let answers = load(&url, 60, 4, |i| {
@@ -145,7 +145,7 @@ fn a_heavily_loaded_decode_pod_gets_little_work() {
         .body(r#"{"running": 40, "kv_usage": 0.9}"#)
         .send()
         .expect("set load");
-    let envoy = Envoy::start_with(&config("vllm", &cluster, json!({})), 2);
+    let envoy = Envoy::start_with(&config("vllm", &cluster, json!({})), 4);
     settle();
     let answers = load(&envoy.url("/v1/completions"), 80, 4, |i| {
         json!({"model": "m", "prompt": format!("unique prompt {i} ").repeat(20), "max_tokens": 2})
@@ -192,7 +192,7 @@ fn counters_return_to_zero_after_successes_failures_and_aborts() {
         json!({"name": "bad", "engine": "default", "rolesets": [{"prefill": [bad.endpoint()], "decode": [dd.endpoint()]}]}),
         json!({"name": "slow", "engine": "default", "rolesets": [{"prefill": [slow.endpoint()], "decode": [dd.endpoint()]}]}),
     ]);
-    let envoy = Envoy::start_with(&c, 2);
+    let envoy = Envoy::start_with(&c, 4);
     let url = envoy.url("/v1/completions");
     let short = reqwest::blocking::Client::builder()
         .timeout(Duration::from_millis(100))
@@ -275,7 +275,7 @@ fn a_killed_prefill_pod_loses_no_request_and_is_skipped_until_it_returns() {
         &cluster,
         json!({"unhealthy_cooldown_ms": 1500, "model": {"prefill_policy": "round_robin"}}),
     );
-    let envoy = Envoy::start_with(&c, 2);
+    let envoy = Envoy::start_with(&c, 4);
     let url = envoy.url("/v1/completions");
     let victim_port = cluster.prefill[1].http;
     let killed = AtomicBool::new(false);
@@ -358,7 +358,7 @@ fn a_prompt_outside_every_bucket_goes_to_a_combined_pod() {
         rs["prompt_tokens"] = json!({"max": 100});
     }
     let c = json!({"models": [{"name": "m", "engine": "vllm", "rolesets": rolesets, "combined": [combo.endpoint()]}]});
-    let envoy = Envoy::start_with(&c, 2);
+    let envoy = Envoy::start_with(&c, 4);
     let url = envoy.url("/v1/completions");
     let long = post(
         &url,
