@@ -951,3 +951,159 @@ fn model_adapters_route_to_their_instance_pods_and_leave_with_their_object() {
         && r.query.get("resourceVersion").map(String::as_str) == Some("0")));
     envoy.assert_counters_zero();
 }
+
+/// A vLLM pod pair of model `m` for the admission tests: the decode streams
+/// a token every 100 ms, so a request of N tokens holds it N/10 s.
+fn slow_pair(name: &str) -> (Mock, Mock) {
+    let p = Mock::start(
+        &format!("{name}-p"),
+        &["--engine", "vllm", "--role", "prefill", "--model", "m"],
+    );
+    let d = Mock::start(
+        &format!("{name}-d"),
+        &[
+            "--engine",
+            "vllm",
+            "--role",
+            "decode",
+            "--model",
+            "m",
+            "--stream-delay-ms",
+            "100",
+        ],
+    );
+    (p, d)
+}
+
+fn streamed(url: &str, id: &str, tokens: u32) -> Answer {
+    let body = json!({"model": "m", "prompt": format!("prompt of {id}"),
+                      "max_tokens": tokens, "stream": true});
+    post(url, body.to_string(), &[("x-request-id", id)])
+}
+
+fn seen_by(mock: &Mock, prefix: &str) -> usize {
+    mock.requests()
+        .iter()
+        .filter(|r| {
+            r.header("x-request-id")
+                .is_some_and(|id| id.starts_with(prefix))
+        })
+        .count()
+}
+
+fn admission_config() -> Value {
+    let mut c = discovery_config(json!([]));
+    c["admission"] = json!({"max_in_flight_per_pod": 1, "queue_ttl_ms": 30000});
+    c
+}
+
+fn waiting(envoy: &Envoy) -> u64 {
+    envoy
+        .stats("wasmcustom.pd_router.admission.waiting")
+        .iter()
+        .map(|(_, v)| *v)
+        .sum()
+}
+
+#[test]
+fn queued_requests_go_to_pods_that_join_while_they_wait() {
+    let api = KubeApi::start(TOKEN);
+    let (p0, d0) = slow_pair("adm-a");
+    let (p1, d1) = slow_pair("adm-b");
+    let first = vec![
+        as_pod(&p0, "m", "vllm", "prefill", "a"),
+        as_pod(&d0, "m", "vllm", "decode", "a"),
+    ];
+    api.set_pods(&first);
+    let envoy = start_envoy(&api, &admission_config(), 4);
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    let held_done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // 12 s of decode hold the only pair.
+        let held = s.spawn(|| {
+            let a = streamed(&url, "held", 120);
+            held_done.store(true, std::sync::atomic::Ordering::SeqCst);
+            a
+        });
+        wait_until("the held request is placed", || seen_by(&p0, "held") == 1);
+        let queued: Vec<_> = (0..3)
+            .map(|i| {
+                let (url, done) = (&url, &held_done);
+                s.spawn(move || {
+                    let a = streamed(url, &format!("queued-{i}"), 2);
+                    (a, done.load(std::sync::atomic::Ordering::SeqCst))
+                })
+            })
+            .collect();
+        wait_until("three requests wait", || waiting(&envoy) == 3);
+        // A second pair joins while they wait.
+        let mut both = first.clone();
+        both.push(as_pod(&p1, "m", "vllm", "prefill", "b"));
+        both.push(as_pod(&d1, "m", "vllm", "decode", "b"));
+        api.set_pods(&both);
+        for q in queued {
+            let (a, held_was_done) = q.join().expect("queued");
+            assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());
+            assert_eq!(a.header("prefill-target-pod"), Some("adm-b-p"));
+            assert!(
+                !held_was_done,
+                "served by the new pair, not after the held request"
+            );
+        }
+        assert_eq!(held.join().expect("held").status, 200);
+    });
+    assert_eq!(seen_by(&p1, "queued-"), 3);
+    assert_eq!(seen_by(&p0, "queued-"), 0);
+    envoy.assert_counters_zero();
+}
+
+#[test]
+fn queued_requests_never_go_to_pods_that_left_while_they_wait() {
+    let api = KubeApi::start(TOKEN);
+    let (p0, d0) = slow_pair("left-a");
+    let (p1, d1) = slow_pair("left-b");
+    let stays = vec![
+        as_pod(&p0, "m", "vllm", "prefill", "a"),
+        as_pod(&d0, "m", "vllm", "decode", "a"),
+    ];
+    let mut both = stays.clone();
+    both.push(as_pod(&p1, "m", "vllm", "prefill", "b"));
+    both.push(as_pod(&d1, "m", "vllm", "decode", "b"));
+    api.set_pods(&both);
+    let envoy = start_envoy(&api, &admission_config(), 4);
+    wait_for_lists(&api);
+    let url = envoy.url("/v1/completions");
+    std::thread::scope(|s| {
+        // One pair held 10 s, then the other 5 s: both full.
+        let long = s.spawn(|| streamed(&url, "long", 100));
+        wait_until("the long request is placed", || {
+            seen_by(&p0, "long") + seen_by(&p1, "long") == 1
+        });
+        let short = s.spawn(|| streamed(&url, "short", 50));
+        wait_until("the short request is placed", || {
+            seen_by(&p0, "short") + seen_by(&p1, "short") == 1
+        });
+        let short_on_b = seen_by(&p1, "short") == 1;
+        let queued = s.spawn(|| streamed(&url, "queued", 2));
+        wait_until("one request waits", || waiting(&envoy) == 1);
+        // The pair serving the shorter request leaves the fleet; its request
+        // still ends, and its pods then have no load: they must not read as
+        // free.
+        let (leaving_p, staying_p) = if short_on_b { (&p1, &p0) } else { (&p0, &p1) };
+        let remaining = if short_on_b {
+            stays.clone()
+        } else {
+            both[2..].to_vec()
+        };
+        api.set_pods(&remaining);
+        wait_for_lists(&api);
+        assert_eq!(short.join().expect("short").status, 200);
+        let a = queued.join().expect("queued");
+        assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());
+        assert_eq!(seen_by(leaving_p, "queued"), 0, "a departed pod was chosen");
+        assert_eq!(seen_by(staying_p, "queued"), 1);
+        assert_eq!(long.join().expect("long").status, 200);
+    });
+    envoy.assert_counters_zero();
+}
