@@ -1,7 +1,11 @@
-//! Adversarial requests, each with its named expected answer: a request
-//! that ends with HTTP/2 trailers, and hand-off fields the router owns
-//! forged on every path that reaches a pod, split path variants included.
-//! Whatever the answer, no pod may receive a forged field.
+//! Adversarial requests, each with its named expected answer (an `enum`
+//! per group of cases): HTTP/2 framing (trailers, a header block across
+//! CONTINUATION, RST_STREAM mid-body, `expect: 100-continue`), duplicated
+//! and odd-cased headers, hand-off fields the router owns forged for every
+//! engine and connector on every path that reaches a pod (split path
+//! variants included), concurrent requests sharing one request id, and a
+//! client that leaves at each phase. Whatever the answer, no pod may
+//! receive a forged field, and the shared counters end at zero.
 
 use crate::harness::*;
 use serde_json::{json, Value};
@@ -425,8 +429,11 @@ impl RawAnswer {
     }
 }
 
+/// A response head: status, headers (lowercased names), and what follows.
+type Head<'a> = (u16, Vec<(String, String)>, &'a [u8]);
+
 /// One head (status line and headers) off the front of `buf`, and the rest.
-fn split_head(buf: &[u8]) -> Option<(u16, Vec<(String, String)>, &[u8])> {
+fn split_head(buf: &[u8]) -> Option<Head<'_>> {
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
     let mut lines = head.split("\r\n");
@@ -956,17 +963,13 @@ fn owned_fields_are_refused_for_every_engine_connector_and_path() {
             )
         })
         .collect();
-    let models: Vec<(&str, &str, Option<&str>, [&Mock; 1], [&Mock; 1])> = specs
+    let pods: Vec<([&Mock; 1], [&Mock; 1])> = mocks.iter().map(|(p, d)| ([p], [d])).collect();
+    let models: Vec<ModelSpec> = specs
         .iter()
-        .zip(&mocks)
-        .map(|((m, e, c, _), (p, d))| (*m, *e, *c, [p], [d]))
+        .zip(&pods)
+        .map(|((m, e, c, _), (p, d))| (*m, *e, *c, &p[..], &d[..]))
         .collect();
-    let config = plugin_config(
-        &models
-            .iter()
-            .map(|(m, e, c, p, d)| (*m, *e, *c, &p[..], &d[..]))
-            .collect::<Vec<_>>(),
-    );
+    let config = plugin_config(&models);
     let envoy = Envoy::start_with(&config, 2);
     // The Mooncake prefill takes requests once its engine id is learned.
     wait_until("the Mooncake model serves", || {
