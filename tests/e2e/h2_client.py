@@ -1,9 +1,16 @@
 """One HTTP/2 request over cleartext (prior knowledge) for the end-to-end
 tests, which reqwest cannot send: the body as DATA frames that never end
-the stream, then trailers that do.
+the stream, then trailers that do (or a reset that abandons it).
 
 stdin: {"port", "method", "path", "headers": [[k, v]], "body",
-"trailers": [[k, v]]}; stdout: {"status", "headers", "body"}.
+"trailers": [[k, v]], and optionally "wait_100" (send the body only after
+a 1xx), "reset_after_half" (send half the body, then RST_STREAM(CANCEL)),
+"raw_names" (send header names as given: h2 refuses uppercase names
+otherwise)}; stdout: {"status", "headers", "body", "informational" (the 1xx
+statuses), "reset" (the server's RST_STREAM code, or null), "goaway" (its
+GOAWAY code, or null), "closed" (it closed the connection first), "head_frames"
+(the frame types that carried the request's header block: 1 HEADERS, 9
+CONTINUATION)}.
 """
 
 import json
@@ -13,14 +20,32 @@ import time
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
+import h2.exceptions
+
+
+def frame_types(data):
+    """The types of the HTTP/2 frames in `data` (whole frames only)."""
+    types = []
+    while len(data) >= 9:
+        length = int.from_bytes(data[0:3], "big")
+        types.append(data[3])
+        data = data[9 + length :]
+    return types
 
 
 def main():
     req = json.load(sys.stdin)
     sock = socket.create_connection(("127.0.0.1", req["port"]), timeout=30)
+    raw_names = req.get("raw_names", False)
     conn = h2.connection.H2Connection(
-        config=h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        config=h2.config.H2Configuration(
+            client_side=True,
+            header_encoding="utf-8",
+            validate_outbound_headers=not raw_names,
+            normalize_outbound_headers=not raw_names,
+        )
     )
     conn.initiate_connection()
     sock.sendall(conn.data_to_send())
@@ -33,37 +58,96 @@ def main():
     ] + [tuple(h) for h in req["headers"]]
     body = req["body"].encode()
     conn.send_headers(sid, head, end_stream=False)
-    sock.sendall(conn.data_to_send())
-    # Two DATA frames, neither ending the stream, sent apart so Envoy sees
-    # a body callback for each.
-    half = len(body) // 2
-    for chunk in (body[:half], body[half:]):
-        conn.send_data(sid, chunk, end_stream=False)
-        sock.sendall(conn.data_to_send())
-        time.sleep(0.05)
-    trailers = [tuple(t) for t in req["trailers"]]
-    if trailers:
-        conn.send_headers(sid, trailers, end_stream=True)
-    else:
-        conn.end_stream(sid)
-    sock.sendall(conn.data_to_send())
+    sent = conn.data_to_send()
+    head_frames = frame_types(sent)
+    sock.sendall(sent)
     status, headers, out, done = 0, [], b"", False
-    while not done:
-        data = sock.recv(65536)
-        if not data:
-            break
-        for ev in conn.receive_data(data):
-            if isinstance(ev, h2.events.ResponseReceived):
+    informational, reset, goaway, closed = [], None, None, False
+
+    def handle(events):
+        nonlocal status, headers, out, done, reset, goaway
+        for ev in events:
+            if isinstance(ev, h2.events.InformationalResponseReceived):
+                informational.append(int(dict(ev.headers)[":status"]))
+            elif isinstance(ev, h2.events.ResponseReceived):
                 headers = [[k, v] for k, v in ev.headers]
                 status = int(dict(ev.headers)[":status"])
             elif isinstance(ev, h2.events.DataReceived):
                 out += ev.data
                 conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-            elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+            elif isinstance(ev, h2.events.StreamReset):
+                reset = int(ev.error_code)
                 done = True
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                goaway = int(ev.error_code)
+                done = True
+            elif isinstance(ev, h2.events.StreamEnded):
+                done = True
+        try:
+            sock.sendall(conn.data_to_send())
+        except OSError:
+            pass  # Envoy closed the connection
+
+    def read_once():
+        nonlocal closed
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            closed = True
+            return False
+        handle(conn.receive_data(data))
+        return True
+
+    if req.get("wait_100"):
+        # As a client that honours `expect: 100-continue` does: the body
+        # waits for the interim answer (or any final one).
+        deadline = time.time() + 10
+        while not informational and not done and time.time() < deadline:
+            if not read_once():
+                break
+    # Two DATA frames, neither ending the stream, sent apart so Envoy sees
+    # a body callback for each.
+    half = len(body) // 2
+    if req.get("reset_after_half"):
+        conn.send_data(sid, body[:half], end_stream=False)
         sock.sendall(conn.data_to_send())
+        time.sleep(0.2)
+        conn.reset_stream(sid, error_code=h2.errors.ErrorCodes.CANCEL)
+        sock.sendall(conn.data_to_send())
+        time.sleep(0.3)
+        sock.close()
+        json.dump(
+            {"status": 0, "headers": [], "body": "", "informational": informational,
+             "reset": None, "head_frames": head_frames},
+            sys.stdout,
+        )
+        return
+    try:
+        if not done:
+            for chunk in (body[:half], body[half:]):
+                conn.send_data(sid, chunk, end_stream=False)
+                sock.sendall(conn.data_to_send())
+                time.sleep(0.05)
+            trailers = [tuple(t) for t in req["trailers"]]
+            if trailers:
+                conn.send_headers(sid, trailers, end_stream=True)
+            else:
+                conn.end_stream(sid)
+            sock.sendall(conn.data_to_send())
+    except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError, OSError):
+        pass  # answered, reset or closed before the body was all sent
+    while not done:
+        if not read_once():
+            break
     sock.close()
-    json.dump({"status": status, "headers": headers, "body": out.decode("utf-8", "replace")}, sys.stdout)
+    json.dump(
+        {"status": status, "headers": headers, "body": out.decode("utf-8", "replace"),
+         "informational": informational, "reset": reset, "goaway": goaway,
+         "closed": closed, "head_frames": head_frames},
+        sys.stdout,
+    )
 
 
 if __name__ == "__main__":
