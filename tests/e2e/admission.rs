@@ -110,9 +110,32 @@ fn assert_drained(g: &Gateway) {
     g.envoy.assert_counters_zero();
 }
 
+/// The worker slots the VMs of `g` leased, from their memory gauges (one
+/// per VM, tagged with its slot), once `workers` have reported.
+fn slots(g: &Gateway, workers: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let tags: Vec<String> = g
+            .envoy
+            .stats("vm_memory_bytes")
+            .into_iter()
+            .filter(|(_, v)| *v > 0)
+            .map(|(k, _)| k)
+            .collect();
+        if tags.len() >= workers || Instant::now() > deadline {
+            return tags;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn batch_is_shed_and_premium_goes_before_standard() {
     let g = gateway(json!({"max_in_flight_per_pod": 2}));
+    // Each worker VM (and the main thread's) leased a slot of its own: two
+    // VMs on one slot would share one gauge.
+    let leased = slots(&g, 4);
+    assert!(leased.len() >= 4, "{leased:?}");
     std::thread::scope(|s| {
         // Two slow requests (4 s and 5 s of decode) fill the decode pod;
         // from then on one place frees at a time, so the order the queue
