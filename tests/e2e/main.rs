@@ -16,6 +16,7 @@ mod bad_input;
 mod decider;
 mod deploy;
 mod discovery;
+mod ejection;
 mod engines;
 mod errors;
 mod fairness;
