@@ -54,9 +54,6 @@ pub enum PrefillFailure {
     BadAnswer(String),
     /// Envoy refused to send the call (unknown cluster, bad headers).
     Dispatch(String),
-    /// The prefill answered, but its KV lease ran out before the decode
-    /// could be sent: the decode would read freed blocks.
-    LeaseExpired { age_ms: u64, lease_ms: u64 },
 }
 
 /// An engine handler's or KV agent's failure.
@@ -204,10 +201,6 @@ impl fmt::Display for PrefillFailure {
             PrefillFailure::Reset => f.write_str("prefill connection was reset before it answered"),
             PrefillFailure::BadAnswer(m) => write!(f, "prefill answer is unusable: {m}"),
             PrefillFailure::Dispatch(m) => write!(f, "could not send the prefill request: {m}"),
-            PrefillFailure::LeaseExpired { age_ms, lease_ms } => write!(
-                f,
-                "the prefill's KV lease ({lease_ms} ms) ran out before the decode could be sent ({age_ms} ms after the prefill answered); retry"
-            ),
         }
     }
 }
@@ -303,9 +296,6 @@ impl PdError {
             PdError::Prefill(P::Timeout) => (504, "upstream_error", "prefill_timeout"),
             PdError::Prefill(P::Overflow) | PdError::ConcurrentPrefill(P::Overflow) => {
                 (503, "service_unavailable", "gateway_overloaded")
-            }
-            PdError::Prefill(P::LeaseExpired { .. }) => {
-                (503, "service_unavailable", "handoff_expired")
             }
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),

@@ -8,7 +8,7 @@ use crate::engine::Degraded;
 use crate::error::{
     envoy_failure, upstream_message, EnvoyFailure, HostError, PdError, PrefillFailure,
 };
-use crate::fleet::{Endpoint, EngineKind};
+use crate::fleet::Endpoint;
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
@@ -44,7 +44,6 @@ fn retryable(f: &PrefillFailure) -> bool {
             | PrefillFailure::Reset
             | PrefillFailure::Timeout
             | PrefillFailure::ServerError { .. }
-            | PrefillFailure::LeaseExpired { .. }
             | PrefillFailure::Rejected {
                 status: 408 | 429,
                 ..
@@ -165,10 +164,10 @@ impl Flow {
                 };
                 let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination);
                 let result = match outcome {
-                    Ok(()) => match self.lease_expired(host, &pending.plan) {
-                        Some(expired) => self.retry_or_fail(host, pending, expired),
-                        None => self.finish(host, pending, body_size),
-                    },
+                    // The decode leaves in this callback: a vLLM NIXL
+                    // prefill's KV lease (kv_lease_duration, from when the
+                    // engine finished) cannot run out on the router's side.
+                    Ok(()) => self.finish(host, pending, body_size),
                     Err(f) => self.retry_or_fail(host, pending, f),
                 };
                 if let Err(e) = result {
@@ -247,23 +246,6 @@ impl Flow {
         outcome
     }
 
-    /// A decode about to leave after its prefill's KV lease ran out (vLLM
-    /// NIXL frees the blocks when `kv_lease_duration` ends): the prefill's
-    /// answer counts from when it arrived.
-    fn lease_expired<H: Host>(&self, host: &H, plan: &SplitPlan) -> Option<PrefillFailure> {
-        let model = &plan.request.model;
-        let connector = plan
-            .prefill_pod
-            .connector(model.kv_connector, self.router.connector_type());
-        if model.kind != EngineKind::Vllm || !crate::transfer::agent(connector).leased() {
-            return None;
-        }
-        let answered = self.timing.prefill_sent_ms + self.timing.prefill_ms.unwrap_or(0);
-        let age_ms = host.now_ms().saturating_sub(answered);
-        let lease_ms = self.router.config.kv_lease_ms;
-        (age_ms > lease_ms).then_some(PrefillFailure::LeaseExpired { age_ms, lease_ms })
-    }
-
     /// A failed sequential prefill: place the request again on another pod
     /// while retries remain, else fail with the prefill's error.
     fn retry_or_fail<H: Host>(
@@ -300,10 +282,7 @@ impl Flow {
             // connection.
             attempt.resent = true;
         } else {
-            // An expired lease is no fault of the pod: it may prefill again.
-            if !matches!(failure, PrefillFailure::LeaseExpired { .. }) {
-                attempt.failed_on.push(p.plan.prefill_pod.id);
-            }
+            attempt.failed_on.push(p.plan.prefill_pod.id);
             attempt.number += 1;
         }
         attempt.full = self.full_now(host, &p.plan.request);

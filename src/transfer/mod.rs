@@ -61,8 +61,8 @@ pub trait KvTransferAgent {
     }
 
     /// Whether the prefill keeps its KV for the decode only under a lease
-    /// (vLLM NIXL pull: `kv_lease_duration`), so a decode sent after it
-    /// would read freed blocks.
+    /// (vLLM NIXL pull: `kv_lease_duration`): configuration warns of a
+    /// prefill timeout longer than `kv_lease_ms`.
     fn leased(&self) -> bool {
         false
     }
