@@ -33,8 +33,17 @@ pub enum ClientError {
 pub enum PrefillFailure {
     /// The prefill rejected the request (4xx): the client's fault, relayed.
     Rejected { status: u16, message: String },
-    /// Envoy could not connect to the prefill pod (its synthetic 503).
+    /// Envoy could not connect to the prefill pod (its synthetic 503:
+    /// refused, connect timeout, no healthy upstream).
     Unreachable(String),
+    /// Envoy's own circuit breaker on the prefill cluster refused the call
+    /// (`reset reason: overflow`): the gateway's limit, not the pod's doing.
+    Overflow,
+    /// The connection closed before any response header (`reset reason:
+    /// connection termination`): what a pod that dies mid-request and a
+    /// pooled keep-alive connection the pod closed as the call went out
+    /// both look like.
+    Terminated(String),
     /// The prefill answered 5xx.
     ServerError { status: u16, message: String },
     /// No answer within `prefill_timeout_ms`, or the prefill answered 504.
@@ -45,9 +54,6 @@ pub enum PrefillFailure {
     BadAnswer(String),
     /// Envoy refused to send the call (unknown cluster, bad headers).
     Dispatch(String),
-    /// The prefill answered, but its KV lease ran out before the decode
-    /// could be sent: the decode would read freed blocks.
-    LeaseExpired { age_ms: u64, lease_ms: u64 },
 }
 
 /// An engine handler's or KV agent's failure.
@@ -185,14 +191,16 @@ impl fmt::Display for PrefillFailure {
                 write!(f, "prefill failed with status {status}: {message}")
             }
             PrefillFailure::Unreachable(m) => write!(f, "prefill pod unreachable: {m}"),
+            PrefillFailure::Overflow => f.write_str(
+                "the gateway's own limit on concurrent prefill calls was reached (Envoy's circuit breaker on the prefill cluster); the pod is not at fault: retry later",
+            ),
+            PrefillFailure::Terminated(m) => {
+                write!(f, "prefill connection closed before it answered: {m}")
+            }
             PrefillFailure::Timeout => f.write_str("prefill timed out"),
             PrefillFailure::Reset => f.write_str("prefill connection was reset before it answered"),
             PrefillFailure::BadAnswer(m) => write!(f, "prefill answer is unusable: {m}"),
             PrefillFailure::Dispatch(m) => write!(f, "could not send the prefill request: {m}"),
-            PrefillFailure::LeaseExpired { age_ms, lease_ms } => write!(
-                f,
-                "the prefill's KV lease ({lease_ms} ms) ran out before the decode could be sent ({age_ms} ms after the prefill answered); retry"
-            ),
         }
     }
 }
@@ -286,8 +294,8 @@ impl PdError {
                 (*status, "invalid_request_error", "prefill_rejected")
             }
             PdError::Prefill(P::Timeout) => (504, "upstream_error", "prefill_timeout"),
-            PdError::Prefill(P::LeaseExpired { .. }) => {
-                (503, "service_unavailable", "handoff_expired")
+            PdError::Prefill(P::Overflow) | PdError::ConcurrentPrefill(P::Overflow) => {
+                (503, "service_unavailable", "gateway_overloaded")
             }
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),
@@ -310,6 +318,11 @@ impl PdError {
                 (DROPPED_REASON_HEADER, why.reason().to_owned()),
                 ("retry-after", retry_after_s.to_string()),
             ],
+            // Envoy's breaker frees as calls end: a second is plenty.
+            PdError::Prefill(PrefillFailure::Overflow)
+            | PdError::ConcurrentPrefill(PrefillFailure::Overflow) => {
+                vec![("retry-after", "1".to_owned())]
+            }
             _ => Vec::new(),
         };
         Reply {
@@ -331,6 +344,46 @@ pub fn error_body(message: &str, kind: &str, code: &str) -> Vec<u8> {
     push_json_str(&mut out, code);
     out.extend_from_slice(b"}}");
     out
+}
+
+/// What Envoy's own 503 for a call it could not complete says. Envoy
+/// answers `upstream connect error or disconnect/reset before headers.
+/// reset reason: <reason>` (observed in Envoy 1.40: `overflow` for its own
+/// circuit breaker, with `x-envoy-overloaded: true`; `connection
+/// termination` for a connection closed before any answer, FIN or RST
+/// alike; `remote connection failure` for a refused connection, older
+/// releases `connection failure, transport failure reason: ...`), or `no
+/// healthy upstream`. Only the reason tells the gateway's own limit, and a
+/// keep-alive race, from a pod that cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvoyFailure {
+    /// The cluster's circuit breaker refused the call: it never left Envoy.
+    Overflow,
+    /// The connection closed before any response header: a pooled
+    /// keep-alive connection the pod closed as the call went out, or a pod
+    /// that died mid-request.
+    Terminated,
+    /// Refused, timed out connecting, or no host: the pod cannot be reached.
+    Unreachable,
+}
+
+/// Envoy's failure in a 503's `message` (see [`upstream_message`]), or
+/// `None` when the 503 is the upstream's own.
+pub fn envoy_failure(message: &str) -> Option<EnvoyFailure> {
+    if message.starts_with("no healthy upstream") {
+        return Some(EnvoyFailure::Unreachable);
+    }
+    if !message.starts_with("upstream connect error") {
+        return None;
+    }
+    let reason = message
+        .split_once("reset reason: ")
+        .map_or("", |(_, r)| r.split(',').next().unwrap_or(r).trim());
+    Some(match reason {
+        "overflow" => EnvoyFailure::Overflow,
+        "connection termination" => EnvoyFailure::Terminated,
+        _ => EnvoyFailure::Unreachable,
+    })
 }
 
 /// The human message in an engine's error body: OpenAI's `error.message`,

@@ -358,7 +358,11 @@ impl Host for FakeHost {
         let n: usize = headers.iter().map(|(k, v)| k.len() + v.len()).sum();
         self.copied_out(body.len() + n);
         if let Some(e) = &self.dispatch_error {
-            return Err(HostError::new("dispatch_http_call", e));
+            // As the shell words it: the host status's name, unquoted.
+            return Err(HostError {
+                call: "dispatch_http_call",
+                status: e.clone(),
+            });
         }
         self.dispatches += 1;
         if self.record {

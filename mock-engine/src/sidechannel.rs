@@ -111,6 +111,17 @@ async fn get_pushed_kv(
     // vLLM's _pop_matching_registration: exact id first, then ids equal
     // once the randomisation suffix is stripped from both.
     let base = base_request_id(id);
+    // Two decodes registered under one id at once would be pushed each
+    // other's KV: the router must give every request in flight its own.
+    let Some(_registered) = state.offers.register(base) else {
+        return plain(
+            StatusCode::CONFLICT,
+            format!(
+                "request id {id:?} already has a decode registered on this prefill: in-flight \
+                 push request ids must be unique"
+            ),
+        );
+    };
     match state
         .offers
         .take(id, |k| base_request_id(k) == base, wait)

@@ -147,8 +147,10 @@ pub struct Config {
     pub trt: TrtSettings,
     pub kv_connector: Connector,
     /// How long a vLLM NIXL prefill keeps its KV for the decode
-    /// (`kv_connector_extra_config.kv_lease_duration`, 30 s in vLLM): a
-    /// decode that would leave later is not sent with that hand-off.
+    /// (`kv_connector_extra_config.kv_lease_duration`, 30 s in vLLM). Only
+    /// compared with `prefill_timeout_ms` at configuration: the decode
+    /// leaves in the callback that receives the prefill's answer, so the
+    /// lease cannot run out on the router's side.
     pub kv_lease_ms: u64,
     pub max_body_bytes: usize,
     /// Debugging aid: answers carry `x-pd-prefill-ms` and `x-pd-routing-us`.

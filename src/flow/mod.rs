@@ -99,6 +99,9 @@ struct Attempt {
     failed_on: Vec<PodId>,
     /// Pods admission control found full: not chosen for this request.
     full: Vec<PodId>,
+    /// The one resend a connection closed before any answer earns (a
+    /// keep-alive race) was spent.
+    resent: bool,
 }
 
 /// One HTTP stream's flow.

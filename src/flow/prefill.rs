@@ -5,8 +5,10 @@ use super::ids::HostIds;
 use super::load::{Judgement, Release};
 use super::{Attempt, Flow, Phase, Sent};
 use crate::engine::Degraded;
-use crate::error::{upstream_message, HostError, PdError, PrefillFailure};
-use crate::fleet::{Endpoint, EngineKind};
+use crate::error::{
+    envoy_failure, upstream_message, EnvoyFailure, HostError, PdError, PrefillFailure,
+};
+use crate::fleet::Endpoint;
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
@@ -19,12 +21,16 @@ pub(super) struct PendingPrefill {
     pub attempt: Attempt,
 }
 
-/// What a prefill answer says about its pod.
-fn verdict(outcome: &Result<(), PrefillFailure>) -> Verdict {
+/// What a prefill answer says about its pod. `on_termination` is what a
+/// connection closed before any answer earns where it was seen: nothing when
+/// the request is resent for it, else a strike.
+fn verdict(outcome: &Result<(), PrefillFailure>, on_termination: Verdict) -> Verdict {
     match outcome {
         Ok(()) => Verdict::Worked,
         Err(PrefillFailure::Unreachable(_) | PrefillFailure::Reset) => Verdict::Down,
+        Err(PrefillFailure::Terminated(_)) => on_termination,
         Err(PrefillFailure::Timeout | PrefillFailure::ServerError { .. }) => Verdict::Failed,
+        // The gateway's own breaker refused the call: it never reached the pod.
         Err(_) => Verdict::Neutral,
     }
 }
@@ -34,10 +40,10 @@ fn retryable(f: &PrefillFailure) -> bool {
     matches!(
         f,
         PrefillFailure::Unreachable(_)
+            | PrefillFailure::Terminated(_)
             | PrefillFailure::Reset
             | PrefillFailure::Timeout
             | PrefillFailure::ServerError { .. }
-            | PrefillFailure::LeaseExpired { .. }
             | PrefillFailure::Rejected {
                 status: 408 | 429,
                 ..
@@ -56,20 +62,7 @@ fn classify(
         None => Err(PrefillFailure::Reset),
         Some(s) if (200..300).contains(&s) => Ok(()),
         Some(504) => Err(PrefillFailure::Timeout),
-        Some(503) => {
-            let message = message();
-            // Envoy's own reply when it could not reach the pod at all.
-            if message.starts_with("upstream connect error")
-                || message.starts_with("no healthy upstream")
-            {
-                Err(PrefillFailure::Unreachable(message))
-            } else {
-                Err(PrefillFailure::ServerError {
-                    status: 503,
-                    message,
-                })
-            }
-        }
+        Some(503) => Err(envoy_503(message())),
         Some(s) if (400..500).contains(&s) => Err(PrefillFailure::Rejected {
             status: s,
             message: message(),
@@ -78,6 +71,20 @@ fn classify(
             status: s,
             message: message(),
         }),
+    }
+}
+
+/// Tells Envoy's own 503s from an engine's: only a pod that cannot be
+/// reached is `Unreachable`.
+fn envoy_503(message: String) -> PrefillFailure {
+    match envoy_failure(&message) {
+        None => PrefillFailure::ServerError {
+            status: 503,
+            message,
+        },
+        Some(EnvoyFailure::Overflow) => PrefillFailure::Overflow,
+        Some(EnvoyFailure::Terminated) => PrefillFailure::Terminated(message),
+        Some(EnvoyFailure::Unreachable) => PrefillFailure::Unreachable(message),
     }
 }
 
@@ -122,6 +129,14 @@ impl Flow {
             config.prefill.timeout_ms,
         )
         .map_err(|e| {
+            // A call Envoy ends before dispatch_http_call returns gets no
+            // token but `InternalFailure` (an unknown cluster or bad headers
+            // are `BadArgument`). Its circuit breaker does that when the
+            // cluster's connection pool already exists: the refusal is
+            // inline, seen in the same burst as the answered 503s.
+            if e.status == "InternalFailure" {
+                return PdError::Prefill(PrefillFailure::Overflow);
+            }
             PdError::Prefill(PrefillFailure::Dispatch(format!(
                 "cluster {:?}: {e}",
                 config.routing.prefill_cluster
@@ -142,12 +157,17 @@ impl Flow {
             Phase::AwaitingPrefill(pending) if pending.token == token => {
                 let pending = *pending;
                 let pod = Rc::clone(&pending.plan.prefill_pod);
-                let outcome = self.prefill_answered(host, &pod, status, body_size);
+                let on_termination = if pending.attempt.resent {
+                    Verdict::Down
+                } else {
+                    Verdict::Neutral
+                };
+                let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination);
                 let result = match outcome {
-                    Ok(()) => match self.lease_expired(host, &pending.plan) {
-                        Some(expired) => self.retry_or_fail(host, pending, expired),
-                        None => self.finish(host, pending, body_size),
-                    },
+                    // The decode leaves in this callback: a vLLM NIXL
+                    // prefill's KV lease (kv_lease_duration, from when the
+                    // engine finished) cannot run out on the router's side.
+                    Ok(()) => self.finish(host, pending, body_size),
                     Err(f) => self.retry_or_fail(host, pending, f),
                 };
                 if let Err(e) = result {
@@ -165,7 +185,10 @@ impl Flow {
                     watched: None,
                     body_seen,
                 };
-                let outcome = self.prefill_answered(host, &w.pod, status, body_size);
+                // No resend: the decode already went out with this
+                // prefill's room. A keep-alive race is one strike in a streak.
+                let outcome =
+                    self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed);
                 let Err(failure) = outcome else {
                     if self.response.rewrite.is_some() {
                         match host.call_response_body(body_size) {
@@ -210,33 +233,17 @@ impl Flow {
         pod: &Endpoint,
         status: Option<u16>,
         body_size: usize,
+        on_termination: Verdict,
     ) -> Result<(), PrefillFailure> {
         self.prefill_done(host);
         let outcome = classify(status, || host.call_response_body(body_size));
         let judged = Judgement {
             pod,
-            verdict: verdict(&outcome),
+            verdict: verdict(&outcome, on_termination),
             cause: cause(&outcome),
         };
         self.release(host, Release::Prefill, Some(judged));
         outcome
-    }
-
-    /// A decode about to leave after its prefill's KV lease ran out (vLLM
-    /// NIXL frees the blocks when `kv_lease_duration` ends): the prefill's
-    /// answer counts from when it arrived.
-    fn lease_expired<H: Host>(&self, host: &H, plan: &SplitPlan) -> Option<PrefillFailure> {
-        let model = &plan.request.model;
-        let connector = plan
-            .prefill_pod
-            .connector(model.kv_connector, self.router.connector_type());
-        if model.kind != EngineKind::Vllm || !crate::transfer::agent(connector).leased() {
-            return None;
-        }
-        let answered = self.timing.prefill_sent_ms + self.timing.prefill_ms.unwrap_or(0);
-        let age_ms = host.now_ms().saturating_sub(answered);
-        let lease_ms = self.router.config.kv_lease_ms;
-        (age_ms > lease_ms).then_some(PrefillFailure::LeaseExpired { age_ms, lease_ms })
     }
 
     /// A failed sequential prefill: place the request again on another pod
@@ -248,22 +255,36 @@ impl Flow {
         failure: PrefillFailure,
     ) -> Result<(), PdError> {
         let max = self.router.config.prefill.max_retries;
-        if !retryable(&failure) || p.attempt.number >= max {
+        // A connection closed before any answer is most often a keep-alive
+        // race (the pod closed an idle pooled connection as the call went
+        // out): one resend on a new connection, free of the retry budget.
+        let resend = matches!(failure, PrefillFailure::Terminated(_)) && !p.attempt.resent;
+        if !retryable(&failure) || (p.attempt.number >= max && !resend) {
             return Err(PdError::Prefill(failure));
         }
-        let msg = format!(
-            "prefill {} failed ({failure}); retrying on another pod",
-            p.plan.prefill_pod.address
-        );
+        let msg = if resend {
+            format!(
+                "prefill {} closed the connection before answering ({failure}); resending",
+                p.plan.prefill_pod.address
+            )
+        } else {
+            format!(
+                "prefill {} failed ({failure}); retrying on another pod",
+                p.plan.prefill_pod.address
+            )
+        };
         self.log(host, Level::Info, &msg);
         host.increment(Counter::PrefillRetry);
         self.release(host, Release::Decode, None);
         let mut attempt = p.attempt;
-        // An expired lease is no fault of the pod: it may prefill again.
-        if !matches!(failure, PrefillFailure::LeaseExpired { .. }) {
+        if resend {
+            // Any pod may take it, the same included: a new call is a new
+            // connection.
+            attempt.resent = true;
+        } else {
             attempt.failed_on.push(p.plan.prefill_pod.id);
+            attempt.number += 1;
         }
-        attempt.number += 1;
         attempt.full = self.full_now(host, &p.plan.request);
         match self.place(host, p.plan.request, attempt) {
             Ok(Sent::Waiting) => Ok(()),
@@ -371,5 +392,75 @@ fn cause(outcome: &Result<(), PrefillFailure>) -> String {
     match outcome {
         Ok(()) => String::new(),
         Err(f) => format!("prefill: {f}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Envoy 1.40's bodies, as read through its router (see docs/errors.md).
+    const OVERFLOW: &str =
+        "upstream connect error or disconnect/reset before headers. reset reason: overflow";
+    const TERMINATION: &str = "upstream connect error or disconnect/reset before headers. reset reason: connection termination";
+    const REFUSED: &str = "upstream connect error or disconnect/reset before headers. reset reason: remote connection failure";
+    const REFUSED_OLD: &str = "upstream connect error or disconnect/reset before headers. reset reason: connection failure, transport failure reason: delayed connect error: 111";
+
+    fn classified(status: u16, body: &str) -> Result<(), PrefillFailure> {
+        classify(Some(status), || Ok(body.as_bytes().to_vec()))
+    }
+
+    #[test]
+    fn envoys_own_503s_are_told_apart_by_their_reset_reason() {
+        assert_eq!(classified(503, OVERFLOW), Err(PrefillFailure::Overflow));
+        assert!(matches!(
+            classified(503, TERMINATION),
+            Err(PrefillFailure::Terminated(_))
+        ));
+        for refused in [REFUSED, REFUSED_OLD, "no healthy upstream"] {
+            assert!(
+                matches!(
+                    classified(503, refused),
+                    Err(PrefillFailure::Unreachable(_))
+                ),
+                "{refused}"
+            );
+        }
+        // An engine's own 503 is a server error, whatever it says.
+        assert!(matches!(
+            classified(503, r#"{"error":{"message":"overflow"}}"#),
+            Err(PrefillFailure::ServerError { status: 503, .. })
+        ));
+    }
+
+    #[test]
+    fn only_a_pod_that_cannot_be_reached_is_struck_at_once() {
+        let judged = |body, on_termination| verdict(&classified(503, body), on_termination);
+        assert_eq!(judged(OVERFLOW, Verdict::Down), Verdict::Neutral);
+        assert_eq!(judged(TERMINATION, Verdict::Neutral), Verdict::Neutral);
+        assert_eq!(judged(TERMINATION, Verdict::Down), Verdict::Down);
+        assert_eq!(judged(REFUSED, Verdict::Neutral), Verdict::Down);
+        assert!(
+            !retryable(&PrefillFailure::Overflow),
+            "the breaker is the cluster's"
+        );
+        assert!(retryable(&PrefillFailure::Terminated(String::new())));
+    }
+
+    #[test]
+    fn the_gateways_own_limit_is_a_503_that_says_so() {
+        for e in [
+            PdError::Prefill(PrefillFailure::Overflow),
+            PdError::ConcurrentPrefill(PrefillFailure::Overflow),
+        ] {
+            let reply = e.reply();
+            assert_eq!(reply.status, 503);
+            let v: serde_json::Value = serde_json::from_slice(&reply.body).unwrap_or_default();
+            assert_eq!(v["error"]["code"], "gateway_overloaded");
+            assert!(v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("gateway's own limit")));
+            assert_eq!(reply.headers, vec![("retry-after", "1".to_owned())]);
+        }
     }
 }

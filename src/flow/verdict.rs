@@ -13,6 +13,10 @@ use crate::host::{Counter, Host, Level, PodEvent};
 use crate::pods::Verdict;
 use std::rc::Rc;
 
+/// What Envoy adds to the 503 of a request its circuit breaker refused
+/// (unless the router filter's `suppress_envoy_headers` is set).
+const OVERLOADED_HEADER: &str = "x-envoy-overloaded";
+
 /// A split's decode, waiting for its answer's verdict.
 #[derive(Debug)]
 pub(super) struct DecodeVerdict {
@@ -55,6 +59,16 @@ impl Flow {
             .response_header(":status")
             .and_then(|s| s.parse::<u16>().ok())
             .unwrap_or(0);
+        // Envoy's own circuit breaker on the decode cluster refused the
+        // request (`x-envoy-overloaded: true` on its 503): it never reached
+        // the pod, which is judged neither way.
+        if status == 503 && host.response_header(OVERLOADED_HEADER).as_deref() == Some("true") {
+            self.decode_verdict = None;
+            let msg =
+                "decode not sent: the gateway's circuit breaker on the decode cluster is full";
+            self.log(host, Level::Warn, msg);
+            return;
+        }
         if status >= 500 {
             let cause = format!("decode: status {status}");
             self.decode_failed(host, cause);

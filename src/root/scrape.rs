@@ -4,6 +4,7 @@
 //! rates are [`crate::scrape`].
 
 use super::RootHost;
+use crate::error::{envoy_failure, upstream_message, EnvoyFailure};
 use crate::fleet::{Endpoint, PodId};
 use crate::host::{Counter, Level, PodEvent};
 use crate::pods::{lease, update_scraped, StoredMetrics, Verdict};
@@ -105,6 +106,17 @@ impl Scraper {
         let now = host.now_ms();
         match status {
             Some(200) => self.scraped(host, router, &pod, own_at_send, now, body_size),
+            // Scrapes share the prefill cluster's circuit breaker by default,
+            // and its pooled connections: a breaker that is full, or a
+            // keep-alive connection the pod closed as the scrape went out,
+            // says nothing of the pod. The next scrape judges it.
+            Some(503) if envoy_not_the_pod(host, body_size) => {
+                let msg = format!(
+                    "pd-router: scrape of {} not answered by the pod (Envoy's circuit breaker or a closed keep-alive connection); not judged",
+                    pod.address
+                );
+                host.log(Level::Debug, &msg);
+            }
             status => {
                 let why = status.map_or("no answer".to_owned(), |s| format!("status {s}"));
                 scrape_failed(host, router, &pod, now, &why);
@@ -147,6 +159,16 @@ impl Scraper {
             t.retain(|id, _| live.contains(id));
         });
     }
+}
+
+/// Whether a scrape's 503 is Envoy's own overflow or connection
+/// termination rather than the pod's answer.
+fn envoy_not_the_pod<H: RootHost>(host: &H, body_size: usize) -> bool {
+    let body = host.call_answer_body(body_size, 1024);
+    matches!(
+        envoy_failure(&upstream_message(&body)),
+        Some(EnvoyFailure::Overflow | EnvoyFailure::Terminated)
+    )
 }
 
 /// A failed scrape says the pod is down: eject it and forget its metrics.

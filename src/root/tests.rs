@@ -221,6 +221,35 @@ fn one_vm_scrapes_under_the_lease_and_another_takes_over_when_it_lapses() {
 }
 
 #[test]
+fn a_scrape_envoy_itself_refused_judges_no_pod() {
+    let mut vms = vms(TWO_PODS, 1);
+    let (root, host) = &mut vms[0];
+    root.on_tick(host);
+    let scrapes = host.take_calls();
+    // Envoy 1.40's bodies: the prefill cluster's breaker (which scrapes
+    // share by default), and a pooled connection closed as the scrape left.
+    let overflow =
+        b"upstream connect error or disconnect/reset before headers. reset reason: overflow";
+    let closed = b"upstream connect error or disconnect/reset before headers. reset reason: connection termination";
+    answer(root, host, &scrapes[0], Some(503), overflow);
+    answer(root, host, &scrapes[1], Some(503), closed);
+    assert_eq!(host.counted(Counter::Ejection), 0);
+    let now = host.now;
+    assert!(root
+        .router
+        .pod_counters(&*host)
+        .iter()
+        .all(|(_, c)| c.is_healthy(now)));
+    // A refused connection still ejects.
+    host.now += 2_000;
+    root.on_tick(host);
+    let scrapes = host.take_calls();
+    let refused = b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure";
+    answer(root, host, &scrapes[0], Some(503), refused);
+    assert_eq!(host.counted(Counter::Ejection), 1);
+}
+
+#[test]
 fn a_failed_scrape_ejects_its_pod() {
     let mut vms = vms(TWO_PODS, 1);
     let (root, host) = &mut vms[0];

@@ -59,7 +59,9 @@ pub struct Router {
     mooncake: RefCell<HashMap<PodId, Vec<String>>>,
     /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
     trt_auth_key: Option<Vec<u8>>,
-    /// (pod, what) pairs already logged, for "once per pod" log lines.
+    /// (pod, what) pairs already logged, for "once per pod" log lines; the
+    /// pods that left the fleet are forgotten when it changes, so the set
+    /// stays within today's pods (and the few in flight on departed ones).
     logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
     /// This VM's requests waiting for admission.
     queue: RefCell<crate::admission::Queue>,
@@ -164,6 +166,12 @@ impl Router {
     /// placed on and give their load back to them; shared rows of pods that
     /// left drain and are dropped by later updates.
     pub fn set_fleet(&self, fleet: Fleet) {
+        // Pods churn for the life of the process (each re-created pod is a
+        // new identity): keep only what is logged of pods still here.
+        let here: std::collections::HashSet<PodId> = fleet.pods().iter().map(|p| p.id).collect();
+        self.logged
+            .borrow_mut()
+            .retain(|(pod, _)| here.contains(pod));
         *self.fleet.borrow_mut() = Rc::new(fleet);
     }
 
@@ -230,9 +238,15 @@ impl Router {
     }
 
     /// Whether this VM sees `what` about `pod` for the first time (the set
-    /// is bounded by pods × a handful of log lines).
+    /// is bounded by the fleet's pods × a handful of log lines).
     pub fn first_time(&self, pod: PodId, what: &'static str) -> bool {
         self.logged.borrow_mut().insert((pod, what))
+    }
+
+    /// How many "once per pod" lines this VM remembers.
+    #[cfg(test)]
+    fn logged_len(&self) -> usize {
+        self.logged.borrow().len()
     }
 
     /// The turn of the next request that is not split.

@@ -416,3 +416,58 @@ fn requests_of_a_saturated_model_stay_ahead_of_other_workers_lower_ones() {
         "another worker lets none of its standard requests in before it"
     );
 }
+
+#[test]
+fn once_per_pod_log_lines_are_forgotten_with_their_pods() {
+    use crate::discovery::{build_fleet, DiscoveredPod, PodRole};
+    let r = router(r#"{"models":[{"name":"m","engine":"vllm"}]}"#);
+    let pod = |name: String, ip: String, role| DiscoveredPod {
+        model: "m".into(),
+        name,
+        address: format!("{ip}:8000").parse().expect("addr"),
+        engine: "vllm".into(),
+        role,
+        roleset: String::new(),
+        kv_connector: None,
+        bootstrap_port: 8998,
+        dp_size: 1,
+        kv_port: 14579,
+        nixl_push: None,
+        object: String::new(),
+    };
+    // A thousand rollouts of a two-pod model, each pod re-created at a new
+    // address and logged about twice.
+    for gen in 0..1000u32 {
+        let pods = [
+            pod(
+                format!("p-{gen}"),
+                format!("10.0.{}.{}", gen / 250, gen % 250),
+                PodRole::Prefill,
+            ),
+            pod(
+                format!("d-{gen}"),
+                format!("10.1.{}.{}", gen / 250, gen % 250),
+                PodRole::Decode,
+            ),
+        ];
+        r.set_fleet(build_fleet(&r.config.models, &pods, &[]).0);
+        for e in r.fleet().pods() {
+            assert!(r.first_time(e.id, "rerouted"));
+            assert!(r.first_time(e.id, "token ids missing"));
+            assert!(!r.first_time(e.id, "rerouted"), "once per pod");
+        }
+        assert!(
+            r.logged_len() <= 4,
+            "{} entries after rollout {gen}",
+            r.logged_len()
+        );
+    }
+    // A pod that stays keeps its entry across a change of the others.
+    let stay = pod("stay".into(), "10.2.0.1".into(), PodRole::Prefill);
+    let d = |n: u32| pod(format!("dd-{n}"), format!("10.2.1.{n}"), PodRole::Decode);
+    r.set_fleet(build_fleet(&r.config.models, &[stay.clone(), d(1)], &[]).0);
+    let id = PodId::of("stay", "10.2.0.1:8000");
+    assert!(r.first_time(id, "rerouted"));
+    r.set_fleet(build_fleet(&r.config.models, &[stay, d(2)], &[]).0);
+    assert!(!r.first_time(id, "rerouted"), "still logged once");
+}

@@ -61,8 +61,8 @@ pub trait KvTransferAgent {
     }
 
     /// Whether the prefill keeps its KV for the decode only under a lease
-    /// (vLLM NIXL pull: `kv_lease_duration`), so a decode sent after it
-    /// would read freed blocks.
+    /// (vLLM NIXL pull: `kv_lease_duration`): configuration warns of a
+    /// prefill timeout longer than `kv_lease_ms`.
     fn leased(&self) -> bool {
         false
     }
@@ -96,53 +96,19 @@ pub trait KvTransferAgent {
     }
 }
 
-/// The longest client `request_id` relayed as a header.
-const MAX_REQUEST_ID_BYTES: usize = 256;
-
-/// The request id both legs carry: what the client sent (Envoy makes one
-/// when it did not), else a fresh one. Set on both legs' headers, and for
-/// `/v1/responses` and `/inference/v1/generate` in the body too (vLLM reads
-/// their id from the body `request_id`, not the header).
-fn pair_by_request_id(
-    ctx: &mut PdContext,
-    legs: &mut Legs,
-    id: Option<String>,
-) -> Result<String, EngineError> {
-    let responses = ctx.fields.api.id_in_body();
-    // vLLM's Responses and generate APIs take their id from the body: a client's own
-    // `request_id` there is kept (equal on both legs, it pairs) and is the
-    // id the engines know the request by.
-    let body_id = if responses && id.is_none() {
-        ctx.top
-            .raw_non_null(ctx.body, "request_id")
-            .and_then(|raw| serde_json::from_slice::<String>(raw).ok())
-    } else {
-        None
-    };
-    if let Some(b) = &body_id {
-        // It becomes the legs' `X-Request-Id` too.
-        if b.is_empty()
-            || b.len() > MAX_REQUEST_ID_BYTES
-            || !b.bytes().all(|c| (0x20..0x7f).contains(&c))
-        {
-            return Err(EngineError::Unsupported(format!(
-                "request_id must be 1 to {MAX_REQUEST_ID_BYTES} printable ASCII characters: it pairs the legs of a disaggregated request"
-            )));
-        }
-    }
-    let keep_body_id = body_id.is_some();
-    let id = match id.or(body_id) {
-        Some(id) => id,
-        None if !ctx.request_id.is_empty() => ctx.request_id.to_owned(),
-        None => ctx.random_hex()?,
-    };
+/// Pairs the legs by `id`, an id the router minted: set as both legs'
+/// `X-Request-Id`, and for `/v1/responses` and `/inference/v1/generate` as
+/// the body's `request_id` too (vLLM reads their id from the body, not the
+/// header). Never the client's id: two requests in flight with one id
+/// would pair with each other's KV.
+fn pair_by_request_id(ctx: &PdContext, legs: &mut Legs, id: &str) {
+    let in_body = ctx.fields.api.id_in_body();
     for leg in [&mut legs.prefill, &mut legs.decode] {
-        leg.set_header("x-request-id", id.clone());
-        if responses && !keep_body_id {
-            leg.body.set_str("request_id", &id);
+        leg.set_header("x-request-id", id.to_owned());
+        if in_body {
+            leg.body.set_str("request_id", id);
         }
     }
-    Ok(id)
 }
 
 /// The `kv_transfer_params` member of a prefill answer, if it is an object.

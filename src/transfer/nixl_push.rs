@@ -9,7 +9,10 @@ use crate::handoff::{LearnedPods, Legs, PdContext};
 /// the decode registered, so the legs run concurrently. vLLM pairs the two
 /// by request id (the same `X-Request-Id`, or body `request_id` on
 /// `/v1/responses`), not by `transfer_id` (sent anyway, as vLLM's demo
-/// proxy does: harmless, and what later releases may read). The decode is
+/// proxy does: harmless, and what later releases may read). That id is
+/// minted here, as the demo proxy mints a uuid4: a client's own id could be
+/// sent by two requests in flight at once, and their decodes would then
+/// register for, and be pushed, each other's KV. The decode is
 /// told the prefill's side channel from configuration (`nixl_push` on the
 /// endpoint): vLLM reads `remote_engine_id`, `remote_host`, `remote_port`
 /// and `tp_size` by key and fails without one.
@@ -42,8 +45,12 @@ impl KvTransferAgent for NixlPush {
                 pod.name
             ))
         })?;
-        let request_id = pair_by_request_id(ctx, legs, None)?;
-        let transfer_id = json_string(&format!("xfer-{}", ctx.random_hex()?));
+        // One draw names both: 128 random bits are unique among requests in
+        // flight, which is all the pairing needs. The client's id (header
+        // or body) is replaced on both legs; the router's log lines carry it.
+        let request_id = ctx.random_hex()?;
+        pair_by_request_id(ctx, legs, &request_id);
+        let transfer_id = json_string(&format!("xfer-{request_id}"));
         legs.prefill.body.set_raw(
             "kv_transfer_params",
             format!(

@@ -46,7 +46,7 @@ impl KvTransferAgent for P2pNccl {
                 "vLLM P2P NCCL cannot name IPv6 pods in its request ids; use IPv4 pods or another connector".into(),
             )
         })?;
-        pair_by_request_id(ctx, legs, Some(id))?;
+        pair_by_request_id(ctx, legs, &id);
         Ok(())
     }
 }

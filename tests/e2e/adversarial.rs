@@ -1151,7 +1151,6 @@ fn duplicate_ids_vllm_p2p_nccl() {
 }
 
 #[test]
-#[ignore = "NIXL push pairs the legs by the client's request id, so concurrent duplicates collide at the prefill (422: the id already has KV waiting); fixed on another branch"]
 fn duplicate_ids_vllm_nixl_push() {
     concurrent_duplicate_ids("vllm", Some("nixl_push"));
 }

@@ -309,6 +309,49 @@ fn vllm_nixl_push_tells_the_decode_the_configured_side_channel() {
 }
 
 #[test]
+fn nixl_push_pairs_by_an_id_the_router_mints_not_the_clients() {
+    // A slow prefill keeps both decodes registered with it at once; the mock
+    // refuses a second registration under an id already in flight, as a
+    // real prefill would push one request's KV into the other's blocks.
+    let s = Setup::start("vllm", Some("nixl_push"), &["--fault", "delay:500"], &[]);
+    let url = s.envoy.url("/v1/chat/completions");
+    let answers: Vec<Answer> = std::thread::scope(|scope| {
+        let sent: Vec<_> = ["the first prompt", "a second, different prompt"]
+            .into_iter()
+            .map(|prompt| {
+                let body = json!({"model": s.model, "max_tokens": 2, "request_id": "same-id",
+                                  "messages": [{"role": "user", "content": prompt}]})
+                .to_string();
+                let url = &url;
+                scope.spawn(move || post(url, body, &[("x-request-id", "same-id")]))
+            })
+            .collect();
+        sent.into_iter()
+            .map(|h| h.join().expect("client"))
+            .collect()
+    });
+    for a in &answers {
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.header("x-mock-kv"), Some("pulled"), "its own KV");
+    }
+    let ids: Vec<String> = s
+        .decode
+        .requests()
+        .iter()
+        .map(|d| d.header("x-request-id").expect("request id").to_owned())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert_ne!(ids[0], ids[1]);
+    assert!(ids.iter().all(|id| id != "same-id"), "{ids:?}");
+    for d in s.decode.requests() {
+        assert_eq!(
+            params(&d)["remote_request_id"],
+            d.header("x-request-id").unwrap()
+        );
+    }
+}
+
+#[test]
 fn vllm_p2p_nccl_names_both_pods_in_the_request_id() {
     let s = Setup::start("vllm", Some("p2p_nccl"), &[], &[]);
     check_paths(&s, &PATHS, "pulled");

@@ -17,6 +17,7 @@ mod bad_input;
 mod decider;
 mod deploy;
 mod discovery;
+mod ejection;
 mod engines;
 mod errors;
 mod fairness;

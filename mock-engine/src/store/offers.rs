@@ -9,7 +9,7 @@
 //! Plain data: the engines offer and take, the side channel and the zmq
 //! listener serve it over HTTP.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -30,6 +30,9 @@ pub struct Kv {
 pub struct Offers {
     ttl: Duration,
     map: Mutex<HashMap<String, (Instant, Kv)>>,
+    /// Keys a consumer that must be the only one is waiting under (NIXL
+    /// push registrations).
+    registered: Mutex<HashSet<String>>,
     /// Bumped on every offer, so waiters look again.
     changed: watch::Sender<u64>,
 }
@@ -39,6 +42,7 @@ impl Offers {
         Offers {
             ttl,
             map: Mutex::new(HashMap::new()),
+            registered: Mutex::new(HashSet::new()),
             changed: watch::Sender::new(0),
         }
     }
@@ -58,6 +62,20 @@ impl Offers {
         }
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
         true
+    }
+
+    /// Registers the only consumer of `key` (vLLM NIXL push: a decode's
+    /// registration of its blocks with the prefill, keyed by request id):
+    /// `None` while another registration under `key` is in flight, since a
+    /// real prefill would push one request's KV into the other's blocks.
+    /// The key is free again when the returned guard drops.
+    pub fn register(&self, key: &str) -> Option<Registration<'_>> {
+        lock(&self.registered)
+            .insert(key.to_owned())
+            .then(|| Registration {
+                offers: self,
+                key: key.to_owned(),
+            })
     }
 
     /// Takes the offer under `key`, or else the first whose key `alt`
@@ -92,6 +110,18 @@ impl Offers {
     }
 }
 
+/// A consumer registered under a key (see [`Offers::register`]).
+pub struct Registration<'a> {
+    offers: &'a Offers,
+    key: String,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        lock(&self.offers.registered).remove(&self.key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -102,6 +132,23 @@ mod tests {
             prompt_hash: h.into(),
             sender: None,
         }
+    }
+
+    #[test]
+    fn one_registration_per_key_at_a_time() {
+        let o = Offers::new(Duration::from_secs(5));
+        let first = o.register("r");
+        assert!(first.is_some());
+        assert!(
+            o.register("r").is_none(),
+            "a second one while the first waits"
+        );
+        assert!(o.register("s").is_some(), "other keys are free");
+        drop(first);
+        assert!(
+            o.register("r").is_some(),
+            "free again once the first is done"
+        );
     }
 
     #[tokio::test]
