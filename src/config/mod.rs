@@ -146,11 +146,12 @@ pub struct Config {
     pub scrape: ScrapeSettings,
     pub trt: TrtSettings,
     pub kv_connector: Connector,
-    /// How long a vLLM NIXL prefill keeps its KV for the decode
-    /// (`kv_connector_extra_config.kv_lease_duration`, 30 s in vLLM). Only
-    /// compared with `prefill_timeout_ms` at configuration: the decode
-    /// leaves in the callback that receives the prefill's answer, so the
-    /// lease cannot run out on the router's side.
+    /// Accepted so that configurations written for earlier versions still
+    /// load; it has no effect. vLLM's NIXL lease
+    /// (`kv_connector_extra_config.kv_lease_duration`) starts when the
+    /// engine finishes the prefill and the decode pod's heartbeats extend
+    /// it, and the decode leaves in the callback that receives the
+    /// prefill's answer: no router setting bears on it.
     pub kv_lease_ms: u64,
     pub max_body_bytes: usize,
     /// Debugging aid: answers carry `x-pd-prefill-ms` and `x-pd-routing-us`.

@@ -4,7 +4,6 @@
 //! every VM's shared records and TensorRT-LLM ids are kept apart by.
 
 use crate::config::{Config, ConfigError};
-use crate::fleet::EngineKind;
 use crate::host::SharedStore;
 use crate::pods::slots::{ensure_table, lease_slot};
 use crate::pods::WORKER_SLOTS_KEY;
@@ -71,9 +70,6 @@ pub fn configure<S: SharedStore + ?Sized>(
         ));
     }
     router.set_trt_auth_key(auth_key.map(String::into_bytes));
-    if let Some(w) = lease_warning(&router) {
-        warnings.push(w);
-    }
     for m in &router.config.models {
         if !router.registry.is_known(&m.engine) {
             warnings.push(format!(
@@ -101,32 +97,5 @@ pub fn configure<S: SharedStore + ?Sized>(
         kube_token,
         notes,
         warnings,
-    })
-}
-
-/// A prefill allowed to take longer than the KV lease of the connectors
-/// that have one: the router waits for a prefill longer than the engine
-/// keeps a finished one's KV for its decode, so the two settings disagree.
-fn lease_warning(router: &Router) -> Option<String> {
-    let c = &router.config;
-    let global = router.connector_type();
-    let leased = c.models.iter().any(|m| {
-        m.kind == EngineKind::Vllm
-            && m.rolesets
-                .iter()
-                .flat_map(|r| r.prefill.iter())
-                .map(|p| p.connector(m.kv_connector, global))
-                .chain(
-                    m.rolesets
-                        .is_empty()
-                        .then(|| m.kv_connector.unwrap_or(global)),
-                )
-                .any(|conn| crate::transfer::agent(conn).leased())
-    });
-    (leased && c.prefill.timeout_ms > c.kv_lease_ms).then(|| {
-        format!(
-            "pd-router: prefill_timeout_ms ({} ms) exceeds kv_lease_ms ({} ms): vLLM NIXL prefills keep their KV for a decode only that long (kv_connector_extra_config.kv_lease_duration); make the lease at least the prefill timeout, and set kv_lease_ms to match",
-            c.prefill.timeout_ms, c.kv_lease_ms
-        )
     })
 }

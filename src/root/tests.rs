@@ -501,36 +501,6 @@ fn mooncake_engine_ids_are_learned_once_and_shared() {
     );
 }
 
-#[test]
-fn a_prefill_timeout_longer_than_the_kv_lease_is_warned() {
-    let warned = |json: &str| {
-        let c = configure(
-            Some(json.as_bytes()),
-            &|_| None,
-            &mut MemoryStore::default(),
-            1,
-            0,
-        )
-        .expect("valid");
-        c.warnings.iter().any(|w| w.contains("exceeds kv_lease_ms"))
-    };
-    let model = r#""models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]}]}]"#;
-    assert!(!warned(&format!("{{{model}}}")), "30 s and 30 s agree");
-    assert!(warned(&format!(
-        r#"{{"prefill_timeout_ms":60000,{model}}}"#
-    )));
-    assert!(!warned(&format!(
-        r#"{{"prefill_timeout_ms":60000,"kv_lease_ms":90000,{model}}}"#
-    )));
-    // Connectors without a lease, and other engines, have nothing to warn of.
-    assert!(!warned(
-        r#"{"prefill_timeout_ms":60000,"kv_connector":"mooncake","models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]}]}]}"#
-    ));
-    assert!(!warned(
-        r#"{"prefill_timeout_ms":60000,"models":[{"name":"m","engine":"sglang","rolesets":[{"prefill":["10.0.0.1:1"],"decode":["10.0.0.2:1"]}]}]}"#
-    ));
-}
-
 const POOLED: &str = r#"{"scrape_interval_ms":0,
     "discovery":{"kubernetes":{"cluster":"kube_api","interval_ms":1000,"labels":"llm-d",
                                "inference_pool":{"name":"qwen-pool","model":"m"}}},

@@ -60,13 +60,6 @@ pub trait KvTransferAgent {
         false
     }
 
-    /// Whether the prefill keeps its KV for the decode only under a lease
-    /// (vLLM NIXL pull: `kv_lease_duration`): configuration warns of a
-    /// prefill timeout longer than `kv_lease_ms`.
-    fn leased(&self) -> bool {
-        false
-    }
-
     /// Whether `prefill_pod` can hand off now: some protocols need a fact
     /// about the pod that the router learns or is told first.
     fn prefill_ready(&self, _prefill_pod: &Endpoint, _learned: &dyn LearnedPods) -> bool {

@@ -18,10 +18,6 @@ impl KvTransferAgent for Nixl {
         "nixl"
     }
 
-    fn leased(&self) -> bool {
-        true
-    }
-
     fn augment_prefill(
         &self,
         _ctx: &mut PdContext,

@@ -14,10 +14,6 @@ impl KvTransferAgent for Shfs {
         "shfs"
     }
 
-    fn leased(&self) -> bool {
-        true
-    }
-
     fn augment_prefill(
         &self,
         _ctx: &mut PdContext,
