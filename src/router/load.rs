@@ -142,13 +142,19 @@ impl Router {
             .collect()
     }
 
-    /// The failure streaks the other VMs' records hold for `pod`.
+    /// The failure streaks the other VMs' records hold for `pod`, where
+    /// `verdict` needs them: only a failure's ejection depends on the streak
+    /// (a request's common case, a success, reads nothing more).
     fn others_failures<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         model: ModelId,
         pod: PodId,
+        verdict: Verdict,
     ) -> u32 {
+        if verdict != Verdict::Failed {
+            return 0;
+        }
         let all = self.load(store, model).get(pod).failures;
         all.saturating_sub(self.own_load(store, model).get(pod).failures)
     }
@@ -205,8 +211,8 @@ impl Router {
         let mut ejected = false;
         // The other VMs' failure streaks on the judged pod count towards
         // its ejection too.
-        let others = judged.map_or(0, |(pod, _, _)| {
-            self.others_failures(&*store, released.model, pod.id)
+        let others = judged.map_or(0, |(pod, verdict, _)| {
+            self.others_failures(&*store, released.model, pod.id, verdict)
         });
         self.update_own(store, released.model, |t| {
             if let Some(p) = released.prefill {
@@ -276,7 +282,7 @@ impl Router {
         for m in fleet.models().iter().filter(|m| m.pods.contains(&pod.id)) {
             let live = self.is_live(m.id);
             let mut ejected = false;
-            let others = self.others_failures(&*store, m.id, pod.id);
+            let others = self.others_failures(&*store, m.id, pod.id, verdict);
             self.update_own(store, m.id, |t| {
                 t.update(pod.id, |c| {
                     ejected = judge_with(rule, c, others, verdict, now_ms)

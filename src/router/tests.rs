@@ -471,3 +471,58 @@ fn once_per_pod_log_lines_are_forgotten_with_their_pods() {
     r.set_fleet(build_fleet(&r.config.models, &[stay, d(2)], &[]).0);
     assert!(!r.first_time(id, "rerouted"), "still logged once");
 }
+
+#[test]
+fn workers_failures_add_up_to_an_ejection_and_each_sees_it() {
+    // Two worker VMs of one Envoy, each on its leased slot.
+    let mut store = MemoryStore::default();
+    let key = crate::pods::WORKER_SLOTS_KEY;
+    crate::pods::slots::ensure_table(&mut store, key);
+    let vm = |holder: u64, store: &mut MemoryStore| {
+        let slot = crate::pods::slots::lease_slot(store, key, holder, None, 0).expect("slot");
+        let config = Config::parse(TWO_PREFILLS.as_bytes()).expect("config");
+        Router::leased(config, slot, holder, 0).expect("router")
+    };
+    let (a, b) = (vm(11, &mut store), vm(22, &mut store));
+    assert_ne!(a.worker_slot(), b.worker_slot());
+    let fleet = a.fleet();
+    let m = fleet.model("m").expect("model");
+    let p = m.endpoints().first().expect("a pod").clone();
+    let none = HeldLoad {
+        model: m.id,
+        prefill: None,
+        prefill_tokens: 0,
+        decode: None,
+    };
+    let fail = Some((p.as_ref(), Verdict::Failed, "prefill: 500"));
+    assert_eq!(a.config.health.eject_after_failures, 3);
+    assert!(a
+        .release(&mut store, none, fail, 1_000)
+        .expect("judge")
+        .is_none());
+    assert!(b
+        .release(&mut store, none, fail, 1_000)
+        .expect("judge")
+        .is_none());
+    assert_eq!(
+        a.load(&store, m.id).get(p.id).failures,
+        2,
+        "one streak each, summed"
+    );
+    let third = b.release(&mut store, none, fail, 1_000).expect("judge");
+    assert!(
+        third.is_some(),
+        "the third failure across the workers ejects"
+    );
+    assert!(!a.is_healthy(&store, &p, 1_001), "the other worker sees it");
+    // Each worker's load is its own and both are seen.
+    let held = HeldLoad {
+        decode: Some(p.id),
+        ..none
+    };
+    a.hold(&mut store, held, 1_000).expect("hold");
+    b.hold(&mut store, held, 1_000).expect("hold");
+    assert_eq!(a.load(&store, m.id).get(p.id).pending_decodes, 2);
+    b.release(&mut store, held, None, 1_000).expect("release");
+    assert_eq!(b.load(&store, m.id).get(p.id).pending_decodes, 1);
+}
