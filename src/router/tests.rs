@@ -487,7 +487,7 @@ fn workers_failures_add_up_to_an_ejection_and_each_sees_it() {
     assert_ne!(a.worker_slot(), b.worker_slot());
     let fleet = a.fleet();
     let m = fleet.model("m").expect("model");
-    let p = m.endpoints().first().expect("a pod").clone();
+    let p = Rc::clone(m.endpoints().first().expect("a pod"));
     let none = HeldLoad {
         model: m.id,
         prefill: None,
