@@ -67,6 +67,10 @@ fn every_error_status() {
     };
     let config = json!({
         "prefill_timeout_ms": 800,
+        // No scrapes: a scrape of the refusing pod would eject it first,
+        // and its request would get 503 "every pod unhealthy" rather than
+        // the 502 of an unreachable prefill (seen on a loaded machine).
+        "scrape_interval_ms": 0,
         "max_body_bytes": 65536,
         "models": [
             model("ok", ok_p.endpoint(), &[&decode]),
