@@ -102,6 +102,10 @@ ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header
 PICKER_HEADERS = {"x-gateway-destination-endpoint", "x-prefiller-host-port"}
 # What a variant's own plugin configuration may change in discovery.
 POOL_KEYS = {"labels", "inference_pool", "label_selector"}
+# The InferencePool CRDs a pool must pass (deploy/schemas/crd-to-schema.py
+# made both from GIE's config/crd/bases at the tag).
+INFERENCEPOOL_SCHEMAS = [("inferencepool-v1.5.0", "GIE v1.5.0's CRD, llm-d's"),
+                         ("inferencepool", "GIE v1.6.0's CRD")]
 # Overlays of example engines: rendered and checked, no Envoy in them.
 WORKLOADS = ["workload/vllm", "workload/mock"]
 
@@ -282,9 +286,13 @@ def check_documents(docs, failures, node_docs):
                     failures.add(doc, f"Kubernetes {K8S} schema: {err}")
                 doc.checks.append(f"kubernetes-validate {K8S} strict")
             elif api == "inference.networking.k8s.io/v1":
-                for err in validate_schema(registry, "pd-router:inferencepool", obj):
-                    failures.add(doc, f"schemas/inferencepool.json (GIE v1.6.0's CRD): {err}")
-                doc.checks.append("deploy/schemas/inferencepool.json (GIE v1.6.0's CRD schema)")
+                # llm-d installs GIE v1.5.0's CRDs (llm-d-router
+                # deploy/components/crds-gie), which require endpointPickerRef;
+                # v1.6.0's no longer do. A pool must pass both.
+                for schema, what in INFERENCEPOOL_SCHEMAS:
+                    for err in validate_schema(registry, "pd-router:" + schema, obj):
+                        failures.add(doc, f"schemas/{schema}.json ({what}): {err}")
+                    doc.checks.append(f"deploy/schemas/{schema}.json ({what} schema)")
             elif api.startswith("gateway.envoyproxy.io/"):
                 schema_id = "pd-router:" + doc.kind.lower()
                 try:
@@ -344,6 +352,12 @@ class Proxy:
 
     def __init__(self, where, ns, container, volumes, service_account=None, others=()):
         self.where, self.ns, self.service_account = where, ns, service_account
+        # Who creates the ServiceAccount when deploy/ does not (Istio's
+        # gateway controller creates <gateway>-<class> with the Deployment).
+        self.service_account_creator = None
+        # Files Envoy reads that the configuration does not name (Istio's
+        # ISTIO_BOOTSTRAP_OVERRIDE).
+        self.extra_files = []
         # The pod's other containers (a sidecar may write what Envoy reads).
         self.others = list(others)
         self.env = container.get("env") or []
@@ -650,7 +664,7 @@ def assemble_istio(v, failures, wasm):
     envoy_route = {"name": route_name, "match": {"prefix": rule["matches"][0]["path"]["value"]},
                    "route": {"cluster": outbound, "retry_policy": copy.deepcopy(ISTIO_DEFAULT_RETRY)}}
     vhost_name = f"*:{port}"
-    extensions, inserted, clusters, listener_merge, bootstrap_merge = {}, [], [], {}, {}
+    extensions, inserted, clusters, listener_merge = {}, [], [], {}
     first_routes = []
     for i, p in enumerate(spec.get("configPatches") or []):
         what = f"configPatches[{i}]"
@@ -684,8 +698,12 @@ def assemble_istio(v, failures, wasm):
                                  "(a route match would depend on Istio's route names)")
                 continue
             first_routes.insert(0, copy.deepcopy(value))
-        elif (apply_to, op) == ("BOOTSTRAP", "MERGE"):
-            bootstrap_merge = proto_merge(bootstrap_merge, value)
+        elif apply_to == "BOOTSTRAP":
+            # istiod accepts it (its webhook builds the message) but nothing
+            # applies it: bootstrap delivery over xDS (BDS) was removed in
+            # Istio 1.21 (commit f6337a9d, releasenotes/notes/bds-removal.yaml).
+            failures.add(ef, f"{what}: a BOOTSTRAP patch never applies on Istio >= 1.21 (BDS removed): "
+                             "use ISTIO_BOOTSTRAP_OVERRIDE with a mounted file (the gateway Deployment's patch)")
         else:
             failures.add(ef, f"{what}: {apply_to} {op} is not something the assembler models")
     if not first_routes:
@@ -725,7 +743,6 @@ def assemble_istio(v, failures, wasm):
     conf = bootstrap([main, ecds], clusters + [dummy_cluster(outbound), xds], dynamic_resources={"ads_config": {
         "api_type": "GRPC", "transport_api_version": "V3",
         "grpc_services": [{"envoy_grpc": {"cluster_name": "xds-grpc"}}]}})
-    conf = proto_merge(conf, bootstrap_merge)
     # The gateway Deployment Istio generates, with the ConfigMap's patch.
     if params != {"group": "", "kind": "ConfigMap", "name": overlay_cm.name}:
         failures.add(gw, f"infrastructure.parametersRef must name ConfigMap {overlay_cm.name}")
@@ -741,11 +758,36 @@ def assemble_istio(v, failures, wasm):
     overlay_cm.checks.append(f"data.deployment patched into a Deployment: kubernetes-validate {K8S} strict")
     pod = deployment["spec"]["template"]["spec"]
     container = next(c for c in pod["containers"] if c["name"] == "istio-proxy")
-    # Istio's gateway runs as <gateway>-<class> unless the Gateway names one.
-    sa = (gw.obj["metadata"].get("annotations") or {}).get("gateway.istio.io/service-account",
-                                                            f"{gw.name}-{gw.obj['spec']['gatewayClassName']}")
+    # pilot-agent passes ISTIO_BOOTSTRAP_OVERRIDE's file to Envoy as
+    # --config-yaml, merged into its bootstrap (pkg/envoy/proxy.go).
+    override = next((e.get("value") for e in container.get("env") or []
+                     if e.get("name") == "ISTIO_BOOTSTRAP_OVERRIDE"), None)
+    extra_files = []
+    if override:
+        text = configmap_file(v, override)
+        if text is None:
+            failures.add(overlay_cm, f"ISTIO_BOOTSTRAP_OVERRIDE {override}: no ConfigMap of the overlay holds it")
+        else:
+            conf = proto_merge(conf, yaml.safe_load(text))
+            extra_files.append(override)
+    if "overload_manager" not in conf:
+        failures.add(overlay_cm, "the gateway's Envoy gets no overload manager (long prompts are buffered whole: "
+                                 "an OOM kill would end every stream); ISTIO_BOOTSTRAP_OVERRIDE with a mounted file")
+    # Istio's gateway runs as <gateway>-<class> unless the Gateway names one;
+    # either way Istio renders that ServiceAccount with an ownerReference to
+    # the Gateway (kube-gateway.yaml), so it must not be one deploy/ creates:
+    # deleting the Gateway would delete it.
+    named = (gw.obj["metadata"].get("annotations") or {}).get("gateway.istio.io/service-account")
+    sa = named or f"{gw.name}-{gw.obj['spec']['gatewayClassName']}"
+    if any(d.name == sa and d.ns == gw.ns for d in v.all("ServiceAccount")):
+        failures.add(gw, f"the gateway runs as ServiceAccount {sa}, which deploy/ creates: Istio adds an "
+                         "ownerReference to the Gateway to it, and deleting the Gateway deletes it; "
+                         "bind the Role to Istio's own <gateway>-<class> instead")
     others = [c for c in pod.get("initContainers", []) + pod["containers"] if c is not container]
-    return conf, Proxy(overlay_cm, gw.ns, container, pod.get("volumes"), sa, others)
+    proxy = Proxy(overlay_cm, gw.ns, container, pod.get("volumes"), sa, others)
+    proxy.service_account_creator = "Istio's gateway controller"
+    proxy.extra_files = extra_files
+    return conf, proxy
 
 
 def quantity(q):
@@ -1039,7 +1081,7 @@ def check_bootstrap(v, conf, proxy, failures, local_files):
             failures.append(f"{where}: cluster {api_cluster} must speak TLS to the API server")
         token_files = check_injector(v, where, api_cluster, clusters[api_cluster], failures)
     if plugin.get("placement") == "epp":
-        check_picker_chain(where, h.get("http_filters") or [], f, failures)
+        check_picker_chain(where, h.get("http_filters") or [], f, clusters, failures)
     limit = listener.get("per_connection_buffer_limit_bytes", 1048576)
     if limit <= plugin.get("max_body_bytes", DEFAULT_MAX_BODY):
         failures.append(f"{where}: listener buffer limit {limit} is not above max_body_bytes")
@@ -1099,9 +1141,24 @@ def check_routing(where, routing, header, clusters, names, failures):
             failures.append(f"{where}: unknown routing {routing!r}")
 
 
-def check_picker_chain(where, filters, wasm, failures):
+# How llm-d's EPP must be called: the request body streamed to it, and the
+# response's headers, body and trailers too (its accounting, the served
+# endpoint, usage and completion hooks read them; with response headers
+# SKIPped and no response body the stream ends at the response headers).
+# GIE v1.5.0 config/charts/standalone/values.yaml and test/testdata/envoy.yaml,
+# llm-d-router v0.9.0 deploy/environments/dev/e2e-infra/envoy.yaml; Istio
+# 1.28's per-route override for pools (route.go) sets the same modes.
+EPP_PROCESSING_MODE = {"request_header_mode": "SEND", "response_header_mode": "SEND",
+                       "request_body_mode": "FULL_DUPLEX_STREAMED", "response_body_mode": "FULL_DUPLEX_STREAMED",
+                       "request_trailer_mode": "SEND", "response_trailer_mode": "SEND"}
+EPP_MESSAGE_TIMEOUT = "1000s"
+
+
+def check_picker_chain(where, filters, wasm, clusters, failures):
     """Executor mode: the client's copies of the picker's headers are
-    removed before the picker (ext_proc) runs, and pd-router comes after it."""
+    removed before the picker (ext_proc) runs, and pd-router comes after it;
+    the picker is called as llm-d's EPP needs (its modes, TLS), and a
+    broken picker is an error, not a silent fallback."""
     names = [f.get("name") for f in filters]
     strip = next((i for i, f in enumerate(filters) if PICKER_HEADERS <= {
         m.get("remove") for m in (((f.get("typed_config") or {}).get("mutations") or {}).get("request_mutations") or [])}),
@@ -1113,6 +1170,24 @@ def check_picker_chain(where, filters, wasm, failures):
                         f"{' and '.join(sorted(PICKER_HEADERS))} (a client could pick the pods)")
     if picker is None or picker > mine:
         failures.append(f"{where}: placement epp: no endpoint picker (ext_proc) before pd-router")
+        return
+    ext = filters[picker].get("typed_config") or {}
+    mode = ext.get("processing_mode") or {}
+    wrong = {k: mode.get(k, "(default)") for k, want in EPP_PROCESSING_MODE.items() if mode.get(k) != want}
+    if wrong:
+        failures.append(f"{where}: the picker's ext_proc processing_mode {wrong}: llm-d's EPP needs "
+                        f"{EPP_PROCESSING_MODE} (its response hooks never run otherwise)")
+    if ext.get("message_timeout") != EPP_MESSAGE_TIMEOUT:
+        failures.append(f"{where}: the picker's ext_proc message_timeout {ext.get('message_timeout')!r}: "
+                        f"llm-d's and GIE's Envoy use {EPP_MESSAGE_TIMEOUT} (streamed bodies)")
+    if ext.get("failure_mode_allow"):
+        failures.append(f"{where}: the picker's ext_proc fails open: a broken picker connection (a TLS mismatch "
+                        "among them) would go unseen, every pick made by pd-router instead")
+    cluster = (((ext.get("grpc_service") or {}).get("envoy_grpc") or {}).get("cluster_name"))
+    tls = ((clusters.get(cluster) or {}).get("transport_socket") or {}).get("name")
+    if tls != "envoy.transport_sockets.tls":
+        failures.append(f"{where}: the picker's cluster {cluster} speaks plaintext: llm-d's EPP serves TLS "
+                        "by default (--secure-serving=true, llm-d-router pkg/epp/server/options.go)")
 
 
 def check_breakers(where, name, cluster, failures):
@@ -1160,6 +1235,7 @@ def check_proxy(v, conf, proxy, namespace, failures, local_files, token_files, a
     # token from a projected ServiceAccount token volume.
     files = [n["filename"] for n in walk(conf) if isinstance(n, dict) and isinstance(n.get("filename"), str)]
     files += [proxy.config_file] if getattr(proxy, "config_file", None) else []
+    files += proxy.extra_files
     files += token_files
     for path in files:
         if path in local_files:
@@ -1216,15 +1292,27 @@ def unpacks(container, key, volumes):
     return False
 
 
+# What discovery calls (src/discovery): a LIST then bounded watches of pods
+# (kube.rs list_path, watch_path), a GET of its InferencePool (pool.rs), a
+# LIST of ModelAdapters (kube.rs adapters_path). A Role grants no more.
+DISCOVERY_VERBS = {("", "pods"): {"list", "watch"},
+                   ("inference.networking.k8s.io", "inferencepools"): {"get"},
+                   ("model.aibrix.ai", "modeladapters"): {"list"}}
+
+
 def check_rbac(v, proxy, namespace, failures, adapters):
-    """The proxy's ServiceAccount may get, list and watch pods there, and
-    list AIBrix's ModelAdapters when discovery reads them."""
+    """The proxy's ServiceAccount may list and watch pods there, and list
+    AIBrix's ModelAdapters when discovery reads them; its Roles grant
+    nothing discovery does not use."""
     sa_name = proxy.service_account
     sa = next((d for d in v.all("ServiceAccount") if d.name == sa_name and d.ns == proxy.ns), None)
+    if sa is None and proxy.service_account_creator:
+        sa = Doc(f"(ServiceAccount {sa_name} of {proxy.service_account_creator})", 0,
+                 {"kind": "ServiceAccount", "metadata": {"name": sa_name, "namespace": proxy.ns}})
     if sa is None:
         failures.add(proxy.where, f"runs as ServiceAccount {sa_name!r}, which deploy/ does not create in {proxy.ns}")
         return
-    needed = [("", "pods", {"get", "list", "watch"})]
+    needed = [("", "pods", DISCOVERY_VERBS[("", "pods")])]
     if adapters:
         needed.append(("model.aibrix.ai", "modeladapters", {"list"}))
     granted = set()
@@ -1240,6 +1328,14 @@ def check_rbac(v, proxy, namespace, failures, adapters):
                 if group in rule.get("apiGroups", []) and resource in rule.get("resources", []) \
                         and verbs <= set(rule.get("verbs", [])):
                     granted.add(resource)
+            for group in rule.get("apiGroups", []):
+                for resource in rule.get("resources", []):
+                    used = DISCOVERY_VERBS.get((group, resource), set())
+                    extra = set(rule.get("verbs", [])) - used
+                    if extra:
+                        failures.add(role, f"grants {'/'.join(sorted(extra))} on {resource}, which discovery "
+                                           "never uses (it calls: "
+                                           f"{'/'.join(sorted(used)) or 'nothing'})")
     for group, resource, verbs in needed:
         if resource not in granted:
             failures.add(sa, f"no RoleBinding in {namespace} grants it {'/'.join(sorted(verbs))} on {resource}")

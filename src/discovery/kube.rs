@@ -169,6 +169,13 @@ pub enum PodRole {
     Decode,
     /// No role label: both phases, as a combined pod.
     Both,
+    /// Labelled for both phases (llm-d's `prefill-decode`, its deprecated
+    /// `both`, `encode-prefill-decode`): a combined pod that llm-d's prefill
+    /// filter also accepts (llm-d-router v0.9.0
+    /// `pkg/epp/framework/plugins/scheduling/filter/bylabel/roles.go`,
+    /// `NewPrefillRole`), so an endpoint picker may name it as a split's
+    /// prefill pod. An unlabelled pod passes only llm-d's decode filter.
+    PrefillDecode,
 }
 
 /// A pod the router may route to, as read from the API server.

@@ -181,7 +181,7 @@ fn with_pods(
             unused.push(unused_pod(p, why));
             continue;
         }
-        let e = endpoint(p, unused);
+        let mut e = endpoint(p, unused);
         of_pod.push((p.object(), e.id));
         let roleset = if p.roleset.is_empty() {
             UNNAMED_ROLESET
@@ -196,6 +196,10 @@ fn with_pods(
             PodRole::Prefill => slot.prefill.push(e),
             PodRole::Decode => slot.decode.push(e),
             PodRole::Both => combined.push(e),
+            PodRole::PrefillDecode => {
+                e.prefill_when_picked = true;
+                combined.push(e);
+            }
         }
     }
     rolesets.extend(

@@ -298,12 +298,14 @@ fn llm_d(labels: &BTreeMap<String, String>, reader: &Reader) -> Result<Labelled,
     let role = match labels.get(labels::LLMD_ROLE).map(String::as_str) {
         Some("prefill") | Some("encode-prefill") => PodRole::Prefill,
         Some("decode") => PodRole::Decode,
-        // Both phases: served whole. A pod without the label is one llm-d's
-        // decode filter takes and its prefill filter does not: with no
-        // prefill of its own it serves whole requests too.
-        Some("prefill-decode") | Some("both") | Some("encode-prefill-decode") | None | Some("") => {
-            PodRole::Both
+        // Both phases: served whole when pd-router places the request, and
+        // a prefill pod when llm-d's picker names it as one.
+        Some("prefill-decode") | Some("both") | Some("encode-prefill-decode") => {
+            PodRole::PrefillDecode
         }
+        // A pod without the label is one llm-d's decode filter takes and
+        // its prefill filter does not: it serves whole requests only.
+        None | Some("") => PodRole::Both,
         Some(other) => return Err(Skipped::OtherRole(other.to_owned())),
     };
     Ok(Labelled {

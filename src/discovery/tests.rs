@@ -472,6 +472,8 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
         pod("p0", Some("10.0.0.1"), role(Some("prefill"))),
         pod("d0", Some("10.0.0.2"), role(Some("decode"))),
         pod("c0", Some("10.0.0.3"), role(Some("prefill-decode"))),
+        pod("c1", Some("10.0.0.7"), role(Some("both"))),
+        pod("c2", Some("10.0.0.8"), role(Some("encode-prefill-decode"))),
         pod("n0", Some("10.0.0.5"), role(None)),
         pod("e0", Some("10.0.0.6"), role(Some("encode"))),
         ranked,
@@ -492,7 +494,15 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
         .collect();
     assert!(got.contains(&("p0-rank-0".into(), "10.0.0.1:8000".into(), PodRole::Prefill)));
     assert!(got.contains(&("p0-rank-1".into(), "10.0.0.1:8001".into(), PodRole::Prefill)));
-    assert!(got.contains(&("c0-rank-0".into(), "10.0.0.3:8000".into(), PodRole::Both)));
+    // Labelled for both phases: llm-d's prefill filter takes them too.
+    for (name, ip) in [("c0", "10.0.0.3"), ("c1", "10.0.0.7"), ("c2", "10.0.0.8")] {
+        let want = (
+            format!("{name}-rank-0"),
+            format!("{ip}:8000"),
+            PodRole::PrefillDecode,
+        );
+        assert!(got.contains(&want), "{name}: {got:?}");
+    }
     assert!(got.contains(&("n0-rank-1".into(), "10.0.0.5:8001".into(), PodRole::Both)));
     // Only the active port: the pod's own name.
     assert!(got.contains(&("d1".into(), "10.0.0.4:8001".into(), PodRole::Decode)));

@@ -68,6 +68,10 @@ pub struct Endpoint {
     pub kv_port: u16,
     /// vLLM NIXL push: the prefill's side channel, as configured.
     pub nixl_push: Option<NixlPeer>,
+    /// A combined pod labelled for both phases (llm-d's `prefill-decode`):
+    /// an endpoint picker may name it as a split's prefill pod, as llm-d's
+    /// prefill filter accepts it. pd-router's own placement never does.
+    pub prefill_when_picked: bool,
 }
 
 impl Endpoint {
@@ -87,6 +91,7 @@ impl Endpoint {
             dp_size: 1,
             kv_port: DEFAULT_KV_PORT,
             nixl_push: None,
+            prefill_when_picked: false,
         }
     }
 

@@ -70,8 +70,8 @@ impl Router {
     }
 
     /// The placement the picker chose: its decode pod (a decode or combined
-    /// pod of the model), with its prefill pod (a prefill pod of the
-    /// model) or, without one, whole. A pod discovery does not know is
+    /// pod of the model), with its prefill pod (a prefill pod of the model,
+    /// or a combined one labelled for both phases) or, without one, whole. A pod discovery does not know is
     /// refused: the picker's headers are not a way to send requests to
     /// arbitrary addresses.
     pub fn place_picked(
@@ -87,7 +87,14 @@ impl Router {
                 reason: "endpoint picker: whole",
             });
         };
-        let prefills = model.rolesets.iter().flat_map(|r| r.prefill.iter());
+        // llm-d's prefill filter also accepts pods labelled for both phases
+        // (`prefill-decode`, `both`, `encode-prefill-decode`): refusing them
+        // would answer 503 to a pick llm-d's own sidecar executes.
+        let prefills = model
+            .rolesets
+            .iter()
+            .flat_map(|r| r.prefill.iter())
+            .chain(model.combined.iter().filter(|e| e.prefill_when_picked));
         let prefill =
             known(prefills, prefill_at).ok_or_else(|| unknown(model, "prefill", prefill_at))?;
         Ok(Placement::Split {

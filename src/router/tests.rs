@@ -526,3 +526,61 @@ fn workers_failures_add_up_to_an_ejection_and_each_sees_it() {
     b.release(&mut store, held, None, 1_000).expect("release");
     assert_eq!(b.load(&store, m.id).get(p.id).pending_decodes, 1);
 }
+
+/// Executor mode, llm-d's roles: a pod labelled `prefill-decode` (or
+/// `both`, `encode-prefill-decode`) is one llm-d's prefill filter accepts,
+/// so the picker's naming it as the prefill pod is carried out; an
+/// unlabelled pod, which llm-d's prefill filter refuses, still is not.
+#[test]
+fn a_picked_prefill_labelled_for_both_phases_is_a_prefill_pod() {
+    use super::picked::Picked;
+    use crate::discovery::{build_fleet, DiscoveredPod, PodRole};
+    let r = router(r#"{"placement":"epp","models":[{"name":"m","engine":"vllm"}]}"#);
+    let pod = |name: &str, ip: &str, role| DiscoveredPod {
+        model: "m".into(),
+        name: name.into(),
+        address: format!("{ip}:8000").parse().expect("addr"),
+        engine: "vllm".into(),
+        role,
+        roleset: String::new(),
+        kv_connector: None,
+        bootstrap_port: 8998,
+        dp_size: 1,
+        kv_port: 14579,
+        nixl_push: None,
+        object: String::new(),
+    };
+    let pods = [
+        pod("pd0", "10.0.0.1", PodRole::PrefillDecode),
+        pod("n0", "10.0.0.2", PodRole::Both),
+        pod("d0", "10.0.1.1", PodRole::Decode),
+    ];
+    r.set_fleet(build_fleet(&r.config.models, &pods, &[]).0);
+    let req = request(&r, "m", "hello");
+    let pick = |prefill: &str, decode: &str| Picked {
+        decode: decode.parse().expect("addr"),
+        prefill: Some(prefill.parse().expect("addr")),
+    };
+    let placed = r
+        .place_picked(&req, &pick("10.0.0.1:8000", "10.0.1.1:8000"))
+        .expect("a prefill-decode pod as the prefill leg");
+    assert_eq!(prefill_of(&placed), "10.0.0.1:8000");
+    // And as the decode, as llm-d's decode filter takes it.
+    let placed = r
+        .place_picked(&req, &pick("10.0.0.1:8000", "10.0.0.1:8000"))
+        .expect("both legs on one prefill-decode pod");
+    assert!(matches!(placed, Placement::Split { .. }), "{placed:?}");
+    let refused = r.place_picked(&req, &pick("10.0.0.2:8000", "10.0.1.1:8000"));
+    assert!(
+        matches!(refused, Err(PdError::Unavailable(_))),
+        "{refused:?}"
+    );
+    // pd-router's own placement keeps them combined: no prefill leg.
+    assert!(!r
+        .fleet()
+        .model("m")
+        .expect("m")
+        .rolesets
+        .iter()
+        .any(|s| !s.prefill.is_empty()));
+}

@@ -11,21 +11,21 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "t0k3n-e2e";
+pub(crate) const TOKEN: &str = "t0k3n-e2e";
 /// List mode: how often the filter lists pods; watch mode: the backoff's base.
 const INTERVAL_MS: u64 = 200;
 /// Each watch's window (timeoutSeconds) in these tests.
 const WATCH_SECONDS: u64 = 1;
 
 /// envoy.yaml plus a `kube_api` cluster pointing at the mock API server.
-fn kube_cluster(api: &KubeApi) -> String {
+pub(crate) fn kube_cluster(api: &KubeApi) -> String {
     format!(
         "  clusters:\n  - name: kube_api\n    type: STATIC\n    connect_timeout: 1s\n    load_assignment:\n      cluster_name: kube_api\n      endpoints:\n      - lb_endpoints:\n        - endpoint: {{address: {{socket_address: {{address: 127.0.0.1, port_value: {}}}}}}}\n",
         api.port
     )
 }
 
-fn discovery_config(models: Value) -> Value {
+pub(crate) fn discovery_config(models: Value) -> Value {
     json!({
         "prefill_timeout_ms": 5000,
         "scrape_interval_ms": 0,
@@ -83,7 +83,7 @@ fn wait_for_lists(api: &KubeApi) {
 }
 
 /// Waits (15 s at most) until `done`, naming `what` if it never is.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
@@ -729,7 +729,7 @@ fn envoy_adds_a_projected_token_and_follows_its_rotation() {
 
 /// A port free on every address of `hosts` (an InferencePool gives all its
 /// pods one target port; here each pod has a loopback address of its own).
-fn common_port(hosts: &[&str]) -> u16 {
+pub(crate) fn common_port(hosts: &[&str]) -> u16 {
     for _ in 0..50 {
         let probe = std::net::TcpListener::bind("127.0.0.2:0").expect("bind 127.0.0.2");
         let port = probe.local_addr().expect("addr").port();

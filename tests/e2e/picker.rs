@@ -121,3 +121,88 @@ fn the_picked_pods_get_both_legs_and_a_clients_picker_header_never_counts() {
     assert!(outsider.requests().is_empty());
     envoy.assert_counters_zero();
 }
+
+/// llm-d's prefill filter accepts pods labelled `prefill-decode` (and
+/// `both`, `encode-prefill-decode`), so its picker may name one as the
+/// prefill pod (llm-d-router v0.9.0 `pkg/epp/framework/plugins/scheduling/
+/// filter/bylabel/roles.go`). pd-router, reading the same pods from the
+/// pool with llm-d's labels, carries that pick out; a pod with no role
+/// label, which llm-d's prefill filter refuses, stays refused.
+#[test]
+fn a_picked_prefill_decode_pod_gets_the_prefill_leg() {
+    use crate::discovery::{common_port, discovery_config, kube_cluster, wait_until, TOKEN};
+    use crate::kube_api::{KubeApi, KubePod};
+    let api = KubeApi::start(TOKEN);
+    let hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let port = common_port(&hosts);
+    let engine = |name: &str, role: &str, host: &str| {
+        let listen = format!("{host}:{port}");
+        Mock::start(
+            name,
+            &[
+                "--engine", "vllm", "--role", role, "--model", "m", "--listen", &listen,
+            ],
+        )
+    };
+    // Engines that answer a prefill leg, labelled for both phases / none.
+    let both = engine("pk-pd0", "prefill", hosts[0]);
+    let unlabelled = engine("pk-n0", "prefill", hosts[1]);
+    let decode = engine("pk-dd0", "decode", hosts[2]);
+    let pod = |m: &Mock, host: &str| KubePod::new(&m.name, host, 1).label("app", "pk");
+    api.set_pods(&[
+        pod(&both, hosts[0]).label("llm-d.ai/role", "prefill-decode"),
+        pod(&unlabelled, hosts[1]),
+        pod(&decode, hosts[2]).label("llm-d.ai/role", "decode"),
+    ]);
+    api.set_pools(&[("pk-pool", &[("app", "pk")], &[port])]);
+    let mut config = discovery_config(json!([{"name": "m", "engine": "vllm", "rolesets": []}]));
+    config["placement"] = json!("epp");
+    config["discovery"]["kubernetes"]["labels"] = json!("llm-d");
+    config["discovery"]["kubernetes"]["inference_pool"] = json!({"name": "pk-pool", "model": "m"});
+    let start = |prefill: &Mock| {
+        let filters = picker_filters(&decode.address(), Some(&prefill.address()));
+        let cluster = kube_cluster(&api);
+        Envoy::start_full(
+            &config,
+            1,
+            &[
+                ("          http_filters:\n", filters.as_str()),
+                ("  clusters:\n", cluster.as_str()),
+            ],
+            &[("PD_ROUTER_KUBE_TOKEN", TOKEN)],
+        )
+    };
+
+    let envoy = start(&both);
+    let url = envoy.url("/v1/completions");
+    wait_until("the pool's pods are known", || {
+        post(&url, completion(40), &[]).status == 200
+    });
+    let a = post(&url, completion(41), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("pk-pd0"));
+    assert_eq!(a.header("decode-target-pod"), Some("pk-dd0"));
+    assert!(!both.requests().is_empty());
+    envoy.assert_counters_zero();
+    drop(envoy);
+
+    let envoy = start(&unlabelled);
+    let url = envoy.url("/v1/completions");
+    // Until discovery has listed, the decode pod is the unknown one.
+    wait_until("the decode pod is known", || {
+        post(&url, completion(42), &[])
+            .error_message()
+            .contains("as the prefill pod")
+    });
+    let a = post(&url, completion(43), &[]);
+    assert_eq!(a.status, 503, "{}", a.body);
+    assert!(
+        a.error_message().contains(&format!(
+            "chose {} as the prefill pod",
+            unlabelled.address()
+        )),
+        "{}",
+        a.body
+    );
+    assert!(unlabelled.requests().is_empty());
+}
