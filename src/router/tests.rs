@@ -37,6 +37,28 @@ fn prefill_of(p: &Placement) -> String {
     }
 }
 
+/// A vLLM pod of model `m` as discovery reports it, at `ip`:8000.
+fn discovered_pod(
+    name: &str,
+    ip: &str,
+    role: crate::discovery::PodRole,
+) -> crate::discovery::DiscoveredPod {
+    crate::discovery::DiscoveredPod {
+        model: "m".into(),
+        name: name.into(),
+        address: format!("{ip}:8000").parse().expect("addr"),
+        engine: "vllm".into(),
+        role,
+        roleset: String::new(),
+        kv_connector: None,
+        bootstrap_port: 8998,
+        dp_size: 1,
+        kv_port: 14579,
+        nixl_push: None,
+        object: String::new(),
+    }
+}
+
 const TWO_PREFILLS: &str = r#"{"models":[{"name":"m","engine":"vllm","rolesets":[
     {"prefill":["10.0.0.1:1","10.0.0.2:1"],"decode":["10.0.1.1:1"]}]}]}"#;
 
@@ -279,21 +301,8 @@ fn an_adapter_request_goes_only_to_the_pods_that_loaded_it() {
 /// Model `m` on prefill pods p0, p1 and decode pods d0, d1, with the
 /// discovered `adapters`, each loaded on the pods it names.
 fn adapter_fleet(r: &Router, adapters: &[(&str, &[&str])]) {
-    use crate::discovery::{build_fleet, DiscoveredAdapter, DiscoveredPod, PodRole};
-    let pod = |name: &str, ip: &str, role| DiscoveredPod {
-        model: "m".into(),
-        name: name.into(),
-        address: format!("{ip}:8000").parse().expect("addr"),
-        engine: "vllm".into(),
-        role,
-        roleset: String::new(),
-        kv_connector: None,
-        bootstrap_port: 8998,
-        dp_size: 1,
-        kv_port: 14579,
-        nixl_push: None,
-        object: String::new(),
-    };
+    use crate::discovery::{build_fleet, DiscoveredAdapter, PodRole};
+    let pod = discovered_pod;
     let pods = [
         pod("p0", "10.0.0.1", PodRole::Prefill),
         pod("p1", "10.0.0.2", PodRole::Prefill),
@@ -419,22 +428,9 @@ fn requests_of_a_saturated_model_stay_ahead_of_other_workers_lower_ones() {
 
 #[test]
 fn once_per_pod_log_lines_are_forgotten_with_their_pods() {
-    use crate::discovery::{build_fleet, DiscoveredPod, PodRole};
+    use crate::discovery::{build_fleet, PodRole};
     let r = router(r#"{"models":[{"name":"m","engine":"vllm"}]}"#);
-    let pod = |name: String, ip: String, role| DiscoveredPod {
-        model: "m".into(),
-        name,
-        address: format!("{ip}:8000").parse().expect("addr"),
-        engine: "vllm".into(),
-        role,
-        roleset: String::new(),
-        kv_connector: None,
-        bootstrap_port: 8998,
-        dp_size: 1,
-        kv_port: 14579,
-        nixl_push: None,
-        object: String::new(),
-    };
+    let pod = |name: String, ip: String, role| discovered_pod(&name, &ip, role);
     // A thousand rollouts of a two-pod model, each pod re-created at a new
     // address and logged about twice.
     for gen in 0..1000u32 {
@@ -534,22 +530,9 @@ fn workers_failures_add_up_to_an_ejection_and_each_sees_it() {
 #[test]
 fn a_picked_prefill_labelled_for_both_phases_is_a_prefill_pod() {
     use super::picked::Picked;
-    use crate::discovery::{build_fleet, DiscoveredPod, PodRole};
+    use crate::discovery::{build_fleet, PodRole};
     let r = router(r#"{"placement":"epp","models":[{"name":"m","engine":"vllm"}]}"#);
-    let pod = |name: &str, ip: &str, role| DiscoveredPod {
-        model: "m".into(),
-        name: name.into(),
-        address: format!("{ip}:8000").parse().expect("addr"),
-        engine: "vllm".into(),
-        role,
-        roleset: String::new(),
-        kv_connector: None,
-        bootstrap_port: 8998,
-        dp_size: 1,
-        kv_port: 14579,
-        nixl_push: None,
-        object: String::new(),
-    };
+    let pod = discovered_pod;
     let pods = [
         pod("pd0", "10.0.0.1", PodRole::PrefillDecode),
         pod("n0", "10.0.0.2", PodRole::Both),
