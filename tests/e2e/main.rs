@@ -18,6 +18,7 @@ mod decider;
 mod deploy;
 mod discovery;
 mod engines;
+mod envoy_gateway;
 mod errors;
 mod fairness;
 mod faults;
