@@ -11,8 +11,9 @@
 //! - **The wasm filter's generation.** egctl has no wasm cache (Envoy
 //!   Gateway's controller pulls the image and serves it on its own HTTP
 //!   server), so its translator fails every EnvoyExtensionPolicy with "wasm
-//!   cache is not initialized" and a fail-closed policy turns the route into
-//!   a 500. The EnvoyExtensionPolicy is therefore left out of egctl's input,
+//!   cache is not initialized", and the fail-closed policy turns the
+//!   HTTPRoute's route into a direct 500 (which the route patch then cannot
+//!   select). The EnvoyExtensionPolicy is therefore left out of egctl's input,
 //!   and a stand-in EnvoyPatchPolicy, applied before the shipped one by Envoy
 //!   Gateway's own patch engine, adds the filter as Envoy Gateway's
 //!   `internal/xds/translator/wasm.go` generates it from the shipped
@@ -20,15 +21,22 @@
 //!   as a JSON string, disabled on the listener and enabled on the
 //!   HTTPRoute's routes) with one difference: the code is the built module
 //!   as a `local` file instead of `remote` from Envoy Gateway's HTTP server.
-//! - **The control-plane plumbing of the bootstrap:** `dynamic_resources`,
-//!   the RTDS layer and the clusters that reach Envoy Gateway itself (its xDS
-//!   and wasm servers, over its certificates) go; the listeners, routes and
-//!   clusters it would serve over ADS are put in `static_resources`, the
-//!   route configuration inline in its listener instead of RDS; listeners
-//!   and admin bind 127.0.0.1 on ports the kernel picks.
-//! - **The model Service's cluster** (EDS) becomes STATIC with the mock
-//!   engines on 127.0.0.1 (the original_dst route does not use it: pd_decode
-//!   replaces it there).
+//! - **The control-plane plumbing of the bootstrap** (Envoy Gateway's own,
+//!   with the EnvoyProxy's merge, as egctl prints it): `dynamic_resources`
+//!   and the clusters that reach Envoy Gateway itself (`xds_cluster`,
+//!   `wasm_cluster`: its xDS and wasm servers by DNS name, over its
+//!   certificates) go; `local_cluster` (this proxy's own pods by EDS, for
+//!   zone-aware balancing) is left without endpoints; the listeners, routes
+//!   and clusters it would serve over ADS are put in `static_resources`, the
+//!   route configuration inline in its listener instead of RDS; every
+//!   listener and the admin bind 127.0.0.1 on ports the kernel picks; the
+//!   node id and cluster come on the command line, as Envoy Gateway's pods
+//!   pass them.
+//! - **The model Service**: given the ClusterIP the API server would give it
+//!   (egctl's `--add-missing-resources`), and its cluster (EDS) becomes
+//!   STATIC with the two mock engines on 127.0.0.1: their addresses are what
+//!   its endpoints would be (override_host picks among them; original_dst
+//!   routes around it, the patched route going to pd_decode).
 //! - **`kube_api`:** the mock API server on 127.0.0.1 over plain HTTP instead
 //!   of `kubernetes.default.svc:443` over TLS with the cluster's CA; the
 //!   token's SDS file and watched directory in a scratch directory instead
@@ -510,7 +518,7 @@ fn static_bootstrap(xds: &Value, stage: &Stage) -> Value {
         obj.remove("dynamicResources").is_some(),
         "Envoy Gateway's bootstrap has no dynamicResources: update this test"
     );
-    // The RTDS layer comes over ADS: gone with it.
+    // An RTDS layer would come over ADS too (v1.9.1 has none).
     if let Some(layers) = boot
         .pointer_mut("/layeredRuntime/layers")
         .and_then(Value::as_array_mut)
@@ -692,7 +700,10 @@ fn start_envoy(envoy: &Path, bootstrap: &Value, scratch: &Path) -> Running {
         .arg(&admin_path)
         .arg("--log-path")
         .arg(&log)
+        // The EnvoyProxy sets it to the pod IP (`env.hostKeys` hands it on).
         .env("PD_ROUTER_TRT_MACHINE_ID", "10.0.0.7")
+        .env_remove("PD_ROUTER_TRT_AUTH_KEY")
+        .env_remove("PD_ROUTER_KUBE_TOKEN")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
