@@ -144,6 +144,30 @@ fn rendered(overlay: &str) -> Vec<Doc> {
         .collect()
 }
 
+/// One YAML document as JSON (PyYAML in .venv, which `just setup` installs
+/// for deploy.rs).
+fn yaml_to_json(doc: &str) -> Value {
+    let python = repo().join(".venv/bin/python");
+    let mut child = Command::new(&python)
+        .args([
+            "-c",
+            "import json, sys, yaml; print(json.dumps(yaml.safe_load(sys.stdin)))",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e} (run `just setup`)", python.display()));
+    std::io::Write::write_all(child.stdin.as_mut().expect("stdin"), doc.as_bytes())
+        .expect("write yaml");
+    drop(child.stdin.take());
+    let out = child.wait_with_output().expect("python");
+    assert!(
+        out.status.success(),
+        "PyYAML missing from .venv: run `just setup`"
+    );
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
 /// Runs `egctl x translate` on `docs`; the printed JSON.
 fn translate(egctl: &Path, docs: &[&str], to: &str, scratch: &Path) -> Value {
     let input = scratch.join(format!("eg-input-{to}.yaml"));
@@ -794,10 +818,18 @@ fn translate_overlay(
     // defaults): the policies to follow, and the statuses it gives them.
     let read = translate(egctl, &text(&|_| true), "gateway-api", scratch);
     let eep = read["envoyExtensionPolicies"][0].clone();
-    let policy = read["envoyPatchPolicies"][0].clone();
     assert!(
-        eep.is_object() && policy.is_object(),
-        "egctl read no policies: {read}"
+        eep.is_object(),
+        "egctl read no EnvoyExtensionPolicy: {read}"
+    );
+    // v1.7.0 does not print EnvoyPatchPolicies here: the shipped one as
+    // rendered.
+    let policy = yaml_to_json(
+        &docs
+            .iter()
+            .find(|d| d.kind == "EnvoyPatchPolicy")
+            .expect("an EnvoyPatchPolicy")
+            .text,
     );
     let refusals = refusals(&read);
     assert!(
@@ -891,6 +923,10 @@ fn split_through_envoy_gateway(egctl: &Path, overlay: &str, envoy: &Path) {
         answer.body,
         tail(&envoy.log)
     );
+    // One VM lists the pods and publishes them; each worker's VM takes them
+    // on its next tick (1 s): until then a request on the other worker finds
+    // no pods.
+    std::thread::sleep(Duration::from_millis(2500));
     // More requests: under override_host the model Service's cluster holds
     // both pods, so a pick the cluster ignored would land on the wrong one
     // half the time (and a prefill mock refuses a decode).
