@@ -1,8 +1,10 @@
 //! Envoy Gateway's own translator in the loop: `egctl x translate` (the
 //! translator and EnvoyPatchPolicy engine of a real Envoy Gateway release)
-//! turns the shipped `deploy/envoy-gateway` overlay into xDS, the xDS becomes
-//! a static bootstrap for the Envoy that release ships, and a split request
-//! goes through it to mock engines discovered from a mock Kubernetes API.
+//! turns the shipped `deploy/envoy-gateway` and `override-host` overlays into
+//! xDS, the xDS becomes a static bootstrap for the Envoy v1.9 ships (1.39;
+//! v1.7's 1.37 is not installed here, so its translation runs there too),
+//! and split requests go through it to mock engines discovered from a mock
+//! Kubernetes API through the translated `kube_api` cluster.
 //!
 //! What cannot run here is replaced, and only that (each replacement below
 //! asserts it found its target, so a change in Envoy Gateway's output fails
