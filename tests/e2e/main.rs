@@ -19,6 +19,7 @@ mod deploy;
 mod discovery;
 mod ejection;
 mod engines;
+mod envoy_gateway;
 mod errors;
 mod fairness;
 mod faults;
