@@ -215,6 +215,22 @@ impl Router {
         *self.mooncake.borrow_mut() = engines;
     }
 
+    /// Reads the learned Mooncake engine ids afresh from shared data (a
+    /// placement that found a prefill pod not ready: another VM may have
+    /// learned its ids since this VM's last tick). True when they changed.
+    pub fn reread_mooncake_engines<S: SharedStore + ?Sized>(&self, store: &S) -> bool {
+        let (bytes, _) = store.shared_get(&self.keys.mooncake_engines());
+        let Some(bytes) = bytes else {
+            return false;
+        };
+        let engines = crate::pods::bootstrap::decode(&bytes);
+        if *self.mooncake.borrow() == engines {
+            return false;
+        }
+        self.set_mooncake_engines(engines);
+        true
+    }
+
     /// The Mooncake engine ids this VM knows.
     pub fn mooncake_engines_known(&self) -> HashMap<PodId, Vec<String>> {
         self.mooncake.borrow().clone()

@@ -106,7 +106,12 @@ impl Router {
             .decider
             .map(|_| self.decode_prefix(&*store, request, now_ms));
         let table = self.load(&*store, model.id);
-        let pods = self.pod_states(model, &table, now_ms);
+        let mut pods = self.pod_states(model, &table, now_ms);
+        // A prefill pod not ready here may be ready in the process: its
+        // Mooncake engine ids learned by another VM since this one's tick.
+        if pods.iter().any(|p| p.not_ready_for_prefill) && self.reread_mooncake_engines(&*store) {
+            pods = self.pod_states(model, &table, now_ms);
+        }
         let adapter = request.adapter.as_deref();
         let excluded = slots_of(model, |id| {
             exclude.contains(&id) || !model.serves(adapter, id)

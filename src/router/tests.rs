@@ -170,6 +170,18 @@ fn a_mooncake_prefill_takes_requests_once_its_engine_id_is_known() {
         prefill_of(&place(&r, &mut store, &req, &[]).expect("ready")),
         "10.0.0.1:1"
     );
+    // Another VM learned the ids and shared them; this VM's tick has not
+    // copied them yet: its placement reads them then and there.
+    r.set_mooncake_engines(HashMap::new());
+    let learned = HashMap::from([(id, vec!["engine-0".to_owned()])]);
+    let key = r.keys().mooncake_engines();
+    store
+        .shared_set(&key, &crate::pods::bootstrap::encode(&learned), None)
+        .expect("shared");
+    assert_eq!(
+        prefill_of(&place(&r, &mut store, &req, &[]).expect("ready at once")),
+        "10.0.0.1:1"
+    );
 }
 
 #[test]
