@@ -13,6 +13,11 @@ wasm := "target/wasm32-wasip1/release/pd_router.wasm"
 export ENVOY_BIN := justfile_directory() / ".venv/bin/envoy"
 export PD_ROUTER_WASM := justfile_directory() / wasm
 export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
+# A real kube-apiserver and etcd for tests/e2e/kube_real.rs, built pinned by `just kube-apiserver` (tools/kube/).
+kube_version := `sed -n 's|^require k8s.io/kubernetes ||p' tools/kube/apiserver/go.mod`
+etcd_version := `sed -n 's|^require go.etcd.io/etcd/v3 ||p' tools/kube/etcd/go.mod`
+export KUBE_APISERVER_BIN := justfile_directory() / ".tools/kube/bin/kube-apiserver"
+export ETCD_BIN := justfile_directory() / ".tools/kube/bin/etcd"
 
 # List the recipes.
 default:
@@ -45,6 +50,28 @@ setup: bench-setup system envoy-versions
     cmp -s deploy/node/package-lock.json .tools/node/package-lock.json || { mkdir -p .tools/node && cp deploy/node/package.json deploy/node/package-lock.json .tools/node/ && npm ci --prefix .tools/node --no-audit --no-fund --loglevel=error; }
     # Grafana dashboard check (deploy/grafana/validate.mjs): TypeScript and @grafana/schema, pinned by deploy/grafana/package-lock.json
     cmp -s deploy/grafana/package-lock.json .tools/grafana/package-lock.json || { mkdir -p .tools/grafana && cp deploy/grafana/package.json deploy/grafana/package-lock.json .tools/grafana/ && npm ci --prefix .tools/grafana --no-audit --no-fund --loglevel=error; }
+
+# kube-apiserver and etcd from the Go module proxy at the versions tools/kube/*/go.mod pin, into .tools/kube/bin; nothing to do when both are there at those versions. Cold on 2 cores: see docs/testing.md (minutes, not seconds: `test` builds them after the fast suite).
+kube-apiserver:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    bin="{{justfile_directory()}}/.tools/kube/bin"
+    mkdir -p "$bin"
+    if ! "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes {{kube_version}}"; then
+      minor=$(echo "{{kube_version}}" | cut -d. -f2)
+      # A module build stamps no version: set the one the pin says, which --version reports (the check above).
+      stamp="-X k8s.io/component-base/version.gitVersion={{kube_version}} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+      (cd tools/kube/apiserver && time nice go build -o "$bin/kube-apiserver" -ldflags "$stamp" k8s.io/kubernetes/cmd/kube-apiserver)
+    fi
+    if ! "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: {{trim_start_match(etcd_version, "v")}}"; then
+      (cd tools/kube/etcd && time nice go build -o "$bin/etcd" go.etcd.io/etcd/v3)
+    fi
+    "$bin/kube-apiserver" --version
+    "$bin/etcd" --version | head -n1
+
+# The end-to-end tests against a real kube-apiserver and etcd (tests/e2e/kube_real.rs), building both first when missing.
+test-kube-real: kube-apiserver build
+    cargo test --test e2e -- --test-threads 2 kube_real::
 
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: bench-setup
