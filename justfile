@@ -15,7 +15,7 @@ export PD_ROUTER_WASM := justfile_directory() / wasm
 export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
 # A real kube-apiserver and etcd for tests/e2e/kube_real.rs, built pinned by `just kube-apiserver` (tools/kube/).
 kube_version := `sed -n 's|^require k8s.io/kubernetes ||p' tools/kube/apiserver/go.mod`
-etcd_version := `sed -n 's|^require go.etcd.io/etcd/v3 ||p' tools/kube/etcd/go.mod`
+etcd_version := `sed -n 's|^require go.etcd.io/etcd/server/v3 ||p' tools/kube/etcd/go.mod`
 export KUBE_APISERVER_BIN := justfile_directory() / ".tools/kube/bin/kube-apiserver"
 export ETCD_BIN := justfile_directory() / ".tools/kube/bin/etcd"
 
@@ -64,7 +64,7 @@ kube-apiserver:
       (cd tools/kube/apiserver && time nice go build -o "$bin/kube-apiserver" -ldflags "$stamp" k8s.io/kubernetes/cmd/kube-apiserver)
     fi
     if ! "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: {{trim_start_match(etcd_version, "v")}}"; then
-      (cd tools/kube/etcd && time nice go build -o "$bin/etcd" go.etcd.io/etcd/v3)
+      (cd tools/kube/etcd && time nice go build -o "$bin/etcd" go.etcd.io/etcd/server/v3)
     fi
     "$bin/kube-apiserver" --version
     "$bin/etcd" --version | head -n1
