@@ -18,6 +18,11 @@ export PD_ROUTER_WASM := justfile_directory() / wasm
 export MOCK_ENGINE_BIN := justfile_directory() / "target/debug/mock-engine"
 export EGCTL_BIN := justfile_directory() / ".tools/egctl-" + egctl_version / "egctl"
 export EGCTL_MIN_BIN := justfile_directory() / ".tools/egctl-" + egctl_min_version / "egctl"
+# A real kube-apiserver and etcd for tests/e2e/kube_real.rs, built pinned by `just kube-apiserver` (tools/kube/).
+kube_version := `sed -n 's|^require k8s.io/kubernetes ||p' tools/kube/apiserver/go.mod`
+etcd_version := `sed -n 's|^require go.etcd.io/etcd/server/v3 ||p' tools/kube/etcd/go.mod`
+export KUBE_APISERVER_BIN := justfile_directory() / ".tools/kube/bin/kube-apiserver"
+export ETCD_BIN := justfile_directory() / ".tools/kube/bin/etcd"
 
 # List the recipes.
 default:
@@ -51,16 +56,43 @@ setup: bench-setup system envoy-versions egctl
     # Grafana dashboard check (deploy/grafana/validate.mjs): TypeScript and @grafana/schema, pinned by deploy/grafana/package-lock.json
     cmp -s deploy/grafana/package-lock.json .tools/grafana/package-lock.json || { mkdir -p .tools/grafana && cp deploy/grafana/package.json deploy/grafana/package-lock.json .tools/grafana/ && npm ci --prefix .tools/grafana --no-audit --no-fund --loglevel=error; }
 
+# kube-apiserver and etcd from the Go module proxy (Go 1.26) at the versions tools/kube/*/go.mod pin, into .tools/kube/bin; nothing to do when both are there at those versions (docs/testing.md: about 10 minutes cold on 2 cores, so `test` builds them after the fast suite).
+kube-apiserver:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    bin="{{justfile_directory()}}/.tools/kube/bin"
+    mkdir -p "$bin"
+    need_go() { command -v go >/dev/null || { echo "kube-apiserver: building it needs Go 1.26 (go.dev/dl) and the Go module proxy" >&2; exit 1; }; }
+    if ! "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes {{kube_version}}"; then
+      need_go
+      minor=$(echo "{{kube_version}}" | cut -d. -f2)
+      # A module build stamps no version: set the one the pin says, which --version reports (the check above).
+      stamp="-X k8s.io/component-base/version.gitVersion={{kube_version}} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
+      (cd tools/kube/apiserver && time nice go build -o "$bin/kube-apiserver" -ldflags "$stamp" k8s.io/kubernetes/cmd/kube-apiserver)
+    fi
+    if ! "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: {{trim_start_match(etcd_version, "v")}}"; then
+      need_go
+      (cd tools/kube/etcd && time nice go build -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+    fi
+    "$bin/kube-apiserver" --version
+    "$bin/etcd" --version | head -n1
+
+# The end-to-end tests against a real kube-apiserver and etcd (tests/e2e/kube_real.rs), building both first when missing.
+test-kube-real: kube-apiserver build
+    cargo test --test e2e -- --test-threads 2 kube_real::
+
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, the mock Kubernetes API's own tests, and every fuzz target briefly.
+# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, the mock Kubernetes API's own tests, and every fuzz target briefly.
 test: check setup build msrv deny
-    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine.
-    cargo test --workspace -- --test-threads 2
+    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's tests come after, once their binaries are built.
+    cargo test --workspace -- --test-threads 2 --skip kube_real::
+    # A real kube-apiserver and etcd: built pinned on first use (about 10 minutes cold on 2 cores), then the discovery tests against them.
+    {{just_executable()}} test-kube-real
     # The mock Kubernetes API server against its own contract.
     .venv/bin/python -m unittest tests/kube/test_mock_kube_api.py
     # The core subset on the other Envoy releases the gateways ship.

@@ -56,7 +56,7 @@ impl fmt::Display for ListFailure {
             ),
             ListFailure::Forbidden(m) => write!(
                 f,
-                "403 Forbidden ({m}): the service account needs get, list and watch on pods (see deploy/rbac.yaml)"
+                "403 Forbidden ({m}): the service account's Role lacks a verb discovery uses (list and watch on pods, get on inferencepools, list on modeladapters: deploy/values/rbac.yaml)"
             ),
             ListFailure::Throttled(m) => write!(f, "429 Too Many Requests: {m}"),
             ListFailure::Status(s, m) => write!(f, "status {s}: {m}"),

@@ -555,13 +555,13 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
 
 /// A projected ServiceAccount token volume as kubelet lays it out: the file
 /// behind `..data`, a symlink swapped atomically on rotation.
-struct ProjectedToken {
+pub(crate) struct ProjectedToken {
     dir: std::path::PathBuf,
     generation: u32,
 }
 
 impl ProjectedToken {
-    fn new(dir: &std::path::Path, token: &str) -> ProjectedToken {
+    pub(crate) fn new(dir: &std::path::Path, token: &str) -> ProjectedToken {
         let mut t = ProjectedToken {
             dir: dir.to_owned(),
             generation: 0,
@@ -573,7 +573,7 @@ impl ProjectedToken {
 
     /// Writes `token` into a new timestamped directory and renames a fresh
     /// `..data` symlink over the old one, as kubelet's AtomicWriter does.
-    fn rotate(&mut self, token: &str) {
+    pub(crate) fn rotate(&mut self, token: &str) {
         self.generation += 1;
         let ts = format!(
             "..2026_12_03_00_00_{:02}.{}",
@@ -588,7 +588,7 @@ impl ProjectedToken {
 }
 
 /// The minor version of the Envoy under test (`envoy --version`).
-fn envoy_minor() -> u32 {
+pub(crate) fn envoy_minor() -> u32 {
     let out = std::process::Command::new(envoy_bin())
         .arg("--version")
         .output()
@@ -603,7 +603,11 @@ fn envoy_minor() -> u32 {
 /// with a watched directory), here over plain HTTP to the mock. Envoy 1.37
 /// and later add the "Bearer " (`header_value_prefix`); for 1.36 (Istio
 /// 1.28) the file holds it, as deploy/istio's sidecar writes it.
-fn injecting_cluster(api: &KubeApi, sds: &std::path::Path, watched: &std::path::Path) -> String {
+pub(crate) fn injecting_cluster(
+    port: u16,
+    sds: &std::path::Path,
+    watched: &std::path::Path,
+) -> String {
     let prefix = if envoy_minor() >= 37 {
         "\n                header_value_prefix: \"Bearer \""
     } else {
@@ -642,7 +646,6 @@ fn injecting_cluster(api: &KubeApi, sds: &std::path::Path, watched: &std::path::
         - name: envoy.filters.http.upstream_codec
           typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec}}
 "#,
-        port = api.port,
         sds = sds.display(),
         watched = watched.display(),
     )
@@ -684,7 +687,7 @@ fn envoy_adds_a_projected_token_and_follows_its_rotation() {
         ),
     )
     .expect("sds file");
-    let cluster = injecting_cluster(&api, &sds, &watched);
+    let cluster = injecting_cluster(api.port, &sds, &watched);
     // File-based SDS needs a node; no token in the VM environment.
     let envoy = Envoy::start_full(
         &discovery_config(json!([])),

@@ -29,6 +29,7 @@ mod handoff_health;
 mod handoffs;
 mod harness;
 mod kube_api;
+mod kube_real;
 mod oci;
 mod picker;
 mod prometheus;
