@@ -99,7 +99,8 @@ VARIANTS = {
     "inference-pool": [],
 }
 ROUTING_KEYS = {"routing", "prefill_cluster", "metrics_cluster", "routing_header", "placement"}
-PICKER_HEADERS = {"x-gateway-destination-endpoint", "x-prefiller-host-port"}
+PICKER_HEADERS = {"x-gateway-destination-endpoint", "x-prefiller-host-port",
+                  "x-kv-cache-source-host-port", "x-encoder-hosts-ports"}
 # What a variant's own plugin configuration may change in discovery.
 POOL_KEYS = {"labels", "inference_pool", "label_selector"}
 # The InferencePool CRDs a pool must pass (deploy/schemas/crd-to-schema.py

@@ -26,6 +26,9 @@ pub enum ClientError {
     MethodNotAllowed(String),
     /// The engine cannot serve this request shape disaggregated.
     Unsupported(String),
+    /// `Prefer: if-available` asked for a decode pod holding the prompt's
+    /// KV, and the router knows of none.
+    NotCached(String),
 }
 
 /// Why a prefill leg failed.
@@ -132,6 +135,9 @@ pub enum PdError {
     /// An asynchronous prefill (its decode already sent) failed.
     ConcurrentPrefill(PrefillFailure),
     Internal(String),
+    /// The deployment asks for something pd-router does not do (an
+    /// endpoint picker naming encoder pods): 501.
+    NotImplemented(String),
     /// Admission control did not let the request in (the model was
     /// saturated): 429 or 503, with `retry-after` in seconds.
     Dropped {
@@ -175,7 +181,7 @@ impl fmt::Display for ClientError {
             ClientError::MethodNotAllowed(m) => {
                 write!(f, "method {m} is not allowed here; use POST")
             }
-            ClientError::Unsupported(m) => f.write_str(m),
+            ClientError::Unsupported(m) | ClientError::NotCached(m) => f.write_str(m),
         }
     }
 }
@@ -230,6 +236,7 @@ impl fmt::Display for PdError {
             }
             PdError::ConcurrentPrefill(e) => write!(f, "{e}; the decode was abandoned"),
             PdError::Internal(m) => write!(f, "internal router error: {m}"),
+            PdError::NotImplemented(m) => f.write_str(m),
             PdError::Dropped {
                 why: Dropped::Shed,
                 model,
@@ -281,6 +288,9 @@ impl PdError {
                 (400, "invalid_request_error", "router_owned_field")
             }
             PdError::Client(C::Unsupported(_)) => (400, "invalid_request_error", "unsupported"),
+            PdError::Client(C::NotCached(_)) => {
+                (412, "invalid_request_error", "kv_cache_unavailable")
+            }
             PdError::Client(C::UnknownModel(_)) => {
                 (404, "invalid_request_error", "model_not_found")
             }
@@ -300,6 +310,7 @@ impl PdError {
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::Internal(_) => (500, "internal_error", "internal_error"),
+            PdError::NotImplemented(_) => (501, "not_implemented_error", "not_implemented"),
             PdError::Dropped { why, .. } => match why {
                 Dropped::Shed => (429, "rate_limit_error", "model_saturated"),
                 Dropped::Expired => (429, "rate_limit_error", "queue_timeout"),

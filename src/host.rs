@@ -76,10 +76,13 @@ pub enum Counter {
     AdmissionQueueFull,
     /// Waiting requests whose client left.
     AdmissionCancelled,
+    /// Executor mode: an endpoint picker's `x-kv-cache-source-host-port`
+    /// that no configured connector can act on (removed, not followed).
+    KvSourceIgnored,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 24] = [
+    pub const ALL: [Counter; 25] = [
         Counter::Split,
         Counter::Unsplit,
         Counter::LocalReply,
@@ -104,6 +107,7 @@ impl Counter {
         Counter::AdmissionExpired,
         Counter::AdmissionQueueFull,
         Counter::AdmissionCancelled,
+        Counter::KvSourceIgnored,
     ];
 
     pub fn name(self) -> &'static str {
@@ -132,6 +136,7 @@ impl Counter {
             Counter::AdmissionExpired => "pd_router.admission.expired",
             Counter::AdmissionQueueFull => "pd_router.admission.queue_full",
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
+            Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
         }
     }
 }

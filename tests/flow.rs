@@ -550,6 +550,12 @@ fn client_errors_reply_once_and_reach_no_upstream() {
         ),
         (
             "/v1/completions",
+            r#"{"model":"vllm-m","prompt":"p","kv_transfer_params":{"decode":{"kv_request_id":"x"}}}"#,
+            400,
+            "renamed it to `remote_decoder`",
+        ),
+        (
+            "/v1/completions",
             r#"{"model":"sglang-m","prompt":"p","bootstrap_room":1}"#,
             400,
             "bootstrap_room",

@@ -54,6 +54,12 @@ impl EngineHandler for VllmHandler {
                 field: "kv_transfer_params".into(),
                 message: "must be an object".into(),
             }),
+            Err(Refused::Renamed { old, new }) => Err(ClientError::BadField {
+                field: format!("kv_transfer_params.{old}"),
+                message: format!(
+                    "is the offloading connector's name from before vLLM renamed it to `{new}`, which vLLM now ignores without a word; `{new}` is hand-off data the router writes, so remove it from the request"
+                ),
+            }),
             Err(Refused::Owned(key)) => Err(ClientError::RouterOwnedKey {
                 key: format!("kv_transfer_params.{key}"),
                 engine: self.name().into(),

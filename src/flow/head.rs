@@ -1,6 +1,12 @@
 //! What the flow keeps of the client's request headers.
 
-use crate::router::picked::{read_picked, Picked, DESTINATION_HEADER, PREFILLER_HEADER};
+use super::Flow;
+use crate::error::PdError;
+use crate::fleet::PodId;
+use crate::host::{Counter, Host, Level};
+use crate::router::picked::{
+    read_picked, Picked, DESTINATION_HEADER, ENCODERS_HEADER, KV_SOURCE_HEADER, PREFILLER_HEADER,
+};
 
 /// Client headers that travel to the prefill leg too: credentials, and trace
 /// context so both legs land in one trace.
@@ -32,6 +38,9 @@ pub(super) struct RequestHead {
     pub chunked: bool,
     /// Executor mode: the pods an endpoint picker chose.
     pub picked: Option<Picked>,
+    /// `Prefer: if-available`: only a decode pod holding the prompt's KV
+    /// may serve it, without a prefill (`router::if_available`).
+    pub prefer_if_available: bool,
     /// Admission: the objective's priority and the tenant.
     pub priority: i32,
     pub fairness: String,
@@ -70,4 +79,40 @@ pub(super) fn forwarded(headers: &[(String, Vec<u8>)]) -> Vec<(&'static str, Str
                 .map(|v| (*name, v.to_owned()))
         })
         .collect()
+}
+
+impl Flow {
+    /// The picker's headers besides its pods: they are the router's
+    /// business, not the engines', so none reaches them. Encoder pods ask
+    /// for a leg pd-router does not have (501, not a silent fallback); a
+    /// KV source is one no configured connector can pull from (counted,
+    /// said once).
+    pub(super) fn picker_headers<H: Host>(
+        &mut self,
+        host: &mut H,
+        headers: &[(String, Vec<u8>)],
+    ) -> Result<(), PdError> {
+        let present = |name: &str| headers.iter().any(|(k, v)| k == name && !v.is_empty());
+        if present(ENCODERS_HEADER) {
+            return Err(PdError::NotImplemented(format!(
+                "the endpoint picker chose encoder pods ({ENCODERS_HEADER}), and pd-router has no encoder leg yet; configure the picker without an encode profile (docs/configuration.md)"
+            )));
+        }
+        for name in [PREFILLER_HEADER, KV_SOURCE_HEADER] {
+            if headers.iter().any(|(k, _)| k == name) {
+                host.set_request_header(name, None)?;
+            }
+        }
+        if present(KV_SOURCE_HEADER) {
+            host.increment(Counter::KvSourceIgnored);
+            if self.router.first_time(PodId(0), "kv_source") {
+                self.log(
+                    host,
+                    Level::Info,
+                    &format!("{KV_SOURCE_HEADER} from the endpoint picker ignored: no configured connector pulls KV from a peer (vLLM's OffloadingConnector P2P tier); counted by kv_source_ignored (said once)"),
+                );
+            }
+        }
+        Ok(())
+    }
 }

@@ -32,7 +32,7 @@ use crate::config::Routing;
 use crate::error::{ClientError, PdError};
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
-use crate::router::picked::PREFILLER_HEADER;
+use crate::router::if_available::prefers_if_available;
 use crate::router::{HeldLoad, Router};
 use head::RequestHead;
 use load::Release;
@@ -226,12 +226,13 @@ impl Flow {
             // (docs/deploy.md). The prefill pod's header goes too: it is
             // the router's business, not the engine's.
             self.head.picked = head::picked(&headers);
-            if headers.iter().any(|(k, _)| k == PREFILLER_HEADER) {
-                if let Err(e) = host.set_request_header(PREFILLER_HEADER, None) {
-                    return self.fail(host, e.into());
-                }
+            if let Err(e) = self.picker_headers(host, &headers) {
+                return self.fail(host, e);
             }
         }
+        self.head.prefer_if_available = headers
+            .iter()
+            .any(|(k, v)| k == "prefer" && prefers_if_available(v));
         if config.admission.is_some() {
             let objective = head::first_of(&headers, &OBJECTIVE_HEADERS);
             self.head.priority = config.objectives.priority(objective.as_deref());

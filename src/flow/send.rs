@@ -9,6 +9,7 @@ use crate::api::Api;
 use crate::error::PdError;
 use crate::fleet::Endpoint;
 use crate::host::{Counter, Histogram, Host};
+use crate::router::if_available::serve_if_available;
 use crate::split::{self, Decided, Plan, SplitRequest, UnsplitReason};
 use std::rc::Rc;
 
@@ -53,6 +54,11 @@ impl Flow {
         let picked = self.head.picked.filter(|_| attempt.failed_on.is_empty());
         let placement = match picked {
             Some(p) => router.place_picked(&request, &p)?,
+            // No retry follows: nothing is sent to a prefill pod.
+            None if self.head.prefer_if_available => {
+                let placed = router.place(host, &request, &attempt.full, &mut random, now)?;
+                serve_if_available(placed, request.prompt.tokens, &request.model.name)?
+            }
             None if attempt.full.is_empty() => {
                 router.place(host, &request, &attempt.failed_on, &mut random, now)?
             }

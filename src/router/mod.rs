@@ -8,6 +8,7 @@
 //! of a request on a path that is not split.
 
 mod admission;
+pub mod if_available;
 mod load;
 pub mod picked;
 mod placement;

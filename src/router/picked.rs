@@ -18,6 +18,16 @@ use std::rc::Rc;
 pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 /// The prefill endpoint llm-d's picker chose, when it disaggregates.
 pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
+/// A peer holding more of the prompt's KV than the chosen pods, for
+/// vLLM's OffloadingConnector P2P pull (llm-d's `p2p-source-producer`).
+/// llm-d's sidecar follows it only on connectors that pull over that tier
+/// and ignores it otherwise; pd-router has no such connector, so it is
+/// removed and counted (`kv_source_ignored`).
+pub const KV_SOURCE_HEADER: &str = "x-kv-cache-source-host-port";
+/// The encoder pods llm-d's picker chose for a request with media (E/P/D).
+/// pd-router has no encoder leg: such a request is answered 501 rather
+/// than served without its encoder step.
+pub const ENCODERS_HEADER: &str = "x-encoder-hosts-ports";
 
 /// What the picker chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -33,6 +33,17 @@ const OWNED: [&str; 13] = [
     "prompt_token_ids",
 ];
 
+/// The offloading P2P tier's role keys before vLLM renamed them (llm-d-router
+/// PR 2140, after vLLM's OffloadingConnector): `prefill` became
+/// `remote_prefiller`, `decode` `remote_decoder`, `p2p` `remote_kv_source`.
+/// A renamed engine ignores the old key without a word, so the transfer it
+/// asks for silently does not happen: refused, naming the new key.
+const RENAMED: [(&str, &str); 3] = [
+    ("prefill", "remote_prefiller"),
+    ("decode", "remote_decoder"),
+    ("p2p", "remote_kv_source"),
+];
+
 /// Whether `key` in `kv_transfer_params` is hand-off data.
 pub fn is_owned(key: &str) -> bool {
     OWNED.contains(&key) || key.starts_with("remote_") || key.starts_with('_')
@@ -44,6 +55,11 @@ pub enum Refused {
     NotAnObject,
     /// The first hand-off key in it.
     Owned(String),
+    /// A hand-off key under its name before vLLM renamed it.
+    Renamed {
+        old: String,
+        new: &'static str,
+    },
 }
 
 /// The members of a client's `kv_transfer_params` (raw JSON, as sent),
@@ -51,6 +67,12 @@ pub enum Refused {
 pub fn kept(raw: &[u8]) -> Result<Vec<(String, String)>, Refused> {
     let map: BTreeMap<String, Box<RawValue>> =
         serde_json::from_slice(raw).map_err(|_| Refused::NotAnObject)?;
+    if let Some((old, new)) = RENAMED.iter().find(|(old, _)| map.contains_key(*old)) {
+        return Err(Refused::Renamed {
+            old: (*old).to_owned(),
+            new,
+        });
+    }
     if let Some(k) = map.keys().find(|k| is_owned(k)) {
         return Err(Refused::Owned(k.clone()));
     }
@@ -109,6 +131,20 @@ mod tests {
                 kept(raw.as_bytes()),
                 Err(Refused::Owned(key.to_owned())),
                 "{key}"
+            );
+        }
+        for (old, new) in [
+            ("prefill", "remote_prefiller"),
+            ("decode", "remote_decoder"),
+            ("p2p", "remote_kv_source"),
+        ] {
+            let raw = format!(r#"{{"{old}":{{"kv_request_id":"x"}}}}"#);
+            assert_eq!(
+                kept(raw.as_bytes()),
+                Err(Refused::Renamed {
+                    old: old.to_owned(),
+                    new
+                })
             );
         }
         assert_eq!(kept(b"[1]"), Err(Refused::NotAnObject));

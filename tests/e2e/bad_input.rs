@@ -320,6 +320,13 @@ fn cases(admin: u16) -> Vec<Case> {
             "set by the router",
         ),
         case(
+            "client kv_transfer_params under a pre-rename offloading key",
+            C,
+            r#"{"model":"v","prompt":"p","kv_transfer_params":{"p2p":{"kv_request_id":"x","remote_host":"10.0.0.9","remote_port":5555}}}"#,
+            400,
+            "renamed it to `remote_kv_source`",
+        ),
+        case(
             "client disagg_prefill_resp",
             C,
             r#"{"model":"v","prompt":"p","disagg_prefill_resp":{}}"#,

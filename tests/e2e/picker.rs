@@ -10,13 +10,18 @@ use serde_json::json;
 
 /// envoy.yaml with the client-header strip and a picker that names
 /// `decode` (and `prefill`, when given) before pd-router.
-fn picker_filters(decode: &str, prefill: Option<&str>) -> String {
+fn picker_filters(decode: &str, prefill: Option<&str>, extra: &[(&str, &str)]) -> String {
     let mut set = format!(
         "                - append: {{header: {{key: x-gateway-destination-endpoint, value: \"{decode}\"}}, append_action: OVERWRITE_IF_EXISTS_OR_ADD}}\n"
     );
     if let Some(p) = prefill {
         set.push_str(&format!(
             "                - append: {{header: {{key: x-prefiller-host-port, value: \"{p}\"}}, append_action: OVERWRITE_IF_EXISTS_OR_ADD}}\n"
+        ));
+    }
+    for (k, v) in extra {
+        set.push_str(&format!(
+            "                - append: {{header: {{key: {k}, value: \"{v}\"}}, append_action: OVERWRITE_IF_EXISTS_OR_ADD}}\n"
         ));
     }
     format!(
@@ -28,6 +33,8 @@ fn picker_filters(decode: &str, prefill: Option<&str>) -> String {
                 request_mutations:
                 - remove: x-gateway-destination-endpoint
                 - remove: x-prefiller-host-port
+                - remove: x-kv-cache-source-host-port
+                - remove: x-encoder-hosts-ports
           - name: endpoint-picker
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation
@@ -42,7 +49,17 @@ fn completion(i: usize) -> String {
 }
 
 fn start(models: serde_json::Value, decode: &str, prefill: Option<&str>) -> Envoy {
-    let filters = picker_filters(decode, prefill);
+    start_with(models, decode, prefill, &[])
+}
+
+/// As [`start`], the picker also setting `extra` headers.
+fn start_with(
+    models: serde_json::Value,
+    decode: &str,
+    prefill: Option<&str>,
+    extra: &[(&str, &str)],
+) -> Envoy {
+    let filters = picker_filters(decode, prefill, extra);
     Envoy::start_full(
         &json!({"placement": "epp", "models": models}),
         1,
@@ -122,6 +139,61 @@ fn the_picked_pods_get_both_legs_and_a_clients_picker_header_never_counts() {
     envoy.assert_counters_zero();
 }
 
+/// llm-d's headers pd-router cannot follow (llm-d-router
+/// `pkg/common/routing/common.go`): a KV source peer for vLLM's
+/// OffloadingConnector P2P pull is removed before the engines and counted,
+/// the picked pods still serve; encoder pods for an E/P/D request are
+/// refused with 501, nothing reaching any pod.
+#[test]
+fn picker_headers_pd_router_cannot_follow_are_counted_or_refused() {
+    let vllm = |name: &str, role: &str| {
+        Mock::start(name, &["--engine", "vllm", "--role", role, "--model", "m"])
+    };
+    let (p0, d0) = (vllm("pk-src-p0", "prefill"), vllm("pk-src-d0", "decode"));
+    let models = json!([{"name": "m", "engine": "vllm", "rolesets": [
+        {"name": "rs", "prefill": [p0.endpoint()], "decode": [d0.endpoint()]}]}]);
+
+    let source = "10.9.9.9:8000";
+    let envoy = start_with(
+        models.clone(),
+        &d0.address(),
+        Some(&p0.address()),
+        &[("x-kv-cache-source-host-port", source)],
+    );
+    for i in 0..3 {
+        let a = post(&envoy.url("/v1/completions"), completion(i), &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.header("prefill-target-pod"), Some("pk-src-p0"));
+    }
+    let legs: Vec<_> = p0.requests().into_iter().chain(d0.requests()).collect();
+    assert_eq!(legs.len(), 6);
+    assert!(
+        legs.iter()
+            .all(|r| r.header("x-kv-cache-source-host-port").is_none()),
+        "the source header is the router's, not the engines'"
+    );
+    assert_eq!(envoy.stat("wasmcustom.pd_router.kv_source_ignored"), 3);
+    let said = envoy.log_lines_with("x-kv-cache-source-host-port from the endpoint picker ignored");
+    assert_eq!(said, 1, "said once (one worker)");
+    drop(envoy);
+
+    let envoy = start_with(
+        models,
+        &d0.address(),
+        Some(&p0.address()),
+        &[("x-encoder-hosts-ports", "10.9.9.8:8000,10.9.9.7:8000")],
+    );
+    let a = post(&envoy.url("/v1/completions"), completion(9), &[]);
+    assert_eq!(a.status, 501, "{}", a.body);
+    assert_eq!(a.json()["error"]["code"], "not_implemented", "{}", a.body);
+    assert!(
+        a.error_message().contains("x-encoder-hosts-ports"),
+        "{}",
+        a.body
+    );
+    assert_eq!((p0.requests().len(), d0.requests().len()), (3, 3));
+}
+
 /// llm-d's prefill filter accepts pods labelled `prefill-decode` (and
 /// `both`, `encode-prefill-decode`), so its picker may name one as the
 /// prefill pod (llm-d-router v0.9.0 `pkg/epp/framework/plugins/scheduling/
@@ -160,7 +232,7 @@ fn a_picked_prefill_decode_pod_gets_the_prefill_leg() {
     config["discovery"]["kubernetes"]["labels"] = json!("llm-d");
     config["discovery"]["kubernetes"]["inference_pool"] = json!({"name": "pk-pool", "model": "m"});
     let start = |prefill: &Mock| {
-        let filters = picker_filters(&decode.address(), Some(&prefill.address()));
+        let filters = picker_filters(&decode.address(), Some(&prefill.address()), &[]);
         let cluster = kube_cluster(&api);
         Envoy::start_full(
             &config,
