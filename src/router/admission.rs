@@ -12,9 +12,50 @@ use crate::trt_id::WORKER_SLOTS;
 
 /// At most this many requests are let in per VM per tick: a tick never
 /// stalls the VM behind a long queue.
-const MAX_ADMITTED_PER_TICK: usize = 256;
+pub(super) const MAX_ADMITTED_PER_TICK: usize = 256;
+
+/// What admission control's tick asks of a waiting stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// It waited `queue_ttl_ms`: answer 429.
+    Expire,
+    /// Its model has room: place and send it.
+    Admit,
+}
 
 impl Router {
+    /// Admission control's tick: reads the other VMs' reports, has the
+    /// requests that waited their TTL answered, lets in what the pods have
+    /// room for (the highest priority in the process first, at most
+    /// `MAX_ADMITTED_PER_TICK`), and publishes what still waits here.
+    /// `run` carries a turn out on the waiting stream `context`: `None`
+    /// when the stream is gone, else whether it went (`Some(false)`: its
+    /// pods filled between the look and the placement; it keeps its
+    /// place, and the next tick looks again).
+    pub fn pump<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        now_ms: u64,
+        mut run: impl FnMut(u32, Turn) -> Option<bool>,
+    ) {
+        if self.config.admission.is_none() {
+            return;
+        }
+        self.read_others(&*store, now_ms);
+        for w in self.take_expired(now_ms) {
+            run(w.context, Turn::Expire);
+        }
+        let mut admitted = 0;
+        while let Some(w) = self.next_admitted(&*store, now_ms, admitted) {
+            admitted += 1;
+            if run(w.context, Turn::Admit) == Some(false) {
+                self.put_back(w);
+                break;
+            }
+        }
+        self.publish_queue(store, now_ms);
+    }
+
     /// Whether `model` can take a request of `prompt_tokens` (`None`: any
     /// length) naming `adapter` now (only the pods that serve the adapter
     /// and take the prompt's length count); with room, the pods that are

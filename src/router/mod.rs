@@ -14,6 +14,7 @@ pub mod picked;
 mod placement;
 pub mod unsplit;
 
+pub use admission::Turn;
 pub use load::{Ejection, HeldLoad};
 
 use crate::config::Config;

@@ -579,3 +579,115 @@ fn a_picked_prefill_labelled_for_both_phases_is_a_prefill_pod() {
         .iter()
         .any(|s| !s.prefill.is_empty()));
 }
+
+/// The admission pump's tick, with its streams stood in for by a closure:
+/// the ordering and bookkeeping the shell only executes.
+mod pump {
+    use super::admission::MAX_ADMITTED_PER_TICK;
+    use super::*;
+    use crate::admission::Entry;
+
+    const ADMISSION: &str = r#"{"admission":{"max_in_flight_per_pod":1,"queue_ttl_ms":500},
+        "models":[{"name":"m","engine":"vllm",
+                   "rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#;
+
+    fn entry(r: &Router, context: u32, priority: i32) -> Entry {
+        let fleet = r.fleet();
+        Entry {
+            context,
+            model: fleet.model("m").expect("m").id,
+            adapter: None,
+            prompt_tokens: 1,
+            priority,
+            fairness: String::new(),
+        }
+    }
+
+    /// Runs one tick, answering each admission from `went`; the turns asked.
+    fn tick(
+        r: &Router,
+        store: &mut MemoryStore,
+        now: u64,
+        went: impl Fn(u32) -> Option<bool>,
+    ) -> Vec<(u32, Turn)> {
+        let mut asked = Vec::new();
+        r.pump(store, now, |context, turn| {
+            asked.push((context, turn));
+            match turn {
+                Turn::Expire => Some(true),
+                Turn::Admit => went(context),
+            }
+        });
+        asked
+    }
+
+    #[test]
+    fn expired_requests_are_answered_first_then_the_highest_priority_goes() {
+        let r = router(ADMISSION);
+        let mut store = MemoryStore::default();
+        r.enqueue(entry(&r, 1, 0), 0);
+        r.enqueue(entry(&r, 2, 0), 900);
+        r.enqueue(entry(&r, 3, 10), 901);
+        let asked = tick(&r, &mut store, 1_000, |_| Some(true));
+        assert_eq!(
+            asked,
+            vec![(1, Turn::Expire), (3, Turn::Admit), (2, Turn::Admit)]
+        );
+        assert_eq!(r.waiting_total(), 0);
+    }
+
+    #[test]
+    fn a_request_whose_pods_filled_keeps_its_place_and_ends_the_tick() {
+        let r = router(ADMISSION);
+        let mut store = MemoryStore::default();
+        r.enqueue(entry(&r, 1, 5), 0);
+        r.enqueue(entry(&r, 2, 5), 1);
+        let asked = tick(&r, &mut store, 100, |_| Some(false));
+        assert_eq!(asked, vec![(1, Turn::Admit)], "no second look this tick");
+        assert_eq!(r.waiting_total(), 2);
+        // The report the other VMs read says both still wait here.
+        let mut other = MemoryStore::default();
+        r.publish_queue(&mut other, 100);
+        let published = store.shared_get(&r.keys.admission(r.worker_slot())).0;
+        assert_eq!(
+            published,
+            other.shared_get(&r.keys.admission(r.worker_slot())).0
+        );
+        let asked = tick(&r, &mut store, 200, |_| Some(true));
+        assert_eq!(
+            asked,
+            vec![(1, Turn::Admit), (2, Turn::Admit)],
+            "in its place"
+        );
+    }
+
+    #[test]
+    fn a_gone_stream_is_not_put_back() {
+        let r = router(ADMISSION);
+        let mut store = MemoryStore::default();
+        r.enqueue(entry(&r, 1, 0), 0);
+        r.enqueue(entry(&r, 2, 0), 1);
+        let asked = tick(&r, &mut store, 100, |c| (c == 2).then_some(true));
+        assert_eq!(asked, vec![(1, Turn::Admit), (2, Turn::Admit)]);
+        assert_eq!(r.waiting_total(), 0);
+    }
+
+    #[test]
+    fn a_tick_lets_in_a_bounded_number() {
+        let r = router(ADMISSION);
+        let mut store = MemoryStore::default();
+        for c in 0..300 {
+            r.enqueue(entry(&r, c, 0), 100);
+        }
+        let asked = tick(&r, &mut store, 200, |_| Some(true));
+        assert_eq!(asked.len(), MAX_ADMITTED_PER_TICK);
+        assert_eq!(r.waiting_total(), 300 - MAX_ADMITTED_PER_TICK as u64);
+    }
+
+    #[test]
+    fn without_admission_the_pump_asks_nothing() {
+        let r = router(r#"{"models":[{"name":"m","engine":"vllm"}]}"#);
+        let mut store = MemoryStore::default();
+        assert!(tick(&r, &mut store, 100, |_| Some(true)).is_empty());
+    }
+}

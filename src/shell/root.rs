@@ -4,13 +4,14 @@
 use super::abi::{self, Buffer, LogLevel};
 use super::shared::{self, now_ms};
 use super::stats::Stats;
-use super::stream::{self, Stream};
+use super::stream::{self, Stream, StreamCore};
 use super::streams::Streams;
 use crate::error::HostError;
 use crate::fleet::Fleet;
 use crate::host::{Counter, Histogram, Level, PodEvent, SharedStore, Telemetry};
 use crate::pods::SetError;
 use crate::root::{configure, Root as RootState, RootHost};
+use crate::router::Turn;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::collections::HashSet;
@@ -31,7 +32,7 @@ pub(super) struct Root {
     id: u32,
     state: Option<RootState>,
     stats: Rc<Stats>,
-    streams: Rc<Streams>,
+    streams: Rc<Streams<StreamCore>>,
 }
 
 impl Root {
@@ -44,10 +45,8 @@ impl Root {
         }
     }
 
-    /// Admission control, on each tick: answers the requests that waited
-    /// their TTL, lets in what the pods have room for (the highest
-    /// priority in the process first), and tells the other VMs what waits
-    /// here.
+    /// Admission control, on each tick ([`crate::router::Router::pump`]):
+    /// each turn drives its stream with the host calls pointed at it.
     fn pump_admission(&mut self) {
         let Some(state) = self.state.as_ref() else {
             return;
@@ -57,30 +56,19 @@ impl Root {
             return;
         }
         let mut io = RootIo { stats: &self.stats };
-        let now = now_ms();
-        router.read_others(&io, now);
-        for w in router.take_expired(now) {
-            self.streams.drive(w.context, self.id, |core| {
+        let (streams, root) = (&self.streams, self.id);
+        router.pump(&mut io, now_ms(), |context, turn| {
+            streams.drive(context, root, |core| {
                 let (flow, io) = core.parts();
-                flow.expire(io);
-            });
-        }
-        let mut admitted = 0;
-        while let Some(w) = router.next_admitted(&io, now, admitted) {
-            admitted += 1;
-            let went = self.streams.drive(w.context, self.id, |core| {
-                let (flow, io) = core.parts();
-                flow.admit(io)
-            });
-            // Its pods filled between the look and the placement (they
-            // cannot, within one tick; this keeps the queue right if they
-            // ever do): it keeps its place, and the next tick looks again.
-            if went == Some(false) {
-                router.put_back(w);
-                break;
-            }
-        }
-        router.publish_queue(&mut io, now);
+                match turn {
+                    Turn::Expire => {
+                        flow.expire(io);
+                        true
+                    }
+                    Turn::Admit => flow.admit(io),
+                }
+            })
+        });
         self.stats.record_waiting(&router.waiting_counts());
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 pub(super) struct Stream {
     core: Rc<RefCell<StreamCore>>,
     context: u32,
-    streams: Rc<Streams>,
+    streams: Rc<Streams<StreamCore>>,
 }
 
 /// A stream's flow and host, shared with the root context (which drives a
@@ -34,7 +34,7 @@ pub(super) struct StreamCore {
 pub(super) struct StreamHost {
     stats: Rc<Stats>,
     reads: CallbackReads,
-    streams: Rc<Streams>,
+    streams: Rc<Streams<StreamCore>>,
 }
 
 impl StreamHost {
@@ -57,7 +57,7 @@ impl Stream {
         router: Rc<Router>,
         stats: Rc<Stats>,
         context: u32,
-        streams: Rc<Streams>,
+        streams: Rc<Streams<StreamCore>>,
     ) -> Stream {
         let core = Rc::new(RefCell::new(StreamCore {
             flow: Flow::for_stream(router, context),

@@ -7,22 +7,32 @@
 //! until the VM call returns, so driving a stream never re-enters it.
 
 use super::abi;
-use super::stream::StreamCore;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 
-#[derive(Default)]
-pub(super) struct Streams {
-    by_context: RefCell<HashMap<u32, Weak<RefCell<StreamCore>>>>,
+/// Generic over the stream's state, so this file needs nothing of
+/// `stream.rs` (which holds one).
+pub(super) struct Streams<C> {
+    by_context: RefCell<HashMap<u32, Weak<RefCell<C>>>>,
     /// Calls made while the root drove a stream: token → its context.
     calls: RefCell<HashMap<u32, u32>>,
     /// The stream the root drives now.
     driving: Cell<Option<u32>>,
 }
 
-impl Streams {
-    pub(super) fn add(&self, context: u32, core: &Rc<RefCell<StreamCore>>) {
+impl<C> Default for Streams<C> {
+    fn default() -> Self {
+        Streams {
+            by_context: RefCell::default(),
+            calls: RefCell::default(),
+            driving: Cell::default(),
+        }
+    }
+}
+
+impl<C> Streams<C> {
+    pub(super) fn add(&self, context: u32, core: &Rc<RefCell<C>>) {
         self.by_context
             .borrow_mut()
             .insert(context, Rc::downgrade(core));
@@ -54,7 +64,7 @@ impl Streams {
         &self,
         context: u32,
         root: u32,
-        f: impl FnOnce(&mut StreamCore) -> T,
+        f: impl FnOnce(&mut C) -> T,
     ) -> Option<T> {
         let core = self
             .by_context

@@ -5,7 +5,7 @@
 #![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used)]
 
 use super::stats::Stats;
-use super::stream::Stream;
+use super::stream::{Stream, StreamCore};
 use super::streams::Streams;
 use crate::config::Config;
 use crate::hostwire::serialize_pairs;
@@ -89,7 +89,7 @@ fn the_root_drives_a_live_stream_and_gets_the_answers_of_its_calls() {
     )
     .expect("config");
     let router = Rc::new(Router::new(config, 0).expect("router"));
-    let streams: Rc<Streams> = Rc::default();
+    let streams: Rc<Streams<StreamCore>> = Rc::default();
     let stream = Stream::new(router, Rc::new(Stats::default()), 7, Rc::clone(&streams));
     let envoy = FakeEnvoy::open(&REQUEST);
     let mut ran = false;
