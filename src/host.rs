@@ -24,8 +24,9 @@ pub enum Level {
 pub enum Counter {
     /// Requests split into prefill and decode.
     Split,
-    /// Requests forwarded whole (paths not split, vLLM `n > 1`).
-    Unsplit,
+    /// Requests on a split path, or routed by their model, sent to one pod
+    /// whole, by why (`pd_reason`).
+    Unsplit(NotSplit),
     /// Requests answered with a local error.
     LocalReply,
     /// Prefills that failed (any status but 2xx, reset, timeout).
@@ -42,8 +43,6 @@ pub enum Counter {
     PrefillRetry,
     /// Pods marked unhealthy (by a request or a scrape).
     Ejection,
-    /// Requests sent whole to a combined pod.
-    Combined,
     /// Requests Envoy sent elsewhere than the chosen decode pod
     /// (override_host routing fell back: the pod is not in the cluster).
     DecodeRerouted,
@@ -82,9 +81,14 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 25] = [
+    pub const ALL: [Counter; 29] = [
         Counter::Split,
-        Counter::Unsplit,
+        Counter::Unsplit(NotSplit::Path),
+        Counter::Unsplit(NotSplit::ByModel),
+        Counter::Unsplit(NotSplit::Engine),
+        Counter::Unsplit(NotSplit::Response),
+        Counter::Unsplit(NotSplit::Decider),
+        Counter::Unsplit(NotSplit::Combined),
         Counter::LocalReply,
         Counter::PrefillFailed,
         Counter::HandoffMissing,
@@ -92,7 +96,6 @@ impl Counter {
         Counter::ContextAnswered,
         Counter::PrefillRetry,
         Counter::Ejection,
-        Counter::Combined,
         Counter::DecodeRerouted,
         Counter::DiscoveryList,
         Counter::DiscoveryFailure,
@@ -113,7 +116,12 @@ impl Counter {
     pub fn name(self) -> &'static str {
         match self {
             Counter::Split => "pd_router.split",
-            Counter::Unsplit => "pd_router.unsplit",
+            Counter::Unsplit(NotSplit::Path) => "pd_router.unsplit.pd_reason=.=path;.;",
+            Counter::Unsplit(NotSplit::ByModel) => "pd_router.unsplit.pd_reason=.=by_model;.;",
+            Counter::Unsplit(NotSplit::Engine) => "pd_router.unsplit.pd_reason=.=engine;.;",
+            Counter::Unsplit(NotSplit::Response) => "pd_router.unsplit.pd_reason=.=response;.;",
+            Counter::Unsplit(NotSplit::Decider) => "pd_router.unsplit.pd_reason=.=decider;.;",
+            Counter::Unsplit(NotSplit::Combined) => "pd_router.unsplit.pd_reason=.=combined;.;",
             Counter::LocalReply => "pd_router.local_reply",
             Counter::PrefillFailed => "pd_router.prefill_failed",
             Counter::HandoffMissing => "pd_router.handoff_missing",
@@ -121,7 +129,6 @@ impl Counter {
             Counter::ContextAnswered => "pd_router.context_answered",
             Counter::PrefillRetry => "pd_router.prefill_retries",
             Counter::Ejection => "pd_router.ejections",
-            Counter::Combined => "pd_router.combined",
             Counter::DecodeRerouted => "pd_router.decode_rerouted",
             Counter::DiscoveryList => "pd_router.discovery.lists",
             Counter::DiscoveryFailure => "pd_router.discovery.failures",
@@ -137,6 +144,43 @@ impl Counter {
             Counter::AdmissionQueueFull => "pd_router.admission.queue_full",
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
             Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
+        }
+    }
+}
+
+/// Why a request went to one pod whole, as `pd_router_unsplit`'s
+/// `pd_reason` label and the log say it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NotSplit {
+    /// A path the router does not split, naming no model (`/health`,
+    /// `GET`s, bodies without `model`): any decode pod.
+    Path,
+    /// A call the router does not split but routes by the model it names
+    /// (embeddings, tokenize, audio forms).
+    ByModel,
+    /// The engine cannot split this request (vLLM NIXL or Mooncake with
+    /// `n > 1`).
+    Engine,
+    /// The answer the client asked for needs the whole computation on one
+    /// pod (`reconcile`: e.g. prompt logprobs an engine cannot hand over).
+    Response,
+    /// The model's decider kept it on its decode pod (why:
+    /// `pd_router_decisions`).
+    Decider,
+    /// Placed on a pod serving both phases.
+    Combined,
+}
+
+impl NotSplit {
+    /// The label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            NotSplit::Path => "path",
+            NotSplit::ByModel => "by_model",
+            NotSplit::Engine => "engine",
+            NotSplit::Response => "response",
+            NotSplit::Decider => "decider",
+            NotSplit::Combined => "combined",
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::engine::{
 };
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
+use crate::host::NotSplit;
 use crate::reconcile;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
 use crate::transfer::client_params;
@@ -141,9 +142,23 @@ pub enum UnsplitReason {
     /// A combined pod serves it (the scheduler's reason).
     Combined(&'static str),
     /// The engine does not split this request (vLLM NIXL with `n > 1`).
-    NotSplittable,
+    Engine,
+    /// The answer asked for needs the whole computation on one pod.
+    Response,
     /// The model's decider keeps it on its decode pod.
     Decided(Box<Decided>),
+}
+
+impl UnsplitReason {
+    /// The word stats and logs use for it.
+    pub fn not_split(&self) -> NotSplit {
+        match self {
+            UnsplitReason::Combined(_) => NotSplit::Combined,
+            UnsplitReason::Engine => NotSplit::Engine,
+            UnsplitReason::Response => NotSplit::Response,
+            UnsplitReason::Decided(_) => NotSplit::Decider,
+        }
+    }
 }
 
 /// What to do with a request.
@@ -472,7 +487,7 @@ pub fn build(
         return Ok(Plan::Unsplit {
             request,
             pod: decode,
-            why: UnsplitReason::NotSplittable,
+            why: UnsplitReason::Engine,
         });
     }
     let rewrite = match reconcile::decide(
@@ -485,7 +500,7 @@ pub fn build(
             return Ok(Plan::Unsplit {
                 request,
                 pod: decode,
-                why: UnsplitReason::NotSplittable,
+                why: UnsplitReason::Response,
             })
         }
         reconcile::AnswerNeeds::Rewrite(plan) => Some(plan),

@@ -12,7 +12,7 @@
 use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::flow::Flow;
-use pd_router::host::{Action, Counter, Host, PodEvent, Telemetry};
+use pd_router::host::{Action, Counter, Host, NotSplit, PodEvent, Telemetry};
 use pd_router::pods::MemoryStore;
 use pd_router::router::Router;
 use pd_router::testing::FakeHost;
@@ -976,7 +976,7 @@ fn prompts_outside_every_bucket_go_to_the_combined_pod() {
     assert_eq!(send_request(&mut flow, &mut host), Action::Continue);
     assert!(host.dispatched.is_empty(), "no prefill for a combined pod");
     assert_eq!(host.header(ROUTING).as_deref(), Some("10.1.2.9:8000"));
-    assert_eq!(host.counted(Counter::Combined), 1);
+    assert_eq!(host.counted(Counter::Unsplit(NotSplit::Combined)), 1);
     flow.on_response_headers(&mut host);
     assert!(host
         .response_headers
@@ -1210,8 +1210,15 @@ fn a_combined_request_counts_as_combined_only() {
     );
     let mut flow = Flow::new(Rc::clone(&r));
     send_request(&mut flow, &mut host);
-    assert_eq!(host.counted(Counter::Combined), 1);
-    assert_eq!(host.counted(Counter::Unsplit), 0);
+    assert_eq!(host.counted(Counter::Unsplit(NotSplit::Combined)), 1);
+    let others = [
+        NotSplit::Path,
+        NotSplit::ByModel,
+        NotSplit::Engine,
+        NotSplit::Response,
+        NotSplit::Decider,
+    ];
+    assert_eq!(others.map(|w| host.counted(Counter::Unsplit(w))), [0; 5]);
 }
 
 #[test]
@@ -1472,7 +1479,7 @@ fn a_decider_keeps_a_short_prompt_whole_on_a_decode_pod() {
         host.decisions.borrow().as_slice(),
         &[("decided-m".to_owned(), "short")]
     );
-    assert_eq!(host.counted(Counter::Unsplit), 1);
+    assert_eq!(host.counted(Counter::Unsplit(NotSplit::Decider)), 1);
     flow.on_stream_end(&mut host);
     assert!(all_zero(&r, &host), "its decode load is given back");
 }
@@ -2684,4 +2691,62 @@ fn a_variant_of_a_split_path_is_split_as_that_path() {
             "{path}"
         );
     }
+}
+
+#[test]
+fn each_reason_a_request_is_not_split_has_its_own_label_and_log_word() {
+    let r = router();
+    let reasons = |host: &FakeHost| -> Vec<NotSplit> {
+        host.counters
+            .borrow()
+            .iter()
+            .filter_map(|c| match c {
+                Counter::Unsplit(w) => Some(*w),
+                _ => None,
+            })
+            .collect()
+    };
+    let cases = [
+        (
+            "/v1/completions",
+            r#"{"model":"vllm-m","prompt":"p","n":2}"#,
+            NotSplit::Engine,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"vllm-m","messages":[{"role":"user","content":"hi"}],"echo":true}"#,
+            NotSplit::Response,
+        ),
+        (
+            "/v1/embeddings",
+            r#"{"model":"vllm-m","input":"x"}"#,
+            NotSplit::ByModel,
+        ),
+    ];
+    for (path, body, why) in cases {
+        let mut host = post(path, body);
+        host.verbose = true;
+        assert_eq!(
+            send_request(&mut Flow::new(Rc::clone(&r)), &mut host),
+            Action::Continue
+        );
+        assert!(host.dispatched.is_empty(), "{path}");
+        assert_eq!(reasons(&host), vec![why], "{path}");
+        let word = format!("not split ({}", why.label());
+        assert!(
+            host.logs.borrow().iter().any(|l| l.contains(&word)),
+            "{path}: {:?}",
+            host.logs.borrow()
+        );
+    }
+    let mut host = get("/health");
+    host.verbose = true;
+    let mut flow = Flow::new(Rc::clone(&r));
+    assert_eq!(flow.on_request_headers(&mut host, true), Action::Continue);
+    assert_eq!(reasons(&host), vec![NotSplit::Path]);
+    assert!(host
+        .logs
+        .borrow()
+        .iter()
+        .any(|l| l.contains("not split (path)")));
 }

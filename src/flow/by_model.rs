@@ -10,7 +10,7 @@ use crate::api::Api;
 use crate::calls::{self, BodyKind};
 use crate::catalog;
 use crate::error::{ClientError, HostError, PdError};
-use crate::host::{Action, Counter, Host, Level};
+use crate::host::{Action, Counter, Host, Level, NotSplit};
 use crate::router::unsplit;
 use crate::split;
 use std::rc::Rc;
@@ -46,9 +46,12 @@ impl Flow {
             Some(picked) => router.picked_decode(&model, picked)?,
             None => router.place_unsplit(host, &model, served.adapter, &mut random, now)?,
         };
-        host.increment(Counter::Unsplit);
+        host.increment(Counter::Unsplit(NotSplit::ByModel));
         self.debug(host, || {
-            format!("{} for {name}: {}", self.head.path, pod.address)
+            format!(
+                "not split (by_model) {} for {name}: {}",
+                self.head.path, pod.address
+            )
         });
         self.forward_unsplit(host, model.id, &pod)
     }
@@ -74,7 +77,10 @@ impl Flow {
                 model: "(any)".into(),
             })?;
         host.set_request_header(&router.config.routing.header, Some(&pod.address))?;
-        host.increment(Counter::Unsplit);
+        host.increment(Counter::Unsplit(NotSplit::Path));
+        self.debug(host, || {
+            format!("not split (path) {}: {}", self.head.path, pod.address)
+        });
         self.decode_pod = Some(Rc::clone(pod));
         self.phase = Phase::Forwarded {
             watched: None,

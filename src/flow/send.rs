@@ -118,16 +118,17 @@ impl Flow {
         self.timing.model = Some(Rc::clone(model));
         let plan = match plan {
             Plan::Unsplit { request, pod, why } => {
-                match why {
-                    UnsplitReason::Combined(reason) => {
-                        host.increment(Counter::Combined);
-                        self.debug(host, || format!("combined pod {} ({reason})", pod.address));
-                    }
-                    UnsplitReason::NotSplittable => host.increment(Counter::Unsplit),
-                    UnsplitReason::Decided(decided) => {
-                        host.increment(Counter::Unsplit);
-                        self.report_decision(host, &request, &pod, &decided);
-                    }
+                let not_split = why.not_split();
+                host.increment(Counter::Unsplit(not_split));
+                self.debug(host, || {
+                    let by = match &why {
+                        UnsplitReason::Combined(policy) => format!(" ({policy})"),
+                        _ => String::new(),
+                    };
+                    format!("not split ({}{by}): {}", not_split.label(), pod.address)
+                });
+                if let UnsplitReason::Decided(decided) = &why {
+                    self.report_decision(host, &request, &pod, decided);
                 }
                 return self.forward_unsplit(host, request.model.id, &pod);
             }

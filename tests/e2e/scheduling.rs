@@ -379,5 +379,8 @@ fn a_prompt_outside_every_bucket_goes_to_a_combined_pod() {
         .header("prefill-target-pod")
         .is_some_and(|p| p.starts_with('p')));
     assert_eq!(short.header("x-mock-kv"), Some("pulled"));
-    assert_eq!(envoy.stat("wasmcustom.pd_router.combined"), 1);
+    assert_eq!(
+        envoy.stat("wasmcustom.pd_router.unsplit.pd_reason=.=combined;.;"),
+        1
+    );
 }
