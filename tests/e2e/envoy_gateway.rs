@@ -1,9 +1,8 @@
 //! Envoy Gateway's own translator in the loop: `egctl x translate` (the
 //! translator and EnvoyPatchPolicy engine of a real Envoy Gateway release)
 //! turns the shipped `deploy/envoy-gateway` and `override-host` overlays into
-//! xDS, the xDS becomes a static bootstrap for the Envoy v1.9 ships (1.39;
-//! v1.7's 1.37 is not installed here, so its translation runs there too),
-//! and split requests go through it to mock engines discovered from a mock
+//! xDS, the xDS becomes a static bootstrap for the Envoy each release
+//! ships (v1.9: the 1.39 line; v1.7: 1.37.0), and split requests go through it to mock engines discovered from a mock
 //! Kubernetes API through the translated `kube_api` cluster.
 //!
 //! What cannot run here is replaced, and only that (each replacement below
@@ -58,8 +57,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The Envoy Envoy Gateway v1.9 ships (1.39; `just envoy-versions`).
+/// The Envoy Envoy Gateway v1.9 ships (1.39.1; the line's 1.39.3 here,
+/// `just envoy-versions`).
 const EG_ENVOY: &str = ".tools/envoy-1.39.3/bin/envoy";
+/// The Envoy Envoy Gateway v1.7.0 ships (its `DefaultEnvoyProxyImage`).
+const EG_MIN_ENVOY: &str = ".tools/envoy-1.37.0/bin/envoy";
 /// The overlays for Envoy Gateway's default (legacy) xDS names: egctl has no
 /// way to set the runtime flag XDSNameSchemeV2, so `xds-name-scheme-v2` is
 /// left to deploy.rs's model.
@@ -100,7 +102,15 @@ fn egctl_oldest() -> PathBuf {
 }
 
 fn eg_envoy() -> PathBuf {
-    let path = repo().join(EG_ENVOY);
+    installed_envoy(EG_ENVOY)
+}
+
+fn eg_min_envoy() -> PathBuf {
+    installed_envoy(EG_MIN_ENVOY)
+}
+
+fn installed_envoy(rel: &str) -> PathBuf {
+    let path = repo().join(rel);
     assert!(
         path.exists(),
         "{} not found: run `just envoy-versions` (part of `just setup`)",
@@ -973,11 +983,11 @@ fn envoy_gateway_v1_9_override_host_overlay_splits() {
 }
 
 /// The oldest release deploy/README.md names (its go-control-plane knows
-/// every field the patches set, `header_value_prefix` the newest); it ships
-/// Envoy 1.37, which is not installed here, so 1.39 serves its translation.
+/// every field the patches set, `header_value_prefix` the newest), on the
+/// Envoy it ships, 1.37.0.
 #[test]
 fn envoy_gateway_v1_7_takes_every_patch() {
-    split_through_envoy_gateway(&egctl_oldest(), OVERLAY, &eg_envoy());
+    split_through_envoy_gateway(&egctl_oldest(), OVERLAY, &eg_min_envoy());
 }
 
 /// What an Envoy Gateway whose go-control-plane predates a field does with
