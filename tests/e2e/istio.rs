@@ -905,3 +905,32 @@ fn a_broken_envoy_filter_fails_the_checks() {
         );
     }
 }
+
+/// What an istiod whose Envoy API predates a field does with it (Istio 1.27
+/// and `allow_on_headers_stop_iteration`; docs/deploy.md): its validation
+/// only warns, and the field is dropped from what the gateway gets. Shown
+/// here with a field no Envoy has.
+#[test]
+fn a_field_pilot_does_not_know_is_warned_about_and_dropped() {
+    let Some(pilot) = pilot() else { return };
+    let scratch = Scratch::new("istio-unknown-field");
+    let objects = rendered(&|d: &str| {
+        d.replacen(
+            "allow_on_headers_stop_iteration: true",
+            "allow_on_headers_stop_iteration_unknown: true",
+            1,
+        )
+    });
+    let xds = pilot_xds(&pilot, &objects, &scratch.0);
+    let warnings = xds["warnings"].to_string();
+    assert!(
+        warnings.contains("unknown field")
+            && warnings.contains("allow_on_headers_stop_iteration_unknown"),
+        "pilot's validation does not warn of the unknown field: {warnings}"
+    );
+    let broken = broken_promises(&xds);
+    assert!(
+        broken.len() == 1 && broken[0].contains("lacks allow_on_headers_stop_iteration"),
+        "{broken:?}"
+    );
+}
