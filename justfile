@@ -105,9 +105,9 @@ build: bench-setup
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, the mock Kubernetes API's own tests, and every fuzz target briefly.
+# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, Istio's pilot on deploy/istio, the mock Kubernetes API's own tests, and every fuzz target briefly.
 test: check setup build msrv deny
-    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's tests come after, once their binaries are built.
+    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's and Istio's pilot's tests come after, once their binaries are built.
     cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio::
     # A real kube-apiserver and etcd: built pinned on first use (about 10 minutes cold on 2 cores), then the discovery tests against them.
     {{just_executable()}} test-kube-real
