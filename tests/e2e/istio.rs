@@ -30,9 +30,11 @@
 //!   instead of ADS, and its extension config is pilot's with one
 //!   difference: the code is the built module as a local file, which is
 //!   what istio-agent hands Envoy after pulling the `oci://` image.
-//! - **Istio's own Envoy extensions** (its stats, metadata exchange and
-//!   ALPN filters, absent from upstream Envoy) and the SDS-based mesh mTLS
-//!   on the model Service's cluster (served by istio-agent): stripped.
+//! - **Istio's own Envoy extensions**, absent from upstream Envoy
+//!   (`istio.metadata_exchange` on the listener and the clusters,
+//!   `istio.alpn`; any `istio.*` or `io.istio.*` type), and the mesh
+//!   clusters' mTLS transport-socket match, whose certificates istio-agent
+//!   serves by SDS: stripped. Their plaintext match stays.
 //! - **Addresses**: listeners bind 127.0.0.1 on ports the kernel picks; the
 //!   model Service's cluster (EDS) gets the two mock engines as static
 //!   endpoints; `kube_api` is the mock API server over plain HTTP, its
@@ -49,9 +51,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// The pinned `istio.io/istio` (tools/istio/go.mod), and `just istio-pilot`'s
-/// install directory.
-const ISTIO_PIN: &str = "v0.0.0-20260827124520-eed52ebb66ad";
 /// Istio 1.28's Envoy line (`just envoy-versions`).
 const ISTIO_ENVOY: &str = ".tools/envoy-1.36.4/bin/envoy";
 const OVERLAY: &str = "deploy/istio";
@@ -135,7 +134,16 @@ status:
 fn pilot() -> Option<PathBuf> {
     let path = std::env::var_os("ISTIO_PILOT_BIN")
         .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join(format!(".tools/istio-{ISTIO_PIN}/istio-pilot-xds")));
+        .unwrap_or_else(|| {
+            // `just istio-pilot` installs into .tools/istio-<the pinned version>.
+            let go_mod = std::fs::read_to_string(repo().join("tools/istio/go.mod"))
+                .expect("tools/istio/go.mod");
+            let pin = go_mod
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("istio.io/istio "))
+                .expect("tools/istio/go.mod requires istio.io/istio");
+            repo().join(format!(".tools/istio-{}/istio-pilot-xds", pin.trim()))
+        });
     if path.exists() {
         return Some(path);
     }
