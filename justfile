@@ -25,6 +25,9 @@ kube_version := `sed -n 's|^require k8s.io/kubernetes ||p' tools/kube/apiserver/
 etcd_version := `sed -n 's|^require go.etcd.io/etcd/server/v3 ||p' tools/kube/etcd/go.mod`
 export KUBE_APISERVER_BIN := justfile_directory() / ".tools/kube/bin/kube-apiserver"
 export ETCD_BIN := justfile_directory() / ".tools/kube/bin/etcd"
+# Istio's pilot for tests/e2e/istio.rs, built pinned by `just istio-pilot` (tools/istio/): a pseudo-version of istio.io/istio's master, the module proxy serving no 1.28.x.
+istio_version := `sed -n 's|^\tistio.io/istio ||p' tools/istio/go.mod`
+export ISTIO_PILOT_BIN := justfile_directory() / ".tools/istio-" + istio_version / "istio-pilot-xds"
 
 # List the recipes.
 default:
@@ -83,18 +86,35 @@ kube-apiserver:
 test-kube-real: kube-apiserver build
     cargo test --test e2e -- --test-threads 2 kube_real::
 
+# Istio's pilot (pilot/test/xds's discovery server over istio.io/istio at the version tools/istio/go.mod pins) as tools/istio's small program, into .tools/istio-<version>, once per machine. Cold, on 2 shared cores (GOMAXPROCS=2, -p 1): see docs/testing.md.
+istio-pilot:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ ! -x "$ISTIO_PILOT_BIN" ]; then
+      command -v go >/dev/null || { echo "istio-pilot: building it needs Go 1.26 (go.dev/dl) and the Go module proxy" >&2; exit 1; }
+      mkdir -p "$(dirname "$ISTIO_PILOT_BIN")"
+      (cd tools/istio && time GOMAXPROCS=2 nice go build -p 1 -o "$ISTIO_PILOT_BIN" .)
+    fi
+    ls -l "$ISTIO_PILOT_BIN"
+
+# The end-to-end tests through Istio's pilot (tests/e2e/istio.rs), building it first when missing; they fail, not skip, without it.
+test-istio: istio-pilot build envoy-versions
+    PD_ROUTER_REQUIRE_ISTIO=1 cargo test --test e2e -- --test-threads 1 istio::
+
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, the mock Kubernetes API's own tests, and every fuzz target briefly.
+# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, Istio's pilot on deploy/istio, the mock Kubernetes API's own tests, and every fuzz target briefly.
 test: check setup build msrv deny
-    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's tests come after, once their binaries are built.
-    cargo test --workspace -- --test-threads 2 --skip kube_real::
+    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's and Istio's pilot's tests come after, once their binaries are built.
+    cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio::
     # A real kube-apiserver and etcd: built pinned on first use (about 10 minutes cold on 2 cores), then the discovery tests against them.
     {{just_executable()}} test-kube-real
+    # Istio's pilot on the shipped deploy/istio, its output in Envoy 1.36.4 and 1.40: built pinned on first use, then the tests.
+    {{just_executable()}} test-istio
     # The mock Kubernetes API server against its own contract.
     .venv/bin/python -m unittest tests/kube/test_mock_kube_api.py
     # The core subset on the other Envoy releases the gateways ship.

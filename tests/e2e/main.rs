@@ -28,6 +28,7 @@ mod gateway;
 mod handoff_health;
 mod handoffs;
 mod harness;
+mod istio;
 mod kube_api;
 mod kube_real;
 mod oci;
