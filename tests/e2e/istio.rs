@@ -44,6 +44,7 @@
 //! code's source), `pd_prefill`, `pd_decode`, the routes and their retry
 //! policies and timeouts.
 
+use crate::gateway_split::{assert_splits, Pods};
 use crate::harness::*;
 use crate::kube_api::{KubeApi, KubePod};
 use serde_json::{json, Value};
@@ -812,54 +813,14 @@ fn split_through_istio(envoy: &Path) {
         .to_owned();
     let envoy = start_envoy(envoy, &bootstrap, &name, &scratch.0);
 
-    // Discovery lists the pods first; until then the model has none (503).
     let url = format!("http://127.0.0.1:{}/v1/chat/completions", envoy.port);
-    let body = json!({"model": MODEL, "max_tokens": 4,
-                      "messages": [{"role": "user", "content": "through Istio's gateway"}]})
-    .to_string();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let answer = loop {
-        let a = post(&url, body.clone(), &[]);
-        if a.status == 200 || Instant::now() > deadline {
-            break a;
-        }
-        std::thread::sleep(Duration::from_millis(200));
+    let pods = Pods {
+        prefill: &prefill,
+        prefill_name: "istio-prefill-0",
+        decode: &decode,
+        decode_name: "istio-decode-0",
     };
-    assert_eq!(
-        answer.status,
-        200,
-        "{}\nEnvoy's log:\n{}",
-        answer.body,
-        tail(&envoy.log)
-    );
-    // Each worker's VM takes the published pods on its next tick (1 s).
-    std::thread::sleep(Duration::from_millis(2500));
-    let mut answers = vec![answer];
-    answers.extend((1..REQUESTS).map(|_| post(&url, body.clone(), &[])));
-    for a in &answers {
-        assert_eq!(a.status, 200, "{}", a.body);
-        assert_eq!(a.header("prefill-target-pod"), Some("istio-prefill-0"));
-        assert_eq!(a.header("decode-target-pod"), Some("istio-decode-0"));
-    }
-    let p = prefill.requests();
-    let d = decode.requests();
-    assert_eq!(p.len(), REQUESTS, "the prefill pod saw {p:?}");
-    assert_eq!(d.len(), REQUESTS, "the decode pod saw {d:?}");
-    for r in p.iter().chain(&d) {
-        assert_eq!(r.path, "/v1/chat/completions");
-    }
-    // The hand-off: each decode carries what its prefill answered.
-    for r in &d {
-        assert!(
-            r.raw("kv_transfer_params").is_some(),
-            "a decode got no hand-off: {}",
-            r.body
-        );
-    }
-    assert!(
-        api.requests().iter().all(|r| r.authorized),
-        "Envoy's injector adds the bearer token"
-    );
+    assert_splits(&url, MODEL, &pods, &api, &envoy.log, REQUESTS);
 }
 
 #[test]

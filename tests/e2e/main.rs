@@ -25,6 +25,7 @@ mod fairness;
 mod faults;
 mod fidelity;
 mod gateway;
+mod gateway_split;
 mod handoff_health;
 mod handoffs;
 mod harness;
