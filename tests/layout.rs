@@ -677,3 +677,358 @@ fn every_recipe_that_builds_for_wasm_installs_the_target_first() {
         "recipes build for wasm without scripts/wasm-target.sh: {missing:?}"
     );
 }
+
+// ------------------------------------------------------------------ Python
+//
+// bench/ is one package (bench/pdbench/) and the scripts that call it; the
+// same rules hold there: no module imports a script, the modules import no
+// cycle, and no function in bench/ or scripts/ is over 100 lines.
+
+/// One line of Python source, its comments and string contents blanked.
+struct PyLine {
+    /// The code, comments and the contents of string literals blanked (the
+    /// quotes kept, so a line that is only a string is not blank).
+    code: String,
+    /// Whether the line starts inside brackets, a string or after a
+    /// backslash: part of the statement above, whatever its indentation.
+    continued: bool,
+}
+
+impl PyLine {
+    fn indent(&self) -> usize {
+        self.code.len() - self.code.trim_start().len()
+    }
+
+    fn is_blank(&self) -> bool {
+        self.code.trim().is_empty()
+    }
+}
+
+/// `text` as lines of code (see [`PyLine`]).
+fn py_lines(text: &str) -> Vec<PyLine> {
+    let c: Vec<char> = text.chars().collect();
+    let mut lines = Vec::new();
+    let mut code = String::new();
+    let (mut depth, mut continued) = (0usize, false);
+    // The open string's quote and whether it is triple-quoted.
+    let mut string: Option<(char, bool)> = None;
+    let mut i = 0;
+    while i < c.len() {
+        let ch = c[i];
+        if ch == '\n' {
+            let backslash = string.is_none() && code.trim_end().ends_with('\\');
+            lines.push(PyLine {
+                code: std::mem::take(&mut code),
+                continued,
+            });
+            // A newline ends a one-quote string only by mistake: close it.
+            if string.is_some_and(|(_, triple)| !triple) {
+                string = None;
+            }
+            continued = depth > 0 || string.is_some() || backslash;
+            i += 1;
+            continue;
+        }
+        match string {
+            Some((q, triple)) => {
+                if ch == '\\' {
+                    code.push(' ');
+                    if c.get(i + 1).is_some_and(|n| *n != '\n') {
+                        code.push(' ');
+                        i += 1;
+                    }
+                } else if ch == q && (!triple || c[i..].starts_with(&[q, q, q])) {
+                    let n = if triple { 3 } else { 1 };
+                    code.extend(std::iter::repeat_n(q, n));
+                    i += n - 1;
+                    string = None;
+                } else {
+                    code.push(' ');
+                }
+            }
+            None => match ch {
+                '#' => {
+                    while c.get(i + 1).is_some_and(|n| *n != '\n') {
+                        i += 1;
+                    }
+                }
+                '\'' | '"' => {
+                    let triple = c[i..].starts_with(&[ch, ch, ch]);
+                    let n = if triple { 3 } else { 1 };
+                    code.extend(std::iter::repeat_n(ch, n));
+                    i += n - 1;
+                    string = Some((ch, triple));
+                }
+                '(' | '[' | '{' => {
+                    depth += 1;
+                    code.push(ch);
+                }
+                ')' | ']' | '}' => {
+                    depth = depth.saturating_sub(1);
+                    code.push(ch);
+                }
+                _ => code.push(ch),
+            },
+        }
+        i += 1;
+    }
+    if !code.is_empty() {
+        lines.push(PyLine { code, continued });
+    }
+    lines
+}
+
+/// Each function of `text` (a `def`, nested ones too) as (its line, its
+/// lines from the `def` to the last line of its body, found by indentation).
+fn py_functions(text: &str) -> Vec<(usize, usize)> {
+    let lines = py_lines(text);
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let l = line.code.trim_start();
+        if line.continued || !(l.starts_with("def ") || l.starts_with("async def ")) {
+            continue;
+        }
+        let mut last = i;
+        for (k, body) in lines.iter().enumerate().skip(i + 1) {
+            if body.is_blank() {
+                continue;
+            }
+            if !body.continued && body.indent() <= line.indent() {
+                break;
+            }
+            last = k;
+        }
+        out.push((i + 1, last - i + 1));
+    }
+    out
+}
+
+/// The modules a module imports (`import a.b`, `from .a import b`, `from a
+/// import b` where `a.b` is a module), inside functions too, resolved against
+/// `package` (the package a relative import starts from) and kept when they
+/// are among `known`.
+fn py_imports(text: &str, package: &str, known: &BTreeSet<String>) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let lines = py_lines(text);
+    for (i, line) in lines.iter().enumerate() {
+        if line.continued {
+            continue;
+        }
+        // The statement with its continuation lines, brackets dropped.
+        let mut stmt = line.code.clone();
+        for more in lines[i + 1..].iter().take_while(|l| l.continued) {
+            stmt.push(' ');
+            stmt.push_str(&more.code);
+        }
+        let stmt = stmt.replace(['(', ')', '\\'], " ");
+        let words: Vec<&str> = stmt.split_whitespace().collect();
+        let names = |list: &[&str]| -> Vec<String> {
+            list.join(" ")
+                .split(',')
+                .filter_map(|n| n.split_whitespace().next().map(str::to_owned))
+                .collect()
+        };
+        let mut found = Vec::new();
+        match words.as_slice() {
+            ["import", rest @ ..] => found.extend(names(rest)),
+            ["from", from, "import", rest @ ..] => {
+                let dots = from.chars().take_while(|c| *c == '.').count();
+                let base = if dots == 0 {
+                    (*from).to_owned()
+                } else {
+                    let mut parts: Vec<&str> = package.split('.').collect();
+                    parts.truncate(parts.len().saturating_sub(dots - 1));
+                    let tail = &from[dots..];
+                    if tail.is_empty() {
+                        parts.join(".")
+                    } else {
+                        format!("{}.{tail}", parts.join("."))
+                    }
+                };
+                let submodules: Vec<String> = names(rest)
+                    .into_iter()
+                    .map(|n| format!("{base}.{n}"))
+                    .filter(|m| known.contains(m))
+                    .collect();
+                if submodules.is_empty() {
+                    found.push(base);
+                } else {
+                    found.extend(submodules);
+                }
+            }
+            _ => {}
+        }
+        out.extend(found.into_iter().filter(|m| known.contains(m)));
+    }
+    out
+}
+
+/// A cycle in `deps`, as the modules along it, if there is one.
+fn py_cycle(deps: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        m: &str,
+        deps: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if done.contains(m) {
+            return None;
+        }
+        if let Some(start) = path.iter().position(|p| p == m) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(m.to_owned());
+            return Some(cycle);
+        }
+        path.push(m.to_owned());
+        for d in deps.get(m).into_iter().flatten() {
+            if let Some(cycle) = visit(d, deps, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(m.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    deps.keys()
+        .find_map(|m| visit(m, deps, &mut Vec::new(), &mut done))
+}
+
+/// Every `.py` file directly in `dir`.
+fn python_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .collect();
+    out.sort();
+    out
+}
+
+fn bench_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("bench")
+}
+
+/// bench/'s modules by import name: the scripts (`run`, run with bench/ on
+/// the path) and the package's modules (`pdbench`, `pdbench.common`, ...),
+/// each with its path and the package its relative imports start from.
+fn bench_modules() -> BTreeMap<String, (PathBuf, String)> {
+    let mut out = BTreeMap::new();
+    for path in python_files(&bench_dir()) {
+        let stem = path
+            .file_stem()
+            .expect("stem")
+            .to_string_lossy()
+            .into_owned();
+        out.insert(stem, (path, String::new()));
+    }
+    for path in python_files(&bench_dir().join("pdbench")) {
+        let stem = path
+            .file_stem()
+            .expect("stem")
+            .to_string_lossy()
+            .into_owned();
+        let name = if stem == "__init__" {
+            "pdbench".to_owned()
+        } else {
+            format!("pdbench.{stem}")
+        };
+        out.insert(name, (path, "pdbench".to_owned()));
+    }
+    out
+}
+
+#[test]
+fn bench_modules_import_no_script_and_no_cycle() {
+    let modules = bench_modules();
+    assert!(
+        modules.contains_key("pdbench.common") && modules.contains_key("run"),
+        "{:?}",
+        modules.keys()
+    );
+    let known: BTreeSet<String> = modules.keys().cloned().collect();
+    let deps: BTreeMap<String, BTreeSet<String>> = modules
+        .iter()
+        .map(|(name, (path, package))| {
+            let text = fs::read_to_string(path).expect("read");
+            (name.clone(), py_imports(&text, package, &known))
+        })
+        .collect();
+    // A script is what runs; the package is what they share.
+    let scripts: BTreeSet<&String> = known.iter().filter(|m| !m.starts_with("pdbench")).collect();
+    for (name, imported) in &deps {
+        let bad: Vec<&String> = imported.iter().filter(|m| scripts.contains(m)).collect();
+        assert!(bad.is_empty(), "{name} imports the script(s) {bad:?}");
+    }
+    if let Some(cycle) = py_cycle(&deps) {
+        panic!("import cycle in bench/: {}", cycle.join(" -> "));
+    }
+    // The shared module is the bottom layer.
+    assert!(
+        deps["pdbench.common"].is_empty(),
+        "pdbench.common is a leaf: {:?}",
+        deps["pdbench.common"]
+    );
+}
+
+#[test]
+fn no_python_function_in_bench_or_scripts_is_over_100_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files: Vec<PathBuf> = bench_modules().into_values().map(|(p, _)| p).collect();
+    files.extend(python_files(&root.join("scripts")));
+    let mut long = Vec::new();
+    for path in files {
+        let text = fs::read_to_string(&path).expect("read");
+        for (line, n) in py_functions(&text) {
+            if n > 100 {
+                long.push(format!("{}:{line} ({n} lines)", path.display()));
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "Python functions over 100 lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_python_reader_finds_bodies_imports_and_cycles() {
+    // A body of 101 lines, a string at column 0 and a comment inside it.
+    let body: String = (0..99).map(|i| format!("    x{i} = {i}\n")).collect();
+    let text = format!(
+        "import os\n\n@deco\ndef long(a,\nb):\n    s = \"\"\"\nnot code: def x():\n\"\"\"\n# }}\n{body}\ndef short(): return 1\n"
+    );
+    let fns = py_functions(&text);
+    assert_eq!(fns, [(4, 105), (110, 1)], "{fns:?}");
+    let nested = "class A:\n    def f(self):\n        def g():\n            pass\n        return g\n\n    def h(self):\n        '''x'''\n";
+    assert_eq!(py_functions(nested), [(2, 4), (3, 2), (7, 2)]);
+    // Imports: relative, absolute, a submodule by name, a script, in a
+    // function, in brackets over lines, in a string (not one).
+    let known: BTreeSet<String> = ["pdbench", "pdbench.a", "pdbench.b", "run"]
+        .map(str::to_owned)
+        .into();
+    let text = "from .a import (x,\n    y)\nfrom pdbench import b\ndef f():\n    import run\ns = \"import pdbench.c\"\nimport os, json\n";
+    let got = py_imports(text, "pdbench", &known);
+    assert_eq!(
+        got,
+        ["pdbench.a", "pdbench.b", "run"].map(str::to_owned).into()
+    );
+    assert_eq!(
+        py_imports("from . import a\nfrom .. import x\n", "pdbench", &known),
+        ["pdbench.a"].map(str::to_owned).into()
+    );
+    let deps: BTreeMap<String, BTreeSet<String>> = [
+        ("a", vec!["b"]),
+        ("b", vec!["c"]),
+        ("c", vec!["a"]),
+        ("d", vec![]),
+    ]
+    .into_iter()
+    .map(|(m, d)| (m.to_owned(), d.into_iter().map(str::to_owned).collect()))
+    .collect();
+    assert_eq!(py_cycle(&deps).unwrap(), ["a", "b", "c", "a"]);
+    let mut acyclic = deps;
+    acyclic.insert("c".to_owned(), BTreeSet::new());
+    assert_eq!(py_cycle(&acyclic), None);
+}

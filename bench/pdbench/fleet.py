@@ -1,0 +1,490 @@
+"""Fleet benchmark: a production trace through each router onto simulated GPU pods.
+
+How well each router places the requests (bench/README.md, "Fleet
+simulation").
+
+For each configuration: a fresh `mock-engine sim` (prefill and decode pods in
+one process, modelled time divided by --time-scale), a fresh router in front
+of it (pd-router in Envoy, one or several replicas, or a peer), then
+`mock-engine replay` sends the first --requests of the trace at its
+timestamps (its rate times --load), and the sim's records and pod counters
+are read back. Everything the script starts is stopped (by process group)
+before the next configuration starts, also when one fails.
+
+Per configuration: the fleet's prefix-cache hit rate (of the trace's limit,
+an unbounded cache shared by the fleet, and of all prompt tokens), TTFT and
+end-to-end percentiles, output tokens/s, prompt tokens computed, max/mean
+pod load per role, the prefill pods' busy fraction, errors, hand-offs that
+were missing or expired, and the replayer's own lag.
+
+Writes bench/results/fleet.txt (the table and the run's parameters),
+fleet.csv, fleet.png and fleet-raw.json (every figure per configuration);
+--quick writes fleet-quick.* instead, so `just bench` leaves the full run's
+files alone.
+
+Run with `./just bench-fleet` (builds and installs what it needs), or once
+built: bench/.venv/bin/python bench/fleet.py --help
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .common import (BENCH, CLK_TCK, REPO, Procs, admin_port, http_get, log, proc_ticks, read_line,
+                     start_envoy, start_peer)
+from .envoy import fleet_envoy
+from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, QUICK, QUICK_CONFIGS, VARIANTS,
+                            Config, Run, deep_merge)
+from .fleet_metrics import load_trace, peer_decisions, reusable_tokens, summarize
+from .fleet_report import COLUMNS, cell, plot, plot_title, report, write_csv
+
+MODEL = "sim-model"
+# `mock-engine sim --lease-s`'s default: how long a vLLM prefill pod keeps
+# its KV for the decode, modelled seconds.
+SIM_LEASE_S = 30.0
+
+class FleetProcs(Procs):
+    """The processes of one configuration, each in its own process group,
+    stopped by PID (SIGTERM to the group, then SIGKILL); and the routers'
+    own Prometheus pages (kept with --keep)."""
+
+    def __init__(self, scratch: Path):
+        super().__init__(scratch, group=True, tail=12)
+        self.metrics_urls: list[str] = []
+
+
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of `pid` (all its threads), seconds; 0 if gone."""
+    return proc_ticks(pid) / CLK_TCK
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all cores together."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+# ------------------------------------------------------------------- the sim
+
+def start_sim(procs: Procs, a, run: Run) -> dict:
+    argv = [str(a.mock), "sim", "--engine", run.config.engine, "--prefill", str(run.prefill),
+            "--decode", str(run.decode), "--time-scale", f"{run.time_scale:g}", "--model", MODEL]
+    if a.kv_blocks:
+        argv += ["--kv-blocks", str(a.kv_blocks)]
+    if a.cache_blocks:
+        argv += ["--cache-blocks", str(a.cache_blocks)]
+    p = procs.start("sim", argv, stdout=subprocess.PIPE)
+    line = read_line(p, 30)
+    try:
+        ready = json.loads(line)
+    except json.JSONDecodeError:
+        ready = {}
+    if not ready.get("ready"):
+        raise RuntimeError(f"sim did not start: {line!r}\n{procs.log_tail('sim')}")
+    return ready
+
+
+def endpoints(pods: list[dict], engine: str) -> list[dict]:
+    out = []
+    for pod in pods:
+        e = {"address": pod["address"], "name": pod["name"]}
+        if engine == "sglang":
+            e["bootstrap_port"] = pod["bootstrap_port"]
+        out.append(e)
+    return out
+
+
+# -------------------------------------------------------------------- routers
+
+def plugin_config(c: Config, sim: dict) -> dict:
+    """pd-router's configuration for the sim's pods."""
+    # The policies a configuration does not name are pd-router's defaults.
+    model = deep_merge({
+        "name": MODEL, "engine": c.engine,
+        "rolesets": [{"name": "rs0", "prefill": endpoints(sim["prefill"], c.engine),
+                      "decode": endpoints(sim["decode"], c.engine)}],
+    }, c.model)
+    return deep_merge({
+        "prefill_cluster": "pd_prefill",
+        "routing_header": "x-envoy-original-dst-host",
+        # Real seconds: a prefill queued for minutes of modelled time still
+        # answers within this.
+        "prefill_timeout_ms": 300000,
+        "max_body_bytes": 33554432,
+        "scrape_interval_ms": 1000,
+        # The sims' vLLM NIXL lease (30 modelled s) in real time.
+        "kv_lease_ms": max(1, round(SIM_LEASE_S * 1000 / sim["time_scale"])),
+        "models": [model],
+    }, {k: v for k, v in c.plugin.items()})
+
+
+def start_fleet_envoy(procs: FleetProcs, a, name: str, cfg: dict) -> int:
+    """An Envoy on both cores (unpinned, two workers); its Prometheus page
+    joins the run's metrics. Its listener port."""
+    _, port = start_envoy(procs, a.envoy, name, cfg, concurrency=2, core=None, probe_timeout=2)
+    procs.metrics_urls.append(f"http://127.0.0.1:{admin_port(procs.scratch, name)}/stats/prometheus")
+    return port
+
+
+def start_fleet_peer(procs: FleetProcs, name: str, argv: list[str], probe: str) -> int:
+    """A peer router, unpinned; its Prometheus page joins the run's metrics.
+    Its port."""
+    _, port, prom = start_peer(procs, name, argv, probe)
+    procs.metrics_urls.append(f"http://127.0.0.1:{prom}/metrics")
+    return port
+
+
+def start_vllm_router(procs: Procs, a, sim: dict) -> int:
+    argv = [str(a.peer_venv / "bin" / "vllm-router"), "--vllm-pd-disaggregation"]
+    for pod in sim["prefill"]:
+        argv += ["--prefill", f"http://{pod['address']}"]
+    for pod in sim["decode"]:
+        argv += ["--decode", f"http://{pod['address']}"]
+    argv += ["--policy", "cache_aware", "--log-level", "warning",
+             "--worker-startup-check-interval", "1"]
+    return start_fleet_peer(procs, "vllm-router", argv, "/health")
+
+
+def start_sglang_router(procs: Procs, a, sim: dict) -> int:
+    argv = [str(a.peer_venv / "bin" / "python"), "-m", "sglang_router.launch_router",
+            "--pd-disaggregation"]
+    for pod in sim["prefill"]:
+        argv += ["--prefill", f"http://{pod['address']}", str(pod["bootstrap_port"])]
+    for pod in sim["decode"]:
+        argv += ["--decode", f"http://{pod['address']}"]
+    argv += ["--policy", "cache_aware", "--log-level", "warn", "--history-backend", "none"]
+    return start_fleet_peer(procs, "sglang-router", argv, "/readiness")
+
+
+def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
+    """Starts the configuration's router(s); returns the URLs to replay to."""
+    if c.router == "pd":
+        cfg = fleet_envoy(a.wasm, plugin_config(c, sim))
+        ports = [start_fleet_envoy(procs, a, f"envoy{i}", cfg) for i in range(c.replicas)]
+    elif c.router == "vllm-router":
+        ports = [start_vllm_router(procs, a, sim)]
+    elif c.router == "sglang-router":
+        ports = [start_sglang_router(procs, a, sim)]
+    else:
+        raise ValueError(f"unknown router {c.router}")
+    return [f"http://127.0.0.1:{p}/v1/completions" for p in ports]
+
+
+# -------------------------------------------------------------------- one run
+
+def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int],
+            scratch: Path) -> dict:
+    run_dir = scratch / run.name
+    run_dir.mkdir()
+    procs = FleetProcs(run_dir)
+    t0 = time.time()
+    scale, load = run.time_scale, run.load
+    try:
+        sim = start_sim(procs, a, run)
+        urls = start_router(procs, a, run.config, sim)
+        out = run_dir / "replay.jsonl"
+        # Real seconds: the replay's span, then room for the queue to drain.
+        span_real = (trace[-1]["timestamp"] - trace[0]["timestamp"]) / 1000 / load / scale
+        timeout_s = max(60, int(a.request_timeout / scale))
+        argv = [str(a.mock), "replay", "--trace", str(trace_file), "--time-scale",
+                f"{scale:g}", "--load", f"{load:g}", "--limit", str(run.requests),
+                "--out", str(out), "--timeout-s", str(timeout_s), "--model", MODEL]
+        for u in urls:
+            argv += ["--url", u]
+        if run.config.token_ids:
+            argv.append("--token-ids")
+        t_replay = time.time()
+        cpu0 = {n: proc_cpu_s(p.pid) for n, p in procs.procs}
+        m0 = machine_ticks()
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rp = procs.start("replay", argv)
+        try:
+            rp.wait(timeout=span_real + timeout_s + 60)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("the replayer did not finish") from None
+        replay_s = time.time() - t_replay
+        m1 = machine_ticks()
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # CPU seconds per real second of the replay, by process (the
+        # replayer's from its rusage: it has exited and been reaped).
+        cpu = {n: (proc_cpu_s(p.pid) - cpu0.get(n, 0.0)) / replay_s for n, p in procs.procs
+               if n != "replay"}
+        cpu["replay"] = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / replay_s
+        machine_busy = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
+        if rp.returncode != 0:
+            raise RuntimeError(f"replay exited {rp.returncode}: {procs.log_tail('replay', 5)}")
+        seen = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+        base = f"http://{sim['prefill'][0]['address']}"
+        s1, rec_body = http_get(base + "/sim/records", 60)
+        s2, pods_body = http_get(base + "/sim/pods", 30)
+        if s1 != 200 or s2 != 200:
+            raise RuntimeError(f"/sim/records {s1}, /sim/pods {s2}")
+        records = json.loads(rec_body)
+        pods = json.loads(pods_body)
+        # Records of requests outside the replay (none expected) are left out.
+        users = {s["user"] for s in seen}
+        records = [r for r in records if r["user"] in users]
+        summary = summarize(seen, records, pods, trace, reusable)
+        summary.update(replay_wall_s=replay_s, machine_busy=machine_busy,
+                       cpu={k: round(v, 3) for k, v in cpu.items()}, kv_blocks=sim.get("kv_blocks"),
+                       cache_blocks=sim.get("cache_blocks", sim.get("kv_blocks")))
+        pages = [http_get(u, 10)[1].decode(errors="replace") for u in procs.metrics_urls]
+        summary["prefill_decisions"] = peer_decisions(pages)
+        if a.keep:
+            for i, page in enumerate(pages):
+                (run_dir / f"router-metrics-{i}.txt").write_text(page)
+            (run_dir / "records.json").write_text(rec_body.decode())
+            (run_dir / "pods.json").write_text(pods_body.decode())
+        return summary
+    finally:
+        procs.stop_all()
+        log(f"    ({time.time() - t0:.0f} s)")
+
+
+# ---------------------------------------------------------------------- main
+
+def plan(a, ap) -> list[Run]:
+    variants = (a.variants or ("1x" if a.quick else ",".join(VARIANTS))).split(",")
+    for v in variants:
+        if v not in VARIANTS:
+            ap.error(f"unknown variant {v} (one of {', '.join(VARIANTS)})")
+    if a.changes:
+        # Each change and what it is measured against, in the change's variants.
+        want = {}
+        for c in CHANGES:
+            for v in c.variants or variants:
+                want.setdefault(c.name, set()).add(v)
+                want.setdefault(c.against, set()).add(v)
+        order = [c.name for c in CONFIGS + CHANGES if c.name in want]
+        return [run_of(a, BY_NAME[n], v) for v in VARIANTS for n in order if v in want[n]]
+    names = (a.configs.split(",") if a.configs else
+             QUICK_CONFIGS if a.quick else [c.name for c in CONFIGS])
+    picked: list[tuple[Config, str]] = []
+    for n in filter(None, names):
+        base, _, suffix = n.partition("@")
+        if base not in BY_NAME:
+            ap.error(f"unknown config {base} (one of {', '.join(BY_NAME)})")
+        if suffix:
+            v = next((k for k, x in VARIANTS.items() if x.suffix == "@" + suffix), None)
+            if v is None:
+                ap.error(f"unknown variant @{suffix} in {n}")
+            picked.append((BY_NAME[base], v))
+        else:
+            c = BY_NAME[base]
+            picked.extend((c, v) for v in variants if not c.variants or v in c.variants)
+    # Variant by variant: the 1x rows first, then 2x, then 32 pods.
+    picked.sort(key=lambda r: list(VARIANTS).index(r[1]))
+    return [run_of(a, c, v) for c, v in picked]
+
+
+def run_of(a, c: Config, v: str) -> Run:
+    """Configuration `c` in variant `v`."""
+    requests = a.requests or (QUICK["requests"] if a.quick else DEFAULTS["requests"])
+    x = VARIANTS[v]
+    prefill = x.prefill or a.prefill
+    grow = prefill / a.prefill
+    return Run(name=c.name + x.suffix, config=c, variant=v,
+               requests=a.requests_32p or requests if v == "32p" else requests,
+               load=a.load * x.load * grow, prefill=prefill,
+               decode=max(1, round(a.decode * grow)),
+               time_scale=a.time_scale * x.scale * c.scale)
+
+
+def git_state() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src",
+                                "mock-engine/src"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return head + (" (src/ or mock-engine/src/ with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--trace", type=Path, default=BENCH / "traces/mooncake-conversation.jsonl.gz",
+                    help="a Mooncake-format trace, plain or .gz")
+    ap.add_argument("--requests", type=int, default=None,
+                    help=f"the first N requests of the trace (default {DEFAULTS['requests']}, "
+                         f"--quick {QUICK['requests']})")
+    ap.add_argument("--requests-32p", type=int, default=None,
+                    help="requests of the 32-prefill-pod runs (default: --requests)")
+    ap.add_argument("--time-scale", type=float, default=DEFAULTS["time_scale"],
+                    help="modelled seconds per real second (sim and replayer; default "
+                         f"{DEFAULTS['time_scale']:g}; the @32p runs at half)")
+    ap.add_argument("--load", type=float, default=DEFAULTS["load"],
+                    help=f"the trace's rate multiplied by this (default {DEFAULTS['load']:g}; "
+                         "@2x runs twice it, @32p runs it times 32 / --prefill)")
+    ap.add_argument("--prefill", type=int, default=DEFAULTS["prefill"],
+                    help=f"prefill pods (default {DEFAULTS['prefill']})")
+    ap.add_argument("--decode", type=int, default=DEFAULTS["decode"],
+                    help=f"decode pods (default {DEFAULTS['decode']}; @32p: in proportion)")
+    ap.add_argument("--kv-blocks", type=int, default=None,
+                    help="KV room per pod on the GPU, 512-token blocks (default: the sim's, an "
+                         "H100's 440,000 tokens)")
+    ap.add_argument("--cache-blocks", type=int, default=DEFAULTS["cache_blocks"],
+                    help="prefix-cache blocks per pod, GPU and host tier (default "
+                         f"{DEFAULTS['cache_blocks']}, four times the H100's KV; 0: the sim's, "
+                         "no host tier)")
+    ap.add_argument("--configs", default=None,
+                    help="configurations, comma-separated: a base name runs the --variants, a "
+                         "full name (pd-prefix@2x) just that run (default: all; --quick: "
+                         + ",".join(QUICK_CONFIGS) + ")")
+    ap.add_argument("--variants", default=None,
+                    help="of each base name: 1x (at --load), 2x (twice it), 32p (32 prefill "
+                         "pods) (default 1x,2x,32p; --quick: 1x)")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short run (the `just bench` one): fewer configurations and requests; "
+                         "writes fleet-quick.*")
+    ap.add_argument("--changes", action="store_true",
+                    help="run each change of CHANGES with the configuration it is measured "
+                         "against, in the change's variants; writes fleet-changes.*")
+    ap.add_argument("--request-timeout", type=float, default=1200,
+                    help="a request unanswered after this many modelled seconds is an error")
+    ap.add_argument("--out-dir", type=Path, default=BENCH / "results")
+    ap.add_argument("--envoy", type=Path,
+                    default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
+    ap.add_argument("--wasm", type=Path, default=Path(os.environ.get(
+        "PD_ROUTER_WASM", REPO / "target/wasm32-wasip1/release/pd_router.wasm")))
+    ap.add_argument("--mock", type=Path, default=REPO / "target/release/mock-engine")
+    ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
+    ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, "
+                    "records)")
+    return ap
+
+
+def parse_args():
+    """The options, checked, and the runs they ask for."""
+    ap = arg_parser()
+    a = ap.parse_args()
+    runs = plan(a, ap)
+    for what, p in (("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock)):
+        if not p.exists():
+            ap.error(f"{what} not found at {p} (`./just bench-fleet` builds everything)")
+    if any(r.config.router != "pd" for r in runs) and not (a.peer_venv / "bin/vllm-router").exists():
+        ap.error(f"the peers are not installed in {a.peer_venv} (`./just bench-fleet` does it)")
+    a.wasm = a.wasm.resolve()
+    a.kv_blocks = a.kv_blocks or None
+    a.cache_blocks = a.cache_blocks or None
+    return a, runs
+
+
+def run_all(a, runs: list[Run], scratch: Path, results: dict, failed: dict, traces: dict) -> None:
+    """Each run in turn, into `results` (or `failed`, and the rest go on);
+    `traces` gets the trace's first N requests and their reusable tokens, per
+    N the runs replay."""
+    trace_file, lines = load_trace(a.trace, scratch)
+    for n in sorted({r.requests for r in runs}):
+        traces[n] = (lines[:n], reusable_tokens(lines[:n]))
+    log(f"fleet: {len(runs)} runs; " + "; ".join(
+        f"the first {n} requests' limit {sum(re) / sum(t['input_length'] for t in tr):.1%} of "
+        f"their prompt tokens" for n, (tr, re) in traces.items()))
+    for i, run in enumerate(runs):
+        log(f"[{i + 1}/{len(runs)}] {run.name}: {run.config.about}; {run.requests} requests, "
+            f"load {run.load:g}, {run.prefill}P+{run.decode}D, time scale {run.time_scale:g}")
+        trace, reusable = traces[run.requests]
+        try:
+            r = run_one(a, run, trace_file, trace, reusable, scratch)
+        except Exception as e:  # noqa: BLE001 - reported, the rest go on
+            failed[run.name] = str(e).strip().replace("\n", " | ")[:300]
+            log(f"  FAILED: {failed[run.name]}")
+            continue
+        c = run.config
+        r.update(config=run.name, base=c.name, variant=run.variant, router=c.router,
+                 engine=c.engine, replicas=c.replicas, load=run.load,
+                 time_scale=run.time_scale, about=c.about)
+        results[run.name] = r
+        log("  " + ", ".join(f"{h.strip()} {cell(r, k, spec)}" for k, h, spec, _ in COLUMNS)
+            + f"; P busy max {cell(r, 'prefill_busy_max', '{:.0%}')}, ovh99 "
+              f"{cell(r, 'overhead_p99', '{:.2f}')}, replay {r['replay_wall_s']:.0f} s "
+              f"real, machine {r['machine_busy']:.0%} busy, CPU "
+            + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu"].items()))
+
+
+def run_params(a, runs: list[Run], results: dict, traces: dict, commit: str) -> dict:
+    """The run's parameters, as the report and fleet*-raw.json give them."""
+    # The pods' sizes, as the sims' ready lines named them.
+    any_run = next(iter(results.values()), {})
+    main_n = max(traces) if traces else 0
+    tr, re = traces.get(main_n, ([], []))
+    prompt = sum(t["input_length"] for t in tr)
+    return {
+        "trace": str(a.trace.resolve().relative_to(REPO) if a.trace.resolve().is_relative_to(REPO)
+                     else a.trace),
+        "commit": commit,
+        "requests": main_n,
+        "trace_span_s": (tr[-1]["timestamp"] - tr[0]["timestamp"]) / 1000 if tr else 0,
+        "limit_pct": sum(re) / prompt if prompt else 0,
+        "load": a.load, "time_scale": a.time_scale, "prefill": a.prefill, "decode": a.decode,
+        "kv_blocks": any_run.get("kv_blocks", a.kv_blocks),
+        "cache_blocks": any_run.get("cache_blocks", a.cache_blocks),
+        "runs": {r.name: {"requests": r.requests, "load": r.load, "prefill": r.prefill,
+                          "decode": r.decode, "time_scale": r.time_scale} for r in runs},
+    }
+
+
+def write_results(a, runs: list[Run], results: dict, failed: dict, params: dict,
+                  wall: float) -> None:
+    """<stem>.txt, .csv, -raw.json and .png: fleet, fleet-quick (--quick) or
+    fleet-changes (--changes)."""
+    text = report(results, failed, params, runs, wall)
+    stem = "fleet-changes" if a.changes else "fleet-quick" if a.quick else "fleet"
+    a.out_dir.mkdir(parents=True, exist_ok=True)
+    (a.out_dir / f"{stem}.txt").write_text(text + "\n")
+    write_csv(a.out_dir / f"{stem}.csv", results)
+    (a.out_dir / f"{stem}-raw.json").write_text(json.dumps(
+        {"params": params, "results": results, "failed": failed}, indent=1) + "\n")
+    try:
+        plot(results, a.out_dir / f"{stem}.png", plot_title(params, stem))
+    except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
+        log(f"plot failed: {e}")
+    print(text)
+    log(f"wrote {a.out_dir}/{stem}.txt, .csv, .png, -raw.json")
+
+
+def main() -> int:
+    a, runs = parse_args()
+    t_start = time.time()
+    # The tree the recipe just built from (edits made while the runs go on
+    # do not change the binaries).
+    commit = git_state()
+    scratch = Path(tempfile.mkdtemp(prefix="pd-fleet-"))
+
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    results: dict[str, dict] = {}
+    failed: dict[str, str] = {}
+    traces: dict[int, tuple[list[dict], list[int]]] = {}
+    try:
+        run_all(a, runs, scratch, results, failed, traces)
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); writing what was measured")
+    finally:
+        if a.keep:
+            log(f"logs kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    if not results and not failed:
+        return 1
+    params = run_params(a, runs, results, traces, commit)
+    write_results(a, runs, results, failed, params, time.time() - t_start)
+    return 0 if not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The fleet simulation's configurations (bench/fleet.py): each router
+setup, the changes measured against them, the variants they run in, the
+defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# ------------------------------------------------------------ configurations
+
+@dataclass(frozen=True)
+class Config:
+    """One router setup. `model` is merged into pd-router's model entry,
+    `plugin` into its top-level configuration (dicts merged deeply);
+    `scale` multiplies the time scale of its runs."""
+    name: str
+    router: str  # "pd", "vllm-router" or "sglang-router"
+    engine: str  # the sims' wire contract: "vllm" or "sglang"
+    model: dict = field(default_factory=dict)
+    plugin: dict = field(default_factory=dict)
+    replicas: int = 1
+    scale: float = 1.0
+    # The replayer sends prompts as token ids (what the sims' render gives
+    # for the text), for a router that keys on them.
+    token_ids: bool = False
+    # The variants it runs in (by key of VARIANTS); empty: every one asked.
+    variants: tuple = ()
+    # A change: the configuration it is measured against.
+    against: str = ""
+    about: str = ""
+
+
+# Adding a configuration is one line here. A configuration without
+# `variants` runs in every variant the command line asks for; one with them
+# only in those (the rows that measure one change against the default).
+AIBRIX = {"prefill_policy": "prefix_cache", "decode_policy": "load_balancing"}
+DECIDER = {"min_prompt_tokens": 256, "min_uncached_tokens": 256,
+           "prefill_saturated_local": False}
+CONFIGS = [
+    Config("pd-ttft", "pd", "vllm",
+           about="pd-router's defaults: least_ttft, decode least_request; vLLM NIXL sims"),
+    Config("pd-prefix", "pd", "vllm", AIBRIX,
+           about="pd-router, AIBrix's prefix_cache and load_balancing"),
+    Config("pd-least", "pd", "vllm", {"prefill_policy": "least_request"},
+           variants=("1x", "32p"), about="pd-router, least_request"),
+    Config("pd-chash", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           about="pd-router, consistent_hash"),
+    Config("pd-random", "pd", "vllm", {"prefill_policy": "random"},
+           variants=("1x", "32p"), about="pd-router, random placement"),
+    Config("pd-chash-x3", "pd", "vllm", {"prefill_policy": "consistent_hash"}, replicas=3,
+           variants=("1x", "32p"),
+           about="three Envoy replicas with consistent_hash, the replayer taking them in turn"),
+    Config("pd-sglang", "pd", "sglang", variants=("1x", "2x"),
+           about="pd-router's defaults, SGLang sims (bootstrap rooms)"),
+    # Prompts as token ids: its cache_aware keys on them as they come, where
+    # a text prompt makes it ask every pod to render (tokenize) it first.
+    Config("vllm-router", "vllm-router", "vllm", token_ids=True,
+           about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware, "
+                 "prompts as token ids"),
+    Config("sglang-router", "sglang-router", "sglang",
+           about="sglang-router 0.3.2 --pd-disaggregation --policy cache_aware "
+                 "(random in PD mode: its PD policies are never seeded)"),
+]
+
+# One change each against a configuration above (`against`), in the
+# variants that say something: `--changes` runs them with those, and writes
+# fleet-changes.* (bench/README.md, "What was changed").
+CHANGES = [
+    Config("pd-prefix-b128", "pd", "vllm", AIBRIX,
+           {"scheduling": {"prefix_block_tokens": 32, "prefix_max_blocks": 128}},
+           against="pd-prefix", variants=("1x",),
+           about="AIBrix's policies on blocks of 128 bytes, the first 16 KB hashed "
+                 "(before issue 24)"),
+    Config("pd-ttft-w1", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 1}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 1 (the TTFT alone)"),
+    Config("pd-ttft-w4", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 4}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 4"),
+    Config("pd-ttft-lb", "pd", "vllm", {"decode_policy": "load_balancing"},
+           against="pd-ttft", variants=("1x", "32p"), about="least_ttft, decode load_balancing (AIBrix's)"),
+    Config("pd-ttft-decider", "pd", "vllm", {"decider": DECIDER},
+           against="pd-ttft", variants=("1x", "2x"), about="pd-router's defaults, the decider on"),
+    Config("pd-ttft-follow", "pd", "vllm",
+           {"decider": {"min_prompt_tokens": 0, "min_uncached_tokens": 0}},
+           against="pd-ttft", variants=("1x",), about="pd-router's defaults, the decode pod follows the "
+                                   "prompt's KV (a decider that never keeps one whole)"),
+    Config("pd-ttft-x3", "pd", "vllm", replicas=3, against="pd-ttft", variants=("1x",),
+           about="three Envoy replicas with pd-router's defaults"),
+    Config("pd-prefix-decider", "pd", "vllm", dict(AIBRIX, decider=DECIDER),
+           against="pd-prefix", variants=("1x",), about="AIBrix's policies, the decider on"),
+    Config("pd-chash-c1.25", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           {"scheduling": {"bounded_load_factor": 1.25}}, against="pd-chash", variants=("1x",),
+           about="consistent_hash, bounded_load_factor 1.25"),
+    Config("pd-chash-k256", "pd", "vllm", {"prefill_policy": "consistent_hash"},
+           {"scheduling": {"prefix_block_tokens": 32, "consistent_hash_blocks": 8}},
+           against="pd-chash", variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
+                                   "(before issue 24), the bound of now"),
+]
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How a configuration's run differs from the base one: load, pods and
+    time scale multiplied (pods to `prefill`, decode pods in proportion)."""
+    suffix: str
+    load: float = 1.0
+    prefill: int | None = None
+    scale: float = 1.0
+
+
+# 32p: the load-balance check at 32 prefill pods, the decode pods, the load
+# and so the work per pod scaled with them; half the time scale keeps the
+# machine's request rate that of the @2x runs.
+VARIANTS = {"1x": Variant(""), "2x": Variant("@2x", load=2.0),
+            "32p": Variant("@32p", prefill=32, scale=0.5)}
+QUICK_CONFIGS = ["pd-ttft", "pd-prefix", "pd-chash", "vllm-router", "sglang-router"]
+
+# Defaults measured on the 2-core machine (bench/README.md, "Fleet simulation").
+DEFAULTS = dict(requests=1000, time_scale=5.0, load=3.0, prefill=8, decode=8,
+                cache_blocks=4 * 859)
+QUICK = dict(requests=300)
+
+
+@dataclass
+class Run:
+    name: str
+    config: Config
+    variant: str
+    requests: int
+    load: float
+    prefill: int
+    decode: int
+    time_scale: float
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
