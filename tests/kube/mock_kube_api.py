@@ -668,11 +668,25 @@ def normalise_pod(p, i):
     return out
 
 
-def build_pod(p, uid, rv, created, deleted):
-    """The Pod object kube-apiserver would show for the simplified pod `p`."""
+def container_state(phase, t):
+    """The engine container's state in a pod of `phase`."""
+    if phase == "Running":
+        return k8s.V1ContainerState(running=k8s.V1ContainerStateRunning(started_at=t))
+    if phase in ("Succeeded", "Failed"):
+        ok = phase == "Succeeded"
+        return k8s.V1ContainerState(
+            terminated=k8s.V1ContainerStateTerminated(
+                exit_code=0 if ok else 1, reason="Completed" if ok else "Error", started_at=t, finished_at=t
+            )
+        )
+    if phase == "Pending":
+        return k8s.V1ContainerState(waiting=k8s.V1ContainerStateWaiting(reason="ContainerCreating"))
+    return k8s.V1ContainerState()
+
+
+def pod_status(p, uid, t):
+    """The status kube-apiserver would show for the simplified pod `p`."""
     ip, phase, ready = p["ip"], p["phase"], p["ready"]
-    running = phase == "Running"
-    t = utc(created)
 
     def cond(kind, ok, reason=None, message=None):
         return k8s.V1PodCondition(
@@ -691,19 +705,6 @@ def build_pod(p, uid, rv, created, deleted):
         cond("ContainersReady", ready, "ContainersNotReady", unready),
         cond("PodScheduled", True),
     ]
-    if running:
-        state = k8s.V1ContainerState(running=k8s.V1ContainerStateRunning(started_at=t))
-    elif phase in ("Succeeded", "Failed"):
-        ok = phase == "Succeeded"
-        state = k8s.V1ContainerState(
-            terminated=k8s.V1ContainerStateTerminated(
-                exit_code=0 if ok else 1, reason="Completed" if ok else "Error", started_at=t, finished_at=t
-            )
-        )
-    elif phase == "Pending":
-        state = k8s.V1ContainerState(waiting=k8s.V1ContainerStateWaiting(reason="ContainerCreating"))
-    else:
-        state = k8s.V1ContainerState()
     started = phase not in ("Pending", "Unknown")
     container_status = k8s.V1ContainerStatus(
         name="engine",
@@ -712,10 +713,10 @@ def build_pod(p, uid, rv, created, deleted):
         container_id="containerd://" + hashlib.sha256(uid.encode()).hexdigest() if started else None,
         ready=ready,
         restart_count=0,
-        started=running,
-        state=state,
+        started=phase == "Running",
+        state=container_state(phase, t),
     )
-    status = k8s.V1PodStatus(
+    return k8s.V1PodStatus(
         phase=phase,
         conditions=conditions,
         host_ip=HOST_IP,
@@ -726,7 +727,11 @@ def build_pod(p, uid, rv, created, deleted):
         container_statuses=[container_status],
         qos_class="BestEffort",
     )
-    spec = k8s.V1PodSpec(
+
+
+def pod_spec(p):
+    """The spec of the simplified pod `p`, with the API server's defaults."""
+    return k8s.V1PodSpec(
         containers=[
             k8s.V1Container(
                 name="engine",
@@ -750,6 +755,11 @@ def build_pod(p, uid, rv, created, deleted):
         service_account_name="default",
         termination_grace_period_seconds=30,
     )
+
+
+def build_pod(p, uid, rv, created, deleted):
+    """The Pod object kube-apiserver would show for the simplified pod `p`."""
+    t = utc(created)
     meta = k8s.V1ObjectMeta(
         name=p["name"],
         namespace=p["namespace"],
@@ -761,7 +771,7 @@ def build_pod(p, uid, rv, created, deleted):
         deletion_timestamp=utc(deleted + 30) if deleted is not None else None,
         deletion_grace_period_seconds=30 if deleted is not None else None,
     )
-    pod = k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=spec, status=status)
+    pod = k8s.V1Pod(api_version="v1", kind="Pod", metadata=meta, spec=pod_spec(p), status=pod_status(p, uid, t))
     obj = serialise(pod)
     # Items of a list carry no kind/apiVersion on the wire.
     obj.pop("kind", None)
@@ -773,8 +783,8 @@ def build_pod(p, uid, rv, created, deleted):
         "spec.restartPolicy": "Always",
         "spec.schedulerName": "default-scheduler",
         "spec.serviceAccountName": "default",
-        "status.phase": phase,
-        "status.podIP": ip or "",
+        "status.phase": p["phase"],
+        "status.podIP": p["ip"] or "",
     }
     return obj, fields
 

@@ -570,6 +570,8 @@ class MockKubeApiTest(unittest.TestCase):
                 ("/api/v1/namespaces/default/pods", None),
             ],
         )
+
+    def test_the_mode_is_read_back_and_an_unknown_one_refused(self):
         for m in ("unauthorized", "garbage", "unavailable", "too_many_requests"):
             self.mode(m)
             self.assertEqual(self.control("GET", "/_mock/mode")["mode"], m)
