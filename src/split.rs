@@ -19,6 +19,7 @@ use crate::engine::{
 };
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
+use crate::handoff::Legs;
 use crate::host::NotSplit;
 use crate::reconcile;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
@@ -507,8 +508,34 @@ pub fn build(
         reconcile::AnswerNeeds::None => None,
     };
     let concurrent = handler.concurrent_for(&ctx, &prefill);
-    let mut legs = build_legs(handler, &mut ctx, &prefill)?;
-    if rewrite.as_ref().is_some_and(|a| a.logprobs.is_some()) {
+    let legs = build_legs(handler, &mut ctx, &prefill)?;
+    let rendered = render_legs(&request, legs, rewrite.as_ref(), concurrent)?;
+    Ok(Plan::Split(SplitPlan {
+        request,
+        prefill_pod: prefill,
+        decode_pod: decode,
+        reason,
+        prefix,
+        decided,
+        prefill_body: rendered.prefill_body,
+        prefill_headers: rendered.prefill_headers,
+        decode: rendered.decode,
+        concurrent,
+        rewrite,
+    }))
+}
+
+/// The legs' edits finished (prompt logprobs left to the prefill, the
+/// client's own `kv_transfer_params` members kept) and rendered: the
+/// prefill's body and headers, and the decode leg, whole for a concurrent
+/// engine or waiting for the prefill's answer.
+fn render_legs(
+    request: &SplitRequest,
+    mut legs: Legs,
+    rewrite: Option<&reconcile::RewritePlan>,
+    concurrent: bool,
+) -> Result<RenderedLegs, PdError> {
+    if rewrite.is_some_and(|a| a.logprobs.is_some()) {
         // Asked of the decode, they make it recompute the prompt and ignore
         // the hand-off; the prefill's answer supplies them instead.
         for key in reconcile::PROMPT_LOGPROB_FIELDS {
@@ -536,19 +563,18 @@ pub fn build(
     } else {
         DecodeLeg::AfterPrefill(legs.decode)
     };
-    Ok(Plan::Split(SplitPlan {
-        request,
-        prefill_pod: prefill,
-        decode_pod: decode,
-        reason,
-        prefix,
-        decided,
+    Ok(RenderedLegs {
         prefill_body,
         prefill_headers: legs.prefill.headers,
         decode: decode_leg,
-        concurrent,
-        rewrite,
-    }))
+    })
+}
+
+/// A split's legs as they are sent.
+struct RenderedLegs {
+    prefill_body: Vec<u8>,
+    prefill_headers: Vec<(String, String)>,
+    decode: DecodeLeg,
 }
 
 /// Adds the client's own `kv_transfer_params` members to the one a leg's

@@ -198,7 +198,7 @@ fn fn_end(lines: &[String], i: usize) -> usize {
 }
 
 #[test]
-fn no_function_in_src_is_over_100_lines() {
+fn no_function_in_src_is_over_80_lines() {
     let mut long = Vec::new();
     for file in rust_files(&src()) {
         let lines = code(&file);
@@ -216,7 +216,7 @@ fn no_function_in_src_is_over_100_lines() {
                 continue;
             }
             let n = fn_end(&lines, i) - i + 1;
-            if n > 100 {
+            if n > 80 {
                 long.push(format!("{}:{} ({n} lines)", file.display(), i + 1));
             }
             i += 1;
@@ -224,7 +224,7 @@ fn no_function_in_src_is_over_100_lines() {
     }
     assert!(
         long.is_empty(),
-        "functions over 100 lines:\n{}",
+        "functions over 80 lines:\n{}",
         long.join("\n")
     );
 }
@@ -576,7 +576,7 @@ fn no_function_in_mock_engine_is_over_100_lines() {
     }
     assert!(
         long.is_empty(),
-        "functions over 100 lines:\n{}",
+        "functions over 80 lines:\n{}",
         long.join("\n")
     );
 }

@@ -135,25 +135,7 @@ impl Members {
             _ => {}
         }
 
-        // New members, each with the comma that joins it to its neighbour:
-        // before it when appended after kept members, after it when put in
-        // front of them.
-        let mut added = Vec::new();
-        let mut any = layout == Layout::Append && first_kept.is_some();
-        for (key, op) in &edits.ops {
-            if !matches!(op, Edit::Remove) && !self.contains(key) {
-                if any {
-                    added.push(b',');
-                }
-                push_json_str(&mut added, key);
-                added.push(b':');
-                added.extend_from_slice(value(op)?);
-                any = true;
-            }
-        }
-        if layout == Layout::Front && any && first_kept.is_some() {
-            added.push(b',');
-        }
+        let added = self.added_members(edits, other, layout, first_kept.is_some())?;
         let add_at = match layout {
             Layout::Append => self.members.last().map(|m| m.value.end),
             Layout::Front => self.members.first().map(|m| m.lead_start),
@@ -173,6 +155,35 @@ impl Members {
             end,
             extra,
         })
+    }
+
+    /// The members `edits` adds, each with the comma that joins it to its
+    /// neighbour: before it when appended after kept members, after it
+    /// when put in front of them.
+    fn added_members(
+        &self,
+        edits: &Edits,
+        other: &[u8],
+        layout: Layout,
+        any_kept: bool,
+    ) -> Result<Vec<u8>, SourceMismatch> {
+        let mut added = Vec::new();
+        let mut any = layout == Layout::Append && any_kept;
+        for (key, op) in &edits.ops {
+            if !matches!(op, Edit::Remove) && !self.contains(key) {
+                if any {
+                    added.push(b',');
+                }
+                push_json_str(&mut added, key);
+                added.push(b':');
+                added.extend_from_slice(edit_value(op, other)?);
+                any = true;
+            }
+        }
+        if layout == Layout::Front && any && any_kept {
+            added.push(b',');
+        }
+        Ok(added)
     }
 }
 

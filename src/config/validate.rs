@@ -40,26 +40,8 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         raw.routing_header.as_deref(),
         &raw.prefill_cluster,
     )?;
-    routing.picker = match raw.placement.as_deref() {
-        None | Some("own") => false,
-        Some("epp") => true,
-        Some(other) => {
-            return Err(err(
-                "placement",
-                format!("unknown placement {other:?}; expected one of: own, epp"),
-            ))
-        }
-    };
-    let mut models: Vec<Model> = Vec::with_capacity(raw_models.len());
-    for (mi, m) in raw_models.into_iter().enumerate() {
-        if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
-            return Err(err(
-                format!("models[{mi}].name"),
-                format!("model {:?} is configured twice", m.name),
-            ));
-        }
-        models.push(model(m, &format!("models[{mi}]"))?);
-    }
+    routing.picker = placement_by_picker(raw.placement.as_deref())?;
+    let models = models(raw_models)?;
     check_push_peers(&models, kv_connector)?;
     check_adapter_names(&models)?;
     let discovery = discovery.map(|mut d| {
@@ -104,6 +86,33 @@ pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         objectives: raw.objectives,
         fingerprint: String::new(),
     })
+}
+
+/// Whether an endpoint picker places requests (`placement`).
+fn placement_by_picker(placement: Option<&str>) -> Result<bool, ConfigError> {
+    match placement {
+        None | Some("own") => Ok(false),
+        Some("epp") => Ok(true),
+        Some(other) => Err(err(
+            "placement",
+            format!("unknown placement {other:?}; expected one of: own, epp"),
+        )),
+    }
+}
+
+/// Each model of `models[]`, no name twice.
+fn models(raw: Vec<RawModel>) -> Result<Vec<Model>, ConfigError> {
+    let mut models: Vec<Model> = Vec::with_capacity(raw.len());
+    for (mi, m) in raw.into_iter().enumerate() {
+        if !m.name.is_empty() && models.iter().any(|other| other.name == m.name) {
+            return Err(err(
+                format!("models[{mi}].name"),
+                format!("model {:?} is configured twice", m.name),
+            ));
+        }
+        models.push(model(m, &format!("models[{mi}]"))?);
+    }
+    Ok(models)
 }
 
 /// `admission`, when it sets a limit.

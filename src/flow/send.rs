@@ -118,19 +118,7 @@ impl Flow {
         self.timing.model = Some(Rc::clone(model));
         let plan = match plan {
             Plan::Unsplit { request, pod, why } => {
-                let not_split = why.not_split();
-                host.increment(Counter::Unsplit(not_split));
-                self.debug(host, || {
-                    let by = match &why {
-                        UnsplitReason::Combined(policy) => format!(" ({policy})"),
-                        _ => String::new(),
-                    };
-                    format!("not split ({}{by}): {}", not_split.label(), pod.address)
-                });
-                if let UnsplitReason::Decided(decided) = &why {
-                    self.report_decision(host, &request, &pod, decided);
-                }
-                return self.forward_unsplit(host, request.model.id, &pod);
+                return self.send_unsplit(host, &request, &pod, &why);
             }
             Plan::Split(plan) => plan,
         };
@@ -177,9 +165,43 @@ impl Flow {
             }));
             return Ok(Sent::Waiting);
         }
-        // SGLang: the prefill waits for the decode to register its room, so
-        // the decode goes out now and the prefill answer is only watched.
-        if let Err(e) = self.send_concurrent_decode(host, &plan) {
+        self.send_decode_now(host, &plan, token)
+    }
+
+    /// A request to one pod whole: counted and logged by why.
+    fn send_unsplit<H: Host>(
+        &mut self,
+        host: &mut H,
+        request: &SplitRequest,
+        pod: &Rc<Endpoint>,
+        why: &UnsplitReason,
+    ) -> Result<Sent, PdError> {
+        let not_split = why.not_split();
+        host.increment(Counter::Unsplit(not_split));
+        self.debug(host, || {
+            let by = match why {
+                UnsplitReason::Combined(policy) => format!(" ({policy})"),
+                _ => String::new(),
+            };
+            format!("not split ({}{by}): {}", not_split.label(), pod.address)
+        });
+        if let UnsplitReason::Decided(decided) = why {
+            self.report_decision(host, request, pod, decided);
+        }
+        self.forward_unsplit(host, request.model.id, pod)
+    }
+
+    /// A concurrent engine's decode, sent while its prefill (`token`) is in
+    /// flight. SGLang: the prefill waits for the decode to register its
+    /// room, so the decode goes out now and the prefill answer is only
+    /// watched.
+    fn send_decode_now<H: Host>(
+        &mut self,
+        host: &mut H,
+        plan: &split::SplitPlan,
+        token: u32,
+    ) -> Result<Sent, PdError> {
+        if let Err(e) = self.send_concurrent_decode(host, plan) {
             self.release(host, Release::All, None);
             return Err(e);
         }

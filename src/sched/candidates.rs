@@ -54,6 +54,40 @@ pub(super) fn least<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
     })
 }
 
+/// The usable prefill and decode pods of the rolesets `fits` names, each
+/// roleset only when it has both.
+fn roleset_candidates<'m>(
+    model: &'m Model,
+    pods: &[PodState],
+    exclude: &[usize],
+    fits: &[usize],
+) -> (Vec<Candidate<'m>>, Vec<Candidate<'m>>) {
+    let mut prefill: Vec<Candidate> = Vec::new();
+    let mut decode: Vec<Candidate> = Vec::new();
+    for (ri, rs) in model.rolesets.iter().enumerate() {
+        if !fits.contains(&ri) {
+            continue;
+        }
+        let usable_of = |list: &'m [Rc<Endpoint>]| -> Vec<Candidate<'m>> {
+            list.iter()
+                .filter(|e| usable(e, pods, exclude))
+                .map(|ep| Candidate { roleset: ri, ep })
+                .collect()
+        };
+        let p: Vec<Candidate> = usable_of(&rs.prefill)
+            .into_iter()
+            .filter(|c| !state(pods, c.ep).not_ready_for_prefill)
+            .collect();
+        let d = usable_of(&rs.decode);
+        // A roleset pairs within itself: half of one is no candidate.
+        if !p.is_empty() && !d.is_empty() {
+            prefill.extend(p);
+            decode.extend(d);
+        }
+    }
+    (prefill, decode)
+}
+
 /// The pool to choose from, or the decision when there is nothing to choose
 /// (only combined pods, or no pod at all).
 /// Candidates come out shuffled (all but a round-robin phase's, whose
@@ -90,36 +124,7 @@ pub(super) fn gather<'m>(
         })
         .map(|(i, _)| i)
         .collect();
-    let mut prefill: Vec<Candidate> = Vec::new();
-    let mut decode: Vec<Candidate> = Vec::new();
-    let mut fitting = vec![false; model.rolesets.len()];
-    for ri in &fits {
-        if let Some(f) = fitting.get_mut(*ri) {
-            *f = true;
-        }
-    }
-    for (ri, rs) in model.rolesets.iter().enumerate() {
-        if !fitting.get(ri).copied().unwrap_or(false) {
-            continue;
-        }
-        let usable_of = |list: &'m [Rc<Endpoint>]| -> Vec<Candidate<'m>> {
-            list.iter()
-                .filter(|e| usable(e, pods, req.exclude))
-                .map(|ep| Candidate { roleset: ri, ep })
-                .collect()
-        };
-        let p: Vec<Candidate> = usable_of(&rs.prefill)
-            .into_iter()
-            .filter(|c| !state(pods, c.ep).not_ready_for_prefill)
-            .collect();
-        let d = usable_of(&rs.decode);
-        // A roleset pairs within itself: half of one is no candidate.
-        if !p.is_empty() && !d.is_empty() {
-            prefill.extend(p);
-            decode.extend(d);
-        }
-    }
-
+    let (mut prefill, mut decode) = roleset_candidates(model, pods, req.exclude, &fits);
     shuffle(&mut combined, req.random);
     shuffle(&mut fits, req.random);
     if model.prefill_policy != PrefillPolicy::RoundRobin {

@@ -483,7 +483,7 @@ fn unhealthy_and_excluded_pods_are_skipped() {
 }
 
 #[test]
-fn direct_policies_rotate_randomise_and_sample_two() {
+fn round_robin_rotates() {
     let c = config(r#","prefill_policy":"round_robin","decode_policy":"round_robin""#);
     let pods = idle(8);
     let mut seen = Vec::new();
@@ -506,7 +506,10 @@ fn direct_policies_rotate_randomise_and_sample_two() {
         }
     }
     assert_eq!(seen, vec![0, 1, 4, 5]);
+}
 
+#[test]
+fn power_of_two_samples_two_and_takes_the_less_loaded() {
     let c = config(r#","prefill_policy":"power_of_two","decode_policy":"power_of_two""#);
     let mut pods = idle(8);
     for (p, l) in [(0, 5), (1, 4), (4, 3), (5, 6)] {
@@ -538,7 +541,10 @@ fn direct_policies_rotate_randomise_and_sample_two() {
             other => panic!("{other:?}"),
         }
     }
+}
 
+#[test]
+fn random_spreads_over_every_prefill_pod() {
     let c = config(r#","prefill_policy":"random","decode_policy":"random""#);
     let pods = idle(8);
     let mut counts = [0usize; 8];
