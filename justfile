@@ -28,6 +28,9 @@ export ETCD_BIN := justfile_directory() / ".tools/kube/bin/etcd"
 # Istio's pilot for tests/e2e/istio.rs, built pinned by `just istio-pilot` (tools/istio/): a pseudo-version of istio.io/istio's master, the module proxy serving no 1.28.x.
 istio_version := `sed -n 's|^\tistio.io/istio ||p' tools/istio/go.mod`
 export ISTIO_PILOT_BIN := justfile_directory() / ".tools/istio-" + istio_version / "istio-pilot-xds"
+# The Gateway API Inference Extension's endpoint picker with llm-d's prefill/decode plugins (tools/epp/), for tests/e2e/epp.rs, built pinned by `just epp`.
+epp_version := `awk '$1 == "sigs.k8s.io/gateway-api-inference-extension" { print $2 }' tools/epp/go.mod`
+export EPP_BIN := justfile_directory() / ".tools/epp-" + epp_version / "epp"
 
 # List the recipes.
 default:
@@ -101,18 +104,37 @@ istio-pilot:
 test-istio: istio-pilot build envoy-versions
     PD_ROUTER_REQUIRE_ISTIO=1 cargo test --test e2e -- --test-threads 1 istio::
 
+# The endpoint picker of tests/e2e/epp.rs: GIE `epp_version`'s EPP (its cmd/epp runner, unmodified) with llm-d's prefill/decode plugins written in tools/epp/pd.go, since the Go module proxy refuses llm-d-router itself (docs/testing.md); from the module proxy into .tools/epp-<version>, with GIE's InferencePool CRD of that release beside it. Rebuilt when a file of tools/epp/ is newer than the binary. Cold on 2 shared cores (GOMAXPROCS=2, -p 1, beside other builds): see docs/testing.md.
+epp:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    out="{{justfile_directory()}}/.tools/epp-{{epp_version}}"
+    if [ ! -x "$out/epp" ] || [ ! -f "$out/inferencepools.yaml" ] || [ -n "$(find tools/epp -type f -newer "$out/epp")" ]; then
+      command -v go >/dev/null || { echo "epp: building it needs Go 1.25 or later (go.dev/dl) and the Go module proxy" >&2; exit 1; }
+      mkdir -p "$out"
+      (cd tools/epp && time GOMAXPROCS=2 nice go build -p 1 -o "$out/epp" .)
+      install -m 644 "$(go env GOMODCACHE)/sigs.k8s.io/gateway-api-inference-extension@{{epp_version}}/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/inferencepools.yaml"
+    fi
+    ls -l "$out/epp"
+
+# pd-router executing the picks of that endpoint picker over TLS, against a real kube-apiserver and etcd (tests/e2e/epp.rs), building what is missing first; fails instead of skipping when a binary is absent.
+test-epp: epp kube-apiserver build
+    PD_ROUTER_REQUIRE_EPP=1 cargo test --test e2e -- --test-threads 1 epp::
+
 # Build the filter (wasm32-wasip1, release) and the mock engines.
 build: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build -p mock-engine
     @ls -l {{wasm}}
 
-# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, Istio's pilot on deploy/istio, the mock Kubernetes API's own tests, and every fuzz target briefly.
+# Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, executor mode under a real endpoint picker, Istio's pilot on deploy/istio, the mock Kubernetes API's own tests, and every fuzz target briefly.
 test: check setup build msrv deny
-    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's and Istio's pilot's tests come after, once their binaries are built.
-    cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio::
+    # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's, Istio's pilot's and the endpoint picker's tests come after, once their binaries are built.
+    cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio:: --skip epp::
     # A real kube-apiserver and etcd: built pinned on first use (about 10 minutes cold on 2 cores), then the discovery tests against them.
     {{just_executable()}} test-kube-real
+    # The endpoint picker (GIE's, with llm-d's PD plugins) built pinned on first use, then pd-router executing its picks.
+    {{just_executable()}} test-epp
     # Istio's pilot on the shipped deploy/istio, its output in Envoy 1.36.4 and 1.40: built pinned on first use, then the tests.
     {{just_executable()}} test-istio
     # The mock Kubernetes API server against its own contract.

@@ -78,10 +78,14 @@ pub enum Counter {
     /// Executor mode: an endpoint picker's `x-kv-cache-source-host-port`
     /// that no configured connector can act on (removed, not followed).
     KvSourceIgnored,
+    /// Executor mode: requests placed by the router itself because the
+    /// endpoint picker's destination header was missing (the picker did
+    /// not run on them, or failed open).
+    EppPickMissing,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 29] = [
+    pub const ALL: [Counter; 30] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -111,6 +115,7 @@ impl Counter {
         Counter::AdmissionQueueFull,
         Counter::AdmissionCancelled,
         Counter::KvSourceIgnored,
+        Counter::EppPickMissing,
     ];
 
     pub fn name(self) -> &'static str {
@@ -144,6 +149,7 @@ impl Counter {
             Counter::AdmissionQueueFull => "pd_router.admission.queue_full",
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
             Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
+            Counter::EppPickMissing => "pd_router.epp_pick_missing",
         }
     }
 }

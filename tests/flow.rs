@@ -2750,3 +2750,58 @@ fn each_reason_a_request_is_not_split_has_its_own_label_and_log_word() {
         .iter()
         .any(|l| l.contains("not split (path)")));
 }
+
+/// Executor mode: a request the endpoint picker named no pods for (it did
+/// not run: an ext_proc failing open, or absent from the route) is placed by
+/// the router, counted every time and logged once a minute with the likely
+/// cause; a request the picker did pick is neither.
+#[test]
+fn a_missing_pick_is_counted_and_logged_once_a_minute() {
+    let config = r#"{"placement":"epp","models":[{"name":"m","engine":"vllm",
+        "rolesets":[{"prefill":[{"address":"10.6.0.1:8000","name":"p0"}],"decode":[{"address":"10.6.0.2:8000","name":"d0"}]}]}]}"#;
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    let body = r#"{"model":"m","prompt":"p"}"#;
+    let missing = |at_s: u64| {
+        let mut flow = Flow::new(Rc::clone(&r));
+        let mut host = post("/v1/completions", body);
+        host.clock_us.set(at_s * 1_000_000);
+        send_request(&mut flow, &mut host);
+        assert_eq!(host.dispatched.len(), 1, "placed by the router");
+        let warned = host
+            .logs
+            .borrow()
+            .iter()
+            .filter(|l| {
+                l.contains("no x-gateway-destination-endpoint") && l.contains("failure_mode_allow")
+            })
+            .count();
+        (host.counted(Counter::EppPickMissing), warned)
+    };
+    assert_eq!(missing(1_000), (1, 1), "counted and logged");
+    assert_eq!(
+        missing(1_030),
+        (1, 0),
+        "counted, not logged again within the minute"
+    );
+    assert_eq!(missing(1_061), (1, 1), "logged again a minute later");
+
+    // Picked: neither counted nor logged.
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = post("/v1/completions", body);
+    host.request_headers.push((
+        "x-gateway-destination-endpoint".into(),
+        b"10.6.0.2:8000".to_vec(),
+    ));
+    host.request_headers
+        .push(("x-prefiller-host-port".into(), b"10.6.0.1:8000".to_vec()));
+    send_request(&mut flow, &mut host);
+    assert_eq!(host.dispatched.len(), 1);
+    assert_eq!(host.counted(Counter::EppPickMissing), 0);
+
+    // By model (a whole call), the same.
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = post("/v1/embeddings", r#"{"model":"m","input":"x"}"#);
+    host.clock_us.set(2_000 * 1_000_000);
+    send_request(&mut flow, &mut host);
+    assert_eq!(host.counted(Counter::EppPickMissing), 1);
+}

@@ -103,6 +103,22 @@ fn vllm_families(model: &str, s: Snapshot, running: f64) -> Vec<Family> {
             &l,
             s.load.kv_usage,
         ),
+        // vLLM's info gauges, labels only: the Inference Extension's
+        // endpoint picker (GIE v1.5.0's vLLM metrics mapping) reads both on
+        // every scrape and logs an error for each one missing. No adapters
+        // are served; the cache shape is a small GPU's.
+        Family::gauge(
+            "vllm:lora_requests_info",
+            "Running stats on lora requests.",
+            "{max_lora=\"0\",running_lora_adapters=\"\",waiting_lora_adapters=\"\"}",
+            0.0,
+        ),
+        Family::gauge(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig.",
+            "{block_size=\"16\",num_gpu_blocks=\"8192\"}",
+            1.0,
+        ),
         Family::counter(
             "vllm:generation_tokens_total",
             "Number of generation tokens processed.",
@@ -198,6 +214,8 @@ mod tests {
                 r#"vllm:num_requests_running{model_name="m\"x"} 3.5"#,
                 r#"vllm:num_requests_waiting{model_name="m\"x"} 4.0"#,
                 r#"vllm:kv_cache_usage_perc{model_name="m\"x"} 0.75"#,
+                r#"vllm:lora_requests_info{max_lora="0",running_lora_adapters="",waiting_lora_adapters=""} 0.0"#,
+                r#"vllm:cache_config_info{block_size="16",num_gpu_blocks="8192"} 1.0"#,
                 r#"vllm:generation_tokens_total{model_name="m\"x"} 42.0"#,
                 r#"vllm:request_success_total{finished_reason="length",model_name="m\"x"} 3.0"#,
             ]

@@ -42,6 +42,7 @@ impl Flow {
                 .unwrap_or_else(|_| now.wrapping_mul(0x9E37_79B9_7F4A_7C15))
         };
         // In executor mode the endpoint picker chose the pod.
+        self.note_pick_missing(host);
         let pod = match &self.head.picked {
             Some(picked) => router.picked_decode(&model, picked)?,
             None => router.place_unsplit(host, &model, served.adapter, &mut random, now)?,

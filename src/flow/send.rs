@@ -8,7 +8,7 @@ use super::{Attempt, Flow, Phase, Sent, WatchedPrefill};
 use crate::api::Api;
 use crate::error::PdError;
 use crate::fleet::Endpoint;
-use crate::host::{Counter, Histogram, Host};
+use crate::host::{Counter, Histogram, Host, Level};
 use crate::router::if_available::serve_if_available;
 use crate::split::{self, Decided, Plan, SplitRequest, UnsplitReason};
 use std::rc::Rc;
@@ -31,6 +31,25 @@ impl Flow {
         self.admit_or_wait(host, request)
     }
 
+    /// Executor mode: the router is about to place a request itself because
+    /// the endpoint picker's destination header is missing. A picker that
+    /// fails open (ext_proc `failure_mode_allow: true`) or does not run on
+    /// the route would otherwise hand every pick to pd-router unseen: count
+    /// each such request, and say why once a minute.
+    pub(super) fn note_pick_missing<H: Host>(&self, host: &H) {
+        if !self.router.config.routing.picker || self.head.picked.is_some() {
+            return;
+        }
+        host.increment(Counter::EppPickMissing);
+        if self.router.pick_missing_log_due(host.now_ms()) {
+            self.log(
+                host,
+                Level::Warn,
+                "executor mode (\"placement\": \"epp\"): no x-gateway-destination-endpoint from the endpoint picker, so pd-router placed the request itself; the picker did not run on it: is its ext_proc failing open (failure_mode_allow: true) while the picker is unreachable, or missing from this route? (counted in epp_pick_missing; logged at most once a minute)",
+            );
+        }
+    }
+
     /// Places a request read from the client (again, after a failed
     /// prefill, avoiding the pods it failed on), builds its legs and sends
     /// them.
@@ -51,6 +70,9 @@ impl Flow {
         };
         // The picker's choice holds for the first attempt; a retry after
         // a failed prefill is the router's own.
+        if attempt.number == 0 && !attempt.resent {
+            self.note_pick_missing(host);
+        }
         let picked = self.head.picked.filter(|_| attempt.failed_on.is_empty());
         let placement = match picked {
             Some(p) => router.place_picked(&request, &p)?,

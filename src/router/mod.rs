@@ -65,6 +65,9 @@ pub struct Router {
     /// pods that left the fleet are forgotten when it changes, so the set
     /// stays within today's pods (and the few in flight on departed ones).
     logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
+    /// When this VM last logged a request without the endpoint picker's
+    /// pick (executor mode), in ms.
+    pick_missing_logged_ms: Cell<Option<u64>>,
     /// This VM's requests waiting for admission.
     queue: RefCell<crate::admission::Queue>,
     /// The other VMs' waiting counts, as read at the last tick.
@@ -107,6 +110,7 @@ impl Router {
             scraped: RefCell::new(ScrapedTable::new()),
             pairs: RefCell::new(HashMap::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
+            pick_missing_logged_ms: Cell::new(None),
             queue: RefCell::default(),
             others: RefCell::default(),
             mooncake: RefCell::new(HashMap::new()),
@@ -259,6 +263,20 @@ impl Router {
     /// is bounded by the fleet's pods × a handful of log lines).
     pub fn first_time(&self, pod: PodId, what: &'static str) -> bool {
         self.logged.borrow_mut().insert((pod, what))
+    }
+
+    /// Whether a request without the endpoint picker's pick is to be logged
+    /// at `now_ms`: the first one, then one a minute per VM (each is counted).
+    pub fn pick_missing_log_due(&self, now_ms: u64) -> bool {
+        const INTERVAL_MS: u64 = 60_000;
+        let due = self
+            .pick_missing_logged_ms
+            .get()
+            .is_none_or(|last| now_ms.saturating_sub(last) >= INTERVAL_MS);
+        if due {
+            self.pick_missing_logged_ms.set(Some(now_ms));
+        }
+        due
     }
 
     /// How many "once per pod" lines this VM remembers.

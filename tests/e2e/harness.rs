@@ -358,13 +358,18 @@ impl Envoy {
         edits: &[(&str, &str)],
         env: &[(&str, &str)],
     ) -> Envoy {
-        let scratch = Scratch::new("envoy");
-        let yaml_path = scratch.0.join("envoy.yaml");
         let mut yaml = test_envoy_yaml(plugin_config, &wasm_path());
         for (from, to) in edits {
             assert!(yaml.contains(from), "envoy.yaml has no {from:?}");
             yaml = yaml.replace(from, to);
         }
+        Envoy::start_yaml(&yaml, concurrency, env)
+    }
+
+    /// Envoy running `yaml` as it is (its listener `pd_listener`).
+    pub fn start_yaml(yaml: &str, concurrency: u32, env: &[(&str, &str)]) -> Envoy {
+        let scratch = Scratch::new("envoy");
+        let yaml_path = scratch.0.join("envoy.yaml");
         std::fs::write(&yaml_path, yaml).expect("write");
         let admin_path = scratch.0.join("admin.txt");
         let log = scratch.0.join("envoy.log");

@@ -45,7 +45,7 @@ fn tool(env: &str, default: &str) -> PathBuf {
 /// A loopback port free now. etcd and kube-apiserver take their ports as
 /// flags, so (unlike the mocks) they cannot pick one themselves; a port
 /// taken in between fails the start loudly.
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("bind 127.0.0.1:0")
@@ -234,6 +234,11 @@ impl RealKube {
 
     pub fn log(&self) -> String {
         tail(&self.apiserver_log)
+    }
+
+    /// The admin's kubeconfig (for other clients of the API server).
+    pub fn kubeconfig(&self) -> &std::path::Path {
+        &self.kubeconfig
     }
 
     fn try_kubectl(&self, args: &[&str], stdin: Option<&str>) -> Output {

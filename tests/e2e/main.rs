@@ -20,6 +20,7 @@ mod discovery;
 mod ejection;
 mod engines;
 mod envoy_gateway;
+mod epp;
 mod errors;
 mod fairness;
 mod faults;
