@@ -92,12 +92,12 @@ fn main() {
     let fleet = config.fleet();
     let registry = Registry::builtin();
     let view = SplitContext::of_config(&config, &fleet, &registry);
-    let mut entropy = FixedIds::new(vec![1], 1 << 50);
-    let mut merge_entropy = entropy.clone();
+    let mut ids = FixedIds::new(vec![1], 1 << 50);
+    let mut merge_ids = ids.clone();
     let mut plan_of = |b: &[u8]| {
         let placement = Placement::first_pair(&fleet).expect("pods");
         split::read(&view, Api::ChatCompletions, "r", b.to_vec())
-            .and_then(|r| split::build(&view, r, placement, &mut entropy))
+            .and_then(|r| split::build(&view, r, placement, &mut ids))
     };
     println!("filter work per request, vLLM chat ({WHERE}, release; µs, median of 5)");
     println!(
@@ -119,7 +119,7 @@ fn main() {
             black_box(plan_of(&b).ok());
         });
         let merge = per_call(iters, || {
-            black_box(split::merge(&view, &mut merge_entropy, &plan, ANSWER).ok());
+            black_box(split::merge(&view, &mut merge_ids, &plan, ANSWER).ok());
         });
         println!(
             "{:>7}K {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
@@ -195,12 +195,12 @@ fn trtllm_merge_rows(config: &Config, b64: bool) {
     let fleet = config.fleet();
     let registry = Registry::builtin();
     let view = SplitContext::of_config(config, &fleet, &registry);
-    let mut entropy = FixedIds::new(vec![1], 1 << 50);
-    let mut merge_entropy = entropy.clone();
+    let mut ids = FixedIds::new(vec![1], 1 << 50);
+    let mut merge_ids = ids.clone();
     let mut plan_of = |b: &[u8]| {
         let placement = Placement::first_pair(&fleet).expect("pods");
         split::read(&view, Api::ChatCompletions, "r", b.to_vec())
-            .and_then(|r| split::build(&view, r, placement, &mut entropy))
+            .and_then(|r| split::build(&view, r, placement, &mut ids))
     };
     for size in [1024usize, 64 * 1024, 512 * 1024] {
         let b = body(size);
@@ -210,7 +210,7 @@ fn trtllm_merge_rows(config: &Config, b64: bool) {
         };
         let iters = (10_000_000 / answer.len()).clamp(20, 20_000) as u32;
         let merge = per_call(iters, || {
-            black_box(split::merge(&view, &mut merge_entropy, &plan, &answer).ok());
+            black_box(split::merge(&view, &mut merge_ids, &plan, &answer).ok());
         });
         let parse = per_call(iters, || {
             black_box(pd_router::body::Members::parse(&answer).ok());

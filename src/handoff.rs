@@ -52,7 +52,7 @@ pub struct PdContext<'a> {
     pub trt_auth_key: Option<&'a [u8]>,
     /// The model's `trt_token_ids_b64`.
     pub trt_token_ids_b64: bool,
-    pub entropy: &'a mut dyn IdSource,
+    pub ids: &'a mut dyn IdSource,
 }
 
 impl PdContext<'_> {
@@ -67,7 +67,7 @@ impl PdContext<'_> {
         let mut out = String::with_capacity(32);
         for _ in 0..2 {
             let r = self
-                .entropy
+                .ids
                 .random_u64()
                 .map_err(|e| EngineError::Internal(format!("no randomness: {e}")))?;
             out.push_str(&format!("{r:016x}"));

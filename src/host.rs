@@ -2,7 +2,7 @@
 //! host calls; flow tests implement it with a recorder.
 
 use crate::error::HostError;
-pub use crate::pods::SharedStore;
+use crate::pods::SharedStore;
 
 /// What a callback tells Envoy to do with the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,7 +276,7 @@ pub trait Telemetry {
     fn record(&self, _histogram: Histogram, _model: &str, _value: u64) {}
     /// Counts a local reply with `status`.
     fn count_reply(&self, _status: u16) {}
-    /// Counts a decider's verdict on a request of the model named `model`:
+    /// Counts a decider's decision on a request of the model named `model`:
     /// `split`, or why it stayed whole (`sched::decider`).
     fn count_decision(&self, _model: &str, _reason: &'static str) {}
 }

@@ -14,12 +14,12 @@ use crate::api::{read_fields, Api, ClientFields};
 use crate::body::{BodyError, Edit, Edits, LegBody, Members, SourceMismatch};
 use crate::calls::BodyKind;
 use crate::engine::{
-    build_legs, refuse_owned, refused_form_fields, Degraded, EngineHandler, IdSource, LearnedPods,
-    LegEdits, Merged, NothingLearned, PdContext, PrefillAnswer, Registry,
+    build_legs, refuse_owned, refused_form_fields, EngineHandler, Merged, PrefillAnswer, Registry,
 };
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::handoff::Legs;
+use crate::handoff::{Degraded, IdSource, LearnedPods, LegEdits, NothingLearned, PdContext};
 use crate::host::NotSplit;
 use crate::reconcile;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
@@ -80,7 +80,7 @@ pub enum Placement {
         reason: &'static str,
         /// What the prefix table knew of the prompt when it was placed.
         prefix: PrefixMatch,
-        /// The decider's verdict, when the model has one.
+        /// The decider's decision, when the model has one.
         decided: Option<Box<Decided>>,
     },
     /// A pod that serves both phases: no prefill call.
@@ -182,7 +182,7 @@ pub struct SplitPlan {
     pub decode_pod: Rc<Endpoint>,
     pub reason: &'static str,
     pub prefix: PrefixMatch,
-    /// The decider's verdict (`split`), when the model has one.
+    /// The decider's decision (`split`), when the model has one.
     pub decided: Option<Box<Decided>>,
     pub prefill_body: Vec<u8>,
     /// Request headers the prefill call carries besides the flow's own
@@ -435,7 +435,7 @@ fn handoff_context<'a>(
     view: &SplitContext<'a>,
     request: &'a SplitRequest,
     decode: &'a Endpoint,
-    entropy: &'a mut dyn IdSource,
+    ids: &'a mut dyn IdSource,
 ) -> PdContext<'a> {
     PdContext {
         fields: &request.fields,
@@ -448,7 +448,7 @@ fn handoff_context<'a>(
         learned: view.learned,
         trt_auth_key: view.trt_auth_key,
         trt_token_ids_b64: request.model.trt_token_ids_b64,
-        entropy,
+        ids,
     }
 }
 
@@ -457,7 +457,7 @@ pub fn build(
     view: &SplitContext,
     request: SplitRequest,
     placement: Placement,
-    entropy: &mut dyn IdSource,
+    ids: &mut dyn IdSource,
 ) -> Result<Plan, PdError> {
     let (prefill, decode, reason, prefix, decided) = match placement {
         Placement::Combined { pod, reason } => {
@@ -483,7 +483,7 @@ pub fn build(
         } => (prefill, decode, reason, prefix, decided),
     };
     let handler = view.registry.resolve(&request.model.engine);
-    let mut ctx = handoff_context(view, &request, &decode, entropy);
+    let mut ctx = handoff_context(view, &request, &decode, ids);
     if !handler.should_split(&ctx, &prefill) {
         return Ok(Plan::Unsplit {
             request,
@@ -598,7 +598,7 @@ fn keep_client_params(edits: &mut Edits, kept: &[(String, String)], answer: &[u8
 /// split.
 pub fn merge(
     view: &SplitContext,
-    entropy: &mut dyn IdSource,
+    ids: &mut dyn IdSource,
     plan: &SplitPlan,
     answer: &[u8],
 ) -> Result<AfterPrefill, PdError> {
@@ -611,7 +611,7 @@ pub fn merge(
         .map_err(|e| PdError::Prefill(PrefillFailure::BadAnswer(e.describe("the answer"))))?;
     let request = &plan.request;
     let handler = view.registry.resolve(&request.model.engine);
-    let mut ctx = handoff_context(view, request, &plan.decode_pod, entropy);
+    let mut ctx = handoff_context(view, request, &plan.decode_pod, ids);
     let mut decode = edits.clone();
     let merged = handler.merge_prefill_response(
         &mut ctx,
@@ -676,28 +676,28 @@ mod tests {
         (c, fleet, Registry::builtin())
     }
 
-    fn entropy() -> FixedIds {
+    fn ids() -> FixedIds {
         FixedIds::new(vec![7], 1 << 50)
     }
 
     /// Read, placed on the fleet's first pair, built.
     fn plan(
         view: &SplitContext,
-        entropy: &mut FixedIds,
+        ids: &mut FixedIds,
         api: Api,
         request_id: &str,
         body: Vec<u8>,
     ) -> Result<Plan, PdError> {
         let request = read(view, api, request_id, body)?;
         let placement = Placement::first_pair(view.fleet).expect("pods");
-        build(view, request, placement, entropy)
+        build(view, request, placement, ids)
     }
 
     #[test]
     fn a_vllm_request_is_split_and_merged() {
         let (c, fleet, registry) = setup("vllm");
         let view = SplitContext::of_config(&c, &fleet, &registry);
-        let mut p = entropy();
+        let mut p = ids();
         let body = br#"{"model":"m","prompt":"hi","stream":true}"#.to_vec();
         let Plan::Split(plan) = plan(&view, &mut p, Api::Completions, "r", body).expect("plan")
         else {
@@ -728,7 +728,7 @@ mod tests {
     fn checks_come_before_placement() {
         let (c, fleet, registry) = setup("sglang");
         let view = SplitContext::of_config(&c, &fleet, &registry);
-        let mut p = entropy();
+        let mut p = ids();
         let mut status = |body: &[u8]| {
             plan(&view, &mut p, Api::Completions, "r", body.to_vec())
                 .map(|_| 200)

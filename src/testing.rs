@@ -74,7 +74,7 @@ pub struct FakeHost {
     pub counters: RefCell<Vec<Counter>>,
     pub pod_events: RefCell<Vec<(String, PodEvent)>>,
     pub logs: RefCell<Vec<String>>,
-    /// Decider verdicts counted, by model and reason.
+    /// Decider decisions counted, by model and reason.
     pub decisions: RefCell<Vec<(String, &'static str)>>,
     /// Returned in turn by `random_u64`; none left is an error.
     pub randoms: Vec<u64>,
@@ -456,7 +456,7 @@ impl Host for FakeHost {
     fn random_u64(&mut self) -> Result<u64, String> {
         self.count("random");
         if self.randoms.is_empty() {
-            return Err("no entropy".into());
+            return Err("no randomness left".into());
         }
         Ok(self.randoms.remove(0))
     }

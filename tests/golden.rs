@@ -27,8 +27,9 @@
 
 use pd_router::api::Api;
 use pd_router::config::Config;
-use pd_router::engine::{FixedIds, LearnedPods, Registry};
+use pd_router::engine::{FixedIds, Registry};
 use pd_router::fleet::PodId;
+use pd_router::handoff::LearnedPods;
 use pd_router::reconcile::{PrefillReport, Rewrite};
 use pd_router::split::{self, AfterPrefill, DecodeLeg, Placement, Plan, SplitContext, SplitPlan};
 use serde::Deserialize;

@@ -37,7 +37,7 @@ fn run(client: &[u8], answer: &[u8]) {
     }
     let strict_answer = common::is_value_object(answer);
     let strict = strict_answer && common::is_value_object(client);
-    common::for_each_split(client, |case, view, entropy, plan| {
+    common::for_each_split(client, |case, view, ids, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
             case.engine, case.connector, plan.request.fields.api, plan.prefill_pod.address
@@ -45,7 +45,7 @@ fn run(client: &[u8], answer: &[u8]) {
         if plan.concurrent {
             return;
         }
-        match split::merge(view, entropy, plan, answer) {
+        match split::merge(view, ids, plan, answer) {
             Ok(AfterPrefill::Decode { body, headers, .. }) => {
                 for h in &headers {
                     common::assert_header(&format!("decode leg ({what})"), h);

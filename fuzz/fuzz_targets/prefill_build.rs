@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let strict = common::is_value_object(data);
-    common::for_each_split(data, |case, _view, _entropy, plan| {
+    common::for_each_split(data, |case, _view, _ids, plan| {
         let what = format!(
             "{} / {:?} / {:?} / pod {}",
             case.engine, case.connector, plan.request.fields.api, plan.prefill_pod.address

@@ -124,7 +124,7 @@ pub use edits::{json_string, push_json_str, Edit, Edits};
 pub use splice::{LegBody, SourceMismatch};
 
 impl Members {
-    /// serde_json's walk of the top level, and its verdict on what the
+    /// serde_json's walk of the top level, and what it finds of the
     /// scan would not take.
     fn walk(src: &[u8], first: Option<usize>) -> Result<Vec<(Key<'_>, Range<usize>)>, BodyError> {
         let text = std::str::from_utf8(src).map_err(|_| BodyError::NotUtf8)?;

@@ -8,7 +8,7 @@
 //! non-ASCII, and allocates nothing. Keys still go through serde_json.
 //!
 //! The scan accepts exactly what serde_json accepts or stands aside (`None`);
-//! `Members::parse` then asks serde_json for the verdict and its message.
+//! `Members::parse` then asks serde_json whether it is valid, and why not.
 
 use super::blocks::{canonical_prefix, next_special};
 use super::{is_ws, Key};

@@ -13,10 +13,8 @@ use crate::error::ClientError;
 use crate::fleet::{Connector, Endpoint};
 use std::collections::BTreeMap;
 
-pub use crate::error::EngineError;
-pub use crate::handoff::{
-    Degraded, IdSource, LearnedPods, LegEdits, Legs, NothingLearned, PdContext,
-};
+use crate::error::EngineError;
+use crate::handoff::{Degraded, IdSource, LearnedPods, LegEdits, Legs, PdContext};
 pub use default::DefaultHandler;
 pub use sglang::SglangHandler;
 pub use trtllm::TrtllmHandler;

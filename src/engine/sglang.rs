@@ -73,17 +73,17 @@ impl EngineHandler for SglangHandler {
         let p_dp = pod.dp_size.max(1) as u64;
         let d_dp = ctx.decode_pod.dp_size.max(1) as u64;
         let p_rank = if p_dp > 1 {
-            ctx.entropy.random_u64().map_err(no_random)? % p_dp
+            ctx.ids.random_u64().map_err(no_random)? % p_dp
         } else {
             0
         };
         let d_rank = if d_dp > 1 {
-            ctx.entropy.random_u64().map_err(no_random)? % d_dp
+            ctx.ids.random_u64().map_err(no_random)? % d_dp
         } else {
             0
         };
         let mut room = || -> Result<u64, EngineError> {
-            let r = ctx.entropy.random_u64().map_err(no_random)?;
+            let r = ctx.ids.random_u64().map_err(no_random)?;
             Ok(room_for(r, p_rank, p_dp))
         };
         let mut host = Vec::with_capacity(pod.ip.len() + 2);

@@ -1,6 +1,6 @@
 //! The randomness and TensorRT-LLM ids a split draws on, from the host.
 
-use crate::engine::IdSource;
+use crate::handoff::IdSource;
 use crate::host::Host;
 use crate::router::Router;
 

@@ -15,13 +15,13 @@
 mod admission;
 mod by_model;
 mod decode;
+mod decode_outcome;
 mod head;
 mod ids;
 mod load;
 mod prefill;
 mod response;
 mod send;
-mod verdict;
 
 use crate::admission::settings::fairness_id;
 use crate::admission::{FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
@@ -119,7 +119,7 @@ pub struct Flow {
     response: ResponseRewrite,
     timing: Timing,
     /// A split's decode, judged by its answer.
-    decode_verdict: Option<verdict::DecodeVerdict>,
+    decode_watch: Option<decode_outcome::DecodeWatch>,
     /// How much body Envoy reported buffered last (0: none yet).
     body_bytes: usize,
 }
@@ -146,7 +146,7 @@ impl Flow {
             },
             response: ResponseRewrite::default(),
             timing: Timing::default(),
-            decode_verdict: None,
+            decode_watch: None,
             body_bytes: 0,
         }
     }
@@ -373,7 +373,7 @@ impl Flow {
     }
 
     pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {
-        self.answer_headers(host);
+        self.rewrite_response_headers(host);
         self.judge_decode_headers(host);
         // Upstreams must not be able to forge which pods were used.
         let (name, ip) = match &self.prefill_pod {
@@ -424,7 +424,7 @@ impl Flow {
         end_of_stream: bool,
     ) -> Action {
         self.judge_decode_body(host, body_size);
-        self.answer_body(host, body_size, end_of_stream)
+        self.rewrite_response_body(host, body_size, end_of_stream)
     }
 
     /// The stream is over (completed, failed, or the client went away): give

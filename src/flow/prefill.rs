@@ -4,11 +4,11 @@
 use super::ids::HostIds;
 use super::load::{Judgement, Release};
 use super::{Attempt, Flow, Phase, Sent};
-use crate::engine::Degraded;
 use crate::error::{
     envoy_failure, upstream_message, EnvoyFailure, HostError, PdError, PrefillFailure,
 };
 use crate::fleet::Endpoint;
+use crate::handoff::Degraded;
 use crate::host::{Counter, Host, Level};
 use crate::pods::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
@@ -308,11 +308,11 @@ impl Flow {
         let answer = host.call_response_body(body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
-        let mut entropy = HostIds {
+        let mut ids = HostIds {
             router: &router,
             host: &mut *host,
         };
-        match split::merge(&router.view(&fleet), &mut entropy, &p.plan, &answer)? {
+        match split::merge(&router.view(&fleet), &mut ids, &p.plan, &answer)? {
             AfterPrefill::Reply { body, content_type } => {
                 host.increment(Counter::ContextAnswered);
                 self.release(host, Release::All, None);
@@ -348,7 +348,7 @@ impl Flow {
                 }
             }
         }
-        self.await_decode_verdict(&p.plan.prefill_pod, &p.plan.decode_pod);
+        self.watch_decode(&p.plan.prefill_pod, &p.plan.decode_pod);
         self.phase = Phase::Forwarded {
             watched: None,
             body_seen: false,

@@ -1,9 +1,9 @@
-//! The response side of a split request: the decode's answer rewritten
+//! The response side of a split request: the decode's response rewritten
 //! where a single engine would have answered otherwise (see
 //! [`crate::reconcile`]), and the PD timings.
 //!
-//! A request whose answer needs nothing keeps the pass-through path: no
-//! response body is read. A non-streamed answer is buffered to its end and
+//! A request whose response needs nothing keeps the pass-through path: no
+//! response body is read. A non-streamed response is buffered to its end and
 //! rewritten once; a stream is rewritten event by event. When the prefill's
 //! report are still to come (the legs ran concurrently) the response is
 //! paused at the first part that needs them and released, rewritten, when
@@ -72,7 +72,7 @@ impl Flow {
         rw.set_report(PrefillReport::of(rw.plan(), answer));
         let Some(ended) = self.response.held.take() else {
             // Nothing to put in and nothing half-read: the rest of the
-            // answer takes the pass-through path.
+            // response takes the pass-through path.
             if !rw.needed() && rw.holds_nothing() {
                 self.response.rewrite = None;
             }
@@ -81,7 +81,7 @@ impl Flow {
         let body = match host.response_body() {
             Ok(b) => b,
             Err(e) => {
-                self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
+                self.log(host, Level::Warn, &format!("response left as it is: {e}"));
                 self.response.rewrite = None;
                 return self.resume_response(host);
             }
@@ -109,14 +109,14 @@ impl Flow {
     fn put_response<H: Host>(&mut self, host: &mut H, old_len: usize, new: &[u8]) {
         match host.replace_response_body(old_len, new) {
             Ok(()) => host.increment(Counter::AnswerRewritten),
-            Err(e) => self.log(host, Level::Warn, &format!("answer left as it is: {e}")),
+            Err(e) => self.log(host, Level::Warn, &format!("response left as it is: {e}")),
         }
     }
 
-    /// Response headers: keep the rewrite only for an answer it can read
+    /// Response headers: keep the rewrite only for a response it can read
     /// (a 2xx, unencoded, of the expected type), and drop the length it may
     /// change. Records the time to the decode's first byte.
-    pub(super) fn answer_headers<H: Host>(&mut self, host: &mut H) {
+    pub(super) fn rewrite_response_headers<H: Host>(&mut self, host: &mut H) {
         // Requests of a model: split, or sent whole to one of its pods.
         if let Some(m) = &self.timing.model {
             let ms = host.now_ms().saturating_sub(self.timing.started_ms);
@@ -154,19 +154,19 @@ impl Flow {
             return;
         }
         if let Err(e) = host.set_response_header("content-length", None) {
-            self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
+            self.log(host, Level::Warn, &format!("response left as it is: {e}"));
             self.response.rewrite = None;
         }
     }
 
     /// A response body callback.
-    pub(super) fn answer_body<H: Host>(
+    pub(super) fn rewrite_response_body<H: Host>(
         &mut self,
         host: &mut H,
         body_size: usize,
         end: bool,
     ) -> Action {
-        let action = self.answer_chunk(host, end);
+        let action = self.rewrite_response_chunk(host, end);
         if action == Action::Continue && body_size > 0 {
             if let Phase::Forwarded { body_seen, .. } = &mut self.phase {
                 *body_seen = true;
@@ -175,7 +175,7 @@ impl Flow {
         action
     }
 
-    fn answer_chunk<H: Host>(&mut self, host: &mut H, end: bool) -> Action {
+    fn rewrite_response_chunk<H: Host>(&mut self, host: &mut H, end: bool) -> Action {
         let Some(rw) = self.response.rewrite.as_mut() else {
             return Action::Continue;
         };
@@ -184,13 +184,13 @@ impl Flow {
             return Action::Pause;
         }
         if !rw.is_stream() && !end {
-            // Whole answers are rewritten once, at their end.
+            // Whole responses are rewritten once, at their end.
             return Action::Pause;
         }
         let body = match host.response_body() {
             Ok(b) => b,
             Err(e) => {
-                self.log(host, Level::Warn, &format!("answer left as it is: {e}"));
+                self.log(host, Level::Warn, &format!("response left as it is: {e}"));
                 self.response.rewrite = None;
                 return Action::Continue;
             }

@@ -94,15 +94,15 @@ impl Flow {
                 router.place(host, &request, &exclude, &mut random, now)?
             }
         };
-        let mut entropy = HostIds {
+        let mut ids = HostIds {
             router: &router,
             host: &mut *host,
         };
-        let plan = split::build(&router.view(&fleet), request, placement, &mut entropy)?;
+        let plan = split::build(&router.view(&fleet), request, placement, &mut ids)?;
         self.send(host, plan, attempt)
     }
 
-    /// Counts and logs a decider's verdict, and remembers the decode pod as
+    /// Counts and logs a decider's decision, and remembers the decode pod as
     /// the holder of the prompt (it computes or pulls all of it).
     fn report_decision<H: Host>(
         &self,
@@ -227,7 +227,7 @@ impl Flow {
             self.release(host, Release::All, None);
             return Err(e);
         }
-        self.await_decode_verdict(&plan.prefill_pod, &plan.decode_pod);
+        self.watch_decode(&plan.prefill_pod, &plan.decode_pod);
         // The prefill's report comes later, if the answer needs them.
         self.response.rewrite = plan
             .rewrite

@@ -4,8 +4,8 @@
 //! every VM's shared records and TensorRT-LLM ids are kept apart by.
 
 use crate::config::{Config, ConfigError};
-use crate::host::SharedStore;
 use crate::pods::slots::{ensure_table, lease_slot};
+use crate::pods::SharedStore;
 use crate::pods::WORKER_SLOTS_KEY;
 use crate::router::Router;
 

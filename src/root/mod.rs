@@ -16,7 +16,8 @@ pub mod scrape;
 
 use crate::error::HostError;
 use crate::fleet::{Fleet, PodId};
-use crate::host::{SharedStore, Telemetry};
+use crate::host::Telemetry;
+use crate::pods::SharedStore;
 use crate::router::Router;
 use bootstrap::Bootstrap;
 use discover::Discoverer;

@@ -74,7 +74,7 @@ pub struct Router {
     others: RefCell<crate::admission::shared::Others>,
 }
 
-impl crate::engine::LearnedPods for Router {
+impl crate::handoff::LearnedPods for Router {
     fn mooncake_engines(&self, pod: PodId) -> Option<Vec<String>> {
         self.mooncake.borrow().get(&pod).cloned()
     }

@@ -379,7 +379,7 @@ impl Router {
         placed
     }
 
-    /// The decider's verdict on a split placement.
+    /// The decider's decision on a split placement.
     fn apply_decider(
         &self,
         decider: &Decider,
@@ -423,13 +423,13 @@ impl Router {
                 && roleset_prefills.iter().all(|p| waiting(*p)),
             decode_saturated: waiting(decode.id),
         };
-        let verdict = decide(decider, &figures);
+        let kept_whole = decide(decider, &figures);
         let decided = Box::new(Decided {
-            reason: verdict.unwrap_or(decider::SPLIT),
+            reason: kept_whole.unwrap_or(decider::SPLIT),
             uncached_tokens: figures.uncached_tokens(),
             decode_prefix: seen,
         });
-        match verdict {
+        match kept_whole {
             Some(_) => Placement::Unsplit {
                 pod: decode,
                 decided,

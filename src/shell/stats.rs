@@ -35,7 +35,7 @@ pub(super) struct Stats {
     max_pod_stats: usize,
     /// Per model, its histograms in [`Histogram::ALL`] order.
     histograms: RefCell<HashMap<String, [Option<u32>; Histogram::ALL.len()]>>,
-    /// Decider verdicts, by model and reason (bounded like the histograms).
+    /// Decider decisions, by model and reason (bounded like the histograms).
     decisions: RefCell<HashMap<(String, &'static str), Option<u32>>>,
     /// Requests waiting for admission, by model and priority (bounded like
     /// the histograms).
@@ -135,7 +135,7 @@ impl Stats {
         }
     }
 
-    /// Counts a decider's verdict.
+    /// Counts a decider's decision.
     pub(super) fn count_decision(&self, model: &str, reason: &'static str) {
         let mut ds = self.decisions.borrow_mut();
         let known = ds.len() < MAX_MODEL_STATS * 4;

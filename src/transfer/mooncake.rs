@@ -50,7 +50,7 @@ impl KvTransferAgent for Mooncake {
         }
         let rank = if engines.len() > 1 {
             let r = ctx
-                .entropy
+                .ids
                 .random_u64()
                 .map_err(|e| EngineError::Internal(format!("no randomness: {e}")))?;
             (r % engines.len() as u64) as usize

@@ -12,8 +12,9 @@
 use pd_router::api::Api;
 use pd_router::body::Members;
 use pd_router::config::Config;
-use pd_router::engine::{FixedIds, LearnedPods, Registry};
+use pd_router::engine::{FixedIds, Registry};
 use pd_router::fleet::PodId;
+use pd_router::handoff::LearnedPods;
 use pd_router::split::{self, Placement, Plan, SplitContext, SplitPlan};
 use serde::de::{Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
@@ -154,7 +155,7 @@ pub fn bytes_from(seed: u64, len: usize) -> Vec<u8> {
 
 /// Randomness derived from the input: edge values plus the input's hash.
 /// The disagg id stays far from `i64::MAX` (FixedIds increments it).
-pub fn entropy(data: &[u8]) -> FixedIds {
+pub fn ids(data: &[u8]) -> FixedIds {
     let h = hash(data);
     FixedIds::new(vec![h, u64::MAX, 0, !h], (h >> 2) as i64)
 }
@@ -262,11 +263,11 @@ pub fn for_each_split(
                         prefix: Default::default(),
                         decided: None,
                     };
-                    let mut entropy = entropy(client);
+                    let mut ids = ids(client);
                     let plan = split::read(&view, api, "fuzz-1", client.to_vec())
-                        .and_then(|r| split::build(&view, r, placement, &mut entropy));
+                        .and_then(|r| split::build(&view, r, placement, &mut ids));
                     if let Ok(Plan::Split(plan)) = plan {
-                        f(case, &view, &mut entropy, &plan);
+                        f(case, &view, &mut ids, &plan);
                     }
                 }
             }

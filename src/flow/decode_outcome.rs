@@ -17,9 +17,10 @@ use std::rc::Rc;
 /// (unless the router filter's `suppress_envoy_headers` is set).
 const OVERLOADED_HEADER: &str = "x-envoy-overloaded";
 
-/// A split's decode, waiting for its answer's verdict.
+/// A split's decode, waiting for the verdict its answer gives on the
+/// decode pod and the pair.
 #[derive(Debug)]
-pub(super) struct DecodeVerdict {
+pub(super) struct DecodeWatch {
     prefill: PodId,
     decode: Rc<Endpoint>,
     verdict: Option<(Verdict, String)>,
@@ -40,8 +41,8 @@ pub(super) fn opens_with_error(head: &[u8]) -> bool {
 
 impl Flow {
     /// The decode of a split went out: its answer will be judged.
-    pub(super) fn await_decode_verdict(&mut self, prefill: &Endpoint, decode: &Rc<Endpoint>) {
-        self.decode_verdict = Some(DecodeVerdict {
+    pub(super) fn watch_decode(&mut self, prefill: &Endpoint, decode: &Rc<Endpoint>) {
+        self.decode_watch = Some(DecodeWatch {
             prefill: prefill.id,
             decode: Rc::clone(decode),
             verdict: None,
@@ -52,7 +53,7 @@ impl Flow {
     /// Response headers: a 5xx is a failed hand-off; a 200 stream is judged
     /// by its first event, anything else worked.
     pub(super) fn judge_decode_headers<H: Host>(&mut self, host: &H) {
-        let Some(v) = self.decode_verdict.as_mut() else {
+        let Some(v) = self.decode_watch.as_mut() else {
             return;
         };
         let status = host
@@ -63,7 +64,7 @@ impl Flow {
         // request (`x-envoy-overloaded: true` on its 503): it never reached
         // the pod, which is judged neither way.
         if status == 503 && host.response_header(OVERLOADED_HEADER).as_deref() == Some("true") {
-            self.decode_verdict = None;
+            self.decode_watch = None;
             let msg =
                 "decode not sent: the gateway's circuit breaker on the decode cluster is full";
             self.log(host, Level::Warn, msg);
@@ -86,7 +87,7 @@ impl Flow {
 
     /// The first bytes of a 200 stream.
     pub(super) fn judge_decode_body<H: Host>(&mut self, host: &H, body_size: usize) {
-        let Some(v) = self.decode_verdict.as_mut() else {
+        let Some(v) = self.decode_watch.as_mut() else {
             return;
         };
         if !v.first_event || body_size == 0 {
@@ -102,7 +103,7 @@ impl Flow {
     }
 
     fn decode_failed<H: Host>(&mut self, host: &H, cause: String) {
-        let Some(v) = self.decode_verdict.as_mut() else {
+        let Some(v) = self.decode_watch.as_mut() else {
             return;
         };
         host.increment(Counter::DecodeFailed);
@@ -118,12 +119,12 @@ impl Flow {
     /// The stream ended: its load goes back with the decode's verdict, and a
     /// pair that failed, or that this VM knows as failing, is judged too.
     pub(super) fn release_with_verdict<H: Host>(&mut self, host: &mut H) {
-        let Some(DecodeVerdict {
+        let Some(DecodeWatch {
             prefill,
             decode,
             verdict: Some((verdict, cause)),
             ..
-        }) = self.decode_verdict.take()
+        }) = self.decode_watch.take()
         else {
             self.release(host, Release::All, None);
             return;
