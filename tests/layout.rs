@@ -1034,3 +1034,27 @@ fn the_python_reader_finds_bodies_imports_and_cycles() {
     acyclic.insert("c".to_owned(), BTreeSet::new());
     assert_eq!(py_cycle(&acyclic), None);
 }
+
+/// One file owns the request's phase: every other flow file returns what
+/// comes next (`flow::phase::Next`) instead of writing it.
+#[test]
+fn only_flow_phase_rs_moves_the_phase() {
+    let dir = src().join("flow");
+    let mut writers = Vec::new();
+    for file in rust_files(&dir) {
+        if file.file_name().is_some_and(|n| n == "phase.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&file).expect("read");
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("self.phase =") || line.contains("&mut self.phase") {
+                writers.push(format!("{}:{}", file.display(), i + 1));
+            }
+        }
+    }
+    assert!(
+        writers.is_empty(),
+        "the phase is written outside src/flow/phase.rs:\n{}",
+        writers.join("\n")
+    );
+}

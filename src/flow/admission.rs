@@ -3,7 +3,8 @@
 //! runs out ([`Flow::expire`]) or its client leaves; a negative priority
 //! is shed at once, and a full queue refuses it.
 
-use super::{Attempt, Flow, Phase, Sent};
+use super::phase::Next;
+use super::{Attempt, Flow};
 use crate::admission::{Dropped, Entry, Room};
 use crate::error::{ClientError, PdError};
 use crate::fleet::PodId;
@@ -24,7 +25,7 @@ impl Flow {
         &mut self,
         host: &mut H,
         request: SplitRequest,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let router = Rc::clone(&self.router);
         let Some(settings) = router.config.admission else {
             return self.place(host, request, Attempt::default());
@@ -84,11 +85,10 @@ impl Flow {
                         model.name
                     )
                 });
-                self.phase = Phase::Queued(Box::new(QueuedRequest {
+                Ok(Next::Queue(Box::new(QueuedRequest {
                     request,
                     since_ms: now,
-                }));
-                Ok(Sent::Waiting)
+                })))
             }
         }
     }
@@ -104,8 +104,8 @@ impl Flow {
         // or gone through discovery): it is judged and placed on the model
         // as it is now, not as it was when it arrived.
         let fleet = router.fleet();
-        let room = match &mut self.phase {
-            Phase::Queued(q) => {
+        let room = match self.queued_mut() {
+            Some(q) => {
                 let r = &mut q.request;
                 match fleet.models().iter().find(|m| m.id == r.model.id) {
                     Some(current) => r.model = Rc::clone(current),
@@ -121,7 +121,7 @@ impl Flow {
                 let tokens = Some(r.prompt.tokens);
                 router.room(&*host, &r.model, r.adapter.as_deref(), tokens, now)
             }
-            _ => return true,
+            None => return true,
         };
         let full = match room {
             Room::Free { full } => full,
@@ -136,17 +136,8 @@ impl Flow {
             full,
             ..Attempt::default()
         };
-        match self.place(host, queued.request, attempt) {
-            Ok(Sent::Upstream) => {
-                if let Err(e) = host.resume_request() {
-                    self.fail(host, e.into());
-                }
-            }
-            Ok(Sent::Waiting) => {}
-            Err(e) => {
-                self.fail(host, e);
-            }
-        }
+        let next = self.place(host, queued.request, attempt);
+        self.resume_after(host, next);
         true
     }
 
@@ -194,22 +185,16 @@ impl Flow {
             host.increment(Counter::AdmissionCancelled);
             self.log(host, Level::Debug, "client left while waiting for room");
         }
-        self.phase = Phase::Replied;
     }
 
     /// The waiting request, out of the queue and the phase, its wait
     /// recorded.
     fn take_queued<H: Host>(&mut self, host: &mut H) -> Option<QueuedRequest> {
-        if !matches!(self.phase, Phase::Queued(_)) {
-            return None;
-        }
-        let Phase::Queued(q) = std::mem::replace(&mut self.phase, Phase::Replied) else {
-            return None;
-        };
+        let q = self.take_queued_phase()?;
         self.router.dequeue(self.context);
         let waited = host.now_ms().saturating_sub(q.since_ms);
         self.router.publish_queue(host, host.now_ms());
         host.record(Histogram::QueueDuration, &q.request.model.name, waited);
-        Some(*q)
+        Some(q)
     }
 }

@@ -5,7 +5,8 @@
 //! the hand-off fields the router owns (`split::check_whole`): the pod it
 //! reaches obeys them all the same.
 
-use super::{Flow, Phase, Sent};
+use super::phase::Next;
+use super::Flow;
 use crate::api::Api;
 use crate::calls::{self, BodyKind};
 use crate::catalog;
@@ -24,7 +25,7 @@ impl Flow {
         host: &mut H,
         kind: &BodyKind,
         ask: usize,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let body = self.take_body(host, ask)?;
         let Some(name) = calls::model_named(&body, kind.boundary())? else {
             return self.send_body_to_any_decode(host, kind, &body);
@@ -59,16 +60,14 @@ impl Flow {
 
     /// Paths the router does not split go to a healthy decode pod it chose.
     pub(super) fn pass_through<H: Host>(&mut self, host: &mut H) -> Action {
-        match self.send_to_any_decode(host) {
-            Ok(()) => Action::Continue,
-            Err(e) => self.fail(host, e),
-        }
+        let next = self.send_to_any_decode(host);
+        self.act(host, next)
     }
 
     /// Points the request at the next healthy decode pod of any model, in
     /// turn: calls that name no model. Such calls hold no load: the router
     /// cannot tell a `/health` from a generation.
-    fn send_to_any_decode<H: Host>(&mut self, host: &mut H) -> Result<(), PdError> {
+    fn send_to_any_decode<H: Host>(&mut self, host: &mut H) -> Result<Next, PdError> {
         let router = Rc::clone(&self.router);
         let now = host.now_ms();
         let pods = unsplit::decode_pods(&router.fleet());
@@ -83,11 +82,7 @@ impl Flow {
             format!("not split (path) {}: {}", self.head.path, pod.address)
         });
         self.decode_pod = Some(Rc::clone(pod));
-        self.phase = Phase::Forwarded {
-            watched: None,
-            body_seen: false,
-        };
-        Ok(())
+        Ok(Next::Upstream(None))
     }
 
     /// A call with a body that names no model: checked, then to a decode
@@ -97,7 +92,7 @@ impl Flow {
         host: &mut H,
         kind: &BodyKind,
         ask: usize,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let body = self.take_body(host, ask)?;
         self.send_body_to_any_decode(host, kind, &body)
     }
@@ -107,12 +102,11 @@ impl Flow {
         host: &mut H,
         kind: &BodyKind,
         body: &[u8],
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
         split::check_whole(&router.view(&fleet), None, body, kind)?;
-        self.send_to_any_decode(host)?;
-        Ok(Sent::Upstream)
+        self.send_to_any_decode(host)
     }
 
     /// The buffered body, at most `ask` bytes of it; one over
@@ -172,7 +166,6 @@ impl Flow {
                 &format!("could not send the model list: {e}"),
             );
         }
-        self.phase = Phase::Replied;
-        Action::Pause
+        self.act(host, Ok(Next::Replied))
     }
 }

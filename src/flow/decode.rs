@@ -1,6 +1,7 @@
 //! Pointing the paused request at its decode pod.
 
-use super::{Flow, Phase, Sent};
+use super::phase::Next;
+use super::Flow;
 use crate::body::LegBody;
 use crate::error::PdError;
 use crate::fleet::{Endpoint, ModelId};
@@ -42,15 +43,11 @@ impl Flow {
         host: &mut H,
         model: ModelId,
         pod: &Rc<Endpoint>,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         host.set_request_header(&self.router.config.routing.header, Some(&pod.address))?;
         self.hold(host, model, None, Some(pod));
         self.decode_pod = Some(Rc::clone(pod));
-        self.phase = Phase::Forwarded {
-            watched: None,
-            body_seen: false,
-        };
-        Ok(Sent::Upstream)
+        Ok(Next::Upstream(None))
     }
 
     /// Points the paused request at the decode pod with its new body.

@@ -4,7 +4,9 @@
 //! pod is chosen and given back when its part ends, or at the end of the
 //! stream whatever happened, so the shared counters return to zero.
 //!
-//! This file holds the stream's state and Envoy's callbacks. Beside it:
+//! This file holds the stream's state and Envoy's callbacks; [`phase`]
+//! holds the phases and is the only file that moves between them (the
+//! stages return what comes next). Beside them:
 //! [`send`] reads, places, builds and sends a buffered request, [`prefill`]
 //! dispatches the prefill leg and handles its answer, [`decode`] points the
 //! request at its decode pod, [`load`] holds and gives back load,
@@ -19,24 +21,23 @@ mod decode_outcome;
 mod head;
 mod ids;
 mod load;
+mod phase;
 mod prefill;
 mod response;
 mod send;
 
 use crate::admission::settings::fairness_id;
 use crate::admission::{FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
-use crate::api::Api;
 use crate::body::BodyError;
 use crate::calls::{BodyKind, Call};
 use crate::config::Routing;
-use crate::error::{ClientError, PdError};
+use crate::error::ClientError;
 use crate::fleet::{Endpoint, ModelId, PodId};
 use crate::host::{Action, Counter, Host, Level};
 use crate::router::if_available::prefers_if_available;
 use crate::router::{HeldLoad, Router};
 use head::RequestHead;
-use load::Release;
-use prefill::PendingPrefill;
+use phase::{Buffered, Next, Phase};
 use response::{ResponseRewrite, Timing};
 use std::rc::Rc;
 
@@ -44,53 +45,6 @@ use std::rc::Rc;
 pub const PREFILL_POD_HEADER: &str = "prefill-target-pod";
 pub const PREFILL_POD_IP_HEADER: &str = "prefill-target-pod-ip";
 pub const DECODE_POD_HEADER: &str = "decode-target-pod";
-
-/// A concurrent (SGLang) prefill still in flight after the decode left.
-#[derive(Debug)]
-struct WatchedPrefill {
-    token: u32,
-    pod: Rc<Endpoint>,
-}
-
-/// What a buffered body is for.
-#[derive(Debug, Clone)]
-enum Buffered {
-    /// A split path.
-    Split(Api),
-    /// A call routed by the model it names.
-    ByModel(BodyKind),
-    /// A call that is not a POST but has a body: checked, then to a decode
-    /// pod of any model.
-    PassThrough(BodyKind),
-}
-
-enum Phase {
-    /// Before request headers.
-    Start,
-    /// Collecting the body.
-    Buffering(Buffered),
-    /// Waiting for room (admission control).
-    Queued(Box<admission::QueuedRequest>),
-    /// Paused until the prefill answers.
-    AwaitingPrefill(Box<PendingPrefill>),
-    /// The request went upstream. For concurrent engines the prefill may
-    /// still be in flight; `body_seen` tells whether decode output already
-    /// reached the client.
-    Forwarded {
-        watched: Option<WatchedPrefill>,
-        body_seen: bool,
-    },
-    /// A local reply ended the stream.
-    Replied,
-}
-
-/// Where a placed request stands.
-enum Sent {
-    /// Upstream: a body callback returns Continue, a call callback resumes.
-    Upstream,
-    /// Waiting for the prefill's answer.
-    Waiting,
-}
 
 /// The pods a request may not be placed on again, and how often it was.
 #[derive(Debug, Clone, Default)]
@@ -165,36 +119,6 @@ impl Flow {
             &self.head.id
         };
         host.log(level, &format!("[{id}] {msg}"));
-    }
-
-    /// Ends the stream with the error's reply.
-    fn fail<H: Host>(&mut self, host: &mut H, err: PdError) -> Action {
-        let reply = err.reply();
-        let level = if reply.status >= 500 {
-            Level::Warn
-        } else {
-            Level::Info
-        };
-        self.log(
-            host,
-            level,
-            &format!("{} {}: {err}", reply.status, self.head.path),
-        );
-        host.increment(Counter::LocalReply);
-        host.count_reply(reply.status);
-        self.release(host, Release::All, None);
-        let mut headers = vec![("content-type", "application/json")];
-        headers.extend(reply.headers.iter().map(|(k, v)| (*k, v.as_str())));
-        let sent = host.send_reply(reply.status, &headers, &reply.body);
-        if let Err(e) = sent {
-            self.log(
-                host,
-                Level::Error,
-                &format!("could not send a local reply: {e}"),
-            );
-        }
-        self.phase = Phase::Replied;
-        Action::Pause
     }
 
     pub fn on_request_headers<H: Host>(&mut self, host: &mut H, end_of_stream: bool) -> Action {
@@ -301,10 +225,9 @@ impl Flow {
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default();
         self.head.forwarded = head::forwarded(headers);
-        self.phase = Phase::Buffering(kind);
         // Pausing keeps the header map writable until the decode routing header
         // is known (needs allow_on_headers_stop_iteration in the filter config).
-        Action::Pause
+        self.act(host, Ok(Next::Buffer(kind)))
     }
 
     pub fn on_request_body<H: Host>(
@@ -365,11 +288,7 @@ impl Flow {
             Buffered::ByModel(body) => self.route_by_model(host, &body, ask),
             Buffered::PassThrough(body) => self.pass_through_body(host, &body, ask),
         };
-        match sent {
-            Ok(Sent::Upstream) => Action::Continue,
-            Ok(Sent::Waiting) => Action::Pause,
-            Err(e) => self.fail(host, e),
-        }
+        self.act(host, sent)
     }
 
     pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {
@@ -433,13 +352,7 @@ impl Flow {
     /// so it runs on and holds its KV until the engine's lease or abort
     /// timeout (docs/engines.md).
     pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
-        if matches!(self.phase, Phase::Queued(_)) {
-            self.leave_queue(host);
-        }
-        if matches!(self.phase, Phase::AwaitingPrefill(_)) {
-            host.increment(Counter::ClientGone);
-            self.phase = Phase::Replied;
-        }
+        self.end_phase(host);
         self.release_with_verdict(host);
     }
 }

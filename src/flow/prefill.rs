@@ -3,7 +3,8 @@
 
 use super::ids::HostIds;
 use super::load::{Judgement, Release};
-use super::{Attempt, Flow, Phase, Sent};
+use super::phase::{Next, WatchedPrefill};
+use super::{Attempt, Flow};
 use crate::error::{
     envoy_failure, upstream_message, EnvoyFailure, HostError, PdError, PrefillFailure,
 };
@@ -153,74 +154,81 @@ impl Flow {
         status: Option<u16>,
         body_size: usize,
     ) {
-        match std::mem::replace(&mut self.phase, Phase::Replied) {
-            Phase::AwaitingPrefill(pending) if pending.token == token => {
-                let pending = *pending;
-                let pod = Rc::clone(&pending.plan.prefill_pod);
-                let on_termination = if pending.attempt.resent {
-                    Verdict::Down
-                } else {
-                    Verdict::Neutral
-                };
-                let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination);
-                let result = match outcome {
-                    // The decode leaves in this callback: a vLLM NIXL
-                    // prefill's KV lease (kv_lease_duration, from when the
-                    // engine finished) cannot run out on the router's side.
-                    Ok(()) => self.finish(host, pending, body_size),
-                    Err(f) => self.retry_or_fail(host, pending, f),
-                };
-                if let Err(e) = result {
-                    if matches!(e, PdError::Prefill(_)) {
-                        host.increment(Counter::PrefillFailed);
+        if let Some(pending) = self.take_awaiting(token) {
+            self.sequential_answered(host, pending, status, body_size);
+        } else if let Some((watched, body_seen)) = self.take_watched(token) {
+            self.concurrent_answered(host, watched, body_seen, status, body_size);
+        }
+        // Otherwise a stale token: the stream already replied or moved on.
+    }
+
+    /// A sequential prefill answered: the decode goes, or a retry, or the
+    /// error.
+    fn sequential_answered<H: Host>(
+        &mut self,
+        host: &mut H,
+        pending: PendingPrefill,
+        status: Option<u16>,
+        body_size: usize,
+    ) {
+        let pod = Rc::clone(&pending.plan.prefill_pod);
+        let on_termination = if pending.attempt.resent {
+            Verdict::Down
+        } else {
+            Verdict::Neutral
+        };
+        let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination);
+        let next = match outcome {
+            // The decode leaves in this callback: a vLLM NIXL
+            // prefill's KV lease (kv_lease_duration, from when the
+            // engine finished) cannot run out on the router's side.
+            Ok(()) => self.finish(host, pending, body_size),
+            Err(f) => self.retry_or_fail(host, pending, f),
+        };
+        if let Err(PdError::Prefill(_)) = &next {
+            host.increment(Counter::PrefillFailed);
+        }
+        self.resume_after(host, next);
+    }
+
+    /// A concurrent prefill answered after its decode left.
+    fn concurrent_answered<H: Host>(
+        &mut self,
+        host: &mut H,
+        w: WatchedPrefill,
+        body_seen: bool,
+        status: Option<u16>,
+        body_size: usize,
+    ) {
+        // No resend: the decode already went out with this
+        // prefill's room. A keep-alive race is one strike in a streak.
+        let outcome = self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed);
+        let Err(failure) = outcome else {
+            if self.response.rewrite.is_some() {
+                match host.call_response_body(body_size) {
+                    Ok(answer) => self.apply_report(host, &answer),
+                    Err(_) => {
+                        self.release_unrewritten(host);
                     }
-                    self.fail(host, e);
                 }
             }
-            Phase::Forwarded {
-                watched: Some(w),
-                body_seen,
-            } if w.token == token => {
-                self.phase = Phase::Forwarded {
-                    watched: None,
-                    body_seen,
-                };
-                // No resend: the decode already went out with this
-                // prefill's room. A keep-alive race is one strike in a streak.
-                let outcome =
-                    self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed);
-                let Err(failure) = outcome else {
-                    if self.response.rewrite.is_some() {
-                        match host.call_response_body(body_size) {
-                            Ok(answer) => self.apply_report(host, &answer),
-                            Err(_) => {
-                                self.release_unrewritten(host);
-                            }
-                        }
-                    }
-                    return;
-                };
-                host.increment(Counter::PrefillFailed);
-                if body_seen && self.is_held() {
-                    self.release_unrewritten(host);
-                }
-                if body_seen {
-                    // Decode output already reached the client, so the
-                    // hand-off worked; the prefill's late error is noise.
-                    let msg = format!("prefill failed after the decode produced output: {failure}");
-                    self.log(host, Level::Warn, &msg);
-                } else {
-                    // Without its prefill the decode would wait out its
-                    // bootstrap timeout: fail now. After the response headers
-                    // this cuts the stream short. No retry: the decode already
-                    // went out with this prefill's room.
-                    self.fail(host, PdError::ConcurrentPrefill(failure));
-                }
-            }
-            other => {
-                // A stale token (the stream already replied or moved on).
-                self.phase = other;
-            }
+            return;
+        };
+        host.increment(Counter::PrefillFailed);
+        if body_seen && self.is_held() {
+            self.release_unrewritten(host);
+        }
+        if body_seen {
+            // Decode output already reached the client, so the
+            // hand-off worked; the prefill's late error is noise.
+            let msg = format!("prefill failed after the decode produced output: {failure}");
+            self.log(host, Level::Warn, &msg);
+        } else {
+            // Without its prefill the decode would wait out its
+            // bootstrap timeout: fail now. After the response headers
+            // this cuts the stream short. No retry: the decode already
+            // went out with this prefill's room.
+            self.fail(host, PdError::ConcurrentPrefill(failure));
         }
     }
 
@@ -253,7 +261,7 @@ impl Flow {
         host: &mut H,
         p: PendingPrefill,
         failure: PrefillFailure,
-    ) -> Result<(), PdError> {
+    ) -> Result<Next, PdError> {
         let max = self.router.config.prefill.max_retries;
         // A connection closed before any answer is most often a keep-alive
         // race (the pod closed an idle pooled connection as the call went
@@ -287,8 +295,7 @@ impl Flow {
         }
         attempt.full = self.full_now(host, &p.plan.request);
         match self.place(host, p.plan.request, attempt) {
-            Ok(Sent::Waiting) => Ok(()),
-            Ok(Sent::Upstream) => Ok(host.resume_request()?),
+            Ok(next) => Ok(next),
             // Nowhere left to go: the prefill's own failure says more.
             Err(PdError::Unavailable(_)) | Err(PdError::NoEndpoint { .. }) => {
                 Err(PdError::Prefill(failure))
@@ -304,7 +311,7 @@ impl Flow {
         host: &mut H,
         p: PendingPrefill,
         body_size: usize,
-    ) -> Result<(), PdError> {
+    ) -> Result<Next, PdError> {
         let answer = host.call_response_body(body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
@@ -323,8 +330,7 @@ impl Flow {
                         &format!("could not send a local reply: {e}"),
                     );
                 }
-                self.phase = Phase::Replied;
-                return Ok(());
+                return Ok(Next::Replied);
             }
             AfterPrefill::Decode {
                 body,
@@ -349,11 +355,7 @@ impl Flow {
             }
         }
         self.watch_decode(&p.plan.prefill_pod, &p.plan.decode_pod);
-        self.phase = Phase::Forwarded {
-            watched: None,
-            body_seen: false,
-        };
-        Ok(host.resume_request()?)
+        Ok(Next::Upstream(None))
     }
 }
 

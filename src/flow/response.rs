@@ -9,7 +9,7 @@
 //! paused at the first part that needs them and released, rewritten, when
 //! the prefill answers; the prefill call's own timeout bounds the wait.
 
-use super::{Flow, Phase};
+use super::Flow;
 use crate::fleet::Model;
 use crate::host::{Action, Counter, Histogram, Host, Level};
 use crate::reconcile::{PrefillReport, Rewrite};
@@ -168,9 +168,7 @@ impl Flow {
     ) -> Action {
         let action = self.rewrite_response_chunk(host, end);
         if action == Action::Continue && body_size > 0 {
-            if let Phase::Forwarded { body_seen, .. } = &mut self.phase {
-                *body_seen = true;
-            }
+            self.body_seen();
         }
         action
     }

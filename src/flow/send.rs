@@ -3,8 +3,9 @@
 
 use super::ids::HostIds;
 use super::load::Release;
+use super::phase::{Next, WatchedPrefill};
 use super::prefill::PendingPrefill;
-use super::{Attempt, Flow, Phase, Sent, WatchedPrefill};
+use super::{Attempt, Flow};
 use crate::api::Api;
 use crate::error::PdError;
 use crate::fleet::Endpoint;
@@ -20,7 +21,7 @@ impl Flow {
         host: &mut H,
         api: Api,
         body_size: usize,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         // A body the host cannot hand over is the router's failure, not the
         // client's.
         self.timing.body_done_us = host.now_us();
@@ -58,7 +59,7 @@ impl Flow {
         host: &mut H,
         request: SplitRequest,
         attempt: Attempt,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
         let now = host.now_ms();
@@ -132,7 +133,7 @@ impl Flow {
         host: &mut H,
         plan: Plan,
         attempt: Attempt,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let model = match &plan {
             Plan::Unsplit { request, .. } => &request.model,
             Plan::Split(p) => &p.request.model,
@@ -180,12 +181,11 @@ impl Flow {
             )
         });
         if !plan.concurrent {
-            self.phase = Phase::AwaitingPrefill(Box::new(PendingPrefill {
+            return Ok(Next::AwaitPrefill(Box::new(PendingPrefill {
                 token,
                 plan,
                 attempt,
-            }));
-            return Ok(Sent::Waiting);
+            })));
         }
         self.send_decode_now(host, &plan, token)
     }
@@ -197,7 +197,7 @@ impl Flow {
         request: &SplitRequest,
         pod: &Rc<Endpoint>,
         why: &UnsplitReason,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         let not_split = why.not_split();
         host.increment(Counter::Unsplit(not_split));
         self.debug(host, || {
@@ -222,7 +222,7 @@ impl Flow {
         host: &mut H,
         plan: &split::SplitPlan,
         token: u32,
-    ) -> Result<Sent, PdError> {
+    ) -> Result<Next, PdError> {
         if let Err(e) = self.send_concurrent_decode(host, plan) {
             self.release(host, Release::All, None);
             return Err(e);
@@ -233,13 +233,9 @@ impl Flow {
             .rewrite
             .clone()
             .map(|a| crate::reconcile::Rewrite::new(a, None));
-        self.phase = Phase::Forwarded {
-            watched: Some(WatchedPrefill {
-                token,
-                pod: Rc::clone(&plan.prefill_pod),
-            }),
-            body_seen: false,
-        };
-        Ok(Sent::Upstream)
+        Ok(Next::Upstream(Some(WatchedPrefill {
+            token,
+            pod: Rc::clone(&plan.prefill_pod),
+        })))
     }
 }
