@@ -153,7 +153,7 @@ fn main() {
                 sets: 0,
             };
             let request = split::read(
-                &router.view(&fleet),
+                &router.view(&fleet, &router.learned()),
                 Api::Completions,
                 "bench",
                 body.clone(),

@@ -7,6 +7,7 @@ use crate::api::ClientFields;
 use crate::body::{Edits, Members};
 use crate::error::EngineError;
 use crate::fleet::{Connector, Endpoint, PodId};
+use std::collections::BTreeMap;
 
 /// Randomness and ids that handlers draw on; the filter backs it with the
 /// host, tests with fixed values.
@@ -18,19 +19,24 @@ pub trait IdSource {
 }
 
 /// What the router learned about pods while running, for hand-offs that
-/// need more than the configuration says.
-pub trait LearnedPods {
+/// need more than the configuration says: a value the split is handed, not
+/// a way back into the router.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LearnedPods {
     /// vLLM Mooncake: a prefill pod's engine id per data-parallel rank, from
     /// its bootstrap server's `GET /query`.
-    fn mooncake_engines(&self, pod: PodId) -> Option<Vec<String>>;
+    pub mooncake: BTreeMap<PodId, Vec<String>>,
 }
 
 /// Nothing learned (golden fixtures, fuzzing, benches).
-pub struct NothingLearned;
+pub static NOTHING_LEARNED: LearnedPods = LearnedPods {
+    mooncake: BTreeMap::new(),
+};
 
-impl LearnedPods for NothingLearned {
-    fn mooncake_engines(&self, _pod: PodId) -> Option<Vec<String>> {
-        None
+impl LearnedPods {
+    /// A Mooncake prefill pod's engine ids, once learned.
+    pub fn mooncake_engines(&self, pod: PodId) -> Option<&[String]> {
+        self.mooncake.get(&pod).map(Vec::as_slice)
     }
 }
 
@@ -47,7 +53,7 @@ pub struct PdContext<'a> {
     pub default_connector: Connector,
     /// The decode pod of this split (some hand-offs name it to the prefill).
     pub decode_pod: &'a Endpoint,
-    pub learned: &'a dyn LearnedPods,
+    pub learned: &'a LearnedPods,
     /// TensorRT-LLM's `internal_request_auth_key`, when configured.
     pub trt_auth_key: Option<&'a [u8]>,
     /// The model's `trt_token_ids_b64`.

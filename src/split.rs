@@ -19,7 +19,7 @@ use crate::engine::{
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::handoff::Legs;
-use crate::handoff::{Degraded, IdSource, LearnedPods, LegEdits, NothingLearned, PdContext};
+use crate::handoff::{Degraded, IdSource, LearnedPods, LegEdits, PdContext, NOTHING_LEARNED};
 use crate::host::NotSplit;
 use crate::reconcile;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
@@ -35,7 +35,7 @@ pub struct SplitContext<'a> {
     pub default_connector: Connector,
     pub scheduling: &'a Scheduling,
     /// What the router learned about pods (Mooncake engine ids).
-    pub learned: &'a dyn LearnedPods,
+    pub learned: &'a LearnedPods,
     /// TensorRT-LLM's shared key for signed hand-offs, when configured.
     pub trt_auth_key: Option<&'a [u8]>,
 }
@@ -53,7 +53,7 @@ impl<'a> SplitContext<'a> {
             registry,
             default_connector: config.kv_connector,
             scheduling: &config.scheduling,
-            learned: &NothingLearned,
+            learned: &NOTHING_LEARNED,
             trt_auth_key: None,
         }
     }

@@ -28,7 +28,6 @@
 use pd_router::api::Api;
 use pd_router::config::Config;
 use pd_router::engine::{FixedIds, Registry};
-use pd_router::fleet::PodId;
 use pd_router::handoff::LearnedPods;
 use pd_router::reconcile::{PrefillReport, Rewrite};
 use pd_router::split::{self, AfterPrefill, DecodeLeg, Placement, Plan, SplitContext, SplitPlan};
@@ -56,15 +55,6 @@ struct Case {
     mooncake_engines: Option<Vec<String>>,
     #[serde(default)]
     trt_auth_key: Option<String>,
-}
-
-/// What the router would have learned about the prefill pod.
-struct Learned(Option<Vec<String>>);
-
-impl LearnedPods for Learned {
-    fn mooncake_engines(&self, _pod: PodId) -> Option<Vec<String>> {
-        self.0.clone()
-    }
 }
 
 /// Headers as a JSON list of pairs; `None` when there are none.
@@ -137,7 +127,20 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     .expect("config");
     let fleet = config.fleet();
     let registry = Registry::builtin();
-    let learned = Learned(case.mooncake_engines.clone());
+    // What the router would have learned about the prefill pods.
+    let learned = LearnedPods {
+        mooncake: case
+            .mooncake_engines
+            .iter()
+            .flat_map(|ids| {
+                fleet
+                    .models()
+                    .iter()
+                    .flat_map(|m| m.endpoints())
+                    .map(|e| (e.id, ids.clone()))
+            })
+            .collect(),
+    };
     let mut view = SplitContext::of_config(&config, &fleet, &registry);
     view.learned = &learned;
     view.trt_auth_key = case.trt_auth_key.as_deref().map(str::as_bytes);

@@ -79,7 +79,7 @@ pub trait EngineHandler {
         &self,
         _pod: &Endpoint,
         _connector: Connector,
-        _learned: &dyn LearnedPods,
+        _learned: &LearnedPods,
     ) -> bool {
         true
     }

@@ -27,12 +27,7 @@ impl EngineHandler for VllmHandler {
         agent(ctx.connector_for(prefill)).concurrent()
     }
 
-    fn prefill_ready(
-        &self,
-        pod: &Endpoint,
-        connector: Connector,
-        learned: &dyn LearnedPods,
-    ) -> bool {
+    fn prefill_ready(&self, pod: &Endpoint, connector: Connector, learned: &LearnedPods) -> bool {
         agent(connector).prefill_ready(pod, learned)
     }
 

@@ -36,7 +36,12 @@ impl Flow {
             .serve(&name)
             .ok_or_else(|| ClientError::UnknownModel(name.clone()))?;
         let model = Rc::clone(served.model);
-        split::check_whole(&router.view(&fleet), Some(&model), &body, kind)?;
+        split::check_whole(
+            &router.view(&fleet, &router.learned()),
+            Some(&model),
+            &body,
+            kind,
+        )?;
         let now = host.now_ms();
         let mut random = |h: &mut H| {
             h.random_u64()
@@ -105,7 +110,7 @@ impl Flow {
     ) -> Result<Next, PdError> {
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
-        split::check_whole(&router.view(&fleet), None, body, kind)?;
+        split::check_whole(&router.view(&fleet, &router.learned()), None, body, kind)?;
         self.send_to_any_decode(host)
     }
 

@@ -319,7 +319,12 @@ impl Flow {
             router: &router,
             host: &mut *host,
         };
-        match split::merge(&router.view(&fleet), &mut ids, &p.plan, &answer)? {
+        match split::merge(
+            &router.view(&fleet, &router.learned()),
+            &mut ids,
+            &p.plan,
+            &answer,
+        )? {
             AfterPrefill::Reply { body, content_type } => {
                 host.increment(Counter::ContextAnswered);
                 self.release(host, Release::All, None);

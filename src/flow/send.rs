@@ -28,7 +28,12 @@ impl Flow {
         let body = self.take_body(host, body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
-        let request = split::read(&router.view(&fleet), api, &self.head.id, body)?;
+        let request = split::read(
+            &router.view(&fleet, &router.learned()),
+            api,
+            &self.head.id,
+            body,
+        )?;
         self.admit_or_wait(host, request)
     }
 
@@ -99,7 +104,12 @@ impl Flow {
             router: &router,
             host: &mut *host,
         };
-        let plan = split::build(&router.view(&fleet), request, placement, &mut ids)?;
+        let plan = split::build(
+            &router.view(&fleet, &router.learned()),
+            request,
+            placement,
+            &mut ids,
+        )?;
         self.send(host, plan, attempt)
     }
 

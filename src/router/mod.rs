@@ -20,6 +20,7 @@ pub use load::{Ejection, HeldLoad};
 use crate::config::Config;
 use crate::engine::Registry;
 use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, ModelId, PodId};
+use crate::handoff::LearnedPods;
 use crate::pods::{decode_scraped, HealthRule, PairTable, ScrapedTable, SharedKeys, SharedStore};
 use crate::split::SplitContext;
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
@@ -58,7 +59,7 @@ pub struct Router {
     /// failure that starts it).
     pairs: RefCell<HashMap<ModelId, PairTable>>,
     /// Mooncake engine ids per prefill pod, copied from shared data each tick.
-    mooncake: RefCell<HashMap<PodId, Vec<String>>>,
+    learned: RefCell<Rc<LearnedPods>>,
     /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
     trt_auth_key: Option<Vec<u8>>,
     /// (pod, what) pairs already logged, for "once per pod" log lines; the
@@ -72,12 +73,6 @@ pub struct Router {
     queue: RefCell<crate::admission::Queue>,
     /// The other VMs' waiting counts, as read at the last tick.
     others: RefCell<crate::admission::shared::Others>,
-}
-
-impl crate::handoff::LearnedPods for Router {
-    fn mooncake_engines(&self, pod: PodId) -> Option<Vec<String>> {
-        self.mooncake.borrow().get(&pod).cloned()
-    }
 }
 
 impl Router {
@@ -113,7 +108,7 @@ impl Router {
             pick_missing_logged_ms: Cell::new(None),
             queue: RefCell::default(),
             others: RefCell::default(),
-            mooncake: RefCell::new(HashMap::new()),
+            learned: RefCell::default(),
             trt_auth_key: None,
             config,
         })
@@ -199,16 +194,22 @@ impl Router {
         self.config.health
     }
 
-    /// What a split sees of this router, over `fleet`.
-    pub fn view<'a>(&'a self, fleet: &'a Fleet) -> SplitContext<'a> {
+    /// What a split sees of this router, over `fleet` and what it
+    /// `learned` of the pods ([`Router::learned`]).
+    pub fn view<'a>(&'a self, fleet: &'a Fleet, learned: &'a LearnedPods) -> SplitContext<'a> {
         SplitContext {
             fleet,
             registry: &self.registry,
             default_connector: self.kv_connector.get(),
             scheduling: &self.config.scheduling,
-            learned: self,
+            learned,
             trt_auth_key: self.trt_auth_key.as_deref(),
         }
+    }
+
+    /// What this VM learned of the pods so far (a snapshot).
+    pub fn learned(&self) -> Rc<LearnedPods> {
+        Rc::clone(&self.learned.borrow())
     }
 
     /// Sets the key TensorRT-LLM generation requests are signed with.
@@ -218,7 +219,9 @@ impl Router {
 
     /// Replaces the learned Mooncake engine ids.
     pub fn set_mooncake_engines(&self, engines: HashMap<PodId, Vec<String>>) {
-        *self.mooncake.borrow_mut() = engines;
+        *self.learned.borrow_mut() = Rc::new(LearnedPods {
+            mooncake: engines.into_iter().collect(),
+        });
     }
 
     /// Reads the learned Mooncake engine ids afresh from shared data (a
@@ -230,7 +233,8 @@ impl Router {
             return false;
         };
         let engines = crate::pods::bootstrap::decode(&bytes);
-        if *self.mooncake.borrow() == engines {
+        if self.learned.borrow().mooncake == engines.iter().map(|(k, v)| (*k, v.clone())).collect()
+        {
             return false;
         }
         self.set_mooncake_engines(engines);
@@ -239,7 +243,7 @@ impl Router {
 
     /// The Mooncake engine ids this VM knows.
     pub fn mooncake_engines_known(&self) -> HashMap<PodId, Vec<String>> {
-        self.mooncake.borrow().clone()
+        self.learned.borrow().mooncake.clone().into_iter().collect()
     }
 
     /// The prefill pods whose hand-off needs their Mooncake engine ids.

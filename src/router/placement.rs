@@ -60,9 +60,10 @@ impl Router {
             .collect();
         let handler = self.registry.resolve(&model.engine);
         let global = self.kv_connector.get();
+        let learned = self.learned();
         for e in model.rolesets.iter().flat_map(|r| r.prefill.iter()) {
             let connector = e.connector(model.kv_connector, global);
-            if !handler.prefill_ready(e, connector, self) {
+            if !handler.prefill_ready(e, connector, &learned) {
                 if let Some(s) = states.get_mut(e.slot) {
                     s.not_ready_for_prefill = true;
                 }

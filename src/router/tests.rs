@@ -12,7 +12,7 @@ fn router(json: &str) -> Router {
 fn request(r: &Router, model: &str, prompt: &str) -> SplitRequest {
     let body = format!(r#"{{"model":"{model}","prompt":"{prompt}"}}"#).into_bytes();
     let fleet = r.fleet();
-    split::read(&r.view(&fleet), Api::Completions, "r", body).expect("read")
+    split::read(&r.view(&fleet, &r.learned()), Api::Completions, "r", body).expect("read")
 }
 
 fn place(

@@ -62,7 +62,7 @@ pub trait KvTransferAgent {
 
     /// Whether `prefill_pod` can hand off now: some protocols need a fact
     /// about the pod that the router learns or is told first.
-    fn prefill_ready(&self, _prefill_pod: &Endpoint, _learned: &dyn LearnedPods) -> bool {
+    fn prefill_ready(&self, _prefill_pod: &Endpoint, _learned: &LearnedPods) -> bool {
         true
     }
 

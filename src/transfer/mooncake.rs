@@ -29,7 +29,7 @@ impl KvTransferAgent for Mooncake {
     }
 
     /// Only once its engine id is known (`GET /query`).
-    fn prefill_ready(&self, pod: &Endpoint, learned: &dyn LearnedPods) -> bool {
+    fn prefill_ready(&self, pod: &Endpoint, learned: &LearnedPods) -> bool {
         learned
             .mooncake_engines(pod.id)
             .is_some_and(|ids| !ids.is_empty())
@@ -41,7 +41,8 @@ impl KvTransferAgent for Mooncake {
         pod: &Endpoint,
         legs: &mut Legs,
     ) -> Result<(), EngineError> {
-        let engines = ctx.learned.mooncake_engines(pod.id).unwrap_or_default();
+        let learned = ctx.learned;
+        let engines = learned.mooncake_engines(pod.id).unwrap_or_default();
         if engines.is_empty() {
             return Err(EngineError::NotReady(format!(
                 "the Mooncake engine id of prefill pod {} is not known yet (GET /query on its bootstrap port {})",

@@ -29,7 +29,7 @@ impl KvTransferAgent for NixlPush {
 
     /// A discovered pod without its side channel cannot hand off
     /// (configured ones are refused at load).
-    fn prefill_ready(&self, pod: &Endpoint, _learned: &dyn LearnedPods) -> bool {
+    fn prefill_ready(&self, pod: &Endpoint, _learned: &LearnedPods) -> bool {
         pod.nixl_push.is_some()
     }
 

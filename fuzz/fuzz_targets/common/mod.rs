@@ -13,7 +13,6 @@ use pd_router::api::Api;
 use pd_router::body::Members;
 use pd_router::config::Config;
 use pd_router::engine::{FixedIds, Registry};
-use pd_router::fleet::PodId;
 use pd_router::handoff::LearnedPods;
 use pd_router::split::{self, Placement, Plan, SplitContext, SplitPlan};
 use serde::de::{Deserializer, MapAccess, Visitor};
@@ -101,15 +100,6 @@ pub fn cases() -> &'static [Case] {
 
 thread_local! {
     pub static REGISTRY: Registry = Registry::builtin();
-}
-
-/// Every Mooncake prefill's bootstrap server has answered: two ranks.
-pub struct Learned;
-
-impl LearnedPods for Learned {
-    fn mooncake_engines(&self, _pod: PodId) -> Option<Vec<String>> {
-        Some(vec!["e_dp0".into(), "e_dp1".into()])
-    }
 }
 
 /// Asserts a header a leg sets is one Envoy can send: a lowercase name, a
@@ -250,8 +240,17 @@ pub fn for_each_split(
     REGISTRY.with(|registry| {
         for case in cases() {
             let fleet = &case.fleet;
+            // Every Mooncake prefill's bootstrap server has answered: two ranks.
+            let learned = LearnedPods {
+                mooncake: fleet
+                    .models()
+                    .iter()
+                    .flat_map(|m| m.endpoints())
+                    .map(|e| (e.id, vec!["e_dp0".into(), "e_dp1".into()]))
+                    .collect(),
+            };
             let mut view = SplitContext::of_config(&case.config, fleet, registry);
-            view.learned = &Learned;
+            view.learned = &learned;
             view.trt_auth_key = Some(b"fuzz-key");
             let roleset = &fleet.models()[0].rolesets[0];
             for api in APIS {
