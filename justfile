@@ -121,7 +121,7 @@ epp:
 test-epp: epp kube-apiserver build
     PD_ROUTER_REQUIRE_EPP=1 cargo test --test e2e -- --test-threads 1 epp::
 
-# Build the filter (wasm32-wasip1, release) and the mock engines.
+# Build the filter (wasm32-wasip1, release) and the mock engines (target/debug/mock-engine).
 build: bench-setup
     cargo build --target wasm32-wasip1 --release
     cargo build -p mock-engine
@@ -209,9 +209,9 @@ bench: bench-build && bench-e2e (bench-fleet "--quick")
     .venv/bin/python -c "import kubernetes" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2"
     .venv/bin/python bench/kube_api_bytes.py
 
-native_benches := "-p pd-router -p mock-engine --bench select --bench host_calls --bench discovery"
+native_benches := "-p pd-router -p mock-engine -p loadgen --bench select --bench host_calls --bench discovery"
 
-# The native benches and the release mocks in one cargo invocation: their shared crates' features are resolved once, so tokio, hyper and the rest compile once (a fresh clone: 127 s against 178 s in four invocations); `cargo bench` with the same selection reuses it all.
+# The native benches, the release mocks (mock-engine, with fleet-sim in it) and the load generator (loadgen) in one cargo invocation: their shared crates' features are resolved once, so tokio, hyper and the rest compile once (a fresh clone: 127 s against 178 s in four invocations); `cargo bench` with the same selection reuses it all.
 bench-build: bench-setup
     cargo build --release --bins {{native_benches}}
 

@@ -305,9 +305,10 @@ def git_state() -> str:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "src",
-                                "mock-engine/src"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return head + (" (src/ or mock-engine/src/ with uncommitted changes)" if dirty else "")
+                                "mock-engine/src", "fleet-sim/src"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+        return head + (" (src/, mock-engine/src/ or fleet-sim/src/ with uncommitted changes)"
+                       if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

@@ -8,21 +8,26 @@
 //!
 //! 1. Domain types and helpers that import nothing of the crate: `config`,
 //!    `error`, `peer`, `disagg_auth`, `responses`, `conn`, `sse`,
-//!    `token_in`, `multipart`; on them `request` (a body's members),
-//!    `models` (the served model and adapters), `anthropic`, `logprobs`
-//!    and `metrics`.
+//!    `token_in`, `multipart`, `leg` (what an engine's leg hands the
+//!    answer); on them `request` (a body's members), `params` (the
+//!    sampling knobs), `models` (the served model and adapters), `usage`,
+//!    `look`, `anthropic`, `logprobs` and `metrics`.
 //! 2. `store`: what one leg leaves for the other, as data.
 //! 3. `state`: one pod's config, counters and stores, shared by handlers.
-//! 4. `generate`: the answers, as JSON or SSE.
+//! 4. The answers, as JSON or SSE: `completion` (chat and completions),
+//!    then `answer` (every API's answer from what the leg produced).
 //! 5. `engines`: each engine's contract and its side of the hand-off;
 //!    `unsplit`: the calls no router splits (embeddings, tokenize, ...).
 //! 6. The HTTP servers: `server` (the main API), `sidechannel`,
 //!    `bootstrap` and `zmq`.
-//! 7. `cli` and this file: the flags, the listeners, the runtime.
+//! 7. `cli` and this file: the flags, the listeners, the runtime; the
+//!    `sim` and `replay` subcommands run the fleet-sim crate.
 
+mod answer;
 mod anthropic;
 mod bootstrap;
 mod cli;
+mod completion;
 mod config;
 mod conn;
 mod disagg_auth;
@@ -30,11 +35,13 @@ mod engines;
 mod error;
 #[cfg(test)]
 mod gateway_tests;
-mod generate;
+mod leg;
 mod logprobs;
+mod look;
 mod metrics;
 mod models;
 mod multipart;
+mod params;
 #[cfg(test)]
 mod pd_tests;
 mod peer;
@@ -47,6 +54,7 @@ mod state;
 mod store;
 mod token_in;
 mod unsplit;
+mod usage;
 mod zmq;
 
 use std::io::Write;
@@ -172,7 +180,7 @@ async fn run(config: Config) -> Result<(), String> {
 }
 
 /// `mock-engine sim ...` and `mock-engine replay ...` (the fleet benchmark's
-/// simulated pods and trace replayer, in the crate's library).
+/// simulated pods and trace replayer, the fleet-sim crate).
 fn subcommand() -> Option<ExitCode> {
     use clap::Parser;
     let mut args = std::env::args_os();
@@ -184,12 +192,12 @@ fn subcommand() -> Option<ExitCode> {
     let run: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>>>> =
         match first.to_str()? {
             "sim" => {
-                let a = mock_engine::sim::SimArgs::parse_from(rest());
-                Box::pin(mock_engine::sim::run(a))
+                let a = fleet_sim::sim::SimArgs::parse_from(rest());
+                Box::pin(fleet_sim::sim::run(a))
             }
             "replay" => {
-                let a = mock_engine::replay::ReplayArgs::parse_from(rest());
-                Box::pin(mock_engine::replay::run(a))
+                let a = fleet_sim::replay::ReplayArgs::parse_from(rest());
+                Box::pin(fleet_sim::replay::run(a))
             }
             _ => return None,
         };

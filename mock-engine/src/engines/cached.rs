@@ -6,7 +6,7 @@
 use serde_json::{Number, Value};
 
 use crate::config::Engine;
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::Asked;
 use crate::request::Request;
 use crate::state::Shared;

@@ -280,7 +280,7 @@ pub fn u64_member(obj: &Map<String, Value>, parent: &str, field: &str) -> Checke
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::GenParams;
+    use crate::params::GenParams;
 
     fn check(body: &str, mct_ok: bool) -> Result<(), String> {
         let req = Request::parse(Api::Completions, body.as_bytes()).map_err(|f| f.message)?;

@@ -3,7 +3,7 @@
 
 use super::contract::prefill_constraints;
 use crate::error::Checked;
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::request::{approx_tokens, Request};
 
 fn prompt_tokens(req: &Request<'_>) -> u64 {

@@ -23,11 +23,14 @@ pub use sglang::server_info as sglang_server_info;
 use axum::http::HeaderMap;
 use axum::response::Response;
 
+use crate::answer;
 use crate::config::{fail_after_transfer, Connector, Engine, Fault, Flavor, Role};
 use crate::error::Checked;
-use crate::generate::{self, DecodeOut, GenParams, Kv, Look, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::{Asked, Prompt};
+use crate::look::Look;
 use crate::models;
+use crate::params::GenParams;
 use crate::request::{approx_tokens, u64_array, Api, Request};
 use crate::state::{InFlight, Shared};
 use cached::{decode_cached, own_cached, remote_cached_field};
@@ -66,7 +69,7 @@ pub async fn handle(
             out.cached_tokens = own_cached(state, &asked, out.prompt_tokens).into();
             remote_cached_field(state, &mut out);
             let look = look(state, &req, asked)?;
-            let resp = generate::prefill_response(state, api, &params, look, out);
+            let resp = answer::prefill_response(state, api, &params, look, out);
             guard.finish();
             Ok(resp)
         }
@@ -75,7 +78,7 @@ pub async fn handle(
             out.prompt_tokens = counted(&req, out.prompt_tokens);
             out.cached_tokens = decode_cached(state, &req, &asked, &out);
             let look = look(state, &req, asked)?;
-            Ok(generate::decode_response(
+            Ok(answer::decode_response(
                 state, api, params, look, out, guard,
             ))
         }

@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 use super::contract::{object_field, prefill_constraints, same_prompt, str_member};
 use super::vllm_request::{vllm_prefill_params, vllm_recompute};
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct, split_authority, Polled};
 use crate::request::{approx_tokens, prompt_hash, short, Request};
 use crate::state::Shared;

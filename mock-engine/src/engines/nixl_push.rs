@@ -22,7 +22,7 @@ use super::vllm_request::{
     request_id_source, vllm_internal_id, vllm_prefill_params, vllm_recompute, vllm_request_id,
 };
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct, Polled};
 use crate::request::{approx_tokens, prompt_hash, short, Api, Request};
 use crate::state::Shared;

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::contract::{prefill_constraints, same_prompt};
 use super::vllm_request::{request_id_source, vllm_internal_id, vllm_request_id};
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::peer::authority;
 use crate::request::{approx_tokens, prompt_hash, Request};
 use crate::state::Shared;

@@ -27,7 +27,7 @@ use super::cached::own_cached;
 use super::contract::prefill_constraints;
 use crate::config::Role;
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::logprobs::Asked;
 use crate::peer::{authority, PeerError, Polled};
 use crate::request::{approx_tokens, prompt_hash, short, Api, Request};

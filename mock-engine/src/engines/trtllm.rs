@@ -28,7 +28,7 @@ use super::contract::{object_field, prefill_constraints, str_member, u64_member}
 use crate::config::Fault;
 use crate::disagg_auth;
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::peer::pct;
 use crate::request::{compact_ids, short, token_ids, u64_array, Api, Request};
 use crate::state::Shared;

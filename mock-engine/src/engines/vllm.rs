@@ -16,7 +16,7 @@ use serde_json::{json, Map, Value};
 use super::contract::{object_field, prefill_constraints, same_prompt, str_member, u64_member};
 use super::vllm_request::{vllm_prefill_params, vllm_recompute};
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv, PrefillOut};
+use crate::leg::{DecodeOut, Kv, PrefillOut};
 use crate::peer::{authority, pct};
 use crate::request::{approx_tokens, prompt_hash, short, u64_array, Request};
 use crate::state::Shared;

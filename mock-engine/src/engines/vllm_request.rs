@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 
 use super::contract::object_field;
 use crate::error::{Checked, Fail};
-use crate::generate::{DecodeOut, Kv};
+use crate::leg::{DecodeOut, Kv};
 use crate::request::{approx_tokens, short, Api, Request};
 use crate::state::Shared;
 
