@@ -71,19 +71,20 @@ kube-apiserver:
     bin="{{justfile_directory()}}/.tools/kube/bin"
     mkdir -p "$bin"
     need_go() { command -v go >/dev/null || { echo "kube-apiserver: building it needs Go 1.26 (go.dev/dl) and the Go module proxy" >&2; exit 1; }; }
-    if ! "$bin/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes {{kube_version}}"; then
+    # grep reads all of --version's output (no -q, no head): under pipefail an early exit would kill the writer with SIGPIPE (status 141).
+    if ! "$bin/kube-apiserver" --version 2>/dev/null | grep -x "Kubernetes {{kube_version}}" >/dev/null; then
       need_go
       minor=$(echo "{{kube_version}}" | cut -d. -f2)
       # A module build stamps no version: set the one the pin says, which --version reports (the check above).
       stamp="-X k8s.io/component-base/version.gitVersion={{kube_version}} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
       (cd tools/kube/apiserver && time nice go build -o "$bin/kube-apiserver" -ldflags "$stamp" k8s.io/kubernetes/cmd/kube-apiserver)
     fi
-    if ! "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: {{trim_start_match(etcd_version, "v")}}"; then
+    if ! "$bin/etcd" --version 2>/dev/null | grep -x "etcd Version: {{trim_start_match(etcd_version, "v")}}" >/dev/null; then
       need_go
       (cd tools/kube/etcd && time nice go build -o "$bin/etcd" go.etcd.io/etcd/server/v3)
     fi
     "$bin/kube-apiserver" --version
-    "$bin/etcd" --version | head -n1
+    "$bin/etcd" --version | sed -n 1p
 
 # The end-to-end tests against a real kube-apiserver and etcd (tests/e2e/kube_real.rs), building both first when missing.
 test-kube-real: kube-apiserver build
@@ -182,7 +183,7 @@ msrv:
 
 # Licences, bans and sources of every dependency tree (deny.toml); the advisory database cannot be fetched here (docs/testing.md).
 deny:
-    cargo deny --version 2>/dev/null | grep -qx "cargo-deny {{deny_version}}" || cargo install --locked --quiet cargo-deny --version {{deny_version}}
+    cargo deny --version 2>/dev/null | grep -x "cargo-deny {{deny_version}}" >/dev/null || cargo install --locked --quiet cargo-deny --version {{deny_version}}
     cargo deny --all-features check --hide-inclusion-graph licenses bans sources
     cargo deny --manifest-path fuzz/Cargo.toml --all-features check --hide-inclusion-graph licenses bans sources
     cargo deny --manifest-path bench/min-pd-filter/Cargo.toml --all-features check --hide-inclusion-graph licenses bans sources

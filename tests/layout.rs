@@ -1171,3 +1171,30 @@ fn only_flow_phase_rs_moves_the_phase() {
         writers.join("\n")
     );
 }
+
+/// The justfile runs bash with `pipefail`: a reader that stops early (`head`,
+/// `grep -q`) kills a writer still printing with SIGPIPE, and the pipeline
+/// fails with status 141 or takes the wrong branch, depending on timing
+/// (`etcd --version | head -n1` failed a fresh-clone run that way).
+#[test]
+fn no_recipe_pipes_into_a_reader_that_stops_early() {
+    let mut early = Vec::new();
+    for (name, (_, body)) in recipes() {
+        for line in body.lines() {
+            let piped: Vec<&str> = line.split('|').skip(1).map(str::trim_start).collect();
+            if piped.iter().any(|p| {
+                p.starts_with("head")
+                    || p.starts_with("grep -q")
+                    || p.starts_with("grep -xq")
+                    || p.starts_with("grep -qx")
+            }) {
+                early.push(format!("{name}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(
+        early.is_empty(),
+        "recipes piping into a reader that may stop early (use `grep ... >/dev/null` or `sed -n 1p`):\n{}",
+        early.join("\n")
+    );
+}
