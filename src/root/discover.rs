@@ -117,7 +117,7 @@ impl Discoverer {
         let (fleet, _unused) = build_fleet(&router.config.models, &set.pods, &set.adapters);
         host.know_fleet(&fleet);
         router.set_fleet(fleet);
-        host.record_discovered(set.pods.len() as u64);
+        host.record_discovered(set.pods.len() as u64, set.generation);
         self.applied = set.generation;
         true
     }
@@ -498,7 +498,10 @@ fn publish<H: RootHost>(
     let set_key = keys.discovered();
     let generation_key = keys.discovered_generation();
     match published::publish(host, &set_key, &generation_key, pods, adapters) {
-        Ok(Some(set)) => report(host, router, &set, how),
+        Ok(Some(set)) => {
+            host.record_published(set.generation);
+            report(host, router, &set, how)
+        }
         Ok(None) => {}
         Err(e) => log(
             host,

@@ -40,8 +40,12 @@ pub trait RootHost: SharedStore + Telemetry {
     /// Up to `max` bytes of the call answer being delivered (empty when the
     /// host has none).
     fn call_answer_body(&self, len: usize, max: usize) -> Vec<u8>;
-    /// Publishes the size of the discovered pod set.
-    fn record_discovered(&self, pods: u64);
+    /// Publishes the size of the discovered pod set and the generation of
+    /// it this VM now routes by.
+    fn record_discovered(&self, pods: u64, generation: u64);
+    /// Publishes the generation of the pod set this VM (the lister) just
+    /// published for all.
+    fn record_published(&self, generation: u64);
     /// Publishes the discovered pod set's age: milliseconds since the API
     /// server last confirmed it.
     fn record_discovery_age(&self, age_ms: u64);

@@ -33,6 +33,8 @@ struct FakeRoot {
     logs: RefCell<Vec<(Level, String)>>,
     counters: RefCell<Vec<Counter>>,
     discovered: RefCell<Option<u64>>,
+    published: RefCell<Option<u64>>,
+    applied: RefCell<Option<u64>>,
     age: RefCell<Option<u64>>,
 }
 
@@ -47,6 +49,8 @@ impl FakeRoot {
             logs: RefCell::new(Vec::new()),
             counters: RefCell::new(Vec::new()),
             discovered: RefCell::new(None),
+            published: RefCell::new(None),
+            applied: RefCell::new(None),
             age: RefCell::new(None),
         }
     }
@@ -111,8 +115,12 @@ impl RootHost for FakeRoot {
     fn call_answer_body(&self, len: usize, max: usize) -> Vec<u8> {
         self.answer[..len.min(max).min(self.answer.len())].to_vec()
     }
-    fn record_discovered(&self, pods: u64) {
+    fn record_discovered(&self, pods: u64, generation: u64) {
         *self.discovered.borrow_mut() = Some(pods);
+        *self.applied.borrow_mut() = Some(generation);
+    }
+    fn record_published(&self, generation: u64) {
+        *self.published.borrow_mut() = Some(generation);
     }
     fn record_discovery_age(&self, age_ms: u64) {
         *self.age.borrow_mut() = Some(age_ms);
@@ -308,9 +316,12 @@ fn discovery_publishes_a_list_and_keeps_the_last_good_set_when_lists_fail() {
     ]);
     answer(a, ha, &list[0], Some(200), &pods);
     assert_eq!(ha.counted(Counter::DiscoveryList), 1);
+    assert_eq!(*ha.published.borrow(), Some(1));
 
     // Every VM applies the published set at its next tick.
+    assert_eq!(*hb.applied.borrow(), None);
     b.on_tick(hb);
+    assert_eq!(*hb.applied.borrow(), Some(1));
     assert!(hb.take_calls().is_empty(), "only the lease holder lists");
     assert_eq!(b.router.fleet().pods().len(), 2);
     assert_eq!(*hb.discovered.borrow(), Some(2));

@@ -136,8 +136,12 @@ impl RootHost for RootIo<'_> {
             .unwrap_or_default()
     }
 
-    fn record_discovered(&self, pods: u64) {
-        self.stats.record_discovered(pods);
+    fn record_discovered(&self, pods: u64, generation: u64) {
+        self.stats.record_discovered(pods, generation);
+    }
+
+    fn record_published(&self, generation: u64) {
+        self.stats.record_published(generation);
     }
 
     fn record_discovery_age(&self, age_ms: u64) {

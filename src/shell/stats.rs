@@ -49,6 +49,11 @@ pub(super) struct Stats {
     log_level: Cell<Option<LogLevel>>,
     /// Pods in the discovered set (defined when discovery is on).
     discovered: Cell<Option<u32>>,
+    /// The generation of the set this VM routes by, one gauge per VM: a
+    /// worker that lags behind the others shows here.
+    applied_generation: Cell<Option<u32>>,
+    /// The generation the lister published last.
+    published_generation: Cell<Option<u32>>,
     /// The discovered set's age in ms (defined when discovery is on).
     discovery_age: Cell<Option<u32>>,
 }
@@ -72,14 +77,35 @@ impl Stats {
         }
     }
 
-    /// Publishes the size of the discovered pod set.
-    pub(super) fn record_discovered(&self, pods: u64) {
+    /// Publishes the size of the discovered pod set and the generation of
+    /// it this VM applied.
+    pub(super) fn record_discovered(&self, pods: u64, generation: u64) {
         if self.discovered.get().is_none() {
             self.discovered
                 .set(define(MetricType::Gauge, "pd_router.discovery.pods"));
+            let slot = self.worker_slot.to_string();
+            let name = tagged("pd_router.discovery.generation", &[("pd_vm", &slot)]);
+            self.applied_generation
+                .set(define(MetricType::Gauge, &name));
         }
         if let Some(id) = self.discovered.get() {
             let _ = abi::record_metric(id, pods);
+        }
+        if let Some(id) = self.applied_generation.get() {
+            let _ = abi::record_metric(id, generation);
+        }
+    }
+
+    /// Publishes the generation of the set this VM published for all.
+    pub(super) fn record_published(&self, generation: u64) {
+        if self.published_generation.get().is_none() {
+            self.published_generation.set(define(
+                MetricType::Gauge,
+                "pd_router.discovery.published_generation",
+            ));
+        }
+        if let Some(id) = self.published_generation.get() {
+            let _ = abi::record_metric(id, generation);
         }
     }
 

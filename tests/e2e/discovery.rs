@@ -67,8 +67,9 @@ fn as_pod(mock: &Mock, model: &str, engine: &str, role: &str, roleset: &str) -> 
 
 /// Waits until the filter has asked for the pods twice since now (a list
 /// or a watch: the second began after the first, which saw the change,
-/// ended) and every worker had a tick to apply what it published.
-fn wait_for_lists(api: &KubeApi) {
+/// ended, and what it saw was published) and every worker VM routes by
+/// one set.
+fn wait_for_lists(api: &KubeApi, envoy: &Envoy) {
     api.clear_requests();
     let deadline = Instant::now() + Duration::from_secs(15);
     while api.pod_requests().len() < 2 {
@@ -78,8 +79,9 @@ fn wait_for_lists(api: &KubeApi) {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Published by the lister, applied by every VM on its next tick.
-    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 100));
+    wait_until("every worker routes by the published set", || {
+        envoy.applied_pod_set().is_some()
+    });
 }
 
 /// Waits (15 s at most) until `done`, naming `what` if it never is.
@@ -141,7 +143,7 @@ fn pods_are_discovered_and_followed_through_changes_under_load() {
     ];
     api.set_pods(&pods);
     let envoy = start_envoy(&api, &discovery_config(json!([])), 2);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
 
     // Both models, both rolesets, no static endpoint anywhere.
@@ -221,7 +223,7 @@ fn pods_are_discovered_and_followed_through_changes_under_load() {
     std::thread::sleep(Duration::from_millis(300));
     pods.retain(|p| p.name != "llama-d1");
     api.set_pods(&pods);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     must_stay_idle.push((&ld1, served(&ld1), "removed decode pod"));
 
     // 2. A prefill pod turns unready: its roleset has no prefill left.
@@ -229,14 +231,14 @@ fn pods_are_discovered_and_followed_through_changes_under_load() {
         *p = p.clone().unready();
     }
     api.set_pods(&pods);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     must_stay_idle.push((&lp1, served(&lp1), "unready prefill pod"));
 
     // 3. A decode pod joins rs0.
     let ld3 = vllm("llama-d3", "decode");
     pods.push(as_pod(&ld3, "llama", "vllm", "decode", "rs0"));
     api.set_pods(&pods);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
 
     // 4. A pod is re-created at a new address under its old name.
     let ld0_new = vllm("llama-d0", "decode");
@@ -244,7 +246,7 @@ fn pods_are_discovered_and_followed_through_changes_under_load() {
         *p = as_pod(&ld0_new, "llama", "vllm", "decode", "rs0");
     }
     api.set_pods(&pods);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     must_stay_idle.push((&ld0, served(&ld0), "old address of a re-created pod"));
 
     std::thread::sleep(Duration::from_millis(1500));
@@ -301,7 +303,7 @@ fn api_trouble_keeps_the_last_good_pod_set() {
         ])),
         2,
     );
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
     let ok = |why: &str| {
         for i in 0..5 {
@@ -324,7 +326,7 @@ fn api_trouble_keeps_the_last_good_pod_set() {
     ] {
         let before = failures();
         api.set_mode(mode);
-        wait_for_lists(&api);
+        wait_for_lists(&api, &envoy);
         ok(mode);
         assert!(failures() > before, "{mode}: counted");
         assert_eq!(
@@ -349,7 +351,7 @@ fn api_trouble_keeps_the_last_good_pod_set() {
         as_pod(&p1, "m", "vllm", "prefill", "rs0"),
         as_pod(&d, "m", "vllm", "decode", "rs0"),
     ]);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let a = post(&url, completion("m", 99), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.header("prefill-target-pod"), Some("m-p1"));
@@ -396,7 +398,7 @@ fn lists_page_through_a_consistent_snapshot() {
     // List mode: a list every interval_ms, no watch.
     config["discovery"]["kubernetes"]["watch"] = json!(false);
     let envoy = start_envoy(&api, &config, 1);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let a = post(&envoy.url("/v1/completions"), completion("m", 0), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
     let requests = api.pod_requests();
@@ -493,7 +495,7 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
     let mut config = discovery_config(json!([{"name": "w", "engine": "vllm", "rolesets": []}]));
     config["discovery"]["kubernetes"]["stale_after_ms"] = json!(2000);
     let envoy = start_envoy(&api, &config, 2);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let relists = || envoy.stat("wasmcustom.pd_router.discovery.relists");
     let age = || envoy.stat("wasmcustom.pd_router.discovery.age_ms");
     let load = Load::start(&envoy.url("/v1/completions"), "w", 3);
@@ -528,7 +530,7 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
         envoy.stat("wasmcustom.pd_router.discovery.failures") > failures
     });
     api.set_mode("ok");
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 3);
     // 4. The API server down for longer than stale_after_ms: the set stays,
     //    its age rises past the bound and is said; back, it falls again.
@@ -701,7 +703,7 @@ fn envoy_adds_a_projected_token_and_follows_its_rotation() {
         ],
         &[],
     );
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
     assert_eq!(post(&url, completion("t", 0), &[]).status, 200);
     assert!(
@@ -717,7 +719,7 @@ fn envoy_adds_a_projected_token_and_follows_its_rotation() {
         api.requests().iter().filter(|r| r.authorized).count() >= 2
     });
     let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     assert!(
         api.requests().iter().all(|r| r.authorized),
         "only the new token once rotated: {:?}",
@@ -783,7 +785,7 @@ fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_dele
     config["discovery"]["kubernetes"]["inference_pool"] =
         json!({"name": "qwen-pool", "model": "qwen"});
     let envoy = start_envoy(&api, &config, 2);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
     // The pool is read first, then its pods listed: wait for both.
     wait_until("the pool's pods serve", || {
@@ -1019,7 +1021,7 @@ fn queued_requests_go_to_pods_that_join_while_they_wait() {
     ];
     api.set_pods(&first);
     let envoy = start_envoy(&api, &admission_config(), 4);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
     let held_done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -1075,7 +1077,7 @@ fn queued_requests_never_go_to_pods_that_left_while_they_wait() {
     both.push(as_pod(&d1, "m", "vllm", "decode", "b"));
     api.set_pods(&both);
     let envoy = start_envoy(&api, &admission_config(), 4);
-    wait_for_lists(&api);
+    wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
     std::thread::scope(|s| {
         // One pair held 10 s, then the other 5 s: both full.
@@ -1100,7 +1102,7 @@ fn queued_requests_never_go_to_pods_that_left_while_they_wait() {
             both[2..].to_vec()
         };
         api.set_pods(&remaining);
-        wait_for_lists(&api);
+        wait_for_lists(&api, &envoy);
         assert_eq!(short.join().expect("short").status, 200);
         let a = queued.join().expect("queued");
         assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());

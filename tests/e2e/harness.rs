@@ -295,6 +295,8 @@ pub struct Envoy {
     pub port: u16,
     pub admin: u16,
     log: PathBuf,
+    /// Worker threads, each with a VM of its own.
+    workers: u32,
     _scratch: Scratch,
 }
 
@@ -450,6 +452,7 @@ impl Envoy {
             port,
             admin,
             log,
+            workers: concurrency,
             _scratch: scratch,
         }
     }
@@ -484,6 +487,31 @@ impl Envoy {
             .find(|(k, _)| k == name)
             .map(|(_, v)| v)
             .unwrap_or_else(|| panic!("Envoy has no stat {name}"))
+    }
+
+    /// The discovered pod set all VMs route by, as (generation, pods), once
+    /// each has applied the generation the lister published last (`None`
+    /// before). Envoy's main thread runs a VM of its own beside the
+    /// workers' (it ticks, so it applies sets too): at least `workers`. Read twice, so a VM applying a set between
+    /// the reads is not taken for agreement.
+    pub fn applied_pod_set(&self) -> Option<(u64, u64)> {
+        let read = || {
+            let stats = self.stats("wasmcustom.pd_router.discovery.");
+            let gens: Vec<u64> = stats
+                .iter()
+                .filter(|(k, _)| k.starts_with("wasmcustom.pd_router.discovery.generation"))
+                .map(|(_, v)| *v)
+                .collect();
+            let gauge = |name: &str| {
+                let name = format!("wasmcustom.pd_router.discovery.{name}");
+                stats.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
+            };
+            let (pods, published) = (gauge("pods")?, gauge("published_generation")?);
+            (gens.len() >= self.workers as usize && gens.iter().all(|g| *g == published))
+                .then_some((published, pods))
+        };
+        let first = read()?;
+        (read() == Some(first)).then_some(first)
     }
 
     /// One pod's per-pod stat (`series`: `selected`, `ejected`,

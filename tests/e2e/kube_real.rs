@@ -543,11 +543,14 @@ fn config(models: Value) -> Value {
     c
 }
 
+/// Envoy's worker threads (each runs a VM of its own) in these tests.
+const WORKERS: u32 = 2;
+
 fn start_envoy(kube: &RealKube, config: &Value, token: &str) -> Envoy {
     let cluster = tls_cluster(kube);
     Envoy::start_full(
         config,
-        2,
+        WORKERS,
         &[("  clusters:\n", cluster.as_str())],
         &[("PD_ROUTER_KUBE_TOKEN", token)],
     )
@@ -589,11 +592,30 @@ fn split(envoy: &Envoy, model: &str, i: usize) -> (String, String) {
     (pod("prefill-target-pod"), pod("decode-target-pod"))
 }
 
-/// Until `n` answers in a row are `status`: every worker VM has applied the
-/// same pod set (a request lands on either).
+/// Whether the next `n` answers are all `status`.
 fn settled(envoy: &Envoy, model: &str, status: u16, n: usize) -> bool {
     let url = envoy.url("/v1/completions");
     (0..n).all(|i| post(&url, completion(model, i), &[]).status == status)
+}
+
+/// Waits until every worker VM routes by one discovered set of `pods`
+/// pods, newer than generation `after`, for which `ready` holds; returns
+/// its generation. Answers alone cannot show this: a request lands on any
+/// worker, and a run of them can miss the one that has not applied the
+/// change yet.
+fn one_set(envoy: &Envoy, pods: u64, after: u64, ready: impl Fn() -> bool) -> u64 {
+    let mut agreed = 0;
+    wait_until(
+        &format!("every worker routes by one set of {pods} pods"),
+        || match envoy.applied_pod_set() {
+            Some((g, p)) if g > after && p == pods && ready() => {
+                agreed = g;
+                envoy.applied_pod_set() == Some((g, p))
+            }
+            _ => false,
+        },
+    );
+    agreed
 }
 
 fn stat(envoy: &Envoy, name: &str) -> u64 {
@@ -611,7 +633,7 @@ fn aibrix_pods_from_a_real_api_server_split_and_are_followed_by_watch() {
     add_aibrix_pod(&kube, &p0, "m", "prefill");
     add_aibrix_pod(&kube, &d0, "m", "decode");
     let envoy = start_envoy(&kube, &config(json!([])), &token);
-    wait_until("the listed pods serve", || settled(&envoy, "m", 200, 4));
+    let listed = one_set(&envoy, 2, 0, || true);
     assert_eq!(
         split(&envoy, "m", 0),
         ("real-p0".to_owned(), "real-d0".to_owned())
@@ -624,9 +646,7 @@ fn aibrix_pods_from_a_real_api_server_split_and_are_followed_by_watch() {
     let d1 = vllm("real-d1", "decode", "m");
     add_aibrix_pod(&kube, &d1, "m", "decode");
     kube.delete_pod("real-d0");
-    wait_until("the added pod serves and the deleted one is gone", || {
-        (0..4).all(|i| split(&envoy, "m", i).1 == "real-d1")
-    });
+    one_set(&envoy, 2, listed, || true);
     let before = d0.requests().len();
     for i in 0..10 {
         assert_eq!(split(&envoy, "m", i).1, "real-d1");
@@ -669,7 +689,8 @@ fn a_role_without_watch_is_reported_and_granting_it_resumes_following() {
     let envoy = start_envoy(&kube, &config(json!([])), &token);
     // The list is allowed: the pods serve. Every watch is refused, and
     // the filter says so rather than carrying on quietly.
-    wait_until("the listed pods serve", || settled(&envoy, "m", 200, 4));
+    let listed = one_set(&envoy, 2, 0, || true);
+    assert!(settled(&envoy, "m", 200, 4));
     wait_until("refused watches are counted", || {
         stat(&envoy, "failures") >= 2
     });
@@ -693,9 +714,10 @@ fn a_role_without_watch_is_reported_and_granting_it_resumes_following() {
 
     // The shipped Role again: the next watch (after the backoff) succeeds.
     kube.apply(&shipped_rbac());
-    wait_until("the new pod serves", || {
-        (0..4).all(|i| split(&envoy, "m", i).1 == "rbac-d1")
-    });
+    one_set(&envoy, 2, listed, || true);
+    for i in 0..6 {
+        assert_eq!(split(&envoy, "m", i).1, "rbac-d1");
+    }
     assert!(envoy.log_lines_with("the API server answers again") >= 1);
     envoy.assert_counters_zero();
 }
@@ -762,9 +784,7 @@ fn an_inference_pool_of_llm_d_pods_from_a_real_api_server() {
         c["discovery"]["kubernetes"][key] = shipped["discovery"]["kubernetes"][key].clone();
     }
     let envoy = start_envoy(&kube, &c, &token);
-    wait_until("the pool's pods serve", || {
-        settled(&envoy, "qwen3-8b", 200, 4)
-    });
+    one_set(&envoy, 2, 0, || true);
     for i in 0..6 {
         assert_eq!(
             split(&envoy, "qwen3-8b", i),
@@ -827,7 +847,8 @@ fn model_adapters_from_a_real_api_server_route_to_their_instances() {
         None,
     );
     let envoy = start_envoy(&kube, &config(json!([])), &token);
-    wait_until("the adapter is served", || settled(&envoy, "sql", 200, 6));
+    // The pods and the adapter are listed apart: the set that serves it.
+    let served = one_set(&envoy, 4, 0, || settled(&envoy, "sql", 200, 1));
     for i in 0..10 {
         assert_eq!(
             split(&envoy, "sql", i),
@@ -844,7 +865,8 @@ fn model_adapters_from_a_real_api_server_route_to_their_instances() {
 
     // The object deleted: an unknown model once listed again.
     kube.kubectl(&["delete", "modeladapter", "sql"], None);
-    wait_until("the adapter is unknown", || settled(&envoy, "sql", 404, 6));
+    one_set(&envoy, 4, served, || true);
+    assert!(settled(&envoy, "sql", 404, 6), "the adapter is unknown");
     assert!(settled(&envoy, "llama", 200, 4));
     assert_eq!(stat(&envoy, "failures"), 0, "{}", envoy.log());
     envoy.assert_counters_zero();
@@ -864,7 +886,7 @@ fn an_etcd_compaction_expires_the_watch_and_a_list_recovers() {
     add_aibrix_pod(&kube, &p0, "m", "prefill");
     add_aibrix_pod(&kube, &d0, "m", "decode");
     let envoy = start_envoy(&kube, &config(json!([])), &token);
-    wait_until("the listed pods serve", || settled(&envoy, "m", 200, 4));
+    let listed = one_set(&envoy, 2, 0, || true);
     wait_until("watching", || stat(&envoy, "watches") >= 1);
     // History moves on without touching pods, then is compacted away.
     for i in 0..5 {
@@ -883,9 +905,10 @@ fn an_etcd_compaction_expires_the_watch_and_a_list_recovers() {
     let d1 = vllm("gone-d1", "decode", "m");
     add_aibrix_pod(&kube, &d1, "m", "decode");
     kube.delete_pod("gone-d0");
-    wait_until("the new pod serves", || {
-        (0..4).all(|i| split(&envoy, "m", i).1 == "gone-d1")
-    });
+    one_set(&envoy, 2, listed, || true);
+    for i in 0..6 {
+        assert_eq!(split(&envoy, "m", i).1, "gone-d1");
+    }
     assert_eq!(stat(&envoy, "failures"), 0, "{}", envoy.log());
     envoy.assert_counters_zero();
 }
@@ -925,7 +948,7 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
     let cluster = injecting_cluster(kube.port, &sds, &watched) + &tls_socket(&kube);
     let envoy = Envoy::start_full(
         &config(json!([])),
-        2,
+        WORKERS,
         &[
             ("  clusters:\n", cluster.as_str()),
             (
@@ -935,7 +958,7 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
         ],
         &[],
     );
-    wait_until("the listed pods serve", || settled(&envoy, "m", 200, 4));
+    let listed = one_set(&envoy, 2, 0, || true);
     assert_eq!(stat(&envoy, "failures"), 0, "{}", envoy.log());
 
     // The ServiceAccount re-created: the API server refuses its old
@@ -956,9 +979,10 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
     let d1 = vllm("rot-d1", "decode", "m");
     add_aibrix_pod(&kube, &d1, "m", "decode");
     kube.delete_pod("rot-d0");
-    wait_until("the new pod serves", || {
-        (0..4).all(|i| split(&envoy, "m", i).1 == "rot-d1")
-    });
+    one_set(&envoy, 2, listed, || true);
+    for i in 0..6 {
+        assert_eq!(split(&envoy, "m", i).1, "rot-d1");
+    }
     assert!(envoy.log_lines_with("the API server answers again") >= 1);
     envoy.assert_counters_zero();
 }

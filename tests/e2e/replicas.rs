@@ -44,11 +44,16 @@ fn pod(m: &Mock, model: &str, engine: &str, role: &str, roleset: &str) -> KubePo
         .label("roleset-name", roleset)
 }
 
-/// Waits until every replica listed the current pod set and applied it.
-fn settle(api: &KubeApi) {
+/// Waits until every replica listed the current pod set and each of its
+/// VMs applied it.
+fn settle(api: &KubeApi, envoys: &[Envoy]) {
     api.clear_requests();
     api.wait_requests(3 * REPLICAS, Duration::from_secs(10));
-    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 200));
+    for envoy in envoys {
+        crate::discovery::wait_until("every VM routes by the published set", || {
+            envoy.applied_pod_set().is_some()
+        });
+    }
 }
 
 /// A prompt: one of `groups` long shared prefixes, then a unique question.
@@ -164,7 +169,7 @@ fn replicas_agree_on_prefix_placement_and_only_the_removed_pods_prefixes_move() 
         ]
     });
     let envoys = replicas(&api, &config, &[]);
-    settle(&api);
+    settle(&api, &envoys);
     const GROUPS: usize = 8;
     const PER_GROUP: usize = 15;
 
@@ -199,7 +204,7 @@ fn replicas_agree_on_prefix_placement_and_only_the_removed_pods_prefixes_move() 
     let mut all = pods_for("hashed", Some(&removed));
     all.extend(pods_for("tables", None));
     api.set_pods(&all);
-    settle(&api);
+    settle(&api, &envoys);
     let after = owners(&spread(&envoys, "hashed", GROUPS, PER_GROUP, 1));
     for (g, (before_pod, _)) in &hashed {
         let (now, share) = &after[g];
@@ -239,7 +244,7 @@ fn tensorrt_llm_ids_never_collide_across_replicas() {
         .map(|n| vec![("PD_ROUTER_TRT_MACHINE_ID", *n)])
         .collect();
     let envoys = replicas(&api, &config, &env);
-    settle(&api);
+    settle(&api, &envoys);
     const N: usize = 10_000;
     let next = AtomicUsize::new(0);
     std::thread::scope(|s| {
