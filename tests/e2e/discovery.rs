@@ -84,6 +84,25 @@ fn wait_for_lists(api: &KubeApi, envoy: &Envoy) {
     });
 }
 
+/// Waits until every VM routes by one discovered set newer than generation
+/// `after`, for which `ready` holds (given its pod count); returns its
+/// generation. Answers alone cannot show this: a request lands on any
+/// VM, and a run of them can miss the one that has not applied the change
+/// yet.
+pub(crate) fn one_set(envoy: &Envoy, after: u64, ready: impl Fn(u64) -> bool) -> u64 {
+    let mut agreed = 0;
+    wait_until("every VM routes by one set", || {
+        match envoy.applied_pod_set() {
+            Some((g, pods)) if g > after && ready(pods) => {
+                agreed = g;
+                envoy.applied_pod_set() == Some((g, pods))
+            }
+            _ => false,
+        }
+    });
+    agreed
+}
+
 /// Waits (15 s at most) until `done`, naming `what` if it never is.
 pub(crate) fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(15);
@@ -788,9 +807,7 @@ fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_dele
     wait_for_lists(&api, &envoy);
     let url = envoy.url("/v1/completions");
     // The pool is read first, then its pods listed: wait for both.
-    wait_until("the pool's pods serve", || {
-        post(&url, completion("qwen", 0), &[]).status == 200
-    });
+    let first = one_set(&envoy, 0, |pods| pods == 2);
     let a = post(&url, completion("qwen", 0), &[]);
     assert_eq!(a.status, 200, "{}", a.body);
     assert_eq!(a.header("prefill-target-pod"), Some("pool-a-p0"));
@@ -805,12 +822,10 @@ fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_dele
     let load = Load::start(&url, "qwen", 3);
     std::thread::sleep(Duration::from_millis(500));
     api.set_pools(&[("qwen-pool", &[("app", "b")], &[port])]);
-    wait_until("the pool's new pods serve", || {
+    one_set(&envoy, first, |_| {
         let a = post(&url, completion("qwen", 1), &[]);
         a.header("decode-target-pod") == Some("pool-b-d0")
     });
-    // Every worker VM applies the set at its next tick.
-    std::thread::sleep(Duration::from_millis(2 * INTERVAL_MS + 100));
     let (pa_seen, da_seen) = (pa.requests().len(), da.requests().len());
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(pa.requests().len(), pa_seen, "no prefill on the old pods");
@@ -836,8 +851,7 @@ fn an_inference_pool_of_llm_d_pods_splits_follows_its_selector_and_outlives_dele
     envoy.assert_counters_zero();
 }
 
-/// The last `n` answers to `body` on `url` all had `status`: every worker
-/// VM has applied the same set (a request lands on any of them).
+/// Whether the next `n` answers to `body` on `url` all have `status`.
 fn settled(url: &str, body: &str, status: u16, n: usize) -> bool {
     (0..n).all(|_| post(url, body.to_owned(), &[]).status == status)
 }
@@ -876,9 +890,8 @@ fn model_adapters_route_to_their_instance_pods_and_leave_with_their_object() {
     let envoy = start_envoy(&api, &discovery_config(json!([])), 2);
     let url = envoy.url("/v1/completions");
     let embeddings = envoy.url("/v1/embeddings");
-    wait_until("the adapter is served", || {
-        settled(&url, &completion("sql", 0), 200, 6)
-    });
+    // The pods and the adapter are listed apart: the set that serves it.
+    let served = one_set(&envoy, 0, |_| settled(&url, &completion("sql", 0), 200, 1));
     let models = get(&envoy.url("/v1/models"), &[]).json();
     let ids: Vec<(&str, &Value)> = models["data"]
         .as_array()
@@ -931,9 +944,11 @@ fn model_adapters_route_to_their_instance_pods_and_leave_with_their_object() {
 
     // Its pods unloaded it (the object stays, its instances empty): 503.
     api.set_adapters(&[("sql", "llama", &[])]);
-    wait_until("no pod serves the adapter", || {
-        settled(&url, &completion("sql", 0), 503, 6)
-    });
+    let unloaded = one_set(&envoy, served, |_| true);
+    assert!(
+        settled(&url, &completion("sql", 0), 503, 6),
+        "no pod serves it"
+    );
     let a = post(
         &embeddings,
         json!({"model": "sql", "input": "x"}).to_string(),
@@ -943,9 +958,11 @@ fn model_adapters_route_to_their_instance_pods_and_leave_with_their_object() {
 
     // The object deleted: an unknown model after the next list.
     api.set_adapters(&[]);
-    wait_until("the adapter is unknown", || {
-        settled(&url, &completion("sql", 0), 404, 6)
-    });
+    one_set(&envoy, unloaded, |_| true);
+    assert!(
+        settled(&url, &completion("sql", 0), 404, 6),
+        "the adapter is unknown"
+    );
     let a = post(&url, completion("sql", 1), &[]);
     assert!(a.error_message().contains("sql"), "{}", a.body);
     assert!(settled(&url, &completion("llama", 0), 200, 4));

@@ -12,7 +12,8 @@
 //! `KUBE_APISERVER_BIN`, `ETCD_BIN`; the objects are applied with `kubectl`.
 
 use crate::discovery::{
-    common_port, discovery_config, envoy_minor, injecting_cluster, wait_until, ProjectedToken,
+    common_port, discovery_config, envoy_minor, injecting_cluster, one_set, wait_until,
+    ProjectedToken,
 };
 use crate::harness::*;
 use serde_json::{json, Value};
@@ -598,26 +599,6 @@ fn settled(envoy: &Envoy, model: &str, status: u16, n: usize) -> bool {
     (0..n).all(|i| post(&url, completion(model, i), &[]).status == status)
 }
 
-/// Waits until every worker VM routes by one discovered set of `pods`
-/// pods, newer than generation `after`, for which `ready` holds; returns
-/// its generation. Answers alone cannot show this: a request lands on any
-/// worker, and a run of them can miss the one that has not applied the
-/// change yet.
-fn one_set(envoy: &Envoy, pods: u64, after: u64, ready: impl Fn() -> bool) -> u64 {
-    let mut agreed = 0;
-    wait_until(
-        &format!("every worker routes by one set of {pods} pods"),
-        || match envoy.applied_pod_set() {
-            Some((g, p)) if g > after && p == pods && ready() => {
-                agreed = g;
-                envoy.applied_pod_set() == Some((g, p))
-            }
-            _ => false,
-        },
-    );
-    agreed
-}
-
 fn stat(envoy: &Envoy, name: &str) -> u64 {
     envoy.stat(&format!("wasmcustom.pd_router.discovery.{name}"))
 }
@@ -633,7 +614,7 @@ fn aibrix_pods_from_a_real_api_server_split_and_are_followed_by_watch() {
     add_aibrix_pod(&kube, &p0, "m", "prefill");
     add_aibrix_pod(&kube, &d0, "m", "decode");
     let envoy = start_envoy(&kube, &config(json!([])), &token);
-    let listed = one_set(&envoy, 2, 0, || true);
+    let listed = one_set(&envoy, 0, |pods| pods == 2);
     assert_eq!(
         split(&envoy, "m", 0),
         ("real-p0".to_owned(), "real-d0".to_owned())
@@ -646,7 +627,7 @@ fn aibrix_pods_from_a_real_api_server_split_and_are_followed_by_watch() {
     let d1 = vllm("real-d1", "decode", "m");
     add_aibrix_pod(&kube, &d1, "m", "decode");
     kube.delete_pod("real-d0");
-    one_set(&envoy, 2, listed, || true);
+    one_set(&envoy, listed, |pods| pods == 2);
     let before = d0.requests().len();
     for i in 0..10 {
         assert_eq!(split(&envoy, "m", i).1, "real-d1");
@@ -689,7 +670,7 @@ fn a_role_without_watch_is_reported_and_granting_it_resumes_following() {
     let envoy = start_envoy(&kube, &config(json!([])), &token);
     // The list is allowed: the pods serve. Every watch is refused, and
     // the filter says so rather than carrying on quietly.
-    let listed = one_set(&envoy, 2, 0, || true);
+    let listed = one_set(&envoy, 0, |pods| pods == 2);
     assert!(settled(&envoy, "m", 200, 4));
     wait_until("refused watches are counted", || {
         stat(&envoy, "failures") >= 2
@@ -714,7 +695,7 @@ fn a_role_without_watch_is_reported_and_granting_it_resumes_following() {
 
     // The shipped Role again: the next watch (after the backoff) succeeds.
     kube.apply(&shipped_rbac());
-    one_set(&envoy, 2, listed, || true);
+    one_set(&envoy, listed, |pods| pods == 2);
     for i in 0..6 {
         assert_eq!(split(&envoy, "m", i).1, "rbac-d1");
     }
@@ -784,7 +765,7 @@ fn an_inference_pool_of_llm_d_pods_from_a_real_api_server() {
         c["discovery"]["kubernetes"][key] = shipped["discovery"]["kubernetes"][key].clone();
     }
     let envoy = start_envoy(&kube, &c, &token);
-    one_set(&envoy, 2, 0, || true);
+    one_set(&envoy, 0, |pods| pods == 2);
     for i in 0..6 {
         assert_eq!(
             split(&envoy, "qwen3-8b", i),
@@ -848,7 +829,9 @@ fn model_adapters_from_a_real_api_server_route_to_their_instances() {
     );
     let envoy = start_envoy(&kube, &config(json!([])), &token);
     // The pods and the adapter are listed apart: the set that serves it.
-    let served = one_set(&envoy, 4, 0, || settled(&envoy, "sql", 200, 1));
+    let served = one_set(&envoy, 0, |pods| {
+        pods == 4 && settled(&envoy, "sql", 200, 1)
+    });
     for i in 0..10 {
         assert_eq!(
             split(&envoy, "sql", i),
@@ -865,7 +848,7 @@ fn model_adapters_from_a_real_api_server_route_to_their_instances() {
 
     // The object deleted: an unknown model once listed again.
     kube.kubectl(&["delete", "modeladapter", "sql"], None);
-    one_set(&envoy, 4, served, || true);
+    one_set(&envoy, served, |pods| pods == 4);
     assert!(settled(&envoy, "sql", 404, 6), "the adapter is unknown");
     assert!(settled(&envoy, "llama", 200, 4));
     assert_eq!(stat(&envoy, "failures"), 0, "{}", envoy.log());
@@ -886,7 +869,7 @@ fn an_etcd_compaction_expires_the_watch_and_a_list_recovers() {
     add_aibrix_pod(&kube, &p0, "m", "prefill");
     add_aibrix_pod(&kube, &d0, "m", "decode");
     let envoy = start_envoy(&kube, &config(json!([])), &token);
-    let listed = one_set(&envoy, 2, 0, || true);
+    let listed = one_set(&envoy, 0, |pods| pods == 2);
     wait_until("watching", || stat(&envoy, "watches") >= 1);
     // History moves on without touching pods, then is compacted away.
     for i in 0..5 {
@@ -905,7 +888,7 @@ fn an_etcd_compaction_expires_the_watch_and_a_list_recovers() {
     let d1 = vllm("gone-d1", "decode", "m");
     add_aibrix_pod(&kube, &d1, "m", "decode");
     kube.delete_pod("gone-d0");
-    one_set(&envoy, 2, listed, || true);
+    one_set(&envoy, listed, |pods| pods == 2);
     for i in 0..6 {
         assert_eq!(split(&envoy, "m", i).1, "gone-d1");
     }
@@ -958,7 +941,7 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
         ],
         &[],
     );
-    let listed = one_set(&envoy, 2, 0, || true);
+    let listed = one_set(&envoy, 0, |pods| pods == 2);
     assert_eq!(stat(&envoy, "failures"), 0, "{}", envoy.log());
 
     // The ServiceAccount re-created: the API server refuses its old
@@ -979,7 +962,7 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
     let d1 = vllm("rot-d1", "decode", "m");
     add_aibrix_pod(&kube, &d1, "m", "decode");
     kube.delete_pod("rot-d0");
-    one_set(&envoy, 2, listed, || true);
+    one_set(&envoy, listed, |pods| pods == 2);
     for i in 0..6 {
         assert_eq!(split(&envoy, "m", i).1, "rot-d1");
     }
