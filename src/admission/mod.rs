@@ -7,39 +7,20 @@
 //! a request now, [`queue`] this VM's waiting requests, and [`shared`]
 //! what every VM tells the others of its queue (the highest priority
 //! anywhere in the Envoy process goes first). The flow queues and resumes
-//! requests (`flow/admission.rs`); the shell drives the queue from each
-//! VM's tick.
+//! requests (`flow/admission.rs`); [`waitlist`] is the VM's part: its queue, the other
+//! VMs' reports, and the tick's pump that the shell executes.
 
+pub mod dropped;
 pub mod queue;
 pub mod room;
 pub mod settings;
 pub mod shared;
+#[cfg(test)]
+mod tests;
+pub mod waitlist;
 
+pub use dropped::{Dropped, DROPPED_REASON_HEADER};
 pub use queue::{Count, Entry, Queue, Waiting};
 pub use room::{full_slots, Room};
 pub use settings::{Admission, Objectives, FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
-
-/// Why a request was not admitted: the value of `x-pd-dropped-reason`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dropped {
-    /// The model is saturated and the request's priority is negative (429).
-    Shed,
-    /// It waited `queue_ttl_ms` without a free pod (429).
-    Expired,
-    /// `max_queued` requests were already waiting (503).
-    QueueFull,
-}
-
-impl Dropped {
-    /// The `x-pd-dropped-reason` header value.
-    pub fn reason(self) -> &'static str {
-        match self {
-            Dropped::Shed => "saturated",
-            Dropped::Expired => "queue_ttl",
-            Dropped::QueueFull => "queue_full",
-        }
-    }
-}
-
-/// The header naming why a request was dropped.
-pub const DROPPED_REASON_HEADER: &str = "x-pd-dropped-reason";
+pub use waitlist::{Turn, VmView, Waitlist};

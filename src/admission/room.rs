@@ -6,7 +6,7 @@
 //! to hand off and a healthy decode pod that are not full, or such a
 //! combined pod is not full: the same pods placement would choose from.
 
-use super::Admission;
+use super::settings::Admission;
 use crate::fleet::{Model, TokenRange};
 use crate::sched::PodState;
 

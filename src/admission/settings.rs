@@ -61,9 +61,9 @@ impl Admission {
     /// The `retry-after` a dropped request gets, in whole seconds: a shed
     /// or refused request may come back in a second; one that waited its
     /// TTL, after about as long again.
-    pub fn retry_after_s(&self, dropped: super::Dropped) -> u64 {
+    pub fn retry_after_s(&self, dropped: super::dropped::Dropped) -> u64 {
         match dropped {
-            super::Dropped::Expired => self.queue_ttl_ms.div_ceil(1000).max(1),
+            super::dropped::Dropped::Expired => self.queue_ttl_ms.div_ceil(1000).max(1),
             _ => 1,
         }
     }

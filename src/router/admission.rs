@@ -1,59 +1,48 @@
-//! The router's side of admission control: whether a model has room now,
-//! this VM's queue, and what the VMs tell each other about their queues
-//! (`crate::admission`).
+//! Admission control as the flow and the shell reach it: the router hands
+//! its waitlist (`crate::admission::Waitlist`) the settings, the fleet,
+//! the report keys and its pods' state.
 
 use super::Router;
-use crate::admission::room::room;
-use crate::admission::shared::{Others, Report};
+use crate::admission::waitlist::{pods_at, room_in, Turn, VmView};
 use crate::admission::{Entry, Room, Waiting};
-use crate::fleet::{Model, ModelId, PodId};
+use crate::fleet::{Fleet, Model, ModelId, PodId};
 use crate::pods::SharedStore;
-use crate::trt_id::WORKER_SLOTS;
-
-/// At most this many requests are let in per VM per tick: a tick never
-/// stalls the VM behind a long queue.
-pub(super) const MAX_ADMITTED_PER_TICK: usize = 256;
-
-/// What admission control's tick asks of a waiting stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Turn {
-    /// It waited `queue_ttl_ms`: answer 429.
-    Expire,
-    /// Its model has room: place and send it.
-    Admit,
-}
+use crate::sched::PodState;
 
 impl Router {
-    /// Admission control's tick: reads the other VMs' reports, has the
-    /// requests that waited their TTL answered, lets in what the pods have
-    /// room for (the highest priority in the process first, at most
-    /// `MAX_ADMITTED_PER_TICK`), and publishes what still waits here.
-    /// `run` carries a turn out on the waiting stream `context`: `None`
-    /// when the stream is gone, else whether it went (`Some(false)`: its
-    /// pods filled between the look and the placement; it keeps its
-    /// place, and the next tick looks again).
+    /// What the waitlist reads of this VM, over `fleet`; `None` without
+    /// admission control.
+    fn admission_view<'a>(&'a self, fleet: &'a Fleet) -> Option<VmView<'a>> {
+        Some(VmView {
+            settings: self.config.admission.as_ref()?,
+            fleet,
+            keys: self.keys(),
+            slot: self.worker_slot(),
+        })
+    }
+
+    /// The pods of `model` as admission judges them, from `store`.
+    fn admission_pods<S: SharedStore + ?Sized>(
+        &self,
+        store: &S,
+        model: &Model,
+        now_ms: u64,
+    ) -> Vec<PodState> {
+        self.pod_states(model, &self.load(store, model.id), now_ms)
+    }
+
+    /// Admission control's tick (`Waitlist::pump`); nothing without it.
     pub fn pump<S: SharedStore + ?Sized>(
         &self,
         store: &mut S,
         now_ms: u64,
-        mut run: impl FnMut(u32, Turn) -> Option<bool>,
+        run: impl FnMut(u32, Turn) -> Option<bool>,
     ) {
-        if self.config.admission.is_none() {
-            return;
+        let fleet = self.fleet();
+        if let Some(vm) = self.admission_view(&fleet) {
+            let pods = |s: &S, m: &Model| self.admission_pods(s, m, now_ms);
+            self.admission.pump(store, &vm, now_ms, pods, run);
         }
-        self.read_others(&*store, now_ms);
-        for w in self.take_expired(now_ms) {
-            run(w.context, Turn::Expire);
-        }
-        let mut admitted = 0;
-        while let Some(w) = self.next_admitted(&*store, now_ms, admitted) {
-            admitted += 1;
-            if run(w.context, Turn::Admit) == Some(false) {
-                self.put_back(w);
-                break;
-            }
-        }
-        self.publish_queue(store, now_ms);
     }
 
     /// Whether `model` can take a request of `prompt_tokens` (`None`: any
@@ -68,182 +57,78 @@ impl Router {
         prompt_tokens: Option<u64>,
         now_ms: u64,
     ) -> Room {
-        if self.config.admission.is_none() {
-            return Room::Free { full: Vec::new() };
-        }
-        let pods = self.pod_states(model, &self.load(store, model.id), now_ms);
-        self.room_in(model, &pods, adapter, prompt_tokens)
-    }
-
-    /// [`Router::room`] on pod states already read.
-    fn room_in(
-        &self,
-        model: &Model,
-        pods: &[crate::sched::PodState],
-        adapter: Option<&str>,
-        prompt_tokens: Option<u64>,
-    ) -> Room {
-        let Some(a) = &self.config.admission else {
+        let Some(settings) = &self.config.admission else {
             return Room::Free { full: Vec::new() };
         };
-        let mut pods = pods.to_vec();
-        // A pod without the adapter can never take it: as if down.
-        for (state, id) in pods.iter_mut().zip(&model.pods) {
-            if !model.serves(adapter, *id) {
-                state.unhealthy = true;
-            }
-        }
-        room(model, &pods, a, prompt_tokens)
+        let pods = self.admission_pods(store, model, now_ms);
+        room_in(settings, model, &pods, adapter, prompt_tokens)
     }
 
     /// The pod ids of `full` slots of `model`.
     pub fn pods_at(&self, model: &Model, full: &[usize]) -> Vec<PodId> {
-        full.iter()
-            .filter_map(|slot| model.pods.get(*slot).copied())
-            .collect()
+        pods_at(model, full)
     }
 
-    /// Whether a request of `model` at `priority` must queue behind others
-    /// already waiting for it (here, or in another VM at the last tick)
-    /// rather than take a free pod first.
+    /// See `Waitlist::waits_behind`.
     pub fn waits_behind(&self, model: ModelId, priority: i32) -> bool {
-        let here = self.queue.borrow().top_open_priority(model);
-        let there = self.others.borrow().top_priority(model);
-        here.max(there).is_some_and(|p| p >= priority)
+        self.admission.waits_behind(model, priority)
     }
 
     /// Requests waiting in the whole process (as of the last tick for the
     /// other VMs).
     pub fn waiting_total(&self) -> u64 {
-        self.queue.borrow().len() as u64 + u64::from(self.others.borrow().total())
+        self.admission.total()
     }
 
     /// Queues a request of this VM's stream.
     pub fn enqueue(&self, entry: Entry, now_ms: u64) {
-        self.queue.borrow_mut().push(entry, now_ms);
-    }
-
-    /// Puts back a request [`Router::next_admitted`] gave out that found
-    /// its pods full after all: in its old place.
-    pub fn put_back(&self, w: Waiting) {
-        self.queue.borrow_mut().put_back(w);
+        self.admission.enqueue(entry, now_ms);
     }
 
     /// Takes `context` out of the queue (its client left).
     pub fn dequeue(&self, context: u32) -> Option<Waiting> {
-        self.queue.borrow_mut().remove(context)
+        self.admission.dequeue(context)
     }
 
     /// Takes out the requests that waited their TTL.
     pub fn take_expired(&self, now_ms: u64) -> Vec<Waiting> {
-        let Some(a) = &self.config.admission else {
-            return Vec::new();
-        };
-        self.queue.borrow_mut().expired(now_ms, a.queue_ttl_ms)
+        match &self.config.admission {
+            Some(settings) => self.admission.take_expired(settings, now_ms),
+            None => Vec::new(),
+        }
     }
 
     /// Reads the other VMs' reports (once per tick).
     pub fn read_others<S: SharedStore + ?Sized>(&self, store: &S, now_ms: u64) {
-        let reports = (0..WORKER_SLOTS)
-            .filter(|s| *s != self.worker_slot.get())
-            .filter_map(|s| store.shared_get(&self.keys.admission(s)).0)
-            .filter_map(|b| Report::decode(&b))
-            .collect();
-        *self.others.borrow_mut() = Others::new(reports, now_ms);
+        let fleet = self.fleet();
+        if let Some(vm) = self.admission_view(&fleet) {
+            self.admission.read_others(store, &vm, now_ms);
+        }
     }
 
-    /// The next of this VM's waiting requests to let in now: one that has
-    /// room (a request naming an adapter: on the pods that serve it), at
-    /// the highest priority that has one waiting here, unless another VM has
-    /// a higher one that could go (that VM goes first). A request whose
-    /// pods are full is passed over and keeps its place.
+    /// See `Waitlist::next_admitted`.
     pub fn next_admitted<S: SharedStore + ?Sized>(
         &self,
         store: &S,
         now_ms: u64,
         admitted: usize,
     ) -> Option<Waiting> {
-        if admitted >= MAX_ADMITTED_PER_TICK {
-            return None;
-        }
         let fleet = self.fleet();
-        let mut models = self.queue.borrow().models();
-        // Highest waiting priority first, across models.
-        models.sort_by_key(|m| std::cmp::Reverse(self.queue.borrow().top_priority(*m)));
-        for id in models {
-            let Some(mine) = self.queue.borrow().top_priority(id) else {
-                continue;
-            };
-            // Another VM's higher priority goes first, unless it is higher
-            // only than requests of ours that cannot go anyway.
-            if self
-                .others
-                .borrow()
-                .top_priority(id)
-                .is_some_and(|p| p > mine)
-            {
-                continue;
-            }
-            let Some(model) = fleet.models().iter().find(|m| m.id == id) else {
-                continue;
-            };
-            // The model's pods read once for every request of it.
-            let pods = self.pod_states(model, &self.load(store, model.id), now_ms);
-            // No room for the model at all: nothing of it can go, and none
-            // of its requests is blocked on its own pods (other VMs keep
-            // deferring to its priorities).
-            if matches!(self.room_in(model, &pods, None, None), Room::Saturated) {
-                continue;
-            }
-            // Unservable goes too: placement answers why.
-            let mut can_go = |w: &Waiting| {
-                !matches!(
-                    self.room_in(model, &pods, w.adapter.as_deref(), Some(w.prompt_tokens)),
-                    Room::Saturated
-                )
-            };
-            let next = self.queue.borrow_mut().take_next(id, &mut can_go);
-            if next.is_some() {
-                return next;
-            }
-        }
-        None
+        let vm = self.admission_view(&fleet)?;
+        let pods = |m: &Model| self.admission_pods(store, m, now_ms);
+        self.admission.next_admitted(&vm, admitted, pods)
     }
 
     /// Publishes this VM's waiting counts for the others.
     pub fn publish_queue<S: SharedStore + ?Sized>(&self, store: &mut S, now_ms: u64) {
-        let report = Report {
-            at_ms: now_ms,
-            counts: self.queue.borrow().counts(),
-        };
-        let _ = store.shared_set(
-            &self.keys.admission(self.worker_slot.get()),
-            &report.encode(),
-            None,
-        );
+        let fleet = self.fleet();
+        if let Some(vm) = self.admission_view(&fleet) {
+            self.admission.publish(store, &vm, now_ms);
+        }
     }
 
-    /// Waiting requests in the process by (model name, priority): this VM's
-    /// queue now, the others' as of this tick.
+    /// See `Waitlist::counts`.
     pub fn waiting_counts(&self) -> Vec<(String, i32, u64)> {
-        let fleet = self.fleet();
-        let mut out: Vec<(String, i32, u64)> = Vec::new();
-        let queue = self.queue.borrow();
-        let others = self.others.borrow();
-        let mine = queue.counts();
-        for c in mine.iter().chain(others.counts()) {
-            let Some(model) = fleet.models().iter().find(|x| x.id == c.model) else {
-                continue;
-            };
-            let n = u64::from(c.waiting);
-            match out
-                .iter_mut()
-                .find(|(name, p, _)| *name == model.name && *p == c.priority)
-            {
-                Some(o) => o.2 += n,
-                None => out.push((model.name.clone(), c.priority, n)),
-            }
-        }
-        out
+        self.admission.counts(&self.fleet())
     }
 }

@@ -14,7 +14,6 @@ pub mod picked;
 mod placement;
 pub mod unsplit;
 
-pub use admission::Turn;
 pub use load::{Ejection, HeldLoad};
 
 use crate::config::Config;
@@ -69,10 +68,8 @@ pub struct Router {
     /// When this VM last logged a request without the endpoint picker's
     /// pick (executor mode), in ms.
     pick_missing_logged_ms: Cell<Option<u64>>,
-    /// This VM's requests waiting for admission.
-    queue: RefCell<crate::admission::Queue>,
-    /// The other VMs' waiting counts, as read at the last tick.
-    others: RefCell<crate::admission::shared::Others>,
+    /// This VM's part of admission control.
+    pub(crate) admission: crate::admission::Waitlist,
 }
 
 impl Router {
@@ -106,8 +103,7 @@ impl Router {
             pairs: RefCell::new(HashMap::new()),
             logged: RefCell::new(std::collections::HashSet::new()),
             pick_missing_logged_ms: Cell::new(None),
-            queue: RefCell::default(),
-            others: RefCell::default(),
+            admission: Default::default(),
             learned: RefCell::default(),
             trt_auth_key: None,
             config,
@@ -319,5 +315,7 @@ impl Router {
     }
 }
 
+#[cfg(test)]
+pub(crate) mod testkit;
 #[cfg(test)]
 mod tests;
