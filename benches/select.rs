@@ -16,8 +16,9 @@
 
 use pd_router::api::Api;
 use pd_router::config::Config;
+use pd_router::load::HeldLoad;
 use pd_router::pods::{MemoryStore, SetError, SharedStore};
-use pd_router::router::{HeldLoad, Router};
+use pd_router::router::Router;
 use pd_router::sched::{schedule, LoadBound, PlacementRequest, PodState};
 use pd_router::split::{self, Placement};
 use std::cell::Cell;

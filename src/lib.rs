@@ -31,6 +31,7 @@ pub mod handoff;
 pub mod host;
 pub mod hostwire;
 pub mod inline_str;
+pub mod load;
 pub mod multipart;
 pub mod pods;
 pub mod reconcile;

@@ -2369,7 +2369,7 @@ fn a_prefill_retry_may_use_a_pod_that_was_full_when_the_request_was_let_in() {
         .find(|e| e.address == "10.9.1.1:8000")
         .unwrap()
         .id;
-    let full_a = pd_router::router::HeldLoad {
+    let full_a = pd_router::load::HeldLoad {
         model: m.id,
         prefill: Some(a),
         prefill_tokens: 1,

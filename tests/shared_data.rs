@@ -24,9 +24,10 @@
 use pd_router::admission::Entry;
 use pd_router::config::Config;
 use pd_router::fleet::{ModelId, PodId};
+use pd_router::load::HeldLoad;
 use pd_router::pods::slots::{ensure_table, lease_slot, SlotTable};
 use pd_router::pods::{cas_update, MemoryStore, SetError, SharedStore, WORKER_SLOTS_KEY};
-use pd_router::router::{HeldLoad, Router};
+use pd_router::router::Router;
 use std::collections::HashSet;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread;

@@ -1,8 +1,9 @@
 //! The VM's side of admission: room, the queue across VMs, and the pump.
 
+use crate::load::HeldLoad;
 use crate::pods::{MemoryStore, SharedStore};
 use crate::router::testkit::{adapter_fleet, router};
-use crate::router::{HeldLoad, Router};
+use crate::router::Router;
 
 #[test]
 fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {

@@ -14,7 +14,7 @@ mod validate;
 use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{fnv1a, fnv1a_extend, Connector, Fleet, Model, Scheduling};
-use crate::pods::HealthRule;
+use crate::load::HealthRule;
 use raw::RawConfig;
 use std::fmt;
 

@@ -13,7 +13,7 @@ use crate::fleet::{
     PrefillPolicy, RolesetPods, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_BYTES_PER_TOKEN,
     DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
-use crate::pods::HealthRule;
+use crate::load::HealthRule;
 use std::net::SocketAddr;
 
 /// The typed configuration of `raw` (its fingerprint still empty).

@@ -10,7 +10,7 @@ use super::load::{Judgement, Release};
 use super::Flow;
 use crate::fleet::{Endpoint, PodId};
 use crate::host::{Counter, Host, Level, PodEvent};
-use crate::pods::Verdict;
+use crate::load::Verdict;
 use std::rc::Rc;
 
 /// What Envoy adds to the 503 of a request its circuit breaker refused

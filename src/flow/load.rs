@@ -4,8 +4,8 @@
 use super::Flow;
 use crate::fleet::{Endpoint, ModelId};
 use crate::host::{Counter, Host, Level, PodEvent};
-use crate::pods::Verdict;
-use crate::router::HeldLoad;
+use crate::load::HeldLoad;
+use crate::load::Verdict;
 use std::rc::Rc;
 
 /// Which held load to give back.

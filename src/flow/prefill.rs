@@ -11,7 +11,7 @@ use crate::error::{
 use crate::fleet::Endpoint;
 use crate::handoff::Degraded;
 use crate::host::{Counter, Host, Level};
-use crate::pods::Verdict;
+use crate::load::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
 use std::rc::Rc;
 

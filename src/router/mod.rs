@@ -14,13 +14,12 @@ pub mod picked;
 mod placement;
 pub mod unsplit;
 
-pub use load::{Ejection, HeldLoad};
-
 use crate::config::Config;
 use crate::engine::Registry;
 use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, ModelId, PodId};
 use crate::handoff::LearnedPods;
-use crate::pods::{decode_scraped, HealthRule, PairTable, ScrapedTable, SharedKeys, SharedStore};
+use crate::load::{HealthRule, PairTable};
+use crate::pods::{decode_scraped, ScrapedTable, SharedKeys, SharedStore};
 use crate::split::SplitContext;
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
 use std::cell::{Cell, RefCell};

@@ -6,7 +6,8 @@ use super::Router;
 use crate::error::PdError;
 use crate::fleet::Decider;
 use crate::fleet::{Model, ModelId, PodId};
-use crate::pods::{LoadTable, SharedStore};
+use crate::load::LoadTable;
+use crate::pods::SharedStore;
 use crate::sched::decider::{self, decide, Figures};
 use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
 use crate::sched::{

@@ -84,3 +84,7 @@ pub(crate) fn adapter_fleet(r: &Router, adapters: &[(&str, &[&str])]) {
         .collect();
     r.set_fleet(build_fleet(&r.config.models, &pods, &adapters).0);
 }
+
+/// Model `m`: two vLLM prefill pods and one decode pod.
+pub(crate) const TWO_PREFILLS: &str = r#"{"models":[{"name":"m","engine":"vllm","rolesets":[
+    {"prefill":["10.0.0.1:1","10.0.0.2:1"],"decode":["10.0.1.1:1"]}]}]}"#;

@@ -1,5 +1,6 @@
 //! Router-side load and health of pods: per model, one record per worker
-//! slot (its writer is the VM that leases the slot, see [`super::slots`]),
+//! slot (its writer is the VM that leases the slot, see
+//! [`crate::pods::slots`]),
 //! rows keyed by pod identity; readers merge the live slots' records.
 //!
 //! One writer per record is what makes the counts exact: a shared record

@@ -1,7 +1,7 @@
 //! The one ejection rule, used by the request flow (prefill answers) and by
 //! the scrape loop (failed scrapes) alike.
 
-use super::load::PodCounters;
+use super::records::PodCounters;
 
 /// What an answer says about its pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

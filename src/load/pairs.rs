@@ -6,9 +6,9 @@
 //! ([`super::HealthRule`]).
 
 use super::health::{HealthRule, Verdict};
-use super::store::{cas_update, SharedStore};
 use crate::codec::{records, RecordWriter};
 use crate::fleet::PodId;
+use crate::pods::{cas_update, SharedStore};
 
 /// One pair's hand-off record.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
