@@ -32,6 +32,7 @@ pub mod host;
 pub mod hostwire;
 pub mod inline_str;
 pub mod load;
+pub mod mooncake;
 pub mod multipart;
 pub mod pods;
 pub mod reconcile;

@@ -4,7 +4,6 @@
 //! metrics, and the shared-data keys. Rows are keyed by pod identity, so a
 //! pod set that changes while Envoy runs keeps every other pod's state exact.
 
-pub mod bootstrap;
 mod keys;
 pub mod lease;
 mod scraped;

@@ -1,12 +1,12 @@
 //! Learning vLLM Mooncake prefill pods' engine ids: the lease holder asks
 //! each pod's bootstrap server (`GET /query`) and shares the answers; every
 //! VM copies them into its router each tick. The schedule and the shared
-//! record are [`crate::pods::bootstrap`].
+//! record are [`crate::mooncake::ids`].
 
 use super::RootHost;
 use crate::fleet::PodId;
 use crate::host::Level;
-use crate::pods::bootstrap::{self, EngineIds, QuerySchedule};
+use crate::mooncake::ids::{self as bootstrap, EngineIds, QuerySchedule};
 use crate::pods::{cas_update, lease};
 use crate::router::Router;
 use crate::transfer::parse_query;

@@ -16,7 +16,7 @@ pub mod unsplit;
 
 use crate::config::Config;
 use crate::engine::Registry;
-use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, ModelId, PodId};
+use crate::fleet::{Connector, Endpoint, Fleet, ModelId, PodId};
 use crate::handoff::LearnedPods;
 use crate::load::{HealthRule, PairTable};
 use crate::pods::{decode_scraped, ScrapedTable, SharedKeys, SharedStore};
@@ -57,7 +57,7 @@ pub struct Router {
     /// failure that starts it).
     pairs: RefCell<HashMap<ModelId, PairTable>>,
     /// Mooncake engine ids per prefill pod, copied from shared data each tick.
-    learned: RefCell<Rc<LearnedPods>>,
+    learned: crate::mooncake::Learned,
     /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
     trt_auth_key: Option<Vec<u8>>,
     /// (pod, what) pairs already logged, for "once per pod" log lines; the
@@ -103,7 +103,7 @@ impl Router {
             logged: RefCell::new(std::collections::HashSet::new()),
             pick_missing_logged_ms: Cell::new(None),
             admission: Default::default(),
-            learned: RefCell::default(),
+            learned: Default::default(),
             trt_auth_key: None,
             config,
         })
@@ -204,7 +204,7 @@ impl Router {
 
     /// What this VM learned of the pods so far (a snapshot).
     pub fn learned(&self) -> Rc<LearnedPods> {
-        Rc::clone(&self.learned.borrow())
+        self.learned.snapshot()
     }
 
     /// Sets the key TensorRT-LLM generation requests are signed with.
@@ -214,48 +214,23 @@ impl Router {
 
     /// Replaces the learned Mooncake engine ids.
     pub fn set_mooncake_engines(&self, engines: HashMap<PodId, Vec<String>>) {
-        *self.learned.borrow_mut() = Rc::new(LearnedPods {
-            mooncake: engines.into_iter().collect(),
-        });
+        self.learned.set(engines);
     }
 
-    /// Reads the learned Mooncake engine ids afresh from shared data (a
-    /// placement that found a prefill pod not ready: another VM may have
-    /// learned its ids since this VM's last tick). True when they changed.
+    /// Reads the learned Mooncake engine ids afresh from shared data; true
+    /// when they changed.
     pub fn reread_mooncake_engines<S: SharedStore + ?Sized>(&self, store: &S) -> bool {
-        let (bytes, _) = store.shared_get(&self.keys.mooncake_engines());
-        let Some(bytes) = bytes else {
-            return false;
-        };
-        let engines = crate::pods::bootstrap::decode(&bytes);
-        if self.learned.borrow().mooncake == engines.iter().map(|(k, v)| (*k, v.clone())).collect()
-        {
-            return false;
-        }
-        self.set_mooncake_engines(engines);
-        true
+        self.learned.reread(store, &self.keys.mooncake_engines())
     }
 
     /// The Mooncake engine ids this VM knows.
     pub fn mooncake_engines_known(&self) -> HashMap<PodId, Vec<String>> {
-        self.learned.borrow().mooncake.clone().into_iter().collect()
+        self.learned.known()
     }
 
     /// The prefill pods whose hand-off needs their Mooncake engine ids.
     pub fn mooncake_prefill_pods(&self) -> Vec<Rc<Endpoint>> {
-        let fleet = self.fleet();
-        let global = self.kv_connector.get();
-        let mut out: Vec<Rc<Endpoint>> = Vec::new();
-        for m in fleet.models().iter().filter(|m| m.kind == EngineKind::Vllm) {
-            for e in m.rolesets.iter().flat_map(|r| r.prefill.iter()) {
-                if e.connector(m.kv_connector, global) == Connector::Mooncake
-                    && !out.iter().any(|o| o.id == e.id)
-                {
-                    out.push(Rc::clone(e));
-                }
-            }
-        }
-        out
+        crate::mooncake::prefill_pods(&self.fleet(), self.kv_connector.get())
     }
 
     /// Whether this VM sees `what` about `pod` for the first time (the set

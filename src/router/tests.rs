@@ -4,7 +4,6 @@ use crate::error::PdError;
 use crate::load::HeldLoad;
 use crate::pods::MemoryStore;
 use crate::split::Placement;
-use std::collections::HashMap;
 
 #[test]
 fn a_remembered_prompt_goes_back_to_the_pod_that_holds_it() {
@@ -93,39 +92,6 @@ fn excluded_pods_are_never_chosen_and_nowhere_left_is_unavailable() {
     }
     let none = place(&r, &mut store, &req, &[pods[0].id, pods[1].id]);
     assert!(matches!(none, Err(PdError::Unavailable(_))), "{none:?}");
-}
-
-#[test]
-fn a_mooncake_prefill_takes_requests_once_its_engine_id_is_known() {
-    let r = router(
-        r#"{"models":[{"name":"m","engine":"vllm","kv_connector":"mooncake","rolesets":[
-            {"prefill":["10.0.0.1:1"],"decode":["10.0.1.1:1"]}]}]}"#,
-    );
-    let mut store = MemoryStore::default();
-    let req = request(&r, "m", "p");
-    assert!(matches!(
-        place(&r, &mut store, &req, &[]),
-        Err(PdError::Unavailable(_))
-    ));
-    assert_eq!(r.mooncake_prefill_pods().len(), 1);
-    let id = r.mooncake_prefill_pods()[0].id;
-    r.set_mooncake_engines(HashMap::from([(id, vec!["engine-0".to_owned()])]));
-    assert_eq!(
-        prefill_of(&place(&r, &mut store, &req, &[]).expect("ready")),
-        "10.0.0.1:1"
-    );
-    // Another VM learned the ids and shared them; this VM's tick has not
-    // copied them yet: its placement reads them then and there.
-    r.set_mooncake_engines(HashMap::new());
-    let learned = HashMap::from([(id, vec!["engine-0".to_owned()])]);
-    let key = r.keys().mooncake_engines();
-    store
-        .shared_set(&key, &crate::pods::bootstrap::encode(&learned), None)
-        .expect("shared");
-    assert_eq!(
-        prefill_of(&place(&r, &mut store, &req, &[]).expect("ready at once")),
-        "10.0.0.1:1"
-    );
 }
 
 #[test]
