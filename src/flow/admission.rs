@@ -3,7 +3,7 @@
 //! runs out ([`Flow::expire`]) or its client leaves; a negative priority
 //! is shed at once, and a full queue refuses it.
 
-use super::phase::Next;
+use super::phase::{Next, QueuedRequest};
 use super::{Attempt, Flow};
 use crate::admission::{Dropped, Entry, Room};
 use crate::error::{ClientError, PdError};
@@ -11,12 +11,6 @@ use crate::fleet::PodId;
 use crate::host::{Counter, Histogram, Host, Level};
 use crate::split::SplitRequest;
 use std::rc::Rc;
-
-/// A request waiting for room.
-pub(crate) struct QueuedRequest {
-    request: SplitRequest,
-    since_ms: u64,
-}
 
 impl Flow {
     /// Places `request` now when its model has room (leaving full pods

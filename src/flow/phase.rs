@@ -8,15 +8,27 @@
 //!   └──(pass-through)──▶ Forwarded            any phase ──error or local answer──▶ Replied
 //! ```
 
-use super::admission::QueuedRequest;
-use super::prefill::PendingPrefill;
-use super::Flow;
+use super::{Attempt, Flow};
 use crate::api::Api;
 use crate::calls::BodyKind;
 use crate::error::PdError;
 use crate::fleet::Endpoint;
 use crate::host::{Action, Counter, Host, Level};
+use crate::split::{SplitPlan, SplitRequest};
 use std::rc::Rc;
+
+/// A request waiting for room.
+pub(super) struct QueuedRequest {
+    pub request: SplitRequest,
+    pub since_ms: u64,
+}
+
+/// A sequential prefill in flight.
+pub(super) struct PendingPrefill {
+    pub token: u32,
+    pub plan: SplitPlan,
+    pub attempt: Attempt,
+}
 
 /// A concurrent (SGLang) prefill still in flight after the decode left.
 #[derive(Debug)]

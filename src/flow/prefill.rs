@@ -3,8 +3,8 @@
 
 use super::ids::HostIds;
 use super::load::{Judgement, Release};
-use super::phase::{Next, WatchedPrefill};
-use super::{Attempt, Flow};
+use super::phase::{Next, PendingPrefill, WatchedPrefill};
+use super::Flow;
 use crate::error::{
     envoy_failure, upstream_message, EnvoyFailure, HostError, PdError, PrefillFailure,
 };
@@ -14,13 +14,6 @@ use crate::host::{Counter, Host, Level};
 use crate::load::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
 use std::rc::Rc;
-
-/// A sequential prefill in flight.
-pub(super) struct PendingPrefill {
-    pub token: u32,
-    pub plan: SplitPlan,
-    pub attempt: Attempt,
-}
 
 /// What a prefill answer says about its pod. `on_termination` is what a
 /// connection closed before any answer earns where it was seen: nothing when

@@ -3,8 +3,8 @@
 
 use super::ids::HostIds;
 use super::load::Release;
-use super::phase::{Next, WatchedPrefill};
-use super::prefill::PendingPrefill;
+use super::phase::{Next, PendingPrefill, WatchedPrefill};
+
 use super::{Attempt, Flow};
 use crate::api::Api;
 use crate::error::PdError;

@@ -3,7 +3,7 @@
 //! VM copies them into its router each tick. The schedule and the shared
 //! record are [`crate::mooncake::ids`].
 
-use super::RootHost;
+use super::host::RootHost;
 use crate::fleet::PodId;
 use crate::host::Level;
 use crate::mooncake::ids::{self as bootstrap, EngineIds, QuerySchedule};

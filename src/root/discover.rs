@@ -3,7 +3,7 @@
 //! published pod set (every VM). Reading lists and watch events is
 //! [`crate::discovery`].
 
-use super::RootHost;
+use super::host::RootHost;
 use crate::discovery::adapter::read_adapters;
 use crate::discovery::lister::failure;
 use crate::discovery::pod::Reader;

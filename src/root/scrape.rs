@@ -3,7 +3,7 @@
 //! answer is ejected and forgotten. The parsing and
 //! rates are [`crate::scrape`].
 
-use super::RootHost;
+use super::host::RootHost;
 use crate::error::{envoy_failure, upstream_message, EnvoyFailure};
 use crate::fleet::{Endpoint, PodId};
 use crate::host::{Counter, Level, PodEvent};

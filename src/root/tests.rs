@@ -2,10 +2,13 @@
 //! Envoy's worker VMs share data of one `vm_id`.
 
 use super::*;
-use crate::host::{Counter, Level, PodEvent};
-use crate::pods::{MemoryStore, SetError};
+use crate::error::HostError;
+use crate::fleet::Fleet;
+use crate::host::{Counter, Level, PodEvent, Telemetry};
+use crate::pods::{MemoryStore, SetError, SharedStore};
 use serde_json::{json, Value};
 use std::cell::RefCell;
+use std::collections::HashSet;
 
 #[derive(Debug, Clone)]
 struct Call {
