@@ -123,12 +123,13 @@ fn module_of(path: &Path) -> String {
         .to_owned()
 }
 
-#[test]
-fn top_level_modules_have_no_cycle() {
+/// Each top-level module of src/ and the top-level modules its shipped
+/// code names through `crate::`.
+fn top_level_deps() -> BTreeMap<String, BTreeSet<String>> {
     let mut deps: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for file in rust_files(&src()) {
         let module = module_of(&file);
-        if module == "lib" || file.ends_with("tests.rs") {
+        if module == "lib" || file.ends_with("tests.rs") || file.ends_with("testkit.rs") {
             continue;
         }
         let entry = deps.entry(module.clone()).or_default();
@@ -144,6 +145,74 @@ fn top_level_modules_have_no_cycle() {
             }
         }
     }
+    deps
+}
+
+/// The layers of src/, lowest first (docs/architecture.md draws them). A
+/// module imports only from its own layer or lower ones: the request's
+/// stages and the VM's tick sit on the VM's state, which sits on the pure
+/// features, which never reach back up.
+const LAYERS: [(&str, &[&str]); 7] = [
+    (
+        "words and bytes",
+        &[
+            "inline_str",
+            "codec",
+            "hostwire",
+            "fleet",
+            "trt_id",
+            "multipart",
+            "body",
+            "api",
+            "error",
+            "stat_names",
+            "catalog",
+            "calls",
+        ],
+    ),
+    ("state the VMs share", &["pods", "load", "scrape"]),
+    (
+        "pure features",
+        &[
+            "sched",
+            "admission",
+            "mooncake",
+            "discovery",
+            "handoff",
+            "transfer",
+            "engine",
+            "reconcile",
+            "config",
+        ],
+    ),
+    ("read, build and merge a split", &["split", "host"]),
+    ("the VM's state", &["router"]),
+    ("the request and the VM's tick", &["flow", "root"]),
+    ("Envoy", &["shell", "testing"]),
+];
+
+#[test]
+fn no_module_imports_from_a_higher_layer() {
+    let layer_of = |m: &str| LAYERS.iter().position(|(_, ms)| ms.contains(&m));
+    for (module, deps) in top_level_deps() {
+        let Some(mine) = layer_of(&module) else {
+            panic!("src/{module} is in no layer: add it to LAYERS in tests/layout.rs");
+        };
+        for d in deps {
+            let theirs = layer_of(&d).unwrap_or_else(|| panic!("src/{d} is in no layer"));
+            assert!(
+                theirs <= mine,
+                "{module} ({}) imports {d} ({}), a higher layer",
+                LAYERS[mine].0,
+                LAYERS[theirs].0
+            );
+        }
+    }
+}
+
+#[test]
+fn top_level_modules_have_no_cycle() {
+    let deps = top_level_deps();
     // Depth-first search for a back edge.
     fn visit(
         m: &str,

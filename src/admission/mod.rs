@@ -10,7 +10,6 @@
 //! requests (`flow/admission.rs`); [`waitlist`] is the VM's part: its queue, the other
 //! VMs' reports, and the tick's pump that the shell executes.
 
-pub mod dropped;
 pub mod queue;
 pub mod room;
 pub mod settings;
@@ -19,7 +18,6 @@ pub mod shared;
 mod tests;
 pub mod waitlist;
 
-pub use dropped::{Dropped, DROPPED_REASON_HEADER};
 pub use queue::{Count, Entry, Queue, Waiting};
 pub use room::{full_slots, Room};
 pub use settings::{Admission, Objectives, FAIRNESS_HEADERS, OBJECTIVE_HEADERS};

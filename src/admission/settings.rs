@@ -61,9 +61,9 @@ impl Admission {
     /// The `retry-after` a dropped request gets, in whole seconds: a shed
     /// or refused request may come back in a second; one that waited its
     /// TTL, after about as long again.
-    pub fn retry_after_s(&self, dropped: super::dropped::Dropped) -> u64 {
+    pub fn retry_after_s(&self, dropped: crate::error::Dropped) -> u64 {
         match dropped {
-            super::dropped::Dropped::Expired => self.queue_ttl_ms.div_ceil(1000).max(1),
+            crate::error::Dropped::Expired => self.queue_ttl_ms.div_ceil(1000).max(1),
             _ => 1,
         }
     }
@@ -130,8 +130,8 @@ mod tests {
             queue_ttl_ms: 2500,
             ..Admission::default()
         };
-        assert_eq!(a.retry_after_s(super::super::Dropped::Expired), 3);
-        assert_eq!(a.retry_after_s(super::super::Dropped::Shed), 1);
+        assert_eq!(a.retry_after_s(crate::error::Dropped::Expired), 3);
+        assert_eq!(a.retry_after_s(crate::error::Dropped::Shed), 1);
         assert!(!Admission::default().is_on());
     }
 }

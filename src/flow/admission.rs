@@ -5,8 +5,8 @@
 
 use super::phase::{Next, QueuedRequest};
 use super::{Attempt, Flow};
-use crate::admission::{Dropped, Entry, Room};
-use crate::error::{ClientError, PdError};
+use crate::admission::{Entry, Room};
+use crate::error::{ClientError, Dropped, PdError};
 use crate::fleet::PodId;
 use crate::host::{Counter, Histogram, Host, Level};
 use crate::split::SplitRequest;
