@@ -58,6 +58,10 @@ pub struct PdContext<'a> {
     pub trt_auth_key: Option<&'a [u8]>,
     /// The model's `trt_token_ids_b64`.
     pub trt_token_ids_b64: bool,
+    /// This split's TensorRT-LLM disagg request id (drawn when a
+    /// TensorRT-LLM model's legs are built; none otherwise).
+    pub disagg_request_id: Option<i64>,
+    /// Randomness (request ids, ranks, rooms).
     pub ids: &'a mut dyn IdSource,
 }
 

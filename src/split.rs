@@ -17,7 +17,7 @@ use crate::engine::{
     build_legs, refuse_owned, refused_form_fields, EngineHandler, Merged, PrefillAnswer, Registry,
 };
 use crate::error::{ClientError, PdError, PrefillFailure};
-use crate::fleet::{Connector, Endpoint, Fleet, Model, PrefillPolicy, Scheduling};
+use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::handoff::Legs;
 use crate::handoff::{Degraded, IdSource, LearnedPods, LegEdits, PdContext, NOTHING_LEARNED};
 use crate::host::NotSplit;
@@ -448,6 +448,7 @@ fn handoff_context<'a>(
         learned: view.learned,
         trt_auth_key: view.trt_auth_key,
         trt_token_ids_b64: request.model.trt_token_ids_b64,
+        disagg_request_id: None,
         ids,
     }
 }
@@ -508,6 +509,9 @@ pub fn build(
         reconcile::AnswerNeeds::None => None,
     };
     let concurrent = handler.concurrent_for(&ctx, &prefill);
+    if request.model.kind == EngineKind::Trtllm {
+        ctx.disagg_request_id = Some(ctx.ids.disagg_request_id());
+    }
     let legs = build_legs(handler, &mut ctx, &prefill)?;
     let rendered = render_legs(&request, legs, rewrite.as_ref(), concurrent)?;
     Ok(Plan::Split(SplitPlan {

@@ -58,7 +58,11 @@ impl EngineHandler for TrtllmHandler {
         }
         // The context phase rejects max_completion_tokens next to max_tokens.
         legs.prefill.body.remove("max_completion_tokens");
-        let id = ctx.ids.disagg_request_id();
+        let id = ctx.disagg_request_id.ok_or_else(|| {
+            EngineError::Internal(
+                "no TensorRT-LLM disagg request id was drawn for this split".into(),
+            )
+        })?;
         // TensorRT-LLM's context workers answer base64 ids on chat only.
         let b64 = if ctx.trt_token_ids_b64 && ctx.fields.api == Api::ChatCompletions {
             r#","return_prompt_token_ids_b64":true"#
