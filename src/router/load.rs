@@ -13,9 +13,9 @@ impl Router {
     pub fn book(&self) -> Book<'_> {
         Book {
             keys: self.keys(),
-            slot: self.worker_slot.get(),
-            holder: self.holder,
-            lease_clock: self.lease_clock.get(),
+            slot: self.lease.slot(),
+            holder: self.lease.holder(),
+            lease_clock: self.lease.clock(),
             fleet: self.fleet(),
             health: self.config.health,
         }
@@ -29,7 +29,7 @@ impl Router {
     /// Moves this VM's records to `slot`, its new lease.
     pub(super) fn move_records<S: SharedStore + ?Sized>(&self, store: &mut S, slot: u8) {
         self.book().move_records(store, slot);
-        self.worker_slot.set(slot);
+        self.lease.move_to(slot);
     }
 
     /// Every pod of the fleet with its counters: for gauges and tests.

@@ -8,18 +8,22 @@
 //! of a request on a path that is not split.
 
 mod admission;
+mod copies;
 pub mod if_available;
+mod lease;
 mod load;
+mod log_once;
 pub mod picked;
 mod placement;
+mod turns;
 pub mod unsplit;
 
 use crate::config::Config;
 use crate::engine::Registry;
 use crate::fleet::{Connector, Endpoint, Fleet, ModelId, PodId};
 use crate::handoff::LearnedPods;
-use crate::load::{HealthRule, PairTable};
-use crate::pods::{decode_scraped, ScrapedTable, SharedKeys, SharedStore};
+use crate::load::HealthRule;
+use crate::pods::{SharedKeys, SharedStore};
 use crate::split::SplitContext;
 use crate::trt_id::{DisaggIdGenerator, InvalidMachineId};
 use std::cell::{Cell, RefCell};
@@ -35,38 +39,19 @@ pub struct Router {
     /// The global KV connector (AIBrix's `SetConnectorTypeFunc`): the
     /// configuration's `kv_connector` until set otherwise.
     kv_connector: Cell<Connector>,
-    /// Round-robin turns: over each model's prefill pods, and over each
-    /// roleset's decode pods (by model and roleset name).
-    turns: RefCell<HashMap<ModelId, u64>>,
-    decode_turns: RefCell<HashMap<(ModelId, String), u64>>,
-    unsplit_turn: Cell<u64>,
+    /// Round-robin turns over pods.
+    turns: turns::Turns,
     trt_ids: RefCell<DisaggIdGenerator>,
-    /// This VM's leased slot among the workers (its load records and
-    /// admission report, TensorRT-LLM ids, stat names): see
-    /// [`crate::pods::slots`].
-    worker_slot: Cell<u8>,
-    /// This VM's lease holder id (random per VM).
-    holder: u64,
-    /// When the lease was last renewed (Unix ms): the time other VMs'
-    /// leases are judged live at.
-    lease_clock: Cell<u64>,
-    /// This VM's copy of the scraped metrics, refreshed on each tick.
-    scraped: RefCell<ScrapedTable>,
-    /// This VM's copy of each model's failing prefill/decode pairs,
-    /// refreshed on each tick (a pair is avoided within a tick of the
-    /// failure that starts it).
-    pairs: RefCell<HashMap<ModelId, PairTable>>,
+    /// This VM's worker slot.
+    lease: lease::WorkerLease,
+    /// The shared tables copied at the last tick.
+    copies: copies::TickCopies,
     /// Mooncake engine ids per prefill pod, copied from shared data each tick.
     learned: crate::mooncake::Learned,
     /// TensorRT-LLM's `internal_request_auth_key`, from the VM environment.
     trt_auth_key: Option<Vec<u8>>,
-    /// (pod, what) pairs already logged, for "once per pod" log lines; the
-    /// pods that left the fleet are forgotten when it changes, so the set
-    /// stays within today's pods (and the few in flight on departed ones).
-    logged: RefCell<std::collections::HashSet<(PodId, &'static str)>>,
-    /// When this VM last logged a request without the endpoint picker's
-    /// pick (executor mode), in ms.
-    pick_missing_logged_ms: Cell<Option<u64>>,
+    /// Log lines said once per pod, or once a minute.
+    log_once: log_once::LogOnce,
     /// This VM's part of admission control.
     pub(crate) admission: crate::admission::Waitlist,
 }
@@ -91,17 +76,11 @@ impl Router {
             keys: SharedKeys::new(&config.fingerprint),
             fleet: RefCell::new(Rc::new(config.fleet())),
             kv_connector: Cell::new(config.kv_connector),
-            turns: RefCell::new(HashMap::new()),
-            decode_turns: RefCell::new(HashMap::new()),
-            unsplit_turn: Cell::new(0),
+            turns: Default::default(),
             trt_ids: RefCell::new(trt_ids),
-            worker_slot: Cell::new(worker_slot),
-            holder,
-            lease_clock: Cell::new(now_ms),
-            scraped: RefCell::new(ScrapedTable::new()),
-            pairs: RefCell::new(HashMap::new()),
-            logged: RefCell::new(std::collections::HashSet::new()),
-            pick_missing_logged_ms: Cell::new(None),
+            lease: lease::WorkerLease::new(worker_slot, holder, now_ms),
+            copies: Default::default(),
+            log_once: Default::default(),
             admission: Default::default(),
             learned: Default::default(),
             trt_auth_key: None,
@@ -110,17 +89,12 @@ impl Router {
     }
 
     pub fn worker_slot(&self) -> u8 {
-        self.worker_slot.get()
+        self.lease.slot()
     }
 
     /// Gives this VM's slot back (the VM is stopping).
     pub fn release_lease<S: SharedStore + ?Sized>(&self, store: &mut S) {
-        crate::pods::slots::release_slot(
-            store,
-            crate::pods::WORKER_SLOTS_KEY,
-            self.holder,
-            self.worker_slot.get(),
-        );
+        self.lease.release(store);
     }
 
     /// Renews this VM's slot lease (each tick). A VM stalled past its lease
@@ -132,10 +106,8 @@ impl Router {
         store: &mut S,
         now_ms: u64,
     ) -> Result<(), String> {
-        let old = self.worker_slot.get();
-        let slot = crate::pods::slots::lease_slot(store, crate::pods::WORKER_SLOTS_KEY, self.holder, Some(old), now_ms)
-            .ok_or_else(|| format!("pd-router: worker slot {old}'s lease could not be renewed and no slot is free; load counts of this VM may be overwritten"))?;
-        self.lease_clock.set(now_ms);
+        let old = self.lease.slot();
+        let slot = self.lease.renew(store, now_ms)?;
         if slot != old {
             self.move_records(store, slot);
             if let Ok(ids) = DisaggIdGenerator::new(self.config.trt.machine_id, slot) {
@@ -147,10 +119,7 @@ impl Router {
 
     /// Whether this VM's copy of the pair table knows the pair as failing.
     pub fn pair_failing(&self, model: ModelId, prefill: PodId, decode: PodId) -> bool {
-        self.pairs
-            .borrow()
-            .get(&model)
-            .is_some_and(|t| t.get(prefill, decode) != Default::default())
+        self.copies.pair_failing(model, prefill, decode)
     }
 
     /// The fleet as known now.
@@ -165,9 +134,7 @@ impl Router {
         // Pods churn for the life of the process (each re-created pod is a
         // new identity): keep only what is logged of pods still here.
         let here: std::collections::HashSet<PodId> = fleet.pods().iter().map(|p| p.id).collect();
-        self.logged
-            .borrow_mut()
-            .retain(|(pod, _)| here.contains(pod));
+        self.log_once.keep_pods(&here);
         *self.fleet.borrow_mut() = Rc::new(fleet);
     }
 
@@ -233,37 +200,26 @@ impl Router {
         crate::mooncake::prefill_pods(&self.fleet(), self.kv_connector.get())
     }
 
-    /// Whether this VM sees `what` about `pod` for the first time (the set
-    /// is bounded by the fleet's pods × a handful of log lines).
+    /// Whether this VM sees `what` about `pod` for the first time.
     pub fn first_time(&self, pod: PodId, what: &'static str) -> bool {
-        self.logged.borrow_mut().insert((pod, what))
+        self.log_once.first_time(pod, what)
     }
 
     /// Whether a request without the endpoint picker's pick is to be logged
     /// at `now_ms`: the first one, then one a minute per VM (each is counted).
     pub fn pick_missing_log_due(&self, now_ms: u64) -> bool {
-        const INTERVAL_MS: u64 = 60_000;
-        let due = self
-            .pick_missing_logged_ms
-            .get()
-            .is_none_or(|last| now_ms.saturating_sub(last) >= INTERVAL_MS);
-        if due {
-            self.pick_missing_logged_ms.set(Some(now_ms));
-        }
-        due
+        self.log_once.pick_missing_due(now_ms)
     }
 
     /// How many "once per pod" lines this VM remembers.
     #[cfg(test)]
     fn logged_len(&self) -> usize {
-        self.logged.borrow().len()
+        self.log_once.len()
     }
 
     /// The turn of the next request that is not split.
     pub fn next_unsplit_turn(&self) -> u64 {
-        let t = self.unsplit_turn.get();
-        self.unsplit_turn.set(t.wrapping_add(1));
-        t
+        self.turns.next_unsplit()
     }
 
     /// The next TensorRT-LLM disagg request id at `now_ms`.
@@ -274,18 +230,7 @@ impl Router {
     /// Copies the shared metrics table into this VM (once per tick, not per
     /// request: metrics change only as often as they are scraped).
     pub fn refresh_metrics<S: SharedStore + ?Sized>(&self, store: &S) {
-        let (bytes, _) = store.shared_get(&self.keys.scraped());
-        *self.scraped.borrow_mut() = decode_scraped(bytes.as_deref());
-        let pairs = self
-            .fleet()
-            .models()
-            .iter()
-            .filter_map(|m| {
-                let (bytes, _) = store.shared_get(&self.keys.pairs(m.id));
-                bytes.map(|b| (m.id, PairTable::decode(Some(&b))))
-            })
-            .collect();
-        *self.pairs.borrow_mut() = pairs;
+        self.copies.refresh(store, &self.keys, &self.fleet());
     }
 }
 

@@ -5,7 +5,7 @@
 use super::Router;
 use crate::error::PdError;
 use crate::fleet::Decider;
-use crate::fleet::{Model, ModelId, PodId};
+use crate::fleet::{Model, PodId};
 use crate::load::LoadTable;
 use crate::pods::SharedStore;
 use crate::sched::decider::{self, decide, Figures};
@@ -41,7 +41,7 @@ impl Router {
         table: &LoadTable,
         now_ms: u64,
     ) -> Vec<PodState> {
-        let scraped = self.scraped.borrow();
+        let scraped = self.copies.scraped();
         let mut states: Vec<PodState> = model
             .pods
             .iter()
@@ -71,23 +71,6 @@ impl Router {
             }
         }
         states
-    }
-
-    fn next_turn(&self, model: ModelId) -> u64 {
-        let mut turns = self.turns.borrow_mut();
-        let t = turns.entry(model).or_insert(0);
-        let v = *t;
-        *t = v.wrapping_add(1);
-        v
-    }
-
-    fn next_decode_turn(&self, model: &Model, roleset: usize) -> u64 {
-        let name = model.rolesets.get(roleset).map_or("", |r| r.name.as_str());
-        let mut turns = self.decode_turns.borrow_mut();
-        let t = turns.entry((model.id, name.to_owned())).or_insert(0);
-        let v = *t;
-        *t = v.wrapping_add(1);
-        v
     }
 
     /// Chooses pods for `request` from the shared load and the prefix table,
@@ -131,12 +114,7 @@ impl Router {
                 self.follow_decode_kv(request, &pods, &found, &excluded, &mut draw, placed, seen);
         }
         // This VM's copy of the failing pairs, refreshed each tick.
-        let pairs = self
-            .pairs
-            .borrow()
-            .get(&model.id)
-            .cloned()
-            .unwrap_or_default();
+        let pairs = self.copies.pairs(model.id);
         let fresh = |p: &Placement| match p {
             Placement::Split {
                 prefill, decode, ..
@@ -180,7 +158,7 @@ impl Router {
             prefix_match: &|_| 0.0,
             prefix_key: None,
             load_bound: LoadBound::of(&self.config.scheduling),
-            prefill_turn: self.next_turn(model.id),
+            prefill_turn: self.turns.next_prefill(model.id),
             decode_turn: &mut no_turn,
             random: &mut draw,
             exclude: &excluded,
@@ -260,7 +238,7 @@ impl Router {
         let model = &request.model;
         let s = &self.config.scheduling;
         let match_of = |slot: usize| model.pods.get(slot).map_or(0.0, |id| found.percent(*id));
-        let mut decode_turn = |roleset: usize| self.next_decode_turn(model, roleset);
+        let mut decode_turn = |roleset: usize| self.turns.next_decode(model, roleset);
         let key_block = s.consistent_hash_blocks.min(request.prompt.hashes.len());
         let mut query = PlacementRequest {
             prompt_tokens: request.prompt.tokens,
@@ -270,7 +248,7 @@ impl Router {
                 .and_then(|i| request.prompt.hashes.get(i))
                 .copied(),
             load_bound: LoadBound::of(s),
-            prefill_turn: self.next_turn(model.id),
+            prefill_turn: self.turns.next_prefill(model.id),
             decode_turn: &mut decode_turn,
             random: draw,
             exclude: excluded,
