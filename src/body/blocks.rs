@@ -18,7 +18,7 @@
 
 /// The index of the first byte at or after `from` that is `"`, `\`, below
 /// 0x20, or (with `ASCII_ONLY`) 0x80 or above; `b.len()` if none is.
-pub(super) fn next_special<const ASCII_ONLY: bool>(b: &[u8], from: usize) -> usize {
+pub(crate) fn next_special<const ASCII_ONLY: bool>(b: &[u8], from: usize) -> usize {
     let Some(rest) = b.get(from..) else {
         return b.len();
     };
@@ -41,9 +41,9 @@ fn tail<const ASCII_ONLY: bool>(rest: &[u8], at: usize) -> usize {
 /// The bytes the integer scan takes at a time: four SIMD blocks inside
 /// wasm, one `u64` natively.
 #[cfg(target_arch = "wasm32")]
-pub(super) const INT_GROUP: usize = 64;
+pub(crate) const INT_GROUP: usize = 64;
 #[cfg(not(target_arch = "wasm32"))]
-pub(super) const INT_GROUP: usize = 8;
+pub(crate) const INT_GROUP: usize = 8;
 
 /// One group's commas, digits and zeros: bit `k` for byte `k`.
 #[derive(Clone, Copy, Default)]
@@ -59,7 +59,7 @@ struct IntClasses {
 /// before the returned position is a valid part of the array, and the
 /// position is `start` or just after a comma, so the byte loop can go on
 /// from there with no state.
-pub(super) fn canonical_prefix(b: &[u8], start: usize) -> usize {
+pub(crate) fn canonical_prefix(b: &[u8], start: usize) -> usize {
     let Some(rest) = b.get(start..) else {
         return start;
     };
@@ -102,7 +102,7 @@ fn canonical_run_by<const W: usize>(rest: &[u8], classes: impl Fn(&[u8]) -> IntC
 
 #[cfg(target_arch = "wasm32")]
 mod imp {
-    use super::IntClasses;
+    use crate::body::blocks::{canonical_run_by, tail, IntClasses, INT_GROUP};
     use core::arch::wasm32::{
         i8x16_lt, i8x16_splat, u8x16, u8x16_bitmask, u8x16_eq, u8x16_lt, u8x16_splat, u8x16_sub,
         v128, v128_any_true, v128_or,
@@ -134,7 +134,7 @@ mod imp {
     }
 
     #[target_feature(enable = "simd128")]
-    pub(super) fn first_special<const ASCII_ONLY: bool>(rest: &[u8]) -> usize {
+    pub(crate) fn first_special<const ASCII_ONLY: bool>(rest: &[u8]) -> usize {
         // Four blocks a test: a long string's bytes are mostly plain, and
         // one branch per 64 bytes instead of per 16.
         let mut quads = rest.chunks_exact(64);
@@ -158,16 +158,16 @@ mod imp {
                 return done + n * 16 + u8x16_bitmask(m).trailing_zeros() as usize;
             }
         }
-        super::tail::<ASCII_ONLY>(rest, rest.len() - chunks.remainder().len())
+        tail::<ASCII_ONLY>(rest, rest.len() - chunks.remainder().len())
     }
 
     /// Four blocks' classes at a time: the run's logic, scalar, then
     /// runs once per 64 bytes instead of per 16.
     #[target_feature(enable = "simd128")]
-    pub(super) fn canonical_run(rest: &[u8]) -> usize {
+    pub(crate) fn canonical_run(rest: &[u8]) -> usize {
         let (comma, zero, ten) = (u8x16_splat(b','), u8x16_splat(b'0'), u8x16_splat(10));
         let mask = |m: v128, k: usize| u64::from(u8x16_bitmask(m)) << (16 * k);
-        super::canonical_run_by::<{ super::INT_GROUP }>(rest, |group| {
+        canonical_run_by::<INT_GROUP>(rest, |group| {
             let mut c = IntClasses::default();
             for k in 0..4 {
                 let v = load(group.get(16 * k..16 * (k + 1)).unwrap_or_default());
@@ -183,7 +183,7 @@ mod imp {
 
 #[cfg(not(target_arch = "wasm32"))]
 mod imp {
-    use super::IntClasses;
+    use crate::body::blocks::{canonical_run_by, tail, IntClasses, INT_GROUP};
 
     const LOW7: u64 = 0x7f7f_7f7f_7f7f_7f7f;
     const HIGH: u64 = 0x8080_8080_8080_8080;
@@ -206,23 +206,23 @@ mod imp {
 
     /// The high bit of each byte of `x` that is zero. Exact per byte: the
     /// sum of two 7-bit halves never carries into the next byte.
-    pub(super) fn zero_bytes(x: u64) -> u64 {
+    pub(crate) fn zero_bytes(x: u64) -> u64 {
         !(((x & LOW7) + LOW7) | x) & HIGH
     }
 
     /// The high bit of each byte of `w` that is an ASCII digit.
-    pub(super) fn digit_bytes(w: u64) -> u64 {
+    pub(crate) fn digit_bytes(w: u64) -> u64 {
         let x = w ^ splat(b'0');
         // x < 10 exactly for digits: low 7 bits below 10, and no high bit.
         !(((x & LOW7) + splat(0x80 - 10)) | x) & HIGH
     }
 
     /// High bits per byte to bit `k` for byte `k`.
-    pub(super) fn bits(high: u64) -> u64 {
+    pub(crate) fn bits(high: u64) -> u64 {
         (high >> 7).wrapping_mul(0x0102_0408_1020_4080) >> 56
     }
 
-    pub(super) fn first_special<const ASCII_ONLY: bool>(rest: &[u8]) -> usize {
+    pub(crate) fn first_special<const ASCII_ONLY: bool>(rest: &[u8]) -> usize {
         let mut words = rest.chunks_exact(8);
         for (n, chunk) in words.by_ref().enumerate() {
             let w = word(chunk);
@@ -240,11 +240,11 @@ mod imp {
                 return n * 8 + special.trailing_zeros() as usize / 8;
             }
         }
-        super::tail::<ASCII_ONLY>(rest, rest.len() - words.remainder().len())
+        tail::<ASCII_ONLY>(rest, rest.len() - words.remainder().len())
     }
 
-    pub(super) fn canonical_run(rest: &[u8]) -> usize {
-        super::canonical_run_by::<{ super::INT_GROUP }>(rest, |chunk| {
+    pub(crate) fn canonical_run(rest: &[u8]) -> usize {
+        canonical_run_by::<INT_GROUP>(rest, |chunk| {
             let w = word(chunk);
             IntClasses {
                 comma: bits(zero_bytes(w ^ splat(b','))),

@@ -25,7 +25,7 @@ pub enum Edit {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Edits {
     /// Keys and values are mostly literals: borrowed, not allocated.
-    pub(super) ops: Vec<(Cow<'static, str>, Edit)>,
+    pub(crate) ops: Vec<(Cow<'static, str>, Edit)>,
 }
 
 impl Edits {

@@ -11,9 +11,13 @@
 //! `Members::parse` then asks serde_json whether it is valid, and why not.
 
 use super::blocks::{canonical_prefix, next_special};
-use super::{is_ws, Key};
+use super::key::Key;
 use serde_json::value::RawValue;
 use std::ops::Range;
+
+pub(crate) fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r')
+}
 
 fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while b.get(i).is_some_and(|c| is_ws(*c)) {
@@ -32,7 +36,7 @@ fn value_end<'de, T: serde::Deserialize<'de>>(b: &'de [u8], at: usize) -> Option
 
 /// Where a JSON array of integers (no fractions or exponents) starting at
 /// `at` ends; `None` when it is anything else.
-pub(super) fn int_array_end(b: &[u8], at: usize) -> Option<usize> {
+pub(crate) fn int_array_end(b: &[u8], at: usize) -> Option<usize> {
     if b.get(at) != Some(&b'[') {
         return None;
     }
@@ -71,7 +75,7 @@ fn ints_from(b: &[u8], mut i: usize) -> Option<usize> {
 
 /// The members of the object starting at `open`, or `None` to let
 /// serde_json decide (anything unusual, every error).
-pub(super) fn members(b: &[u8], open: usize) -> Option<Vec<(Key<'_>, Range<usize>)>> {
+pub(crate) fn members(b: &[u8], open: usize) -> Option<Vec<(Key<'_>, Range<usize>)>> {
     let mut out = Vec::with_capacity(16);
     let mut i = skip_ws(b, open + 1);
     if b.get(i) == Some(&b'}') {
@@ -209,7 +213,7 @@ fn key_end(b: &[u8], at: usize, non_ascii: &mut bool) -> Option<usize> {
 /// no allocation. `None` for anything serde_json's skip would not accept
 /// and for nesting deeper than 128 (serde_json then decides); every
 /// `Some` is where serde_json's skip ends too, and its text is UTF-8.
-pub(super) fn skip_value(b: &[u8], at: usize) -> Option<usize> {
+pub(crate) fn skip_value(b: &[u8], at: usize) -> Option<usize> {
     let mut open = Nesting { bits: 0, depth: 0 };
     let mut non_ascii = false;
     let mut i = at;

@@ -2,7 +2,7 @@
 //! re-serialised, in the plain layout or with new members in front.
 
 use super::edits::{push_json_str, Edit, Edits};
-use super::Members;
+use super::members::Members;
 use std::fmt;
 use std::ops::Range;
 

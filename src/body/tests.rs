@@ -1,4 +1,6 @@
 use super::*;
+use serde::de;
+use serde_json::value::RawValue;
 
 /// The fast scan and serde_json's walk agree, or the scan stands aside.
 #[test]

@@ -10,7 +10,7 @@ use std::fmt;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub(super) struct RawConfig {
+pub(crate) struct RawConfig {
     pub prefill_cluster: String,
     pub routing: Option<String>,
     /// Default: the routing mode's header.
@@ -78,13 +78,13 @@ impl Default for RawConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawDiscovery {
+pub(crate) struct RawDiscovery {
     pub kubernetes: KubeDiscovery,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawModel {
+pub(crate) struct RawModel {
     pub name: String,
     pub engine: String,
     #[serde(default)]
@@ -109,7 +109,7 @@ pub(super) struct RawModel {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawRoleset {
+pub(crate) struct RawRoleset {
     #[serde(default)]
     pub name: Option<String>,
     #[serde(default)]
@@ -122,7 +122,7 @@ pub(super) struct RawRoleset {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct EndpointSpec {
+pub(crate) struct EndpointSpec {
     pub address: String,
     #[serde(default)]
     pub name: Option<String>,
@@ -143,7 +143,7 @@ pub(super) struct EndpointSpec {
 /// vLLM NIXL push: the prefill's side channel, as its engine was started.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawNixlPeer {
+pub(crate) struct RawNixlPeer {
     pub engine_id: String,
     #[serde(default)]
     pub side_channel_host: Option<String>,
@@ -157,7 +157,7 @@ pub(super) struct RawNixlPeer {
 
 /// An endpoint is either `"IP:port"` or an object; a custom visitor keeps the
 /// error messages specific (serde's untagged enums only say "did not match").
-pub(super) struct RawEndpoint(pub EndpointSpec);
+pub(crate) struct RawEndpoint(pub EndpointSpec);
 
 impl<'de> Deserialize<'de> for RawEndpoint {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

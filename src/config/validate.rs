@@ -1,10 +1,10 @@
 //! Checks the raw configuration and builds the typed one: every error
 //! names the field by its JSON path and says what to fix.
 
+use super::error::{err, ConfigError};
 use super::raw::{EndpointSpec, RawConfig, RawEndpoint, RawModel, RawNixlPeer};
-use super::{
-    err, Config, ConfigError, PrefillSettings, Routing, RoutingSettings, ScrapeSettings,
-    TrtSettings,
+use super::settings::{
+    Config, PrefillSettings, Routing, RoutingSettings, ScrapeSettings, TrtSettings,
 };
 use crate::admission::Admission;
 use crate::discovery::KubeDiscovery;
@@ -17,7 +17,7 @@ use crate::load::HealthRule;
 use std::net::SocketAddr;
 
 /// The typed configuration of `raw` (its fingerprint still empty).
-pub(super) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
+pub(crate) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     check_settings(&raw)?;
     let max_body_bytes = usize::try_from(raw.max_body_bytes)
         .map_err(|_| err("max_body_bytes", "is larger than this platform can address"))?;

@@ -229,7 +229,7 @@ fn is_default_kv_port(v: &u16) -> bool {
 }
 
 /// A positive number an annotation holds; absent or malformed: `None`.
-pub(super) fn positive<T: std::str::FromStr + PartialEq + Default>(
+pub(crate) fn positive<T: std::str::FromStr + PartialEq + Default>(
     annotations: &BTreeMap<String, String>,
     key: &str,
 ) -> Option<T> {
@@ -240,7 +240,7 @@ pub(super) fn positive<T: std::str::FromStr + PartialEq + Default>(
 }
 
 /// The NIXL push side channel a prefill pod's annotations describe.
-pub(super) fn nixl_peer(annotations: &BTreeMap<String, String>) -> Option<NixlPeer> {
+pub(crate) fn nixl_peer(annotations: &BTreeMap<String, String>) -> Option<NixlPeer> {
     let engine_id = annotations
         .get(pd_annotations::NIXL_ENGINE_ID)
         .map(|e| e.trim())

@@ -31,7 +31,7 @@ struct ListMeta {
 }
 
 #[derive(Deserialize)]
-pub(super) struct Pod {
+pub(crate) struct Pod {
     metadata: ObjectMeta,
     #[serde(default)]
     status: Option<PodStatus>,
@@ -125,7 +125,7 @@ pub fn read_page_as(body: &[u8], reader: &Reader) -> Result<Page, String> {
 
 impl Pod {
     /// `metadata.resourceVersion`, where it is set and not empty.
-    pub(super) fn resource_version(&self) -> Option<&str> {
+    pub(crate) fn resource_version(&self) -> Option<&str> {
         self.metadata
             .resource_version
             .as_deref()
@@ -135,7 +135,7 @@ impl Pod {
 
 /// A pod's name (with its namespace when qualified) and the endpoints it
 /// gives, or why it is not routed to.
-pub(super) fn read_pod(
+pub(crate) fn read_pod(
     item: &Pod,
     reader: &Reader,
 ) -> (String, Result<Vec<DiscoveredPod>, Skipped>) {

@@ -1,5 +1,7 @@
-use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
+use super::handler::{EngineHandler, Merged, PrefillAnswer};
+use crate::error::EngineError;
 use crate::fleet::Endpoint;
+use crate::handoff::{LegEdits, Legs, PdContext};
 
 /// Engines pd-router has no hand-off for: a synchronous prefill with the
 /// common constraints (warming the prefill pod's prefix cache, as AIBrix's

@@ -1,7 +1,9 @@
-use super::{EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer};
+use super::handler::{EngineHandler, Merged, PrefillAnswer};
 use crate::api::Api;
 use crate::body::push_json_str;
+use crate::error::EngineError;
 use crate::fleet::Endpoint;
+use crate::handoff::{LegEdits, Legs, PdContext};
 
 /// SGLang's bootstrap hand-off. Both legs name the prefill's bootstrap server
 /// and a random room; the prefill blocks until the decode has registered that

@@ -7,7 +7,7 @@
 //! ...}, sort_keys=True, separators=(",", ":"))` (ASCII-escaped). Only those
 //! two fields are signed; a list endpoint is signed as its first element.
 
-use super::EngineError;
+use crate::error::EngineError;
 use hmac::{Hmac, Mac};
 use serde_json::Value;
 use sha2::Sha256;

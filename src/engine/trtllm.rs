@@ -1,9 +1,9 @@
-use super::{
-    Degraded, EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer,
-};
+use super::handler::{EngineHandler, Merged, PrefillAnswer};
 use crate::api::Api;
 use crate::body::{Edits, Members};
+use crate::error::EngineError;
 use crate::fleet::Endpoint;
+use crate::handoff::{Degraded, LegEdits, Legs, PdContext};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 

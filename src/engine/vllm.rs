@@ -1,10 +1,8 @@
-use super::{
-    Degraded, EngineError, EngineHandler, LegEdits, Legs, Merged, PdContext, PrefillAnswer,
-};
+use super::handler::{EngineHandler, Merged, PrefillAnswer};
 use crate::body::Members;
-use crate::error::ClientError;
+use crate::error::{ClientError, EngineError};
 use crate::fleet::{Connector, Endpoint};
-use crate::handoff::LearnedPods;
+use crate::handoff::{Degraded, LearnedPods, LegEdits, Legs, PdContext};
 use crate::transfer::client_params::{self, Refused};
 use crate::transfer::{agent, Relay};
 

@@ -38,7 +38,7 @@ const USAGE_KEYS: [&str; 5] = [
 
 /// Bytes a usage the rewrite may change contains: a scan for them is far
 /// cheaper than a parse, and most stream events hold neither.
-pub(super) const USAGE_NEEDLES: [&[u8]; 2] = [b"cached_tokens", b"cache_read_input_tokens"];
+pub(crate) const USAGE_NEEDLES: [&[u8]; 2] = [b"cached_tokens", b"cache_read_input_tokens"];
 
 /// Objects a stream event carries its usage in: a Responses event's
 /// `response`, a Messages `message_start`'s `message`.

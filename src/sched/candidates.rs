@@ -1,7 +1,10 @@
 //! The first stage of a placement: which rolesets fit the prompt's length,
 //! which of their pods are usable, and the combined pods to fall back on.
 
-use super::{shuffle, state, Choice, NoPod, PlacementRequest, PodState};
+use super::choice::{Choice, NoPod};
+use super::random::shuffle;
+use super::request::PlacementRequest;
+use super::state::{state, PodState};
 use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy};
 use std::rc::Rc;
 
@@ -13,7 +16,7 @@ pub struct Candidate<'m> {
 }
 
 /// Everything the later stages choose from.
-pub(super) struct Pool<'m> {
+pub(crate) struct Pool<'m> {
     /// Rolesets (indices) whose bucket fits the prompt.
     pub fits: Vec<usize>,
     pub prefill: Vec<Candidate<'m>>,
@@ -47,7 +50,7 @@ fn usable(ep: &Endpoint, pods: &[PodState], exclude: &[usize]) -> bool {
 }
 
 /// The least of `items` by `key`; the first of equals.
-pub(super) fn least<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
+pub(crate) fn least<T>(items: &[T], key: impl Fn(&T) -> f64) -> Option<&T> {
     items.iter().fold(None, |best: Option<&T>, x| match best {
         Some(b) if key(b) <= key(x) => Some(b),
         _ => Some(x),
@@ -93,7 +96,7 @@ fn roleset_candidates<'m>(
 /// Candidates come out shuffled (all but a round-robin phase's, whose
 /// rotation needs a stable order): every later "first of equals" is then a
 /// random one, so equal idle pods and rolesets share the work.
-pub(super) fn gather<'m>(
+pub(crate) fn gather<'m>(
     model: &'m Model,
     pods: &[PodState],
     req: &mut PlacementRequest,

@@ -3,13 +3,15 @@
 //! order before the policies' scores.
 
 use super::candidates::{least, Candidate, Pool};
+use super::choice::Choice;
+use super::request::PlacementRequest;
 use super::score::{pick_one_decode, pick_one_prefill};
-use super::{state, Choice, PlacementRequest, PodState};
+use super::state::{state, PodState};
 use crate::fleet::{Endpoint, Model, PrefillPolicy, Scheduling};
 use std::rc::Rc;
 
 /// AIBrix: an idle combined pod takes the request while PD pods are overloaded.
-pub(super) fn idle_combined<'m>(
+pub(crate) fn idle_combined<'m>(
     pool: &Pool<'m>,
     pods: &[PodState],
     s: &Scheduling,
@@ -38,7 +40,7 @@ pub(super) fn idle_combined<'m>(
 }
 
 /// Outlier filter: prefill pods far above the mean (sample σ) are skipped.
-pub(super) fn without_prefill_outliers<'m>(
+pub(crate) fn without_prefill_outliers<'m>(
     mut pool: Pool<'m>,
     pods: &[PodState],
     s: &Scheduling,
@@ -74,7 +76,7 @@ pub(super) fn without_prefill_outliers<'m>(
 
 /// Prefill imbalance: the least-loaded prefill pod, decode aligned to its
 /// roleset.
-pub(super) fn prefill_imbalance<'m>(
+pub(crate) fn prefill_imbalance<'m>(
     model: &'m Model,
     pool: &Pool<'m>,
     pods: &[PodState],
@@ -103,7 +105,7 @@ pub(super) fn prefill_imbalance<'m>(
 }
 
 /// Prefix affinity: a pod that already holds most of the prompt takes it.
-pub(super) fn prefix_affinity<'m>(
+pub(crate) fn prefix_affinity<'m>(
     model: &'m Model,
     pool: &Pool<'m>,
     pods: &[PodState],
@@ -132,7 +134,7 @@ pub(super) fn prefix_affinity<'m>(
 }
 
 /// Decode imbalance: the decode pod is decided, prefill aligned.
-pub(super) fn decode_imbalance<'m>(
+pub(crate) fn decode_imbalance<'m>(
     model: &'m Model,
     pool: &Pool<'m>,
     pods: &[PodState],

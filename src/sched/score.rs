@@ -3,7 +3,10 @@
 //! pair.
 
 use super::candidates::{Candidate, Pool};
-use super::{state, Choice, NoPod, PlacementRequest, PodState};
+use super::choice::{Choice, NoPod};
+use super::random::SplitMix64;
+use super::request::PlacementRequest;
+use super::state::{state, PodState};
 use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy, Scheduling};
 use std::rc::Rc;
 
@@ -158,7 +161,7 @@ fn bounded_rendezvous(
 /// A pod's weight for a prefix key: a stable mix of the two, the same on
 /// every replica and in every build.
 pub fn rendezvous_weight(key: u64, pod: crate::fleet::PodId) -> u64 {
-    super::SplitMix64(key ^ pod.0.rotate_left(29)).next_u64()
+    SplitMix64(key ^ pod.0.rotate_left(29)).next_u64()
 }
 
 /// Scores decode candidates under `policy`; `turn` is the round-robin turn
@@ -238,7 +241,7 @@ fn eps<'m>(c: &[Candidate<'m>]) -> Vec<&'m Endpoint> {
 }
 
 /// The index of the lowest finite score; the first of equals.
-pub(super) fn argmin(scores: &[f64]) -> Option<usize> {
+pub(crate) fn argmin(scores: &[f64]) -> Option<usize> {
     scores
         .iter()
         .enumerate()
@@ -272,7 +275,7 @@ fn best_by_roleset(cands: &[Candidate], scores: &[f64], rolesets: usize) -> Vec<
     best
 }
 
-pub(super) fn pick_one_prefill<'m>(
+pub(crate) fn pick_one_prefill<'m>(
     model: &Model,
     c: &[Candidate<'m>],
     pods: &[PodState],
@@ -283,7 +286,7 @@ pub(super) fn pick_one_prefill<'m>(
     argmin(&scores).and_then(|i| c.get(i)).map(|c| c.ep)
 }
 
-pub(super) fn pick_one_decode<'m>(
+pub(crate) fn pick_one_decode<'m>(
     model: &Model,
     c: &[Candidate<'m>],
     pods: &[PodState],
@@ -300,7 +303,7 @@ pub(super) fn pick_one_decode<'m>(
 }
 
 /// The pair the model's policies choose.
-pub(super) fn by_policy<'m>(
+pub(crate) fn by_policy<'m>(
     model: &'m Model,
     pool: &Pool<'m>,
     pods: &[PodState],

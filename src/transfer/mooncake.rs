@@ -1,4 +1,4 @@
-use super::KvTransferAgent;
+use super::agent::KvTransferAgent;
 use crate::body::json_string;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;

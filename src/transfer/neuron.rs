@@ -1,4 +1,4 @@
-use super::{KvTransferAgent, Relay};
+use super::agent::{KvTransferAgent, Relay};
 use crate::body::Members;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;

@@ -1,4 +1,5 @@
-use super::{pair_by_request_id, KvTransferAgent};
+use super::agent::KvTransferAgent;
+use super::pairing::pair_by_request_id;
 use crate::body::json_string;
 use crate::error::EngineError;
 use crate::fleet::Endpoint;

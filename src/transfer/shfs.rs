@@ -1,4 +1,5 @@
-use super::{kv_transfer_params, KvTransferAgent, Relay};
+use super::agent::{KvTransferAgent, Relay};
+use super::answer::kv_transfer_params;
 use crate::body::{Edits, Members};
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
