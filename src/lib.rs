@@ -1,16 +1,21 @@
 //! pd-router: prefill/decode disaggregation routing for LLM inference engines,
 //! as an Envoy proxy-wasm filter.
 //!
-//! Layers, leaves first (docs/architecture.md draws them):
-//! - vocabulary and bytes: [`fleet`] (pods, rolesets, models, engine kinds,
-//!   connector and policy names), [`codec`], [`body`], [`hostwire`];
-//! - pure modules that compute: [`api`], [`config`], [`engine`] and
+//! Layers, lowest first (docs/architecture.md draws them; tests/layout.rs
+//! holds them):
+//! - words and bytes: [`fleet`] (pods, rolesets, models, engine kinds,
+//!   connector and policy names), [`codec`], [`body`], [`api`], [`error`],
+//!   [`hostwire`] and the other leaves;
+//! - state the VMs share: [`pods`] (keys, slots, leases, scraped metrics),
+//!   [`load`] (load and health), [`scrape`];
+//! - pure features, each with its state, logic and tests: [`sched`],
+//!   [`admission`], [`mooncake`], [`discovery`], [`engine`] and
 //!   [`transfer`] (the hand-offs, with [`handoff`] their shared words),
 //!   [`reconcile`] (the client's response as one engine would give it),
-//!   [`sched`], [`pods`], [`scrape`], [`discovery`], [`trt_id`], [`error`];
+//!   [`config`];
 //! - [`split`]: read, build and merge, the steps every test, fuzzer and
-//!   bench runs;
-//! - [`router`]: the per-VM state, which places requests;
+//!   bench runs, and [`host`], what the flow needs of Envoy;
+//! - [`router`]: the VM's state and the parts it owns, which places requests;
 //! - [`flow`] (per request, against [`host::Host`]) and [`root`] (per VM,
 //!   against [`root::RootHost`]);
 //! - the `shell` (wasm only), the one place that talks to Envoy.

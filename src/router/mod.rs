@@ -3,9 +3,12 @@
 //! entries live in Envoy shared data, keyed by pod identity, and are reached
 //! through here by the flow and the scrape loop alike.
 //!
-//! Beside this file: [`placement`] chooses a split request's pods, [`load`]
-//! holds and gives back load and judges health, [`unsplit`] picks the pod
-//! of a request on a path that is not split.
+//! The VM's parts, each a file beside this one: its round-robin turns,
+//! worker lease, tick copies of the shared tables, log-once lines; the
+//! admission waitlist and learned Mooncake ids are the features' own
+//! (`crate::admission`, `crate::mooncake`). `placement.rs` chooses a split
+//! request's pods, [`unsplit`] the pod of a request that is not split;
+//! `admission.rs` and `load.rs` hand those features the VM's parts.
 
 mod admission;
 mod copies;
