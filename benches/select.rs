@@ -142,6 +142,7 @@ fn main() {
                     decode_turn: &mut |_| 0,
                     random: &mut next,
                     exclude: &[],
+                    session: None,
                 };
                 black_box(schedule(model, &states, &mut query, s));
             });

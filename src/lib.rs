@@ -45,6 +45,7 @@ pub mod root;
 pub mod router;
 pub mod sched;
 pub mod scrape;
+pub mod session;
 pub mod split;
 pub mod stat_names;
 #[cfg(feature = "testing")]

@@ -135,6 +135,9 @@ pub struct SplitRequest {
     /// The client's own `kv_transfer_params` members (vLLM), kept on both
     /// legs.
     pub client_params: Option<Vec<(String, String)>>,
+    /// The session key of a model with session affinity (`crate::session`),
+    /// when the request names a session.
+    pub session: Option<u64>,
 }
 
 /// Why a request on a split path goes to one pod, unsplit.
@@ -275,6 +278,7 @@ pub fn read(
     );
     Ok(SplitRequest {
         client_params,
+        session: None,
         request_id: request_id.to_owned(),
         body,
         top,

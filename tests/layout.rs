@@ -183,6 +183,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "engine",
             "reconcile",
             "config",
+            "session",
         ],
     ),
     ("read, build and merge a split", &["split", "host"]),

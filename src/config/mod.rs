@@ -285,6 +285,42 @@ mod tests {
     }
 
     #[test]
+    fn session_affinity_is_off_unless_configured_and_errors_name_the_field() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","rolesets":[]},
+                {"name":"s","engine":"sglang","session":{"headers":["X-Conversation"]},"rolesets":[]}]}"#,
+        )
+        .expect("config");
+        assert_eq!(c.model("m").expect("m").session, None);
+        let s = c.model("s").expect("s").session.clone().expect("session");
+        assert_eq!(
+            s.headers,
+            ["x-conversation"],
+            "lower case, as Envoy hands them"
+        );
+        assert_eq!(
+            s.body_fields,
+            crate::fleet::SessionAffinity::default().body_fields
+        );
+        assert_eq!(s.load_factor, 1.5);
+        for (session, field) in [
+            (r#"{"load_factor":0.5}"#, "models[0].session.load_factor"),
+            (r#"{"headers":["a b"]}"#, "models[0].session.headers[0]"),
+            (
+                r#"{"body_fields":["metadata..id"]}"#,
+                "models[0].session.body_fields[0]",
+            ),
+            (r#"{"headers":[],"body_fields":[]}"#, "models[0].session"),
+            (r#"{"sticky":true}"#, "sticky"),
+        ] {
+            let e = parse_err(&format!(
+                r#"{{"models":[{{"name":"m","engine":"vllm","session":{session},"rolesets":[]}}]}}"#
+            ));
+            assert!(e.contains(field), "{session}: {e}");
+        }
+    }
+
+    #[test]
     fn a_decider_is_off_unless_configured_and_refused_where_decodes_cannot_serve_whole() {
         let c = Config::parse(
             br#"{"models":[{"name":"m","engine":"vllm","rolesets":[]},

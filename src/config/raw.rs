@@ -3,7 +3,7 @@
 
 use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
-use crate::fleet::{Decider, Scheduling, TokenRange};
+use crate::fleet::{Decider, Scheduling, SessionAffinity, TokenRange};
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -97,6 +97,8 @@ pub(crate) struct RawModel {
     pub trt_token_ids_b64: bool,
     #[serde(default)]
     pub decider: Option<Decider>,
+    #[serde(default)]
+    pub session: Option<SessionAffinity>,
     #[serde(default)]
     pub bytes_per_token: Option<f64>,
     #[serde(default)]

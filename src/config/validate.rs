@@ -10,8 +10,8 @@ use crate::admission::Admission;
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
     Connector, Decider, DecodePolicy, Endpoint, EngineKind, Model, ModelSettings, NixlPeer,
-    PrefillPolicy, RolesetPods, TokenRange, DEFAULT_BOOTSTRAP_PORT, DEFAULT_BYTES_PER_TOKEN,
-    DEFAULT_NIXL_SIDE_CHANNEL_PORT,
+    PrefillPolicy, RolesetPods, SessionAffinity, TokenRange, DEFAULT_BOOTSTRAP_PORT,
+    DEFAULT_BYTES_PER_TOKEN, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use crate::load::HealthRule;
 use std::net::SocketAddr;
@@ -312,6 +312,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         )?,
         trt_token_ids_b64: m.trt_token_ids_b64,
         decider: decider(m.decider, &m.engine, mp)?,
+        session: session(m.session, mp)?,
         bytes_per_token: bytes_per_token(m.bytes_per_token, mp)?,
         adapters: adapters(m.adapters, &m.name, mp)?,
         name: m.name,
@@ -354,6 +355,49 @@ fn decider(d: Option<Decider>, engine: &str, mp: &str) -> Result<Option<Decider>
         ));
     }
     Ok(d)
+}
+
+/// Session affinity: header names as Envoy hands them (lower case), body
+/// members as dotted paths, a load bound no pod can be held under.
+fn session(s: Option<SessionAffinity>, mp: &str) -> Result<Option<SessionAffinity>, ConfigError> {
+    let Some(mut s) = s else { return Ok(None) };
+    let sp = format!("{mp}.session");
+    if s.headers.is_empty() && s.body_fields.is_empty() {
+        return Err(err(
+            sp,
+            "names no header and no body field: nothing would name a session (leave out `headers` and `body_fields` for the defaults)",
+        ));
+    }
+    for (i, h) in s.headers.iter_mut().enumerate() {
+        let valid = !h.is_empty()
+            && h.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b));
+        if !valid {
+            return Err(err(
+                format!("{sp}.headers[{i}]"),
+                format!("{h:?} is not a header name (letters, digits, '-', '_', '.')"),
+            ));
+        }
+        h.make_ascii_lowercase();
+    }
+    for (i, f) in s.body_fields.iter().enumerate() {
+        if f.is_empty() || f.split('.').any(str::is_empty) {
+            return Err(err(
+                format!("{sp}.body_fields[{i}]"),
+                format!("{f:?} is not a member path (names joined by '.', e.g. \"metadata.session_id\")"),
+            ));
+        }
+    }
+    if !(s.load_factor.is_finite() && s.load_factor >= 1.0) {
+        return Err(err(
+            format!("{sp}.load_factor"),
+            format!(
+                "{} cannot bound a pod's load: give a finite number of at least 1 (1.5 by default; 1 keeps pods level, higher keeps sessions home longer)",
+                s.load_factor
+            ),
+        ));
+    }
+    Ok(Some(s))
 }
 
 fn bytes_per_token(v: Option<f64>, mp: &str) -> Result<f64, ConfigError> {

@@ -76,6 +76,7 @@ pub fn build_fleet(
                 decode_policy: DecodePolicy::default(),
                 trt_token_ids_b64: false,
                 decider: None,
+                session: None,
                 bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
                 adapters: Vec::new(),
             },

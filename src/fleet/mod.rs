@@ -15,7 +15,7 @@ mod policy;
 pub use connector::Connector;
 pub use engine_kind::EngineKind;
 pub use id::{fnv1a, fnv1a_extend, ModelId, PodId};
-pub use policy::{Decider, DecodePolicy, PrefillPolicy, Scheduling, TokenRange};
+pub use policy::{Decider, DecodePolicy, PrefillPolicy, Scheduling, SessionAffinity, TokenRange};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -144,6 +144,8 @@ pub struct ModelSettings {
     pub trt_token_ids_b64: bool,
     /// When a request goes unsplit to its decode pod (none: always split).
     pub decider: Option<Decider>,
+    /// Session affinity (none: off).
+    pub session: Option<SessionAffinity>,
     /// Bytes per token of this model's prompts, for length estimates.
     pub bytes_per_token: f64,
     /// LoRA adapters its pods serve besides the base weights: requests name
@@ -164,6 +166,7 @@ pub struct Model {
     pub decode_policy: DecodePolicy,
     pub trt_token_ids_b64: bool,
     pub decider: Option<Decider>,
+    pub session: Option<SessionAffinity>,
     pub bytes_per_token: f64,
     pub adapters: Vec<String>,
     /// The pods that serve an adapter, for those discovery says are loaded
@@ -216,6 +219,7 @@ impl Model {
             decode_policy: settings.decode_policy,
             trt_token_ids_b64: settings.trt_token_ids_b64,
             decider: settings.decider,
+            session: settings.session,
             bytes_per_token: settings.bytes_per_token,
             adapters: settings.adapters,
             adapter_pods: Vec::new(),
@@ -258,6 +262,7 @@ impl Model {
             decode_policy: self.decode_policy,
             trt_token_ids_b64: self.trt_token_ids_b64,
             decider: self.decider,
+            session: self.session.clone(),
             bytes_per_token: self.bytes_per_token,
             adapters: self.adapters.clone(),
         }
@@ -403,6 +408,7 @@ mod tests {
             decode_policy: DecodePolicy::default(),
             trt_token_ids_b64: false,
             decider: None,
+            session: None,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             adapters: Vec::new(),
         }

@@ -268,6 +268,44 @@ impl Default for Decider {
     }
 }
 
+/// Session affinity (`models[].session`; off when absent): the requests of
+/// one session (an agent's, a chat's) go to the same prefill and decode
+/// pods while their load allows, so each turn finds the last one's KV.
+/// The pods are a function of the session id, the pod set and the loads
+/// (rendezvous hashing with bounded loads, as `consistent_hash` places a
+/// prefix), so every VM and every replica agrees without sharing a table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionAffinity {
+    /// Request headers that name the session, the first present wins.
+    pub headers: Vec<String>,
+    /// Body members that name it (dotted for nested objects), tried after
+    /// the headers.
+    pub body_fields: Vec<String>,
+    /// A session's pod gives way once its load reaches ⌈this factor × (the
+    /// pods' load + 1) / pods⌉: then the next pod of the session's ranking.
+    pub load_factor: f64,
+}
+
+impl Default for SessionAffinity {
+    fn default() -> Self {
+        SessionAffinity {
+            // vllm-router's and SGLang's routers read `x-session-id`;
+            // OpenAI's Codex CLI sends its conversation as `session_id`.
+            headers: vec!["x-session-id".into(), "session_id".into()],
+            // OpenAI's `prompt_cache_key` (Codex sets it to the
+            // conversation), a `metadata.session_id`, and Anthropic's
+            // `metadata.user_id`, which Claude Code fills per session.
+            body_fields: vec![
+                "prompt_cache_key".into(),
+                "metadata.session_id".into(),
+                "metadata.user_id".into(),
+            ],
+            load_factor: 1.5,
+        }
+    }
+}
+
 /// An inclusive range of prompt lengths, in estimated tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

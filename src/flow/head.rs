@@ -44,6 +44,8 @@ pub(super) struct RequestHead {
     /// Admission: the objective's priority and the tenant.
     pub priority: i32,
     pub fairness: String,
+    /// The headers any model's session affinity reads, as sent.
+    pub session_headers: Vec<(String, String)>,
 }
 
 /// The first of `names` present in `headers`, as text.
@@ -54,6 +56,25 @@ pub(super) fn first_of(headers: &[(String, Vec<u8>)], names: &[&str]) -> Option<
             .find(|(k, _)| k == n)
             .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
     })
+}
+
+/// The headers in `headers` that some model's session affinity names.
+pub(super) fn session_headers(
+    headers: &[(String, Vec<u8>)],
+    fleet: &crate::fleet::Fleet,
+) -> Vec<(String, String)> {
+    let named = |k: &str| {
+        fleet
+            .models()
+            .iter()
+            .filter_map(|m| m.session.as_ref())
+            .any(|s| s.headers.iter().any(|h| h == k))
+    };
+    headers
+        .iter()
+        .filter(|(k, _)| named(k))
+        .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+        .collect()
 }
 
 /// The endpoint picker's choice in `headers` (executor mode).

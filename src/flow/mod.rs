@@ -164,6 +164,7 @@ impl Flow {
             let tenant = head::first_of(&headers, &FAIRNESS_HEADERS);
             self.head.fairness = fairness_id(tenant.as_deref());
         }
+        self.head.session_headers = head::session_headers(&headers, &router.fleet());
         self.head.chunked = headers.iter().any(|(k, _)| k == "transfer-encoding");
         let raw = |name: &str| {
             headers

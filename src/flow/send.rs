@@ -11,6 +11,7 @@ use crate::error::PdError;
 use crate::fleet::Endpoint;
 use crate::host::{Counter, Histogram, Host, Level};
 use crate::router::if_available::serve_if_available;
+use crate::session::{session_id, session_key};
 use crate::split::{self, Decided, Plan, SplitRequest, UnsplitReason};
 use std::rc::Rc;
 
@@ -28,12 +29,16 @@ impl Flow {
         let body = self.take_body(host, body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
-        let request = split::read(
+        let mut request = split::read(
             &router.view(&fleet, &router.learned()),
             api,
             &self.head.id,
             body,
         )?;
+        if let Some(s) = &request.model.session {
+            let id = session_id(s, &self.head.session_headers, &request.body, &request.top);
+            request.session = id.as_deref().map(session_key);
+        }
         self.admit_or_wait(host, request)
     }
 

@@ -162,6 +162,7 @@ impl Router {
             decode_turn: &mut no_turn,
             random: &mut draw,
             exclude: &excluded,
+            session: None,
         };
         match unsplit_pod(model, &pods, &mut query, &self.config.scheduling) {
             Ok(pod) => Ok(Rc::clone(pod)),
@@ -247,11 +248,17 @@ impl Router {
                 .checked_sub(1)
                 .and_then(|i| request.prompt.hashes.get(i))
                 .copied(),
-            load_bound: LoadBound::of(s),
+            load_bound: match (&model.session, request.session) {
+                (Some(affinity), Some(_)) => LoadBound {
+                    factor: affinity.load_factor,
+                },
+                _ => LoadBound::of(s),
+            },
             prefill_turn: self.turns.next_prefill(model.id),
             decode_turn: &mut decode_turn,
             random: draw,
             exclude: excluded,
+            session: request.session.filter(|_| model.session.is_some()),
         };
         match schedule(model, pods, &mut query, s) {
             Choice::Split {

@@ -45,6 +45,13 @@ pub fn schedule<'m>(
     if let Some(d) = fast_paths::idle_combined(&pool, pods, s) {
         return d;
     }
+    // A session's pods come from its key and the loads alone, as
+    // consistent hashing's: every replica must rank them the same way.
+    if let Some(key) = req.session {
+        if let Some(d) = score::by_session(&pool, pods, req, key) {
+            return d;
+        }
+    }
     // Consistent hashing decides the prefill pod from the prefix and the
     // shared load alone: the fast paths read this replica's own counters,
     // and would send one prefix to different pods from different replicas.

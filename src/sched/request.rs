@@ -25,6 +25,9 @@ pub struct PlacementRequest<'a> {
     pub random: &'a mut dyn FnMut() -> u64,
     /// Slots of the pods this request already failed on.
     pub exclude: &'a [usize],
+    /// Session affinity: the session's key. Its pods are ranked by it, the
+    /// prefill and the decode pod alike, with `load_bound` the session's.
+    pub session: Option<u64>,
 }
 
 /// When a pod holding a prefix is too busy to keep it (consistent hashing

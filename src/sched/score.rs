@@ -5,7 +5,7 @@
 use super::candidates::{Candidate, Pool};
 use super::choice::{Choice, NoPod};
 use super::random::SplitMix64;
-use super::request::PlacementRequest;
+use super::request::{LoadBound, PlacementRequest};
 use super::state::{state, PodState};
 use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy, Scheduling};
 use std::rc::Rc;
@@ -116,6 +116,53 @@ fn queued_tokens(c: &[&Endpoint], pods: &[PodState], prompt: f64) -> Vec<f64> {
         .collect()
 }
 
+/// A session's pods: the prefill pod first, then a decode pod of its
+/// roleset, each the first of the session's rendezvous ranking that is
+/// under the load bound (all above it: the first of the ranking). `None`
+/// when the pool has no prefill or no decode pod to pair.
+pub(crate) fn by_session<'m>(
+    pool: &Pool<'m>,
+    pods: &[PodState],
+    req: &PlacementRequest,
+    key: u64,
+) -> Option<Choice<'m>> {
+    let prefill = eps(&pool.prefill);
+    let load = prefill_load(&prefill, pods);
+    let pi = argmin(&rendezvous_ranks(key, &prefill, &load, req.load_bound))?;
+    let pre = pool.prefill.get(pi)?;
+    let decode_pool = pool.decode_of(pre.roleset);
+    let decode = eps(&decode_pool);
+    let load: Vec<f64> = decode
+        .iter()
+        .map(|e| state(pods, e).decode_load())
+        .collect();
+    let di = argmin(&rendezvous_ranks(key, &decode, &load, req.load_bound))?;
+    Some(Choice::Split {
+        prefill: pre.ep,
+        decode: decode_pool.get(di)?.ep,
+        reason: "session",
+    })
+}
+
+/// Each candidate's position in `key`'s rendezvous ranking, the pods at or
+/// above the load bound after the others.
+fn rendezvous_ranks(key: u64, c: &[&Endpoint], load: &[f64], bound: LoadBound) -> Vec<f64> {
+    let cap = bound.capacity(load.iter().sum(), c.len());
+    let mut order: Vec<usize> = (0..c.len()).collect();
+    let weight = |i: usize| c.get(i).map_or(0, |e| rendezvous_weight(key, e.id));
+    order.sort_by_key(|i| std::cmp::Reverse(weight(*i)));
+    let (under, over): (Vec<usize>, Vec<usize>) = order
+        .into_iter()
+        .partition(|i| load.get(*i).is_some_and(|l| *l < cap));
+    let mut ranks = vec![f64::INFINITY; c.len()];
+    for (rank, i) in under.into_iter().chain(over).enumerate() {
+        if let Some(r) = ranks.get_mut(i) {
+            *r = rank as f64;
+        }
+    }
+    ranks
+}
+
 /// Rendezvous hashing with bounded load: each pod's weight for the prompt's
 /// prefix key orders the candidates the same way on every replica; a pod at
 /// or above the load bound goes after the others. Scores are the positions.
@@ -129,33 +176,19 @@ fn bounded_rendezvous(
     let Some(key) = ask.prefix_key else {
         return outstanding.to_vec();
     };
-    // What the engine reported for others (every replica sees it) plus this
-    // replica's own prefills, counted exactly.
-    let load: Vec<f64> = c
-        .iter()
-        .zip(outstanding)
-        .map(|(e, o)| {
-            state(pods, e)
-                .metrics
-                .map_or(0.0, |m| m.others_prefill_load())
-                + o
+    rendezvous_ranks(key, c, &prefill_load(c, pods), ask.load_bound)
+}
+
+/// Each candidate's prefill load as every replica can see it: what the
+/// engine reported for others plus this replica's own prefills, counted
+/// exactly.
+fn prefill_load(c: &[&Endpoint], pods: &[PodState]) -> Vec<f64> {
+    c.iter()
+        .map(|e| {
+            let s = state(pods, e);
+            s.metrics.map_or(0.0, |m| m.others_prefill_load()) + s.outstanding_prefills as f64
         })
-        .collect();
-    let bound = ask.load_bound.capacity(load.iter().sum(), c.len());
-    let fits = |l: f64| l < bound;
-    let mut order: Vec<usize> = (0..c.len()).collect();
-    let weight = |i: usize| c.get(i).map_or(0, |e| rendezvous_weight(key, e.id));
-    order.sort_by_key(|i| std::cmp::Reverse(weight(*i)));
-    let mut scores = vec![f64::INFINITY; c.len()];
-    let (under, over): (Vec<usize>, Vec<usize>) = order
-        .into_iter()
-        .partition(|i| load.get(*i).is_some_and(|l| fits(*l)));
-    for (rank, i) in under.into_iter().chain(over).enumerate() {
-        if let Some(s) = scores.get_mut(i) {
-            *s = rank as f64;
-        }
-    }
-    scores
+        .collect()
 }
 
 /// A pod's weight for a prefix key: a stable mix of the two, the same on

@@ -60,6 +60,7 @@ fn run_seeded(
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
+        session: None,
     };
     match schedule(&config.models[0], pods, &mut ask, &config.scheduling) {
         Choice::Split {
@@ -112,6 +113,7 @@ fn prefix_cache_score_matches_aibrix_formula() {
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
+        session: None,
     };
     // (100 − 80) × 0.1 + 2/2 = 3.0 ; (100 − 0) × 0.1 + 0/2 = 10.0
     assert_eq!(
@@ -168,6 +170,7 @@ fn least_ttft_counts_the_tokens_queued_and_those_not_held() {
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
+        session: None,
     };
     let mut s = c.scheduling.clone();
     s.uncached_token_weight = 1.0;
@@ -249,6 +252,7 @@ fn load_balancing_score_matches_aibrix_formula() {
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
+        session: None,
     };
     // d0: run 4, thr 100, free 50 → (4/4 + (1 − 100/100)) / (50/100) = 2.0
     // d1: run 0, thr 0, free 100 → (0 + (1 − 0)) / (100/100) = 1.0
@@ -292,6 +296,7 @@ fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
+        session: None,
     };
     let s = &c.scheduling;
     let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s, 0);
@@ -475,6 +480,7 @@ fn unhealthy_and_excluded_pods_are_skipped() {
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &exclude,
+        session: None,
     };
     match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
         Choice::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.slot)),
@@ -498,6 +504,7 @@ fn round_robin_rotates() {
             decode_turn: &mut |_| 0,
             random: &mut random,
             exclude: &[],
+            session: None,
         };
         if let Choice::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
@@ -529,6 +536,7 @@ fn power_of_two_samples_two_and_takes_the_less_loaded() {
             decode_turn: &mut |_| 0,
             random: &mut random,
             exclude: &[],
+            session: None,
         };
         match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
             Choice::Split {
@@ -560,6 +568,7 @@ fn random_spreads_over_every_prefill_pod() {
             decode_turn: &mut |_| 0,
             random: &mut random,
             exclude: &[],
+            session: None,
         };
         if let Choice::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
@@ -717,6 +726,7 @@ fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
                 decode_turn: &mut |_| 0,
                 random: &mut random,
                 exclude: &[],
+                session: None,
             };
             let Choice::Split {
                 prefill: p,
@@ -776,6 +786,7 @@ fn round_robin_rotates_each_phase_on_its_own() {
             decode_turn: &mut decode_turn,
             random: &mut random,
             exclude: &[],
+            session: None,
         };
         if let Choice::Split { decode: d, .. } =
             schedule(&c.models[0], &pods, &mut req, &c.scheduling)
@@ -815,6 +826,7 @@ fn place_key(c: &Config, pods: &[PodState], key: u64, seed: u64) -> String {
         decode_turn: &mut |_| 0,
         random: &mut random,
         exclude: &[],
+        session: None,
     };
     match schedule(&c.models[0], pods, &mut req, &c.scheduling) {
         Choice::Split {
@@ -929,4 +941,94 @@ fn consistent_hashing_gives_way_under_load() {
     assert_eq!(place_key(&c, &pods, key, 1), second, "3 of at most 3");
     pods[slot(&first)].outstanding_prefills = 1;
     assert_eq!(place_key(&c, &pods, key, 1), first, "2 of at most 3");
+}
+
+/// One roleset of 3 prefill and 2 decode pods; any policy (sessions skip it).
+fn sessions() -> Config {
+    let json = r#"{"models":[{"name":"m","engine":"vllm","prefill_policy":"round_robin",
+        "decode_policy":"round_robin","session":{},"rolesets":[{
+        "prefill":["10.8.0.1:1","10.8.0.2:1","10.8.0.3:1"],
+        "decode":["10.8.1.1:1","10.8.1.2:1"]}]}]}"#;
+    Config::parse(json.as_bytes()).expect("config")
+}
+
+/// The (prefill, decode) a session's request goes to.
+fn place_session(c: &Config, pods: &[PodState], key: u64, seed: u64) -> (String, String) {
+    let mut rng = Rng(seed);
+    let mut random = || rng.next();
+    let mut req = PlacementRequest {
+        prompt_tokens: 100,
+        prefix_match: &no_prefix,
+        prefix_key: None,
+        load_bound: LoadBound { factor: 1.5 },
+        prefill_turn: seed,
+        decode_turn: &mut |_| seed,
+        random: &mut random,
+        exclude: &[],
+        session: Some(key),
+    };
+    match schedule(&c.models[0], pods, &mut req, &c.scheduling) {
+        Choice::Split {
+            prefill,
+            decode,
+            reason,
+        } => {
+            assert_eq!(reason, "session");
+            (prefill.address.clone(), decode.address.clone())
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_session_keeps_its_pods_on_every_replica_and_sessions_spread() {
+    let c = sessions();
+    let pods = idle(5);
+    let mut prefills = HashMap::new();
+    let mut decodes = HashMap::new();
+    for k in 0..300u64 {
+        let key = k.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        // Round-robin turns and randomness (another replica's, another
+        // turn's) change nothing.
+        let home = place_session(&c, &pods, key, 1);
+        for seed in [2, 3, 99] {
+            assert_eq!(place_session(&c, &pods, key, seed), home);
+        }
+        *prefills.entry(home.0).or_insert(0) += 1;
+        *decodes.entry(home.1).or_insert(0) += 1;
+    }
+    assert_eq!(prefills.len(), 3, "{prefills:?}");
+    assert!(
+        prefills.values().all(|n| (60..=140).contains(n)),
+        "{prefills:?}"
+    );
+    assert!(
+        decodes.values().all(|n| (100..=200).contains(n)),
+        "{decodes:?}"
+    );
+}
+
+#[test]
+fn a_session_gives_way_past_its_load_bound_and_comes_home_after() {
+    let c = sessions();
+    let key = 0x5E55_1011;
+    let mut pods = idle(5);
+    let home = place_session(&c, &pods, key, 1);
+    let slot = |addr: &str| {
+        c.models[0]
+            .rolesets
+            .iter()
+            .flat_map(|r| r.prefill.iter().chain(r.decode.iter()))
+            .find(|e| e.address == addr)
+            .map(|e| e.slot)
+            .expect("slot")
+    };
+    // Its prefill pod holds 4 of the 4 prefills in flight: past
+    // ⌈1.5 × 5 / 3⌉ = 3.
+    pods[slot(&home.0)].outstanding_prefills = 4;
+    let away = place_session(&c, &pods, key, 1);
+    assert_ne!(away.0, home.0, "the busy prefill pod gives way");
+    // Once it drains, the session is home again.
+    pods[slot(&home.0)].outstanding_prefills = 0;
+    assert_eq!(place_session(&c, &pods, key, 1), home);
 }

@@ -384,3 +384,65 @@ fn a_prompt_outside_every_bucket_goes_to_a_combined_pod() {
         1
     );
 }
+
+/// A model with session affinity: a session's turns keep their prefill and
+/// decode pods whichever of the four workers takes them, a session named
+/// in the body goes where the same id in a header goes, sessions spread
+/// over the pods, and a burst of one session spills past its load bound
+/// rather than queueing on its home pod, which it returns to after.
+#[test]
+fn a_session_keeps_its_pods_while_their_load_allows() {
+    // Prefills take 150 ms, so a burst's requests overlap on the pods.
+    let cluster = Cluster::start("vllm", &["--fault", "delay:150"], &[]);
+    let c = config("vllm", &cluster, json!({"model": {"session": {}}}));
+    let envoy = Envoy::start_with(&c, 4);
+    let url = envoy.url("/v1/completions");
+    let body = |i: usize| json!({"model": "m", "prompt": format!("turn {i}"), "max_tokens": 2});
+    let pair = |a: &Answer| {
+        assert_eq!(a.status, 200, "{}", a.body);
+        let h = |k: &str| a.header(k).unwrap_or("").to_owned();
+        (h("prefill-target-pod"), h("decode-target-pod"))
+    };
+    let turn = |session: &str, i: usize| {
+        pair(&post(
+            &url,
+            body(i).to_string(),
+            &[("x-session-id", session)],
+        ))
+    };
+    let home = turn("alpha", 0);
+    for i in 1..8 {
+        assert_eq!(turn("alpha", i), home, "turn {i}");
+    }
+    let mut named = body(8);
+    named["prompt_cache_key"] = json!("alpha");
+    assert_eq!(pair(&post(&url, named.to_string(), &[])), home);
+
+    let homes: std::collections::HashSet<String> =
+        (0..24).map(|k| turn(&format!("s{k}"), 0).0).collect();
+    assert!(homes.len() >= 3, "24 sessions on {homes:?}");
+
+    // 16 requests of the session at once, 8 in flight at a time.
+    let next = AtomicUsize::new(0);
+    let burst = Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..8 {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= 16 {
+                    break;
+                }
+                let p = turn("alpha", 100 + i);
+                burst.lock().unwrap().push(p.0);
+            });
+        }
+    });
+    let burst = shares(burst.into_inner().unwrap().into_iter());
+    let at_home = burst.get(&home.0).copied().unwrap_or(0);
+    assert!(burst.len() >= 2 && at_home < 16, "bounded: {burst:?}");
+    assert!(at_home >= 4, "the home pod keeps its share: {burst:?}");
+    for i in 0..4 {
+        assert_eq!(turn("alpha", 200 + i), home, "home again");
+    }
+    envoy.assert_counters_zero();
+}
