@@ -40,6 +40,15 @@ impl LearnedPods {
     }
 }
 
+/// The call that aborts a split's prefill on its pod (the engine's own
+/// route), sent when the stream ends before the prefill answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AbortCall {
+    pub path: &'static str,
+    /// JSON.
+    pub body: String,
+}
+
 /// What a handler can see of the request being split.
 pub struct PdContext<'a> {
     pub fields: &'a ClientFields,

@@ -63,6 +63,9 @@ pub enum Counter {
     DecodeFailed,
     /// Clients that left while their prefill was in flight.
     ClientGone,
+    /// Prefills aborted on their pod (the engine's abort route) because
+    /// their stream ended before they answered.
+    PrefillAborted,
     /// `GET /v1/models` (and `/v1/models/{id}`) answered by the gateway.
     ModelsListed,
     /// Requests that waited for room (admission control).
@@ -85,7 +88,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 30] = [
+    pub const ALL: [Counter; 31] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -108,6 +111,7 @@ impl Counter {
         Counter::AnswerRewritten,
         Counter::DecodeFailed,
         Counter::ClientGone,
+        Counter::PrefillAborted,
         Counter::ModelsListed,
         Counter::AdmissionQueued,
         Counter::AdmissionShed,
@@ -142,6 +146,7 @@ impl Counter {
             Counter::AnswerRewritten => "pd_router.answers_rewritten",
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",
+            Counter::PrefillAborted => "pd_router.prefill_aborts",
             Counter::ModelsListed => "pd_router.models_listed",
             Counter::AdmissionQueued => "pd_router.admission.queued",
             Counter::AdmissionShed => "pd_router.admission.shed",

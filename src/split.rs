@@ -19,7 +19,9 @@ use crate::engine::{
 use crate::error::{ClientError, PdError, PrefillFailure};
 use crate::fleet::{Connector, Endpoint, EngineKind, Fleet, Model, PrefillPolicy, Scheduling};
 use crate::handoff::Legs;
-use crate::handoff::{Degraded, IdSource, LearnedPods, LegEdits, PdContext, NOTHING_LEARNED};
+use crate::handoff::{
+    AbortCall, Degraded, IdSource, LearnedPods, LegEdits, PdContext, NOTHING_LEARNED,
+};
 use crate::host::NotSplit;
 use crate::reconcile;
 use crate::sched::prefix::{block_hashes, PrefixMatch};
@@ -165,8 +167,10 @@ impl UnsplitReason {
     }
 }
 
-/// What to do with a request.
+/// What to do with a request. One is built per request and moved a few
+/// times; boxing a variant would cost an allocation per request instead.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum Plan {
     /// Send the client's body unchanged to `pod`.
     Unsplit {
@@ -196,6 +200,9 @@ pub struct SplitPlan {
     pub concurrent: bool,
     /// What the client's response may need from the prefill's answer.
     pub rewrite: Option<reconcile::RewritePlan>,
+    /// How to abort the prefill on its pod if the stream ends first (the
+    /// engine's route; none when it has none).
+    pub abort: Option<Box<AbortCall>>,
 }
 
 /// The decode leg of a split.
@@ -517,6 +524,7 @@ pub fn build(
         ctx.disagg_request_id = Some(ctx.ids.disagg_request_id());
     }
     let legs = build_legs(handler, &mut ctx, &prefill)?;
+    let abort = handler.prefill_abort(&ctx).map(Box::new);
     let rendered = render_legs(&request, legs, rewrite.as_ref(), concurrent)?;
     Ok(Plan::Split(SplitPlan {
         request,
@@ -530,6 +538,7 @@ pub fn build(
         decode: rendered.decode,
         concurrent,
         rewrite,
+        abort,
     }))
 }
 

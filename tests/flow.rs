@@ -231,7 +231,7 @@ fn sglang_sends_decode_at_once_with_the_same_bootstrap_room() {
     assert_eq!(
         prefill,
         format!(
-            r#"{{"model":"sglang-m","messages":[],"stream":false,"max_tokens":1,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room}}}"#
+            r#"{{"model":"sglang-m","messages":[],"stream":false,"max_tokens":1,"bootstrap_host":"10.0.0.3","bootstrap_port":9000,"bootstrap_room":{room},"rid":"req-1"}}"#
         )
     );
     assert_eq!(

@@ -51,6 +51,7 @@ pub fn main_router(state: Shared) -> Router {
         .route("/debug/requests", get(debug_requests))
         .route("/debug/reset", post(debug_reset))
         .route("/debug/load", post(debug_load))
+        .route("/abort_request", post(abort_request))
         .route("/server_info", get(server_info))
         .route("/get_server_info", get(server_info))
         .route("/v1/{*rest}", post(api_post))
@@ -276,6 +277,57 @@ fn error_response(status: StatusCode, kind: &str, message: String) -> Response {
 }
 
 /// An error answer in the path's shape (`param`: vLLM's member at fault).
+/// SGLang's `POST /abort_request` (`entrypoints/http_server.py`, body
+/// `AbortReq`: `rid`, `abort_all`): 200 with an empty body, and a prefill
+/// of that `rid` waiting for its decode stops. A router aborts its own
+/// request only: `abort_all` or no `rid` breaks the contract. vLLM's and
+/// TensorRT-LLM's servers have no such route.
+async fn abort_request(
+    State(state): State<Shared>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    record(&state, uri.path(), &headers, &body);
+    let shape = error_shape(uri.path());
+    if state.config.engine != Engine::Sglang {
+        let msg = format!("{}: no such endpoint {}", state.label(), uri.path());
+        return shaped_error(shape, StatusCode::NOT_FOUND, "not_found", msg, None);
+    }
+    #[derive(Deserialize)]
+    struct AbortReq {
+        #[serde(default)]
+        rid: Option<String>,
+        #[serde(default)]
+        abort_all: bool,
+    }
+    let refused = |msg: String| {
+        shaped_error(
+            shape,
+            StatusCode::BAD_REQUEST,
+            "contract_violation",
+            msg,
+            None,
+        )
+    };
+    let req: AbortReq = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return refused(format!("abort_request body: {e}")),
+    };
+    if req.abort_all {
+        return refused(
+            "abort_request with abort_all: a router aborts only its own request".into(),
+        );
+    }
+    match req.rid.filter(|r| !r.is_empty()) {
+        Some(rid) => {
+            state.aborts.abort(&rid);
+            StatusCode::OK.into_response()
+        }
+        None => refused("abort_request without a `rid`".into()),
+    }
+}
+
 fn shaped_error(
     shape: ErrorShape,
     status: StatusCode,

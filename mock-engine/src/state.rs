@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use crate::config::{Config, Connector, Load};
 use crate::peer::Peers;
+use crate::store::aborts::Aborts;
 use crate::store::offers::Offers;
 use crate::store::rooms::Rooms;
 use crate::store::side::SideStore;
@@ -57,6 +58,8 @@ pub struct AppState {
     pub debug: Mutex<Vec<DebugRecord>>,
     pub side: SideStore,
     pub rooms: Rooms,
+    /// SGLang: the request ids `POST /abort_request` named.
+    pub aborts: Aborts,
     /// Mooncake / NIXL push (prefill side), P2P NCCL (decode side).
     pub offers: Offers,
     /// vLLM Mooncake prefill: the engine id, `<name>-<random hex>` (with
@@ -104,6 +107,7 @@ impl AppState {
             debug: Mutex::new(Vec::new()),
             side: SideStore::default(),
             rooms: Rooms::default(),
+            aborts: Aborts::default(),
             offers: Offers::new(ttl),
             mooncake_engine_id,
             started: Instant::now(),

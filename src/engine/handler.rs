@@ -4,7 +4,7 @@
 use crate::body::Members;
 use crate::error::{ClientError, EngineError};
 use crate::fleet::{Connector, Endpoint};
-use crate::handoff::{Degraded, LearnedPods, LegEdits, Legs, PdContext};
+use crate::handoff::{AbortCall, Degraded, LearnedPods, LegEdits, Legs, PdContext};
 
 /// A prefill answer, parsed once by the flow.
 pub struct PrefillAnswer<'a> {
@@ -74,6 +74,15 @@ pub trait EngineHandler {
     /// prefill pod; if not, it goes to the decode pod whole.
     fn should_split(&self, _ctx: &PdContext, _prefill: &Endpoint) -> bool {
         true
+    }
+
+    /// The call that aborts this split's prefill on its pod, when the
+    /// stream ends before the prefill answered and the engine has a route
+    /// for it. None by default: vLLM's and TensorRT-LLM's servers abort a
+    /// request when its connection closes, which a proxy-wasm call cannot
+    /// do (docs/engines.md).
+    fn prefill_abort(&self, _ctx: &PdContext) -> Option<AbortCall> {
+        None
     }
 
     /// Adds the engine's fields to the legs. The common prefill constraints are

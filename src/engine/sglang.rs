@@ -1,9 +1,9 @@
 use super::handler::{EngineHandler, Merged, PrefillAnswer};
 use crate::api::Api;
-use crate::body::push_json_str;
+use crate::body::{json_string, push_json_str};
 use crate::error::EngineError;
 use crate::fleet::Endpoint;
-use crate::handoff::{LegEdits, Legs, PdContext};
+use crate::handoff::{AbortCall, LegEdits, Legs, PdContext};
 
 /// SGLang's bootstrap hand-off. Both legs name the prefill's bootstrap server
 /// and a random room; the prefill blocks until the decode has registered that
@@ -119,7 +119,22 @@ impl EngineHandler for SglangHandler {
         if d_dp > 1 {
             legs.decode.body.set_u64("routed_dp_rank", d_rank);
         }
+        // The prefill carries the id its abort names (a client's own `rid`
+        // is kept).
+        if let Some(rid) = prefill_rid(ctx) {
+            if !ctx.top.contains("rid") {
+                legs.prefill.body.set_raw("rid", json_string(&rid));
+            }
+        }
         Ok(())
+    }
+
+    fn prefill_abort(&self, ctx: &PdContext) -> Option<AbortCall> {
+        let rid = prefill_rid(ctx)?;
+        Some(AbortCall {
+            path: "/abort_request",
+            body: format!(r#"{{"rid":{}}}"#, json_string(&rid)),
+        })
     }
 
     fn merge_prefill_response(
@@ -131,6 +146,19 @@ impl EngineHandler for SglangHandler {
     ) -> Result<Merged, EngineError> {
         // The decode already went out with everything it needs.
         Ok(Merged::Decode(None))
+    }
+}
+
+/// The `rid` SGLang knows the prefill by: the client's own (a string), or
+/// the router's request id. None for a batch (one rid per sequence) and a
+/// request without an id.
+fn prefill_rid(ctx: &PdContext) -> Option<String> {
+    if ctx.fields.batch_size().is_some() {
+        return None;
+    }
+    match ctx.top.raw_non_null(ctx.body, "rid") {
+        Some(raw) => serde_json::from_str::<String>(std::str::from_utf8(raw).ok()?).ok(),
+        None => (!ctx.request_id.is_empty()).then(|| ctx.request_id.to_owned()),
     }
 }
 

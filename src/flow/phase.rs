@@ -13,6 +13,7 @@ use crate::api::Api;
 use crate::calls::BodyKind;
 use crate::error::PdError;
 use crate::fleet::Endpoint;
+use crate::handoff::AbortCall;
 use crate::host::{Action, Counter, Host, Level};
 use crate::split::{SplitPlan, SplitRequest};
 use std::rc::Rc;
@@ -35,6 +36,8 @@ pub(super) struct PendingPrefill {
 pub(super) struct WatchedPrefill {
     pub token: u32,
     pub pod: Rc<Endpoint>,
+    /// How to abort it if the stream ends first.
+    pub abort: Option<Box<AbortCall>>,
 }
 
 /// What a buffered body is for.
@@ -209,9 +212,21 @@ impl Flow {
         }
     }
 
-    /// The stream ended: a request still waiting leaves its queue, and one
-    /// awaiting its prefill is forgotten (the prefill runs on).
+    /// The stream ended: a request still waiting leaves its queue, one
+    /// awaiting its prefill is forgotten (the prefill runs on), and a
+    /// watched concurrent prefill whose response never ended is aborted
+    /// where its engine has a route for it.
     pub(super) fn end_phase<H: Host>(&mut self, host: &mut H) {
+        if let Phase::Forwarded {
+            watched: Some(w), ..
+        } = &self.phase
+        {
+            if !self.response.ended {
+                if let Some(abort) = &w.abort {
+                    self.abort_prefill(host, &w.pod, abort);
+                }
+            }
+        }
         if matches!(self.phase, Phase::Queued(_)) {
             self.leave_queue(host);
         }

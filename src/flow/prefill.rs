@@ -9,11 +9,14 @@ use crate::error::{
     envoy_failure, upstream_message, EnvoyFailure, HostError, PdError, PrefillFailure,
 };
 use crate::fleet::Endpoint;
-use crate::handoff::Degraded;
+use crate::handoff::{AbortCall, Degraded};
 use crate::host::{Counter, Host, Level};
 use crate::load::Verdict;
 use crate::split::{self, AfterPrefill, SplitPlan};
 use std::rc::Rc;
+
+/// How long an abort call may take: it answers at once or not at all.
+const ABORT_TIMEOUT_MS: u64 = 2_000;
 
 /// What a prefill answer says about its pod. `on_termination` is what a
 /// connection closed before any answer earns where it was seen: nothing when
@@ -136,6 +139,45 @@ impl Flow {
                 config.routing.prefill_cluster
             )))
         })
+    }
+
+    /// Aborts a prefill on `pod` by its engine's route (`abort`): its
+    /// stream ended before it answered, and it would hold its KV until the
+    /// engine's timeout. Fire and forget: the answer reaches no stream.
+    pub(super) fn abort_prefill<H: Host>(&self, host: &mut H, pod: &Endpoint, abort: &AbortCall) {
+        let config = &self.router.config;
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", "POST"),
+            (":path", abort.path),
+            (":authority", &pod.address),
+            ("content-type", "application/json"),
+            (&config.routing.header, &pod.address),
+        ];
+        if !self.head.id.is_empty() {
+            headers.push(("x-request-id", &self.head.id));
+        }
+        let timeout = config.prefill.timeout_ms.min(ABORT_TIMEOUT_MS);
+        match host.dispatch(
+            &config.routing.prefill_cluster,
+            &headers,
+            abort.body.as_bytes(),
+            timeout,
+        ) {
+            Ok(_) => {
+                host.increment(Counter::PrefillAborted);
+                self.debug(host, || {
+                    format!("prefill on {} aborted: {}", pod.name, abort.path)
+                });
+            }
+            Err(e) => self.log(
+                host,
+                Level::Warn,
+                &format!(
+                    "could not abort the prefill on {}: {e}; it runs until the engine's timeout",
+                    pod.name
+                ),
+            ),
+        }
     }
 
     /// The prefill call answered: `status` is `None` when the connection was

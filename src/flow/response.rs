@@ -21,6 +21,8 @@ pub(super) struct ResponseRewrite {
     pub rewrite: Option<Rewrite>,
     /// Paused for the prefill's report; `Some(true)` once the upstream ended.
     held: Option<bool>,
+    /// The upstream's response reached its end.
+    pub ended: bool,
 }
 
 /// The PD timings of one request (wall clock).
@@ -166,6 +168,7 @@ impl Flow {
         body_size: usize,
         end: bool,
     ) -> Action {
+        self.response.ended |= end;
         let action = self.rewrite_response_chunk(host, end);
         if action == Action::Continue && body_size > 0 {
             self.body_seen();

@@ -251,6 +251,7 @@ impl Flow {
         Ok(Next::Upstream(Some(WatchedPrefill {
             token,
             pod: Rc::clone(&plan.prefill_pod),
+            abort: plan.abort.clone(),
         })))
     }
 }

@@ -1439,3 +1439,64 @@ fn objective_headers_and_leaving_the_admission_queue() {
     assert_eq!(a.status, 200, "next request: {}", a.body);
     assert_eq!(envoy.stat("wasm.pd-router.vm_reload"), 0);
 }
+
+/// SGLang: a client that leaves while its prefill waits for the decode has
+/// the prefill aborted on its pod (`POST /abort_request` naming the `rid`
+/// the prefill carries) rather than holding its KV until the bootstrap
+/// timeout; a stream that ends normally aborts nothing.
+#[test]
+fn an_sglang_prefill_whose_client_left_is_aborted_on_its_pod() {
+    let p = Mock::start("abort-p", &["--engine", "sglang", "--role", "prefill"]);
+    // The decode is slow to start, so its room is not registered when the
+    // client gives up.
+    let d = Mock::start(
+        "abort-d",
+        &["--engine", "sglang", "--role", "decode", "--fault", "delay:3000"],
+    );
+    let (p2, d2) = (
+        Mock::start("ok-p", &["--engine", "sglang", "--role", "prefill"]),
+        Mock::start("ok-d", &["--engine", "sglang", "--role", "decode"]),
+    );
+    let envoy = Envoy::start_with(
+        &plugin_config(&[
+            ("s", "sglang", None, &[&p], &[&d]),
+            ("t", "sglang", None, &[&p2], &[&d2]),
+        ]),
+        2,
+    );
+    let url = envoy.url("/v1/completions");
+    let body = |model: &str| json!({"model": model, "prompt": "p", "max_tokens": 2}).to_string();
+    let r = impatient(500)
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("x-request-id", "leave-sglang")
+        .body(body("s"))
+        .send();
+    assert!(r.is_err(), "answered within 500 ms");
+    let aborts = || -> Vec<Logged> {
+        p.requests()
+            .into_iter()
+            .filter(|r| r.path == "/abort_request")
+            .collect()
+    };
+    wait_until("the prefill is aborted", || !aborts().is_empty());
+    let abort = &aborts()[0];
+    assert_eq!(
+        serde_json::from_str::<Value>(&abort.body).expect("json"),
+        json!({"rid": "leave-sglang"})
+    );
+    let prefill = received_with_id(&p, "leave-sglang");
+    assert!(
+        prefill.iter().any(|r| r.body.contains(r#""rid":"leave-sglang""#)),
+        "the prefill carried the rid its abort names: {prefill:?}"
+    );
+    assert_eq!(envoy.stat("wasmcustom.pd_router.prefill_aborts"), 1);
+
+    let a = post(&url, body("t"), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        p2.requests().iter().all(|r| r.path != "/abort_request"),
+        "a finished stream aborts nothing"
+    );
+    envoy.assert_counters_zero();
+}

@@ -345,13 +345,33 @@ pub async fn prefill(
     let cached_tokens = own_cached(state, asked, approx_tokens(&key));
 
     let deadline = Instant::now() + state.config.bootstrap_timeout;
+    let rid = req.str_field("rid")?;
     let mut collected = Vec::with_capacity(targets.len());
     for ((t, hash), dp_rank) in targets.iter().zip(hashes).zip(ranks) {
-        if !state.rooms.await_registered(t.room, deadline).await {
-            return Err(Fail::timeout(format!(
-                "bootstrap timeout: decode never registered room {}",
-                t.room
-            )));
+        let aborted = async {
+            match &rid {
+                Some(rid) => state.aborts.wait(rid).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            registered = state.rooms.await_registered(t.room, deadline) => {
+                if !registered {
+                    return Err(Fail::timeout(format!(
+                        "bootstrap timeout: decode never registered room {}",
+                        t.room
+                    )));
+                }
+            }
+            () = aborted => {
+                // Nobody waits for this answer: the router aborts a prefill
+                // whose stream is gone.
+                return Err(Fail::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "abort",
+                    format!("request {} aborted by POST /abort_request", rid.as_deref().unwrap_or("")),
+                ));
+            }
         }
         let transfer = Transfer {
             prompt_hash: hash,

@@ -5,6 +5,7 @@
 
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+pub mod aborts;
 pub mod offers;
 pub mod rooms;
 pub mod side;
