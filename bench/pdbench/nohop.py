@@ -68,7 +68,8 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     ap.add_argument("--configs", default=",".join(ALL_ROWS))
     ap.add_argument("--quick", action="store_true",
-                    help="one repetition of 220 KB at c=150 and the 1 KB c=32 cell, 1 s windows")
+                    help="one repetition of 220 KB and 1 KB at c=150 and the 1 KB c=32 cell, "
+                         "1 s windows")
     ap.add_argument("--out", type=Path, default=BENCH / "results")
     ap.add_argument("--envoy", type=Path,
                     default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
