@@ -48,7 +48,7 @@ from .decider import cpu_ns, window_cpu_s
 from .e2e import ENGINES, Starter, Target, make_body, sanity_check
 from .epp import start_epp_stack
 from .nohop_configs import ALL_ROWS, CONCURRENCY, EPP, PATHS, SIZES, cells
-from .nohop_report import write_results
+from .nohop_report import replot, write_results
 
 
 @dataclass
@@ -81,6 +81,8 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loadgen", type=Path, default=REPO / "target/release/loadgen")
     ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    ap.add_argument("--replot", action="store_true",
+                    help="no run: draw nohop.png again from nohop-raw.csv in --out")
     return ap
 
 
@@ -343,6 +345,9 @@ def run(s: Session) -> None:
 
 def main() -> int:
     a, sizes, concs, configs = parse_args()
+    if a.replot:
+        replot(a.out, sizes, concs, configs)
+        return 0
     t_start = time.time()
     n = sum(len(c[2]) for c in cells(sizes, concs, configs))
     log(f"nohop: {n} cells x {a.reps} repetitions of {a.warmup + a.duration:.1f} s: about "

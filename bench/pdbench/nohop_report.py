@@ -153,29 +153,45 @@ def targets(rows: dict, raw: list[dict]) -> list[str]:
 
 def plot(rows: dict, sizes, concs, path: Path) -> None:
     """Added TTFT (p50 solid, p99 dashed) against concurrency, per router,
-    one panel per body size."""
+    one panel per body size; zero is the floor."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.4), squeeze=False)
     for ax, size in zip(axes[0], sizes):
+        ax.axhline(0, color="grey", linewidth=0.8)
         for i, c in enumerate(ROUTERS):
-            color = f"C{i}"
             for q, style in (("p50", "-"), ("p99", "--")):
                 pts = [(n, rows[(size, n, c)][f"added_{q}_ms"]) for n in concs
                        if (size, n, c) in rows and rows[(size, n, c)][f"added_{q}_ms"] is not None]
                 if pts:
-                    ax.plot(*zip(*pts), style, marker="o", color=color,
-                            label=f"{c} {q}")
-        ax.set_yscale("symlog", linthresh=1)
+                    ax.plot(*zip(*pts), style, marker="o", color=f"C{i}", label=f"{c} {q}")
         ax.set_title(f"{size} prompts")
         ax.set_xlabel("concurrency")
         ax.set_ylabel(f"added TTFT over {FLOOR}, ms")
         ax.set_xticks(concs)
-        ax.grid(True, which="both", alpha=0.3)
+        ax.grid(True, alpha=0.3)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def read_raw(path: Path) -> list[dict]:
+    """nohop-raw.csv back as records (numbers as numbers, blanks as None)."""
+    text = ("body", "config", "first_error")
+    with open(path, newline="") as f:
+        return [{k: (v if k in text else (None if v == "" else float(v)))
+                 for k, v in r.items()} | {"concurrency": int(r["concurrency"]),
+                                           "rep": int(r["rep"])}
+                for r in csv.DictReader(f)]
+
+
+def replot(out: Path, sizes, concs, configs) -> None:
+    """nohop.png again from nohop-raw.csv (no run)."""
+    raw = read_raw(out / "nohop-raw.csv")
+    rows = aggregate(raw, cells(sizes, concs, configs), {})
+    plot(rows, sizes, concs, out / "nohop.png")
+    log(f"wrote {out / 'nohop.png'}")
 
 
 def write_results(a, raw, sizes, concs, configs, dead: dict, notes: list[str], wall_s: float,
