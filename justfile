@@ -226,7 +226,7 @@ bench-e2e *ARGS: bench-build
     # The decider's rows (~1 min) run even when run.py could not measure a configuration; the recipe then exits with run.py's status.
     rc=0; bench/.venv/bin/python bench/run.py {{ARGS}} || rc=$?; bench/.venv/bin/python bench/decider.py; exit $rc
 
-# The no-hop rows (~12 min, bench/README.md "No-hop rows"): Envoy + pd-router against Envoy + GIE's endpoint picker with llm-d's PD plugins over ext_proc (FULL_DUPLEX_STREAMED) and pd-router executing its picks, vllm-router, the min-pd floor and the buffer-only Envoy; 220 KB, 64 KB and 1 KB prompts at concurrency 20, 50, 100, 150 (and 1 KB c=32). Builds the picker and kube-apiserver first when missing (`epp`, `kube-apiserver`: about 10 minutes cold). `--quick`: one repetition of 220 KB and 1 KB at c=150 and 1 KB c=32. ARGS go to bench/nohop.py.
+# The no-hop rows (~10 min, bench/README.md "No-hop rows"): Envoy + pd-router against Envoy + GIE's endpoint picker with llm-d's PD plugins over ext_proc (FULL_DUPLEX_STREAMED) and pd-router executing its picks, vllm-router, the min-pd floor and the buffer-only Envoy; 220 KB, 64 KB and 1 KB prompts at concurrency 20, 50, 100, 150 (and 1 KB c=32). Builds the picker and kube-apiserver first when missing (`epp`, `kube-apiserver`: about 10 minutes cold). `--quick`: one repetition of 220 KB and 1 KB at c=150 and 1 KB c=32. ARGS go to bench/nohop.py.
 bench-nohop *ARGS: bench-build epp kube-apiserver
     cargo build --target wasm32-wasip1 --release
     cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
