@@ -202,13 +202,14 @@ lint: bench-setup
     cargo clippy --manifest-path fuzz/Cargo.toml --all-targets -- -D warnings
     cargo clippy --manifest-path bench/min-pd-filter/Cargo.toml --target wasm32-wasip1 -- -D warnings
 
-# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), the API server's bytes a minute for list polling vs watches, then end to end, then the fleet simulation's short version.
+# Benchmarks: pod selection, the filter's per-request work (inside wasm: its body scans are SIMD128 there), its host calls per request and a discovery list (native; the list also inside wasm), the API server's bytes a minute for list polling vs watches, then end to end, then the fleet simulation's short version. The rows against an endpoint picker over ext_proc (long prompts, high concurrency) are `just bench-nohop`: they build the picker and kube-apiserver first, which `bench` keeps out of its time.
 bench: bench-build && bench-e2e (bench-fleet "--quick")
     cargo bench {{native_benches}}
     CARGO_TARGET_WASM32_WASIP1_RUNNER="{{justfile_directory()}}/.venv/bin/python {{justfile_directory()}}/scripts/wasm-test-runner.py" cargo bench --bench request --bench discovery --target wasm32-wasip1
     # What discovery costs the API server: list polling vs watches, 2,000 realistic pods, 10 replicas (the official models shape the pod).
     .venv/bin/python -c "import kubernetes" 2>/dev/null || .venv/bin/pip install --quiet --disable-pip-version-check "kubernetes==37.0.2"
     .venv/bin/python bench/kube_api_bytes.py
+    @echo "The no-hop rows (pd-router against GIE's endpoint picker over ext_proc and vllm-router, 220 KB prompts at concurrency 20-150): just bench-nohop"
 
 native_benches := "-p pd-router -p mock-engine -p loadgen --bench select --bench host_calls --bench discovery"
 
@@ -224,6 +225,14 @@ bench-e2e *ARGS: bench-build
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     # The decider's rows (~1 min) run even when run.py could not measure a configuration; the recipe then exits with run.py's status.
     rc=0; bench/.venv/bin/python bench/run.py {{ARGS}} || rc=$?; bench/.venv/bin/python bench/decider.py; exit $rc
+
+# The no-hop rows (~10 min, bench/README.md "No-hop rows"): Envoy + pd-router against Envoy + GIE's endpoint picker with llm-d's PD plugins over ext_proc (FULL_DUPLEX_STREAMED) and pd-router executing its picks, vllm-router, the min-pd floor and the buffer-only Envoy; 220 KB, 64 KB and 1 KB prompts at concurrency 20, 50, 100, 150 (and 1 KB c=32). Builds the picker and kube-apiserver first when missing (`epp`, `kube-apiserver`: about 10 minutes cold). `--quick`: one repetition of 220 KB and 1 KB at c=150 and 1 KB c=32. ARGS go to bench/nohop.py.
+bench-nohop *ARGS: bench-build epp kube-apiserver
+    cargo build --target wasm32-wasip1 --release
+    cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
+    [ -x bench/.venv/bin/python ] || python3 -m venv bench/.venv
+    bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
+    bench/.venv/bin/python bench/nohop.py {{ARGS}}
 
 # Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and sglang-router onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
 bench-fleet *ARGS: bench-setup

@@ -1,5 +1,5 @@
 """The benches' Python side, one package: the scripts in bench/ (run.py,
-decider.py, fleet.py, kube_api_bytes.py) only call a module's `main()`.
+decider.py, fleet.py, kube_api_bytes.py, nohop.py) only call a module's `main()`.
 
   common         paths, logging, the processes a bench starts, HTTP, waiting,
                  CPU readings, Envoy and peer start-up, number formatting
@@ -14,6 +14,12 @@ decider.py, fleet.py, kube_api_bytes.py) only call a module's `main()`.
   fleet_metrics  the trace's limit and each run's figures
   fleet_report   its report, CSV file and plot
   kube_api_bytes the API server's bytes for pod discovery (bench/kube_api_bytes.py)
+  kube           a real kube-apiserver and etcd (`just kube-apiserver`'s)
+  epp            the endpoint picker's stack: GIE's EPP, its pool and pods,
+                 deploy/envoy-epp's Envoy made local
+  nohop          the no-hop rows (bench/nohop.py)
+  nohop_configs  their rows, cells and targets
+  nohop_report   their report, CSV files and plot
 
 Imports go one way, from the scripts down to `common`: tests/layout.rs checks
 that no module imports a script and that the modules import no cycle.
