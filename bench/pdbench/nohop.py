@@ -69,8 +69,10 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--configs", default=",".join(ALL_ROWS))
     ap.add_argument("--quick", action="store_true",
                     help="one repetition of 220 KB and 1 KB at c=150 and the 1 KB c=32 cell, "
-                         "1 s windows")
-    ap.add_argument("--out", type=Path, default=BENCH / "results")
+                         "1 s windows, written to a scratch directory unless --out names one "
+                         "(the committed nohop.* stay the full run's)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the report goes (default bench/results)")
     ap.add_argument("--envoy", type=Path,
                     default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
     ap.add_argument("--wasm", type=Path, default=Path(os.environ.get(
@@ -89,6 +91,8 @@ def arg_parser() -> argparse.ArgumentParser:
 def parse_args():
     ap = arg_parser()
     a = ap.parse_args()
+    if a.out is None:
+        a.out = Path(tempfile.mkdtemp(prefix="nohop-quick-")) if a.quick else BENCH / "results"
     if a.quick:
         a.reps, a.duration, a.warmup = 1, 1.0, 0.5
         a.sizes, a.concurrency = "220K,1K", "150"
