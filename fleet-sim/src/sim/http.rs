@@ -381,6 +381,7 @@ async fn pods(State(app): State<App>) -> Response {
                 "prompt_tokens": c.prompt_tokens, "prefix_queries": c.prefix_queries,
                 "prefix_hits": c.prefix_hits, "computed_tokens": c.computed_tokens,
                 "generated_tokens": c.generated_tokens, "finished": c.finished,
+                "evicted_blocks": c.evicted_blocks, "reloaded_tokens": c.reloaded_tokens,
             })
         })
         .collect();
