@@ -139,16 +139,20 @@ async fn vllm(app: App, v: &Value, asked: Asked) -> Response {
         return serve::run(app.fleet, app.pod, &asked, record, false).await;
     }
     record.handoff = "ok";
-    pull_and_decode(app, asked, record).await
+    pull_and_decode(app, asked, record, offer.prefill).await
 }
 
-/// The decode pulls what it does not hold, then decodes.
-async fn pull_and_decode(app: App, asked: Asked, mut record: Record) -> Response {
+/// The decode pulls what it does not hold from pod `src`, then decodes.
+async fn pull_and_decode(app: App, asked: Asked, mut record: Record, src: usize) -> Response {
     record.cached_tokens = app.pod.cached_tokens(&asked.prompt);
     record.transferred_tokens = asked.prompt.tokens.saturating_sub(record.cached_tokens);
-    app.pod
-        .clock
-        .sleep(app.fleet.gpu.transfer_s(record.transferred_tokens))
+    app.fleet
+        .transfer(
+            &app.pod.clock,
+            src,
+            app.pod.index,
+            record.transferred_tokens,
+        )
         .await;
     serve::run(app.fleet, app.pod, &asked, record, true).await
 }
@@ -263,7 +267,7 @@ async fn sglang_decode(app: App, asked: Asked, room_id: u64, prefill: Arc<Pod>) 
         Some((index, _)) if index == prefill.index => {
             record.prefill_pod = Some(prefill.name.clone());
             record.handoff = "ok";
-            pull_and_decode(app, asked, record).await
+            pull_and_decode(app, asked, record, index).await
         }
         _ => {
             record.status = 500;

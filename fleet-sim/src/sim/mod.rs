@@ -9,8 +9,8 @@
 //!
 //! Layers: [`text`] (prompts from trace block ids and back), [`model`]
 //! (step and transfer times), [`cache`] (a pod's blocks), [`engine`] (the
-//! scheduler), then [`pod`] (driving an engine in real time), [`fleet`]
-//! (what pods share), [`serve`] (one request's life) and [`http`] (the
+//! scheduler), [`nic`] (transfers sharing the pods' NICs), then [`pod`]
+//! (driving an engine in real time), [`fleet`] (what pods share), [`serve`] (one request's life) and [`http`] (the
 //! API).
 
 pub mod cache;
@@ -18,6 +18,7 @@ pub mod engine;
 pub mod fleet;
 pub mod http;
 pub mod model;
+pub mod nic;
 pub mod pod;
 pub mod serve;
 pub mod text;
