@@ -389,12 +389,15 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::text::{parse_prompt, prompt_text};
+    use crate::sim::text::{parse_prompt, prompt_text, Shape};
 
     fn job(key: u64, ids: &[u64], tokens: u32, output: u32) -> Job {
         Job {
             key,
-            prompt: parse_prompt(prompt_text(ids, tokens).as_bytes()),
+            prompt: parse_prompt(
+                prompt_text(ids, tokens, Shape::default()).as_bytes(),
+                Shape::default(),
+            ),
             output,
             handed_off: false,
         }

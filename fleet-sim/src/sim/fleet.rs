@@ -6,6 +6,7 @@
 use super::model::Gpu;
 use super::nic::Links;
 use super::pod::{Clock, Pod};
+use super::text::Shape;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -79,6 +80,8 @@ pub struct Fleet {
     pub lease_s: f64,
     /// How often a stream sends the tokens generated since its last chunk.
     pub flush: Duration,
+    /// How the replayer made the prompts' text (bytes per token, seed).
+    pub text: Shape,
     offers: Mutex<HashMap<String, Offer>>,
     rooms: Mutex<HashMap<u64, Arc<Room>>>,
     records: Mutex<Vec<Record>>,
@@ -100,6 +103,7 @@ impl Fleet {
         gpu: Gpu,
         lease_s: f64,
         flush: Duration,
+        text: Shape,
     ) -> Fleet {
         Fleet {
             flavor,
@@ -108,6 +112,7 @@ impl Fleet {
             gpu,
             lease_s,
             flush,
+            text,
             offers: Mutex::new(HashMap::new()),
             rooms: Mutex::new(HashMap::new()),
             records: Mutex::new(Vec::new()),

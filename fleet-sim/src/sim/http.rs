@@ -10,7 +10,7 @@ use super::engine::Counters;
 use super::fleet::{Flavor, Fleet, Offer, Record};
 use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
-use super::text::{parse_prompt, parse_token_ids, token_ids};
+use super::text::{parse_prompt, parse_token_ids, token_ids, Shape};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -52,9 +52,9 @@ fn bad(message: &str) -> Response {
 }
 
 /// The request's fields the simulation reads.
-fn asked(v: &Value) -> Result<Asked, String> {
+fn asked(v: &Value, shape: Shape) -> Result<Asked, String> {
     let prompt = match v.get("prompt") {
-        Some(Value::String(text)) => parse_prompt(text.as_bytes()),
+        Some(Value::String(text)) => parse_prompt(text.as_bytes(), shape),
         // Token ids (vllm-router keys on them without asking for a render).
         Some(Value::Array(ids)) => {
             let ids: Option<Vec<u32>> = ids
@@ -86,7 +86,7 @@ async fn completions(State(app): State<App>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(e) => return bad(&format!("not JSON: {e}")),
     };
-    let asked = match asked(&v) {
+    let asked = match asked(&v, app.fleet.text) {
         Ok(a) => a,
         Err(e) => return bad(&e),
     };
@@ -281,21 +281,22 @@ async fn sglang_decode(app: App, asked: Asked, room_id: u64, prefill: Arc<Pod>) 
     }
 }
 
-async fn render(body: Bytes) -> Response {
+async fn render(State(app): State<App>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match v.get("prompt").and_then(Value::as_str) {
         Some(p) => {
-            Json(json!({"token_ids": token_ids(&parse_prompt(p.as_bytes()))})).into_response()
+            let prompt = parse_prompt(p.as_bytes(), app.fleet.text);
+            Json(json!({"token_ids": token_ids(&prompt)})).into_response()
         }
         None => bad("render takes `prompt` as one string"),
     }
 }
 
-async fn tokenize(State(_): State<App>, body: Bytes) -> Response {
+async fn tokenize(State(app): State<App>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match v.get("prompt").and_then(Value::as_str) {
         Some(p) => {
-            let tokens = token_ids(&parse_prompt(p.as_bytes()));
+            let tokens = token_ids(&parse_prompt(p.as_bytes(), app.fleet.text));
             Json(json!({"count": tokens.len(), "max_model_len": 131072, "tokens": tokens}))
                 .into_response()
         }
@@ -396,7 +397,7 @@ async fn pods(State(app): State<App>) -> Response {
 mod tests {
     use super::*;
     use crate::sim::engine::{Engine, EngineConfig, Job};
-    use crate::sim::text::{parse_prompt, prompt_text};
+    use crate::sim::text::{parse_prompt, prompt_text, Shape};
 
     /// The samples of a Prometheus page: name (labels cut) → value.
     fn samples(page: &str) -> Vec<(String, f64)> {
@@ -423,7 +424,10 @@ mod tests {
         for (key, last) in [(1, 4), (2, 5)] {
             e.submit(Job {
                 key,
-                prompt: parse_prompt(prompt_text(&[1, 2, 3, last], 2048).as_bytes()),
+                prompt: parse_prompt(
+                    prompt_text(&[1, 2, 3, last], 2048, Shape::default()).as_bytes(),
+                    Shape::default(),
+                ),
                 output: 1,
                 handed_off: false,
             });

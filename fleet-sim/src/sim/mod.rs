@@ -70,6 +70,12 @@ pub struct SimArgs {
     /// direction, the model's assumption)
     #[arg(long, default_value_t = 25.0)]
     pub host_gbs: f64,
+    /// Bytes of prompt text per token (the replayer's --bytes-per-token)
+    #[arg(long, default_value_t = 4)]
+    pub bytes_per_token: usize,
+    /// The replayer's --seed (its prompts' filler)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// The model the pods serve
     #[arg(long, default_value = "sim-model")]
     pub model: String,
@@ -99,6 +105,9 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         .any(|v| v.is_nan() || *v <= 0.0)
     {
         return Err("--time-scale and --host-gbs must be above 0".into());
+    }
+    if args.bytes_per_token == 0 {
+        return Err("--bytes-per-token must be at least 1".into());
     }
     let clock = Clock::new(args.time_scale);
     let gpu = Gpu {
@@ -139,6 +148,10 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         gpu,
         args.lease_s,
         flush,
+        text::Shape {
+            bytes_per_token: args.bytes_per_token,
+            seed: args.seed,
+        },
     ));
     for (pod, listener) in pods.iter().zip(listeners) {
         tokio::spawn(Arc::clone(pod).drive());
@@ -163,7 +176,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         "{}",
         serde_json::json!({"ready": true, "engine": args.engine, "time_scale": args.time_scale,
             "kv_blocks": config.kv_blocks, "cache_blocks": config.cache_blocks,
-            "host_gbs": args.host_gbs,
+            "host_gbs": args.host_gbs, "bytes_per_token": args.bytes_per_token, "seed": args.seed,
             "prefill": describe(Role::Prefill), "decode": describe(Role::Decode)})
     );
     std::future::pending::<()>().await;
