@@ -3,10 +3,10 @@
 //! refused, a decode without a valid hand-off computes the prompt itself
 //! and says so in its record), and what routers probe (`/health`,
 //! `/metrics`, vLLM's `/v1/completions/render` and `/tokenize`, SGLang's
-//! server and model info), plus the simulation's own `/sim/records` and
-//! `/sim/pods`.
+//! server and model info), plus the simulation's own `/sim/records`,
+//! `/sim/pods` and `/sim/floor`.
 
-use super::engine::Counters;
+use super::engine::{Counters, EngineConfig};
 use super::fleet::{Flavor, Fleet, Offer, Record};
 use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
@@ -44,6 +44,7 @@ pub fn router(app: App) -> Router {
         .route("/get_model_info", get(model_info))
         .route("/sim/records", get(records))
         .route("/sim/pods", get(pods))
+        .route("/sim/floor", post(floor))
         .with_state(app)
 }
 
@@ -369,6 +370,23 @@ fn metrics_page(
 
 async fn records(State(app): State<App>) -> Response {
     Json(app.fleet.records()).into_response()
+}
+
+/// The unloaded floor of each request's TTFT (`{"requests": [[prompt
+/// tokens, cached tokens], ...]}`): alone on idle pods holding its cached
+/// prefix ([`super::model::Gpu::floor_ttft_s`]), modelled seconds.
+async fn floor(State(app): State<App>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(requests) = v.get("requests").and_then(Value::as_array) else {
+        return bad("floor takes `requests`: [[prompt tokens, cached tokens], ...]");
+    };
+    let step = EngineConfig::default().step_tokens;
+    let field = |r: &Value, i: usize| r.get(i).and_then(Value::as_u64).unwrap_or(0) as u32;
+    let floors: Vec<f64> = requests
+        .iter()
+        .map(|r| app.fleet.gpu.floor_ttft_s(field(r, 0), field(r, 1), step))
+        .collect();
+    Json(json!({"floor_s": floors})).into_response()
 }
 
 /// Every pod's counters, for the benchmark's load and cache figures.
