@@ -511,7 +511,8 @@ def run_params(a, runs: list[Run], results: dict, traces: dict, commit: str) -> 
         "windows": {n: {"first": s + w, "last": s + n_ - 1, "warmup": w,
                         "limit_pct": sum(r_[w:]) / max(1, sum(t["input_length"] for t in t_[w:]))}
                     for (s, n_, w), (t_, r_) in traces.items()
-                    for n in {r.window for r in runs if (r.skip, r.requests, r.warmup) == (s, n_, w)}},
+                    for n in {r.window for r in runs
+                              if r.window and (r.skip, r.requests, r.warmup) == (s, n_, w)}},
         "seeds": sorted({r.seed for r in runs}),
         "bytes_per_token": a.bytes_per_token, "host_gbs": a.host_gbs,
         "load": a.load, "time_scale": a.time_scale, "prefill": a.prefill, "decode": a.decode,

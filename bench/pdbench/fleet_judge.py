@@ -193,7 +193,7 @@ def plot_judged(results: dict, path: Path, title: str) -> None:
     ax2.set_xticklabels([f"{c}\n{w}" for c, w in keys], rotation=45, ha="right")
     for ax in (ax1, ax2):
         ax.grid(axis="y", alpha=0.3)
-    fig.suptitle(title)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
