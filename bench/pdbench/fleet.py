@@ -424,6 +424,9 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stem", default=None,
                     help="the results files' name (default fleet, fleet-quick, fleet-changes; "
                          "fleet-judge with --windows)")
+    ap.add_argument("--render", type=Path, default=None,
+                    help="run nothing: judge again the runs of a <stem>-raw.json (its report's "
+                         "judged part, <stem>-summary.csv, the plot)")
     ap.add_argument("--request-timeout", type=float, default=1200,
                     help="a request unanswered after this many modelled seconds is an error")
     ap.add_argument("--out-dir", type=Path, default=BENCH / "results")
@@ -442,6 +445,8 @@ def parse_args():
     """The options, checked, and the runs they ask for."""
     ap = arg_parser()
     a = ap.parse_args()
+    if a.render:
+        return a, []
     runs = plan(a, ap)
     for what, p in (("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock)):
         if not p.exists():
@@ -551,8 +556,24 @@ def write_results(a, runs: list[Run], results: dict, failed: dict, params: dict,
     log(f"wrote {a.out_dir}/{stem}.txt, .csv, .png, -raw.json")
 
 
+def render(raw: Path) -> int:
+    """Judges the runs of a <stem>-raw.json again: the judged part of
+    <stem>.txt, <stem>-summary.csv and <stem>.png (the runs' rows stay)."""
+    d = json.loads(raw.read_text())
+    stem, out = raw.name.removesuffix("-raw.json"), raw.parent
+    txt = out / f"{stem}.txt"
+    head = txt.read_text().split("\n\nOver seeds")[0] if txt.exists() else ""
+    txt.write_text(head + "\n\n" + judge_report(d["results"], d["params"]) + "\n")
+    write_judge_csv(out / f"{stem}-summary.csv", d["results"])
+    plot_judged(d["results"], out / f"{stem}.png", plot_title(d["params"], stem))
+    log(f"wrote {txt}, {stem}-summary.csv, {stem}.png")
+    return 0
+
+
 def main() -> int:
     a, runs = parse_args()
+    if a.render:
+        return render(a.render)
     t_start = time.time()
     # The tree the recipe just built from (edits made while the runs go on
     # do not change the binaries).
