@@ -242,6 +242,18 @@ bench-fleet *ARGS: bench-setup
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/fleet.py {{ARGS}}
 
+# The judged fleet runs (~25 min each): pd-router's default and vllm-router on the three judging windows (requests 2,000-2,999, 4,000-4,999, 9,000-9,999, each after 1,000 of warm-up), 5 seeds each; medians, ranges, verdicts, TTFT by prompt length beside the floor (bench/README.md, "Tuning and judging windows"). ARGS go to fleet.py (`--trace FILE` for another trace).
+bench-fleet-judge *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --stem fleet-judge " + ARGS)
+
+# The same at twice the load.
+bench-fleet-judge-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 2x --stem fleet-judge-2x " + ARGS)
+
+# The simulator's checks (~25 min): the tuning window; one judging window with prompts of 3 and of 5 bytes a token; the same with a GPU-only cache (no host tier), where eviction binds.
+bench-fleet-checks *ARGS: (bench-fleet "--windows tune --repeats 5 --variants 1x --stem fleet-tune " + ARGS)
+    bench/.venv/bin/python bench/fleet.py --windows w4k --repeats 5 --variants 1x --bytes-per-token 3 --stem fleet-judge-bpt3 {{ARGS}}
+    bench/.venv/bin/python bench/fleet.py --windows w4k --repeats 5 --variants 1x --bytes-per-token 5 --stem fleet-judge-bpt5 {{ARGS}}
+    bench/.venv/bin/python bench/fleet.py --windows w4k --repeats 5 --variants 1x --cache-blocks 0 --stem fleet-judge-gpu {{ARGS}}
+
 # The flow's code and data footprint per request (cachegrind; installs valgrind).
 footprint:
     bench/footprint.sh

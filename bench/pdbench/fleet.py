@@ -29,6 +29,7 @@ built: bench/.venv/bin/python bench/fleet.py --help
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -40,12 +41,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import (BENCH, CLK_TCK, REPO, Procs, admin_port, http_get, log, proc_ticks, read_line,
-                     start_envoy, start_peer)
+from .common import (BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
+                     read_line, start_envoy, start_peer)
 from .envoy import fleet_envoy
-from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, QUICK, QUICK_CONFIGS, VARIANTS,
-                            Config, Run, deep_merge)
-from .fleet_metrics import load_trace, peer_decisions, reusable_tokens, summarize
+from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, JUDGE_CONFIGS, QUICK,
+                            QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge)
+from .fleet_metrics import (bucket_stats, load_trace, peer_decisions, reusable_tokens,
+                            summarize)
+from .fleet_judge import judge_report, plot_judged, write_judge_csv
 from .fleet_report import COLUMNS, cell, plot, plot_title, report, write_csv
 
 MODEL = "sim-model"
@@ -83,6 +86,8 @@ def start_sim(procs: Procs, a, run: Run) -> dict:
         argv += ["--kv-blocks", str(a.kv_blocks)]
     if a.cache_blocks:
         argv += ["--cache-blocks", str(a.cache_blocks)]
+    argv += ["--seed", str(run.seed), "--bytes-per-token", str(a.bytes_per_token),
+             "--host-gbs", f"{a.host_gbs:g}"]
     p = procs.start("sim", argv, stdout=subprocess.PIPE)
     line = read_line(p, 30)
     try:
@@ -184,7 +189,7 @@ def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
 
 def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int],
             scratch: Path) -> dict:
-    run_dir = scratch / run.name
+    run_dir = scratch / run.key.replace("/", "_")
     run_dir.mkdir()
     procs = FleetProcs(run_dir)
     t0 = time.time()
@@ -197,8 +202,10 @@ def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int
         span_real = (trace[-1]["timestamp"] - trace[0]["timestamp"]) / 1000 / load / scale
         timeout_s = max(60, int(a.request_timeout / scale))
         argv = [str(a.mock), "replay", "--trace", str(trace_file), "--time-scale",
-                f"{scale:g}", "--load", f"{load:g}", "--limit", str(run.requests),
-                "--out", str(out), "--timeout-s", str(timeout_s), "--model", MODEL]
+                f"{scale:g}", "--load", f"{load:g}", "--skip", str(run.skip),
+                "--limit", str(run.requests), "--seed", str(run.seed), "--bytes-per-token",
+                str(a.bytes_per_token), "--out", str(out), "--timeout-s", str(timeout_s),
+                "--model", MODEL]
         for u in urls:
             argv += ["--url", u]
         if run.config.token_ids:
@@ -220,35 +227,62 @@ def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int
         cpu = {n: (proc_cpu_s(p.pid) - cpu0.get(n, 0.0)) / replay_s for n, p in procs.procs
                if n != "replay"}
         cpu["replay"] = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / replay_s
-        machine_busy = (m1[0] - m0[0]) / max(1, m1[1] - m0[1])
         if rp.returncode != 0:
             raise RuntimeError(f"replay exited {rp.returncode}: {procs.log_tail('replay', 5)}")
         seen = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-        base = f"http://{sim['prefill'][0]['address']}"
-        s1, rec_body = http_get(base + "/sim/records", 60)
-        s2, pods_body = http_get(base + "/sim/pods", 30)
-        if s1 != 200 or s2 != 200:
-            raise RuntimeError(f"/sim/records {s1}, /sim/pods {s2}")
-        records = json.loads(rec_body)
-        pods = json.loads(pods_body)
-        # Records of requests outside the replay (none expected) are left out.
-        users = {s["user"] for s in seen}
-        records = [r for r in records if r["user"] in users]
-        summary = summarize(seen, records, pods, trace, reusable)
-        summary.update(replay_wall_s=replay_s, machine_busy=machine_busy,
-                       cpu={k: round(v, 3) for k, v in cpu.items()}, kv_blocks=sim.get("kv_blocks"),
-                       cache_blocks=sim.get("cache_blocks", sim.get("kv_blocks")))
-        pages = [http_get(u, 10)[1].decode(errors="replace") for u in procs.metrics_urls]
-        summary["prefill_decisions"] = peer_decisions(pages)
-        if a.keep:
-            for i, page in enumerate(pages):
-                (run_dir / f"router-metrics-{i}.txt").write_text(page)
-            (run_dir / "records.json").write_text(rec_body.decode())
-            (run_dir / "pods.json").write_text(pods_body.decode())
+        summary = collect(a, run, procs, sim, seen, trace, reusable, run_dir)
+        summary.update(replay_wall_s=replay_s,
+                       machine_busy=(m1[0] - m0[0]) / max(1, m1[1] - m0[1]),
+                       cpu={k: round(v, 3) for k, v in cpu.items()})
         return summary
     finally:
         procs.stop_all()
         log(f"    ({time.time() - t0:.0f} s)")
+
+
+def collect(a, run: Run, procs: FleetProcs, sim: dict, seen: list[dict], trace: list[dict],
+            reusable: list[int], run_dir: Path) -> dict:
+    """The run's figures from the sim's records and pods, over the measured
+    requests (those after the warm-up); the pods' load and busy figures over
+    the whole replay; each measured request's prompt, TTFT and unloaded floor."""
+    base = f"http://{sim['prefill'][0]['address']}"
+    s1, rec_body = http_get(base + "/sim/records", 60)
+    s2, pods_body = http_get(base + "/sim/pods", 30)
+    if s1 != 200 or s2 != 200:
+        raise RuntimeError(f"/sim/records {s1}, /sim/pods {s2}")
+    pods = json.loads(pods_body)
+    # Records of requests outside the replay (none expected) are left out.
+    users = {s["user"] for s in seen}
+    records = [r for r in json.loads(rec_body) if r["user"] in users]
+    measured = [s for s in seen if s["index"] >= run.warmup]
+    judged = {s["user"] for s in measured}
+    summary = summarize(measured, [r for r in records if r["user"] in judged], pods,
+                        trace[run.warmup:], reusable[run.warmup:])
+    if run.warmup:
+        whole = summarize(seen, records, pods, trace, reusable)
+        for k in ("prefill_busy", "prefill_busy_max", "decode_busy", "window_s",
+                  "prefill_load_max_mean", "decode_load_max_mean"):
+            summary[k] = whole[k]
+    pairs = [[t["input_length"], r] for t, r in zip(trace[run.warmup:], reusable[run.warmup:])]
+    status, _, floor_body = http("POST", base + "/sim/floor",
+                                 json.dumps({"requests": pairs}).encode(), timeout=60)
+    floors = json.loads(floor_body)["floor_s"] if status == 200 else [None] * len(pairs)
+    by_index = {s["index"] - run.warmup: s for s in measured}
+    summary["buckets"] = bucket_stats(
+        [(p[0], (by_index.get(i) or {}).get("ttft_s"), f)
+         for i, (p, f) in enumerate(zip(pairs, floors))])
+    summary.update(
+        kv_blocks=sim.get("kv_blocks"), cache_blocks=sim.get("cache_blocks", sim.get("kv_blocks")),
+        evicted_blocks=sum(p.get("evicted_blocks", 0) for p in pods["pods"]),
+        reloaded_tokens=sum(p.get("reloaded_tokens", 0) for p in pods["pods"]))
+    pages = [http_get(u, 10)[1].decode(errors="replace") for u in procs.metrics_urls]
+    summary["prefill_decisions"] = peer_decisions(pages)
+    if a.keep:
+        for i, page in enumerate(pages):
+            (run_dir / f"router-metrics-{i}.txt").write_text(page)
+        (run_dir / "records.json").write_text(rec_body.decode())
+        (run_dir / "pods.json").write_text(pods_body.decode())
+    return summary
 
 
 # ---------------------------------------------------------------------- main
@@ -267,8 +301,8 @@ def plan(a, ap) -> list[Run]:
                 want.setdefault(c.against, set()).add(v)
         order = [c.name for c in CONFIGS + CHANGES if c.name in want]
         return [run_of(a, BY_NAME[n], v) for v in VARIANTS for n in order if v in want[n]]
-    names = (a.configs.split(",") if a.configs else
-             QUICK_CONFIGS if a.quick else [c.name for c in CONFIGS])
+    names = (a.configs.split(",") if a.configs else QUICK_CONFIGS if a.quick else
+             JUDGE_CONFIGS if a.windows else [c.name for c in CONFIGS])
     picked: list[tuple[Config, str]] = []
     for n in filter(None, names):
         base, _, suffix = n.partition("@")
@@ -284,7 +318,27 @@ def plan(a, ap) -> list[Run]:
             picked.extend((c, v) for v in variants if not c.variants or v in c.variants)
     # Variant by variant: the 1x rows first, then 2x, then 32 pods.
     picked.sort(key=lambda r: list(VARIANTS).index(r[1]))
-    return [run_of(a, c, v) for c, v in picked]
+    return expand(a, ap, [run_of(a, c, v) for c, v in picked])
+
+
+def expand(a, ap, runs: list[Run]) -> list[Run]:
+    """Each run in each --windows window and with each seed of --repeats
+    (seeds 1..N; without --repeats, seed 0: the trace as it is), window by
+    window, seed by seed, the configurations alternating."""
+    names = [w for n in (a.windows or "").split(",") if n for w in WINDOW_SETS.get(n, [n])]
+    for n in names:
+        if n not in WINDOWS:
+            ap.error(f"unknown window {n} (one of {', '.join(list(WINDOWS) + list(WINDOW_SETS))})")
+    seeds = list(range(1, a.repeats + 1)) if a.repeats else [0]
+    if not names:
+        return [dataclasses.replace(r, seed=s) for s in seeds for r in runs]
+    out = []
+    for n in names:
+        w = WINDOWS[n]
+        for s in seeds:
+            out.extend(dataclasses.replace(r, window=n, skip=w.start - w.warmup, warmup=w.warmup,
+                                           requests=w.warmup + w.size, seed=s) for r in runs)
+    return out
 
 
 def run_of(a, c: Config, v: str) -> Run:
@@ -352,6 +406,27 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--changes", action="store_true",
                     help="run each change of CHANGES with the configuration it is measured "
                          "against, in the change's variants; writes fleet-changes.*")
+    ap.add_argument("--windows", default=None,
+                    help="measure these windows of the trace, each after its warm-up, instead of "
+                         "the first --requests: " + ", ".join(
+                             f"{n} ({w.start}-{w.start + w.size - 1} after {w.warmup})"
+                             for n, w in WINDOWS.items()) + "; judge = "
+                         + ",".join(WINDOW_SETS["judge"]) + " (default configurations then: "
+                         + ",".join(JUDGE_CONFIGS) + ")")
+    ap.add_argument("--repeats", type=int, default=0,
+                    help="run each configuration N times, seeds 1..N (arrivals spread within "
+                         "their second, the prompts' filler varied); the report gives the median "
+                         "and range and a verdict where the ranges do not overlap")
+    ap.add_argument("--bytes-per-token", type=int, default=4,
+                    help="bytes of prompt text per token (default 4, pd-router's own estimate)")
+    ap.add_argument("--host-gbs", type=float, default=25.0,
+                    help="host tier to GPU reload bandwidth, GB/s (default 25)")
+    ap.add_argument("--stem", default=None,
+                    help="the results files' name (default fleet, fleet-quick, fleet-changes; "
+                         "fleet-judge with --windows)")
+    ap.add_argument("--render", type=Path, default=None,
+                    help="run nothing: judge again the runs of a <stem>-raw.json (its report's "
+                         "judged part, <stem>-summary.csv, the plot)")
     ap.add_argument("--request-timeout", type=float, default=1200,
                     help="a request unanswered after this many modelled seconds is an error")
     ap.add_argument("--out-dir", type=Path, default=BENCH / "results")
@@ -370,6 +445,8 @@ def parse_args():
     """The options, checked, and the runs they ask for."""
     ap = arg_parser()
     a = ap.parse_args()
+    if a.render:
+        return a, []
     runs = plan(a, ap)
     for what, p in (("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock)):
         if not p.exists():
@@ -387,26 +464,33 @@ def run_all(a, runs: list[Run], scratch: Path, results: dict, failed: dict, trac
     `traces` gets the trace's first N requests and their reusable tokens, per
     N the runs replay."""
     trace_file, lines = load_trace(a.trace, scratch)
-    for n in sorted({r.requests for r in runs}):
-        traces[n] = (lines[:n], reusable_tokens(lines[:n]))
+    for k in sorted({(r.skip, r.requests, r.warmup) for r in runs}):
+        skip, n, warmup = k
+        tr = lines[skip:skip + n]
+        traces[k] = (tr, reusable_tokens(tr))
+        if len(tr) < n:
+            raise SystemExit(f"{a.trace} has {len(lines)} requests: too few for requests "
+                             f"{skip}-{skip + n - 1}")
     log(f"fleet: {len(runs)} runs; " + "; ".join(
-        f"the first {n} requests' limit {sum(re) / sum(t['input_length'] for t in tr):.1%} of "
-        f"their prompt tokens" for n, (tr, re) in traces.items()))
+        f"requests {s + w}-{s + n - 1}: limit {sum(re[w:]) / sum(t['input_length'] for t in tr[w:]):.1%} "
+        f"of their prompt tokens" for (s, n, w), (tr, re) in traces.items()))
     for i, run in enumerate(runs):
-        log(f"[{i + 1}/{len(runs)}] {run.name}: {run.config.about}; {run.requests} requests, "
-            f"load {run.load:g}, {run.prefill}P+{run.decode}D, time scale {run.time_scale:g}")
-        trace, reusable = traces[run.requests]
+        log(f"[{i + 1}/{len(runs)}] {run.key}: {run.config.about}; requests {run.skip}-"
+            f"{run.skip + run.requests - 1} ({run.warmup} warm-up), load {run.load:g}, "
+            f"{run.prefill}P+{run.decode}D, time scale {run.time_scale:g}")
+        trace, reusable = traces[(run.skip, run.requests, run.warmup)]
         try:
             r = run_one(a, run, trace_file, trace, reusable, scratch)
         except Exception as e:  # noqa: BLE001 - reported, the rest go on
-            failed[run.name] = str(e).strip().replace("\n", " | ")[:300]
-            log(f"  FAILED: {failed[run.name]}")
+            failed[run.key] = str(e).strip().replace("\n", " | ")[:300]
+            log(f"  FAILED: {failed[run.key]}")
             continue
         c = run.config
         r.update(config=run.name, base=c.name, variant=run.variant, router=c.router,
                  engine=c.engine, replicas=c.replicas, load=run.load,
-                 time_scale=run.time_scale, about=c.about)
-        results[run.name] = r
+                 time_scale=run.time_scale, about=c.about, window=run.window, seed=run.seed,
+                 first_request=run.skip + run.warmup)
+        results[run.key] = r
         log("  " + ", ".join(f"{h.strip()} {cell(r, k, spec)}" for k, h, spec, _ in COLUMNS)
             + f"; P busy max {cell(r, 'prefill_busy_max', '{:.0%}')}, ovh99 "
               f"{cell(r, 'overhead_p99', '{:.2f}')}, replay {r['replay_wall_s']:.0f} s "
@@ -418,16 +502,24 @@ def run_params(a, runs: list[Run], results: dict, traces: dict, commit: str) -> 
     """The run's parameters, as the report and fleet*-raw.json give them."""
     # The pods' sizes, as the sims' ready lines named them.
     any_run = next(iter(results.values()), {})
-    main_n = max(traces) if traces else 0
-    tr, re = traces.get(main_n, ([], []))
+    main = max(traces, key=lambda k: (k[1], -k[0])) if traces else (0, 0, 0)
+    tr, re = traces.get(main, ([], []))
+    tr, re = tr[main[2]:], re[main[2]:]
     prompt = sum(t["input_length"] for t in tr)
     return {
         "trace": str(a.trace.resolve().relative_to(REPO) if a.trace.resolve().is_relative_to(REPO)
                      else a.trace),
         "commit": commit,
-        "requests": main_n,
+        "requests": len(tr),
         "trace_span_s": (tr[-1]["timestamp"] - tr[0]["timestamp"]) / 1000 if tr else 0,
         "limit_pct": sum(re) / prompt if prompt else 0,
+        "windows": {n: {"first": s + w, "last": s + n_ - 1, "warmup": w,
+                        "limit_pct": sum(r_[w:]) / max(1, sum(t["input_length"] for t in t_[w:]))}
+                    for (s, n_, w), (t_, r_) in traces.items()
+                    for n in {r.window for r in runs
+                              if r.window and (r.skip, r.requests, r.warmup) == (s, n_, w)}},
+        "seeds": sorted({r.seed for r in runs}),
+        "bytes_per_token": a.bytes_per_token, "host_gbs": a.host_gbs,
         "load": a.load, "time_scale": a.time_scale, "prefill": a.prefill, "decode": a.decode,
         "kv_blocks": any_run.get("kv_blocks", a.kv_blocks),
         "cache_blocks": any_run.get("cache_blocks", a.cache_blocks),
@@ -441,22 +533,47 @@ def write_results(a, runs: list[Run], results: dict, failed: dict, params: dict,
     """<stem>.txt, .csv, -raw.json and .png: fleet, fleet-quick (--quick) or
     fleet-changes (--changes)."""
     text = report(results, failed, params, runs, wall)
-    stem = "fleet-changes" if a.changes else "fleet-quick" if a.quick else "fleet"
+    stem = a.stem or ("fleet-changes" if a.changes else "fleet-quick" if a.quick else
+                      "fleet-judge" if a.windows else "fleet")
+    judged = len(params["seeds"]) > 1 or bool(a.windows)
+    if judged:
+        text += "\n\n" + judge_report(results, params)
     a.out_dir.mkdir(parents=True, exist_ok=True)
+    if judged:
+        write_judge_csv(a.out_dir / f"{stem}-summary.csv", results)
     (a.out_dir / f"{stem}.txt").write_text(text + "\n")
     write_csv(a.out_dir / f"{stem}.csv", results)
     (a.out_dir / f"{stem}-raw.json").write_text(json.dumps(
         {"params": params, "results": results, "failed": failed}, indent=1) + "\n")
     try:
-        plot(results, a.out_dir / f"{stem}.png", plot_title(params, stem))
+        if judged:
+            plot_judged(results, a.out_dir / f"{stem}.png", plot_title(params, stem))
+        else:
+            plot(results, a.out_dir / f"{stem}.png", plot_title(params, stem))
     except Exception as e:  # noqa: BLE001 - the numbers matter more than the picture
         log(f"plot failed: {e}")
     print(text)
     log(f"wrote {a.out_dir}/{stem}.txt, .csv, .png, -raw.json")
 
 
+def render(raw: Path) -> int:
+    """Judges the runs of a <stem>-raw.json again: the judged part of
+    <stem>.txt, <stem>-summary.csv and <stem>.png (the runs' rows stay)."""
+    d = json.loads(raw.read_text())
+    stem, out = raw.name.removesuffix("-raw.json"), raw.parent
+    txt = out / f"{stem}.txt"
+    head = txt.read_text().split("\n\nOver seeds")[0] if txt.exists() else ""
+    txt.write_text(head + "\n\n" + judge_report(d["results"], d["params"]) + "\n")
+    write_judge_csv(out / f"{stem}-summary.csv", d["results"])
+    plot_judged(d["results"], out / f"{stem}.png", plot_title(d["params"], stem))
+    log(f"wrote {txt}, {stem}-summary.csv, {stem}.png")
+    return 0
+
+
 def main() -> int:
     a, runs = parse_args()
+    if a.render:
+        return render(a.render)
     t_start = time.time()
     # The tree the recipe just built from (edits made while the runs go on
     # do not change the binaries).

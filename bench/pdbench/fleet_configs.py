@@ -121,6 +121,28 @@ DEFAULTS = dict(requests=1000, time_scale=5.0, load=3.0, prefill=8, decode=8,
 QUICK = dict(requests=300)
 
 
+@dataclass(frozen=True)
+class Window:
+    """Requests `start` to `start + size - 1` of the trace, measured after
+    `warmup` requests replayed before them (which fill the pods' caches and
+    queues and are not measured)."""
+    start: int
+    size: int = 1000
+    warmup: int = 1000
+
+
+# Tuning and judging are apart: every choice of a policy or a default is made
+# on `tune` (the first 1,000 requests, the slice the earlier choices were
+# made on); `judge` reports on the three others, which no choice may look at
+# (bench/README.md, "Tuning and judging windows").
+WINDOWS = {"tune": Window(0, warmup=0), "w2k": Window(2000), "w4k": Window(4000),
+           "w9k": Window(9000)}
+WINDOW_SETS = {"judge": ["w2k", "w4k", "w9k"]}
+# The judged runs' configurations: the default and the best peer of the
+# earlier runs (vllm-router); sglang-router 0.3.2 places at random in PD mode.
+JUDGE_CONFIGS = ["pd-ttft", "vllm-router"]
+
+
 @dataclass
 class Run:
     name: str
@@ -131,6 +153,18 @@ class Run:
     prefill: int
     decode: int
     time_scale: float
+    # A window's run: the replay skips `skip` requests and measures the
+    # last `requests - warmup` of those it sends; `seed` 0 is the trace as it is.
+    window: str = ""
+    skip: int = 0
+    warmup: int = 0
+    seed: int = 0
+
+    @property
+    def key(self) -> str:
+        """The run's name with its window and seed, unique in a results file."""
+        return self.name + (f"/{self.window}" if self.window else "") + (
+            f"/s{self.seed}" if self.seed else "")
 
 
 def deep_merge(base: dict, over: dict) -> dict:

@@ -183,6 +183,28 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
     }
 
 
+# Prompt-length buckets of the per-bucket report, in tokens: [low, high).
+BUCKETS = [(0, 4096), (4096, 8192), (8192, 16384), (16384, 32768), (32768, 1 << 30)]
+
+
+def bucket_name(lo: int, hi: int) -> str:
+    return f"{lo // 1024}k-{hi // 1024}k" if hi < 1 << 30 else f">={lo // 1024}k"
+
+
+def bucket_stats(rows: list[tuple]) -> dict:
+    """Per prompt-length bucket, from (prompt tokens, TTFT or None, floor):
+    requests, TTFT p50/p99 over the answered, and the floor's p50/p99."""
+    out = {}
+    for lo, hi in BUCKETS:
+        rs = [r for r in rows if lo <= r[0] < hi]
+        ttft = [r[1] for r in rs if r[1] is not None]
+        floor = [r[2] for r in rs if r[2] is not None]
+        out[bucket_name(lo, hi)] = {"n": len(rs), "ttft_p50": pct(ttft, 50),
+                                    "ttft_p99": pct(ttft, 99), "floor_p50": pct(floor, 50),
+                                    "floor_p99": pct(floor, 99)}
+    return out
+
+
 def peer_decisions(pages: list[str]) -> dict:
     """vllm-router's prefill routing outcomes (prefix_hit, prefix_miss,
     missing_tokens: no token ids within its budget, so by load alone)."""

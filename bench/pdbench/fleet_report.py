@@ -55,8 +55,10 @@ def describe_runs(runs: list[Run]) -> list[str]:
         other = sorted({f"{r.config.name} {r.time_scale:g}" for r in rs
                         if r.time_scale != common.time_scale})
         label = f"{x.suffix or 'no suffix'}"
+        what = (f"{common.requests} requests a run, the first {common.warmup} of them warm-up"
+                if common.window else f"the first {common.requests} requests")
         out.append(f"  {label:<10} load {common.load:g}, {common.prefill} prefill + "
-                   f"{common.decode} decode pods, the first {common.requests} requests, time "
+                   f"{common.decode} decode pods, {what}, time "
                    f"scale {common.time_scale:g}" + (f" ({', '.join(other)})" if other else ""))
     return out
 
@@ -66,9 +68,17 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
     w = out.append
     w("Fleet simulation (bench/fleet.py): the trace replayed through each router onto "
       "simulated pods. Times are modelled seconds.")
-    w(f"Trace: {params['trace']}, the first {params['requests']} requests "
-      f"({params['trace_span_s']:.0f} s of the trace at load 1). Load: the trace's rate times "
-      "it. Time scale: modelled s per real s.")
+    if params.get("windows"):
+        w(f"Trace: {params['trace']}, windows " + ", ".join(
+            f"{n} (requests {x['first']}-{x['last']} after {x['warmup']} of warm-up)"
+            for n, x in sorted(params["windows"].items())) + ". Load: the trace's rate times it. "
+          "Time scale: modelled s per real s.")
+    else:
+        w(f"Trace: {params['trace']}, the first {params['requests']} requests "
+          f"({params['trace_span_s']:.0f} s of the trace at load 1). Load: the trace's rate "
+          "times it. Time scale: modelled s per real s.")
+    w(f"Prompts: {params.get('bytes_per_token', 4)} bytes a token; host tier reload "
+      f"{params.get('host_gbs', 25):g} GB/s; seeds {params.get('seeds', [0])}.")
     w(f"Pods: KV {params['kv_blocks']} blocks of 512 tokens per pod (Llama-3.1-8B on an H100), "
       f"prefix cache {params['cache_blocks']} blocks per pod (GPU and host tier). "
       f"Filter built from {params['commit']}.")
@@ -156,6 +166,9 @@ def write_csv(path: Path, results: dict) -> None:
 
 
 def plot_title(params: dict, stem: str) -> str:
+    if params.get("windows"):
+        return (f"Fleet simulation, windows {', '.join(sorted(params['windows']))} after their "
+                f"warm-up, seeds {params['seeds']}: bench/results/{stem}.txt")
     runs = params["runs"]
     parts = []
     for v, x in VARIANTS.items():

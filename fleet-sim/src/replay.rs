@@ -7,9 +7,12 @@
 //!
 //! Open loop: a request leaves at its time whether or not earlier ones
 //! were answered, as a production service's clients do. `--load` divides
-//! the trace's gaps (2 replays it at twice its rate).
+//! the trace's gaps (2 replays it at twice its rate). `--seed` other than 0
+//! spreads each request over the second after its timestamp (the Mooncake
+//! traces' are whole seconds, a dozen requests on one) and varies the
+//! prompts' filler text: a repeat of a run with another seed.
 
-use crate::sim::text::{parse_prompt, prompt_text, token_ids};
+use crate::sim::text::{parse_prompt, prompt_text, splitmix, token_ids, Shape};
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
@@ -59,6 +62,54 @@ pub struct ReplayArgs {
     /// its text (a router that keys on token ids then needs no render call)
     #[arg(long)]
     pub token_ids: bool,
+    /// Bytes of prompt text per token (the pods' --bytes-per-token)
+    #[arg(long, default_value_t = 4)]
+    pub bytes_per_token: usize,
+    /// 0: arrivals at the trace's timestamps, the default filler; else each
+    /// arrival spread over the second after its timestamp and the filler
+    /// varied, by this seed (the pods' --seed)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl ReplayArgs {
+    fn shape(&self) -> Shape {
+        Shape {
+            bytes_per_token: self.bytes_per_token,
+            seed: self.seed,
+        }
+    }
+
+    /// When request `i` of the replay, at `timestamp` ms, leaves: modelled
+    /// seconds after the first request's timestamp.
+    fn arrival_s(&self, i: usize, timestamp: f64, first: f64) -> f64 {
+        let jitter_ms = if self.seed == 0 {
+            0.0
+        } else {
+            let mut state =
+                self.seed ^ ((self.skip + i) as u64).wrapping_mul(0xA24B_AED4_963E_E407);
+            (splitmix(&mut state) >> 11) as f64 / (1u64 << 53) as f64 * 1000.0
+        };
+        (timestamp + jitter_ms - first) / 1000.0 / self.load
+    }
+
+    /// The request body of trace line `t`, sent as `user`.
+    fn body(&self, t: &TraceLine, user: &str) -> Bytes {
+        let text = prompt_text(&t.hash_ids, t.input_length, self.shape());
+        let prompt = if self.token_ids {
+            serde_json::json!(token_ids(&parse_prompt(text.as_bytes(), self.shape())))
+        } else {
+            serde_json::json!(text)
+        };
+        let body = serde_json::json!({
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": t.output_length.max(1),
+            "stream": true,
+            "user": user,
+        });
+        Bytes::from(body.to_string())
+    }
 }
 
 /// One line of a trace.
@@ -195,6 +246,9 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
     {
         return Err("--time-scale and --load must be above 0".into());
     }
+    if args.bytes_per_token == 0 {
+        return Err("--bytes-per-token must be at least 1".into());
+    }
     for u in &args.urls {
         split_url(u)?;
     }
@@ -204,27 +258,14 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout_s);
     let mut tasks = Vec::with_capacity(trace.len());
     for (i, t) in trace.into_iter().enumerate() {
-        let arrival_s = (t.timestamp - first) / 1000.0 / args.load;
+        let arrival_s = args.arrival_s(i, t.timestamp, first);
         let url = args
             .urls
             .get(i % args.urls.len())
             .cloned()
             .unwrap_or_default();
         let user = format!("r{}", args.skip + i);
-        let text = prompt_text(&t.hash_ids, t.input_length);
-        let prompt = if args.token_ids {
-            serde_json::json!(token_ids(&parse_prompt(text.as_bytes())))
-        } else {
-            serde_json::json!(text)
-        };
-        let body = serde_json::json!({
-            "model": args.model,
-            "prompt": prompt,
-            "max_tokens": t.output_length.max(1),
-            "stream": true,
-            "user": user,
-        });
-        let body = Bytes::from(body.to_string());
+        let body = args.body(&t, &user);
         let scale = args.time_scale;
         let at = start + Duration::from_secs_f64(arrival_s / scale);
         tasks.push(tokio::spawn(async move {
@@ -269,4 +310,62 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
         start.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> ReplayArgs {
+        let base = [
+            "replay",
+            "--trace",
+            "t",
+            "--url",
+            "http://127.0.0.1:1/",
+            "--out",
+            "o",
+        ];
+        ReplayArgs::parse_from(base.iter().chain(extra))
+    }
+
+    #[test]
+    fn a_seed_spreads_each_arrival_over_the_second_after_its_timestamp() {
+        let plain = args(&["--load", "2"]);
+        assert_eq!(plain.arrival_s(3, 5000.0, 1000.0), 2.0);
+        let a = args(&["--load", "2", "--seed", "1"]);
+        let b = args(&["--load", "2", "--seed", "2"]);
+        let (ta, tb) = (
+            a.arrival_s(3, 5000.0, 1000.0),
+            b.arrival_s(3, 5000.0, 1000.0),
+        );
+        assert!(
+            (2.0..2.5).contains(&ta) && (2.0..2.5).contains(&tb),
+            "{ta} {tb}"
+        );
+        assert_ne!(ta, tb);
+        assert_eq!(
+            ta,
+            a.arrival_s(3, 5000.0, 1000.0),
+            "the same seed, the same run"
+        );
+        assert_ne!(ta, a.arrival_s(4, 5000.0, 1000.0));
+    }
+
+    #[test]
+    fn the_body_carries_text_at_the_asked_bytes_per_token() {
+        let t = TraceLine {
+            timestamp: 0.0,
+            input_length: 700,
+            output_length: 3,
+            hash_ids: vec![1, 2],
+        };
+        let body = args(&["--bytes-per-token", "3"]).body(&t, "r0");
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["prompt"].as_str().unwrap().len(), 2100);
+        assert_eq!(
+            (v["max_tokens"].as_u64(), v["user"].as_str()),
+            (Some(3), Some("r0"))
+        );
+    }
 }

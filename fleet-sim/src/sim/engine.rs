@@ -2,10 +2,14 @@
 //! arrival order until the KV cache can hold their prompt and output; each
 //! step gives every running decode one token and the rest of the step's
 //! token budget to prompts still being computed (chunked prefill), and
-//! lasts what [`Gpu::step_s`] says. Pure: the pod's task drives it in real
-//! time and turns its events into answers.
+//! lasts what [`Gpu::step_s`] says. A prompt's blocks become hits for later
+//! requests at the end of the step that computed them. A request whose hits
+//! were in the host tier waits for their reload ([`Gpu::reload_s`]; one
+//! reload after another, the host link shared) while the other requests
+//! step. Pure: the pod's task drives it in real time and turns its events
+//! into answers.
 
-use super::cache::BlockCache;
+use super::cache::{BlockCache, Reserved};
 use super::model::{Chunk, Gpu};
 use super::text::{Prompt, BLOCK_TOKENS};
 use std::collections::VecDeque;
@@ -81,9 +85,20 @@ struct Running {
     /// Tokens of the prompt already in KV (cached or computed).
     done: u32,
     generated: u32,
-    ids: Vec<u64>,
+    /// The blocks it pins (hits and the blocks it computes into the cache).
+    pinned: Vec<u64>,
+    /// Its named blocks' ends, in prompt tokens, not yet marked computed.
+    to_mark: VecDeque<(u32, u64)>,
     anonymous: usize,
+    /// Seconds until its host-tier hits are back on the GPU.
+    loading_s: f64,
     cancelled: bool,
+}
+
+impl Running {
+    fn runnable(&self) -> bool {
+        self.loading_s <= 0.0
+    }
 }
 
 /// What an engine has counted since it started (for `/metrics` and the
@@ -100,6 +115,10 @@ pub struct Counters {
     pub finished: u64,
     /// Seconds of steps run.
     pub busy_s: f64,
+    /// Blocks dropped from the prefix cache.
+    pub evicted_blocks: u64,
+    /// Prompt tokens loaded back from the host tier.
+    pub reloaded_tokens: u64,
     /// The integral of running requests over time (request-seconds).
     pub running_s: f64,
 }
@@ -115,6 +134,8 @@ pub struct Engine {
     /// The chunks of the step planned, by index into `running`.
     planned: Vec<(usize, u32)>,
     planned_s: f64,
+    /// The planned step only waits for reloads: no GPU work.
+    planned_idle: bool,
 }
 
 impl Engine {
@@ -127,6 +148,7 @@ impl Engine {
             counters: Counters::default(),
             planned: Vec::new(),
             planned_s: 0.0,
+            planned_idle: false,
         }
     }
 
@@ -159,7 +181,10 @@ impl Engine {
     }
 
     pub fn counters(&self) -> Counters {
-        self.counters
+        Counters {
+            evicted_blocks: self.cache.evicted(),
+            ..self.counters
+        }
     }
 
     /// Tokens of `prompt` this engine holds as a cached prefix now.
@@ -186,41 +211,77 @@ impl Engine {
                 .sum();
             let rest = job.prompt.tokens.saturating_sub(named) + job.output;
             let anonymous = rest.div_ceil(BLOCK_TOKENS) as usize;
-            let cached = if job.handed_off {
-                0
-            } else {
-                self.cached_tokens(&job.prompt)
-            };
-            if !self.cache.reserve(&ids, anonymous) {
+            let cached = self.cached_tokens(&job.prompt);
+            let Some(reserved) = self.cache.reserve(&ids, anonymous) else {
                 break;
-            }
+            };
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
-            let to_prefill = if job.handed_off {
-                0
-            } else {
-                job.prompt.tokens.saturating_sub(cached)
-            };
-            self.counters.prompt_tokens += job.prompt.tokens as u64;
-            if !job.handed_off {
-                self.counters.prefix_queries += job.prompt.tokens as u64;
-                self.counters.prefix_hits += cached as u64;
+            self.start(job, reserved, cached, events);
+        }
+    }
+
+    /// A request admitted with its reservation: `cached` tokens found here.
+    fn start(&mut self, job: Job, reserved: Reserved, cached: u32, events: &mut Vec<Event>) {
+        let reload = (reserved.reloaded as u32 * BLOCK_TOKENS).min(cached);
+        let queued = self.running.iter().map(|r| r.loading_s).fold(0.0, f64::max);
+        let loading_s = if reload > 0 {
+            queued + self.config.gpu.reload_s(reload)
+        } else {
+            0.0
+        };
+        self.counters.reloaded_tokens += reload as u64;
+        let mut to_mark = VecDeque::new();
+        let mut end = 0;
+        for b in &job.prompt.blocks {
+            end += b.tokens;
+            if let Some(id) = b.id.filter(|id| reserved.pinned.contains(id)) {
+                to_mark.push_back((end, id));
             }
-            events.push(Event::Admitted {
-                key: job.key,
-                cached,
-                computed: to_prefill,
-            });
-            self.running.push(Running {
-                done: job.prompt.tokens.saturating_sub(to_prefill),
-                to_prefill,
-                generated: 0,
-                ids,
-                anonymous,
-                cancelled: false,
-                job,
-            });
+        }
+        let to_prefill = if job.handed_off {
+            // The prompt's KV arrived from the prefill pod.
+            let arrived: Vec<u64> = to_mark.drain(..).map(|(_, id)| id).collect();
+            self.cache.mark_computed(&arrived);
+            0
+        } else {
+            job.prompt.tokens.saturating_sub(cached)
+        };
+        let cached = if job.handed_off { 0 } else { cached };
+        self.counters.prompt_tokens += job.prompt.tokens as u64;
+        if !job.handed_off {
+            self.counters.prefix_queries += job.prompt.tokens as u64;
+            self.counters.prefix_hits += cached as u64;
+        }
+        events.push(Event::Admitted {
+            key: job.key,
+            cached,
+            computed: to_prefill,
+        });
+        let mut r = Running {
+            done: job.prompt.tokens.saturating_sub(to_prefill),
+            to_prefill,
+            generated: 0,
+            pinned: reserved.pinned,
+            to_mark,
+            anonymous: reserved.anonymous,
+            loading_s,
+            cancelled: false,
+            job,
+        };
+        Self::mark(&mut self.cache, &mut r);
+        self.running.push(r);
+    }
+
+    /// Marks the blocks `r` has computed so far: hits for later requests.
+    fn mark(cache: &mut BlockCache, r: &mut Running) {
+        while let Some(&(end, id)) = r.to_mark.front() {
+            if end > r.done {
+                break;
+            }
+            cache.mark_computed(&[id]);
+            r.to_mark.pop_front();
         }
     }
 
@@ -234,7 +295,7 @@ impl Engine {
         self.planned.clear();
         let mut decodes = 0u32;
         let mut context = 0u64;
-        for r in &self.running {
+        for r in self.running.iter().filter(|r| r.runnable()) {
             if r.to_prefill == 0 {
                 decodes += 1;
                 context += (r.done + r.generated) as u64;
@@ -246,7 +307,7 @@ impl Engine {
             if budget == 0 {
                 break;
             }
-            if r.to_prefill > 0 {
+            if r.to_prefill > 0 && r.runnable() {
                 let n = r.to_prefill.min(budget);
                 budget -= n;
                 chunks.push(Chunk {
@@ -256,7 +317,16 @@ impl Engine {
                 self.planned.push((i, n));
             }
         }
-        self.planned_s = self.config.gpu.step_s(decodes, context, &chunks);
+        self.planned_idle = decodes == 0 && chunks.is_empty();
+        self.planned_s = if self.planned_idle {
+            // Every running request waits for a reload: until the first ends.
+            self.running
+                .iter()
+                .map(|r| r.loading_s)
+                .fold(f64::INFINITY, f64::min)
+        } else {
+            self.config.gpu.step_s(decodes, context, &chunks)
+        };
         Some(self.planned_s)
     }
 
@@ -264,7 +334,9 @@ impl Engine {
     /// finished and their KV given back (their prompts stay cached).
     pub fn complete(&mut self, events: &mut Vec<Event>) {
         let dt = self.planned_s;
-        self.counters.busy_s += dt;
+        if !self.planned_idle {
+            self.counters.busy_s += dt;
+        }
         self.counters.running_s += dt * self.running.len() as f64;
         let mut prefilled = vec![false; self.running.len()];
         for (i, n) in self.planned.drain(..) {
@@ -272,12 +344,19 @@ impl Engine {
                 r.to_prefill -= n;
                 r.done += n;
                 self.counters.computed_tokens += n as u64;
+                Self::mark(&mut self.cache, r);
                 if let Some(p) = prefilled.get_mut(i) {
                     *p = r.to_prefill == 0;
                 }
             }
         }
         for (i, r) in self.running.iter_mut().enumerate() {
+            // A request that waited for its reload this step does nothing.
+            let was_loading = !r.runnable();
+            r.loading_s = (r.loading_s - dt).max(0.0);
+            if was_loading || self.planned_idle {
+                continue;
+            }
             // A prompt finished this step samples its first token; a
             // decode generates one.
             let decoding = r.to_prefill == 0 && !prefilled.get(i).copied().unwrap_or(false);
@@ -298,7 +377,7 @@ impl Engine {
             .partition(|r| r.cancelled || r.generated >= r.job.output);
         self.running = running;
         for r in ended {
-            self.cache.release(&r.ids, r.anonymous);
+            self.cache.release(&r.pinned, r.anonymous);
             if !r.cancelled {
                 self.counters.finished += 1;
                 events.push(Event::Finished { key: r.job.key });
@@ -310,12 +389,15 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sim::text::{parse_prompt, prompt_text};
+    use crate::sim::text::{parse_prompt, prompt_text, Shape};
 
     fn job(key: u64, ids: &[u64], tokens: u32, output: u32) -> Job {
         Job {
             key,
-            prompt: parse_prompt(prompt_text(ids, tokens).as_bytes()),
+            prompt: parse_prompt(
+                prompt_text(ids, tokens, Shape::default()).as_bytes(),
+                Shape::default(),
+            ),
             output,
             handed_off: false,
         }
@@ -356,6 +438,90 @@ mod tests {
             (c.prefix_queries, c.prefix_hits, c.computed_tokens),
             (4096, 1536, 2560)
         );
+    }
+
+    #[test]
+    fn only_computed_blocks_are_hits_not_a_prefix_still_being_computed() {
+        let mut e = Engine::new(EngineConfig::default());
+        // Admitted in the same step: the second finds nothing computed yet.
+        e.submit(job(1, &[1, 2, 3, 4], 2048, 1));
+        e.submit(job(2, &[1, 2, 3, 5], 2048, 1));
+        let (_, events) = run(&mut e);
+        for key in [1, 2] {
+            assert!(events.contains(&Event::Admitted {
+                key,
+                cached: 0,
+                computed: 2048
+            }));
+        }
+        // Once computed, the prefix is a hit.
+        e.submit(job(3, &[1, 2, 3, 6], 2048, 1));
+        let (_, events) = run(&mut e);
+        assert!(events.contains(&Event::Admitted {
+            key: 3,
+            cached: 1536,
+            computed: 512
+        }));
+        assert_eq!(e.counters().computed_tokens, 2048 * 2 + 512);
+    }
+
+    #[test]
+    fn a_host_tier_hit_waits_for_its_reload_at_the_host_bandwidth() {
+        let timed = |gpu: Gpu| {
+            let mut e = Engine::new(EngineConfig {
+                gpu,
+                kv_blocks: 6,
+                cache_blocks: 12,
+                ..EngineConfig::default()
+            });
+            // 1, 2, 3 go to the host tier to make room for the next two.
+            e.submit(job(1, &[1, 2, 3], 1536, 1));
+            e.submit(job(2, &[4, 5, 6], 1536, 1));
+            e.submit(job(3, &[7, 8, 9, 10, 11], 2560, 1));
+            run(&mut e);
+            let busy = e.counters().busy_s;
+            e.submit(job(4, &[1, 2, 3, 12], 2048, 1));
+            let (t, events) = run(&mut e);
+            assert!(events.contains(&Event::Admitted {
+                key: 4,
+                cached: 1536,
+                computed: 512
+            }));
+            let c = e.counters();
+            assert_eq!(c.reloaded_tokens, 1536);
+            (t, c.busy_s - busy)
+        };
+        let fast = Gpu::default();
+        let slow = Gpu {
+            host_bytes_per_s: fast.host_bytes_per_s / 10.0,
+            ..fast
+        };
+        let ((t_fast, busy_fast), (t_slow, busy_slow)) = (timed(fast), timed(slow));
+        let extra = slow.reload_s(1536) - fast.reload_s(1536);
+        assert!((t_slow - t_fast - extra).abs() < 1e-9, "{t_fast} {t_slow}");
+        assert!(t_fast >= fast.reload_s(1536) + busy_fast);
+        // Waiting for the reload is not GPU time.
+        assert!((busy_slow - busy_fast).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_gpu_only_cache_evicts_when_the_prompts_outgrow_it() {
+        let mut e = Engine::new(EngineConfig {
+            kv_blocks: 8,
+            cache_blocks: 8,
+            ..EngineConfig::default()
+        });
+        for k in 0..4 {
+            e.submit(job(k, &[10 * k, 10 * k + 1, 10 * k + 2], 1536, 1));
+            run(&mut e);
+        }
+        let c = e.counters();
+        assert_eq!(
+            c.evicted_blocks,
+            12 - 8 + 1,
+            "12 blocks, 8 of room, one for output"
+        );
+        assert_eq!(c.reloaded_tokens, 0);
     }
 
     #[test]

@@ -1,16 +1,18 @@
 //! What the pods of one simulation share: the hand-offs in flight between
-//! them (vLLM NIXL's prefill offers, SGLang's bootstrap rooms) and the
-//! record of every request each pod served, which the benchmark reads back
-//! (`GET /sim/records`).
+//! them (vLLM NIXL's prefill offers, SGLang's bootstrap rooms), the NICs
+//! their KV transfers share, and the record of every request each pod
+//! served, which the benchmark reads back (`GET /sim/records`).
 
 use super::model::Gpu;
-use super::pod::Pod;
+use super::nic::Links;
+use super::pod::{Clock, Pod};
+use super::text::Shape;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// Which engine's wire contract the pods speak.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,10 +80,15 @@ pub struct Fleet {
     pub lease_s: f64,
     /// How often a stream sends the tokens generated since its last chunk.
     pub flush: Duration,
+    /// How the replayer made the prompts' text (bytes per token, seed).
+    pub text: Shape,
     offers: Mutex<HashMap<String, Offer>>,
     rooms: Mutex<HashMap<u64, Arc<Room>>>,
     records: Mutex<Vec<Record>>,
     next_offer: AtomicU64,
+    links: Mutex<Links>,
+    /// A transfer started or ended: the others' rates changed.
+    links_changed: Notify,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -96,6 +103,7 @@ impl Fleet {
         gpu: Gpu,
         lease_s: f64,
         flush: Duration,
+        text: Shape,
     ) -> Fleet {
         Fleet {
             flavor,
@@ -104,11 +112,45 @@ impl Fleet {
             gpu,
             lease_s,
             flush,
+            text,
             offers: Mutex::new(HashMap::new()),
             rooms: Mutex::new(HashMap::new()),
             records: Mutex::new(Vec::new()),
             next_offer: AtomicU64::new(1),
+            links: Mutex::new(Links::new(gpu.transfer_bytes_per_s)),
+            links_changed: Notify::new(),
         }
+    }
+
+    /// Moves `tokens` of KV from pod `src` to pod `dst`: the transfer's
+    /// fixed overhead, then its bytes over the two pods' NICs, shared with
+    /// the other transfers on them (nic.rs). Returns when it has arrived.
+    pub async fn transfer(&self, clock: &Clock, src: usize, dst: usize, tokens: u32) {
+        if tokens == 0 {
+            return;
+        }
+        clock.sleep(self.gpu.transfer_overhead_s).await;
+        let bytes = tokens as f64 * self.gpu.kv_bytes_per_token;
+        let id = lock(&self.links).start(clock.now_s(), src, dst, bytes);
+        self.links_changed.notify_waiters();
+        loop {
+            let (eta, changed) = {
+                let mut links = lock(&self.links);
+                links.advance(clock.now_s());
+                let eta = links.eta_s(id);
+                if eta <= 1e-9 {
+                    links.finish(id);
+                    break;
+                }
+                // Registered before the lock goes: no change is missed.
+                (eta, self.links_changed.notified())
+            };
+            tokio::select! {
+                _ = clock.sleep(eta) => {}
+                _ = changed => {}
+            }
+        }
+        self.links_changed.notify_waiters();
     }
 
     pub fn pod(&self, index: usize) -> Option<&Arc<Pod>> {

@@ -3,14 +3,14 @@
 //! refused, a decode without a valid hand-off computes the prompt itself
 //! and says so in its record), and what routers probe (`/health`,
 //! `/metrics`, vLLM's `/v1/completions/render` and `/tokenize`, SGLang's
-//! server and model info), plus the simulation's own `/sim/records` and
-//! `/sim/pods`.
+//! server and model info), plus the simulation's own `/sim/records`,
+//! `/sim/pods` and `/sim/floor`.
 
-use super::engine::Counters;
+use super::engine::{Counters, EngineConfig};
 use super::fleet::{Flavor, Fleet, Offer, Record};
 use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
-use super::text::{parse_prompt, parse_token_ids, token_ids};
+use super::text::{parse_prompt, parse_token_ids, token_ids, Shape};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -44,6 +44,7 @@ pub fn router(app: App) -> Router {
         .route("/get_model_info", get(model_info))
         .route("/sim/records", get(records))
         .route("/sim/pods", get(pods))
+        .route("/sim/floor", post(floor))
         .with_state(app)
 }
 
@@ -52,9 +53,9 @@ fn bad(message: &str) -> Response {
 }
 
 /// The request's fields the simulation reads.
-fn asked(v: &Value) -> Result<Asked, String> {
+fn asked(v: &Value, shape: Shape) -> Result<Asked, String> {
     let prompt = match v.get("prompt") {
-        Some(Value::String(text)) => parse_prompt(text.as_bytes()),
+        Some(Value::String(text)) => parse_prompt(text.as_bytes(), shape),
         // Token ids (vllm-router keys on them without asking for a render).
         Some(Value::Array(ids)) => {
             let ids: Option<Vec<u32>> = ids
@@ -86,7 +87,7 @@ async fn completions(State(app): State<App>, body: Bytes) -> Response {
         Ok(v) => v,
         Err(e) => return bad(&format!("not JSON: {e}")),
     };
-    let asked = match asked(&v) {
+    let asked = match asked(&v, app.fleet.text) {
         Ok(a) => a,
         Err(e) => return bad(&e),
     };
@@ -139,16 +140,20 @@ async fn vllm(app: App, v: &Value, asked: Asked) -> Response {
         return serve::run(app.fleet, app.pod, &asked, record, false).await;
     }
     record.handoff = "ok";
-    pull_and_decode(app, asked, record).await
+    pull_and_decode(app, asked, record, offer.prefill).await
 }
 
-/// The decode pulls what it does not hold, then decodes.
-async fn pull_and_decode(app: App, asked: Asked, mut record: Record) -> Response {
+/// The decode pulls what it does not hold from pod `src`, then decodes.
+async fn pull_and_decode(app: App, asked: Asked, mut record: Record, src: usize) -> Response {
     record.cached_tokens = app.pod.cached_tokens(&asked.prompt);
     record.transferred_tokens = asked.prompt.tokens.saturating_sub(record.cached_tokens);
-    app.pod
-        .clock
-        .sleep(app.fleet.gpu.transfer_s(record.transferred_tokens))
+    app.fleet
+        .transfer(
+            &app.pod.clock,
+            src,
+            app.pod.index,
+            record.transferred_tokens,
+        )
         .await;
     serve::run(app.fleet, app.pod, &asked, record, true).await
 }
@@ -263,7 +268,7 @@ async fn sglang_decode(app: App, asked: Asked, room_id: u64, prefill: Arc<Pod>) 
         Some((index, _)) if index == prefill.index => {
             record.prefill_pod = Some(prefill.name.clone());
             record.handoff = "ok";
-            pull_and_decode(app, asked, record).await
+            pull_and_decode(app, asked, record, index).await
         }
         _ => {
             record.status = 500;
@@ -277,21 +282,22 @@ async fn sglang_decode(app: App, asked: Asked, room_id: u64, prefill: Arc<Pod>) 
     }
 }
 
-async fn render(body: Bytes) -> Response {
+async fn render(State(app): State<App>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match v.get("prompt").and_then(Value::as_str) {
         Some(p) => {
-            Json(json!({"token_ids": token_ids(&parse_prompt(p.as_bytes()))})).into_response()
+            let prompt = parse_prompt(p.as_bytes(), app.fleet.text);
+            Json(json!({"token_ids": token_ids(&prompt)})).into_response()
         }
         None => bad("render takes `prompt` as one string"),
     }
 }
 
-async fn tokenize(State(_): State<App>, body: Bytes) -> Response {
+async fn tokenize(State(app): State<App>, body: Bytes) -> Response {
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match v.get("prompt").and_then(Value::as_str) {
         Some(p) => {
-            let tokens = token_ids(&parse_prompt(p.as_bytes()));
+            let tokens = token_ids(&parse_prompt(p.as_bytes(), app.fleet.text));
             Json(json!({"count": tokens.len(), "max_model_len": 131072, "tokens": tokens}))
                 .into_response()
         }
@@ -366,6 +372,23 @@ async fn records(State(app): State<App>) -> Response {
     Json(app.fleet.records()).into_response()
 }
 
+/// The unloaded floor of each request's TTFT (`{"requests": [[prompt
+/// tokens, cached tokens], ...]}`): alone on idle pods holding its cached
+/// prefix ([`super::model::Gpu::floor_ttft_s`]), modelled seconds.
+async fn floor(State(app): State<App>, body: Bytes) -> Response {
+    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let Some(requests) = v.get("requests").and_then(Value::as_array) else {
+        return bad("floor takes `requests`: [[prompt tokens, cached tokens], ...]");
+    };
+    let step = EngineConfig::default().step_tokens;
+    let field = |r: &Value, i: usize| r.get(i).and_then(Value::as_u64).unwrap_or(0) as u32;
+    let floors: Vec<f64> = requests
+        .iter()
+        .map(|r| app.fleet.gpu.floor_ttft_s(field(r, 0), field(r, 1), step))
+        .collect();
+    Json(json!({"floor_s": floors})).into_response()
+}
+
 /// Every pod's counters, for the benchmark's load and cache figures.
 async fn pods(State(app): State<App>) -> Response {
     let pods: Vec<Value> = app
@@ -381,6 +404,7 @@ async fn pods(State(app): State<App>) -> Response {
                 "prompt_tokens": c.prompt_tokens, "prefix_queries": c.prefix_queries,
                 "prefix_hits": c.prefix_hits, "computed_tokens": c.computed_tokens,
                 "generated_tokens": c.generated_tokens, "finished": c.finished,
+                "evicted_blocks": c.evicted_blocks, "reloaded_tokens": c.reloaded_tokens,
             })
         })
         .collect();
@@ -391,7 +415,7 @@ async fn pods(State(app): State<App>) -> Response {
 mod tests {
     use super::*;
     use crate::sim::engine::{Engine, EngineConfig, Job};
-    use crate::sim::text::{parse_prompt, prompt_text};
+    use crate::sim::text::{parse_prompt, prompt_text, Shape};
 
     /// The samples of a Prometheus page: name (labels cut) → value.
     fn samples(page: &str) -> Vec<(String, f64)> {
@@ -418,7 +442,10 @@ mod tests {
         for (key, last) in [(1, 4), (2, 5)] {
             e.submit(Job {
                 key,
-                prompt: parse_prompt(prompt_text(&[1, 2, 3, last], 2048).as_bytes()),
+                prompt: parse_prompt(
+                    prompt_text(&[1, 2, 3, last], 2048, Shape::default()).as_bytes(),
+                    Shape::default(),
+                ),
                 output: 1,
                 handed_off: false,
             });

@@ -9,8 +9,8 @@
 //!
 //! Layers: [`text`] (prompts from trace block ids and back), [`model`]
 //! (step and transfer times), [`cache`] (a pod's blocks), [`engine`] (the
-//! scheduler), then [`pod`] (driving an engine in real time), [`fleet`]
-//! (what pods share), [`serve`] (one request's life) and [`http`] (the
+//! scheduler), [`nic`] (transfers sharing the pods' NICs), then [`pod`]
+//! (driving an engine in real time), [`fleet`] (what pods share), [`serve`] (one request's life) and [`http`] (the
 //! API).
 
 pub mod cache;
@@ -18,6 +18,7 @@ pub mod engine;
 pub mod fleet;
 pub mod http;
 pub mod model;
+pub mod nic;
 pub mod pod;
 pub mod serve;
 pub mod text;
@@ -64,6 +65,17 @@ pub struct SimArgs {
     /// tier (default: --kv-blocks, no tier)
     #[arg(long)]
     pub cache_blocks: Option<usize>,
+    /// Host tier to GPU, GB/s: a hit in the host tier waits for its reload
+    /// at this rate (default 25: about 40 % of PCIe Gen5 x16's 64 GB/s per
+    /// direction, the model's assumption)
+    #[arg(long, default_value_t = 25.0)]
+    pub host_gbs: f64,
+    /// Bytes of prompt text per token (the replayer's --bytes-per-token)
+    #[arg(long, default_value_t = 4)]
+    pub bytes_per_token: usize,
+    /// The replayer's --seed (its prompts' filler)
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
     /// The model the pods serve
     #[arg(long, default_value = "sim-model")]
     pub model: String,
@@ -88,11 +100,20 @@ fn flavor(name: &str) -> Result<Flavor, String> {
 /// process is stopped.
 pub async fn run(args: SimArgs) -> Result<(), String> {
     let flavor = flavor(&args.engine)?;
-    if args.time_scale.is_nan() || args.time_scale <= 0.0 {
-        return Err("--time-scale must be above 0".into());
+    if [args.time_scale, args.host_gbs]
+        .iter()
+        .any(|v| v.is_nan() || *v <= 0.0)
+    {
+        return Err("--time-scale and --host-gbs must be above 0".into());
+    }
+    if args.bytes_per_token == 0 {
+        return Err("--bytes-per-token must be at least 1".into());
     }
     let clock = Clock::new(args.time_scale);
-    let gpu = Gpu::default();
+    let gpu = Gpu {
+        host_bytes_per_s: args.host_gbs * 1e9,
+        ..Gpu::default()
+    };
     let kv_blocks = args.kv_blocks.unwrap_or(EngineConfig::default().kv_blocks);
     let config = EngineConfig {
         gpu,
@@ -127,6 +148,10 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         gpu,
         args.lease_s,
         flush,
+        text::Shape {
+            bytes_per_token: args.bytes_per_token,
+            seed: args.seed,
+        },
     ));
     for (pod, listener) in pods.iter().zip(listeners) {
         tokio::spawn(Arc::clone(pod).drive());
@@ -151,6 +176,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         "{}",
         serde_json::json!({"ready": true, "engine": args.engine, "time_scale": args.time_scale,
             "kv_blocks": config.kv_blocks, "cache_blocks": config.cache_blocks,
+            "host_gbs": args.host_gbs, "bytes_per_token": args.bytes_per_token, "seed": args.seed,
             "prefill": describe(Role::Prefill), "decode": describe(Role::Decode)})
     );
     std::future::pending::<()>().await;

@@ -10,7 +10,11 @@
 //! - H100: 989 TFLOPS dense bf16 at 40 % utilisation, 3.35 TB/s of HBM at
 //!   75 % for weights, 2.5 TB/s effective for KV reads;
 //! - 0.5 ms of scheduling per step; a transfer of 25 GB/s per GPU (one
-//!   400 Gb/s NIC, RDMA, Mooncake's measured 190 GB/s over 8) plus 1 ms.
+//!   400 Gb/s NIC, RDMA, Mooncake's measured 190 GB/s over 8) plus 1 ms,
+//!   the NIC's bandwidth shared by the transfers in flight on it (nic.rs);
+//! - a reload from the host tier at 25 GB/s: a PCIe Gen5 x16 link's 64 GB/s
+//!   per direction nominal, of which the KV's scattered blocks get about 40 %
+//!   (the model's assumption; `mock-engine sim --host-gbs`).
 //!
 //! Derived, not measured: a 1k-token prefill takes about 37 ms, 32k about
 //! 1.8 s; a decode step about 7 ms for one short sequence and 27 ms for a
@@ -30,6 +34,8 @@ pub struct Gpu {
     pub kv_bytes_per_token: f64,
     pub transfer_bytes_per_s: f64,
     pub transfer_overhead_s: f64,
+    /// Host tier to GPU (vLLM's KV offloading loading blocks back).
+    pub host_bytes_per_s: f64,
 }
 
 impl Default for Gpu {
@@ -45,6 +51,7 @@ impl Default for Gpu {
             kv_bytes_per_token: 131_072.0,
             transfer_bytes_per_s: 25e9,
             transfer_overhead_s: 1e-3,
+            host_bytes_per_s: 25e9,
         }
     }
 }
@@ -87,6 +94,42 @@ impl Gpu {
         }
         self.transfer_overhead_s
             + tokens as f64 * self.kv_bytes_per_token / self.transfer_bytes_per_s
+    }
+
+    /// Loading `tokens` of KV back from the host tier to the GPU.
+    pub fn reload_s(&self, tokens: u32) -> f64 {
+        tokens as f64 * self.kv_bytes_per_token / self.host_bytes_per_s
+    }
+
+    /// Seconds the prefill of `tokens` takes on an idle pod that holds
+    /// `cached` of them on the GPU: chunks of `step_tokens`, one step each.
+    pub fn prefill_alone_s(&self, tokens: u32, cached: u32, step_tokens: u32) -> f64 {
+        let mut done = cached.min(tokens.saturating_sub(1));
+        let mut t = 0.0;
+        while done < tokens {
+            let n = (tokens - done).min(step_tokens.max(1));
+            t += self.step_s(
+                0,
+                0,
+                &[Chunk {
+                    tokens: n,
+                    before: done,
+                }],
+            );
+            done += n;
+        }
+        t
+    }
+
+    /// The unloaded floor of a PD request's time to first token: its prefill
+    /// alone on an idle pod that holds `cached` tokens, the KV of the rest
+    /// moved to an idle decode pod that holds the same prefix, and that
+    /// pod's first decode step.
+    pub fn floor_ttft_s(&self, tokens: u32, cached: u32, step_tokens: u32) -> f64 {
+        let cached = cached.min(tokens.saturating_sub(1));
+        self.prefill_alone_s(tokens, cached, step_tokens)
+            + self.transfer_s(tokens - cached)
+            + self.step_s(1, tokens as u64, &[])
     }
 }
 
@@ -133,6 +176,50 @@ mod tests {
         assert!((0.006..0.008).contains(&one), "{one}");
         assert!((0.024..0.030).contains(&full), "{full}");
         assert!(g.step_s(256, 256 * 1024, &[]) > g.step_s(64, 64 * 1024, &[]));
+    }
+
+    #[test]
+    fn a_host_tier_reload_takes_its_bytes_at_the_host_bandwidth() {
+        let g = Gpu::default();
+        // 8,192 tokens of 128 KiB at 25 GB/s: 43 ms, an eighth of computing them.
+        let t = g.reload_s(8192);
+        assert!((t - 8192.0 * 131_072.0 / 25e9).abs() < 1e-12, "{t}");
+        assert!(t < prefill_s(&g, 8192) / 6.0);
+        let slow = Gpu {
+            host_bytes_per_s: 5e9,
+            ..g
+        };
+        assert!((slow.reload_s(8192) / t - 5.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_unloaded_floor_is_prefill_of_the_uncached_tail_transfer_and_one_step() {
+        let g = Gpu::default();
+        let cold = g.floor_ttft_s(8192, 0, 8192);
+        let want = prefill_s(&g, 8192) + g.transfer_s(8192) + g.step_s(1, 8192, &[]);
+        assert!((cold - want).abs() < 1e-12, "{cold} vs {want}");
+        let warm = g.floor_ttft_s(8192, 7168, 8192);
+        assert!(warm < cold / 3.0, "{warm} vs {cold}");
+        // Chunks of the step budget, one step each.
+        let long = g.prefill_alone_s(20_000, 0, 8192);
+        let three = prefill_s(&g, 8192)
+            + g.step_s(
+                0,
+                0,
+                &[Chunk {
+                    tokens: 8192,
+                    before: 8192,
+                }],
+            )
+            + g.step_s(
+                0,
+                0,
+                &[Chunk {
+                    tokens: 3616,
+                    before: 16_384,
+                }],
+            );
+        assert!((long - three).abs() < 1e-12);
     }
 
     #[test]

@@ -3,21 +3,49 @@
 //! every router sees the prefix sharing the trace recorded, and a simulated
 //! pod recovers exactly which blocks a prompt holds.
 //!
-//! A block is [`BLOCK_TOKENS`] tokens of [`BYTES_PER_TOKEN`] bytes each (the
-//! router's own estimate is bytes / 4): a marker `#<id in hex>;` and then
-//! filler that is a pure function of the id (lowercase letters and spaces,
-//! so it is a JSON string as it stands). The last block is cut to the
-//! request's length; a cut that leaves no whole marker makes an anonymous
-//! tail, which no cache can hold.
+//! A block is [`BLOCK_TOKENS`] tokens of [`Shape::bytes_per_token`] bytes
+//! each (4 by default, pd-router's own estimate; Llama-3's tokenizer gives
+//! English prose about 3.6): a marker `#<id in hex>;` and then filler that is
+//! a pure function of the id and [`Shape::seed`] (lowercase letters and
+//! spaces, so it is a JSON string as it stands). The last block is cut to
+//! the request's length; a cut that leaves no whole marker makes an
+//! anonymous tail, which no cache can hold. The replayer and the pods must
+//! agree on the shape.
 
 /// Tokens of one trace block (the Mooncake trace's 512).
 pub const BLOCK_TOKENS: u32 = 512;
-/// Bytes per token, as the router estimates them.
-pub const BYTES_PER_TOKEN: usize = 4;
-/// Bytes of one whole block.
-pub const BLOCK_BYTES: usize = BLOCK_TOKENS as usize * BYTES_PER_TOKEN;
 
-fn splitmix(state: &mut u64) -> u64 {
+/// How prompt text is made from block ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// Bytes of text per token (at least 1).
+    pub bytes_per_token: usize,
+    /// Varies every block's filler (0: the filler of earlier runs).
+    pub seed: u64,
+}
+
+impl Default for Shape {
+    fn default() -> Shape {
+        Shape {
+            bytes_per_token: 4,
+            seed: 0,
+        }
+    }
+}
+
+impl Shape {
+    /// Bytes of one whole block.
+    pub fn block_bytes(&self) -> usize {
+        BLOCK_TOKENS as usize * self.bytes_per_token.max(1)
+    }
+
+    fn bpt(&self) -> usize {
+        self.bytes_per_token.max(1)
+    }
+}
+
+/// SplitMix64: the next of a seeded sequence of well-mixed numbers.
+pub fn splitmix(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
     let mut z = *state;
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -26,14 +54,15 @@ fn splitmix(state: &mut u64) -> u64 {
 }
 
 /// The whole text of block `id`.
-pub fn block_text(id: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(BLOCK_BYTES);
+pub fn block_text(id: u64, shape: Shape) -> Vec<u8> {
+    let len = shape.block_bytes();
+    let mut out = Vec::with_capacity(len);
     out.extend_from_slice(format!("#{id:x};").as_bytes());
-    let mut state = id;
-    while out.len() < BLOCK_BYTES {
+    let mut state = id ^ shape.seed.wrapping_mul(0xD6E8_FEB8_6659_FD93);
+    while out.len() < len {
         let r = splitmix(&mut state);
         for byte in r.to_le_bytes() {
-            if out.len() == BLOCK_BYTES {
+            if out.len() == len {
                 break;
             }
             // About one space in six: word-like runs of letters.
@@ -46,15 +75,15 @@ pub fn block_text(id: u64) -> Vec<u8> {
 
 /// The prompt of a request of `input_tokens` tokens whose blocks are
 /// `hash_ids` (the trace has `ceil(input_tokens / 512)` of them).
-pub fn prompt_text(hash_ids: &[u64], input_tokens: u32) -> String {
-    let len = input_tokens as usize * BYTES_PER_TOKEN;
+pub fn prompt_text(hash_ids: &[u64], input_tokens: u32, shape: Shape) -> String {
+    let len = input_tokens as usize * shape.bpt();
     let mut out = Vec::with_capacity(len);
     for id in hash_ids {
         if out.len() >= len {
             break;
         }
-        let block = block_text(*id);
-        let take = (len - out.len()).min(BLOCK_BYTES);
+        let block = block_text(*id, shape);
+        let take = (len - out.len()).min(shape.block_bytes());
         out.extend_from_slice(block.get(..take).unwrap_or_default());
     }
     // Bytes past the trace's blocks (a trace that lists too few) repeat
@@ -90,10 +119,11 @@ impl Prompt {
 /// Reads the blocks of a prompt made by [`prompt_text`]. Text that is not
 /// one (a marker missing where a block starts) is still a prompt of its
 /// length, with no block to match from that point on.
-pub fn parse_prompt(text: &[u8]) -> Prompt {
-    let tokens = text.len().div_ceil(BYTES_PER_TOKEN) as u32;
-    let mut blocks = Vec::with_capacity(text.len() / BLOCK_BYTES + 1);
-    for chunk in text.chunks(BLOCK_BYTES) {
+pub fn parse_prompt(text: &[u8], shape: Shape) -> Prompt {
+    let bpt = shape.bpt();
+    let tokens = text.len().div_ceil(bpt) as u32;
+    let mut blocks = Vec::with_capacity(text.len() / shape.block_bytes() + 1);
+    for chunk in text.chunks(shape.block_bytes()) {
         let id = chunk
             .strip_prefix(b"#")
             .and_then(|rest| {
@@ -101,10 +131,10 @@ pub fn parse_prompt(text: &[u8]) -> Prompt {
                 let hex = std::str::from_utf8(rest.get(..end)?).ok()?;
                 u64::from_str_radix(hex, 16).ok()
             })
-            .filter(|id| block_text(*id).starts_with(chunk));
+            .filter(|id| block_text(*id, shape).starts_with(chunk));
         blocks.push(Block {
             id,
-            tokens: chunk.len().div_ceil(BYTES_PER_TOKEN) as u32,
+            tokens: chunk.len().div_ceil(bpt) as u32,
         });
     }
     Prompt { blocks, tokens }
@@ -169,9 +199,9 @@ mod tests {
         let ids = [0u64, 7, 0x1234_5678, 42];
         for tokens in [1u32, 5, 511, 512, 513, 1500, 2048] {
             let n = tokens.div_ceil(BLOCK_TOKENS) as usize;
-            let text = prompt_text(&ids[..n.min(ids.len())], tokens);
-            assert_eq!(text.len(), tokens as usize * BYTES_PER_TOKEN);
-            let p = parse_prompt(text.as_bytes());
+            let text = prompt_text(&ids[..n.min(ids.len())], tokens, Shape::default());
+            assert_eq!(text.len(), tokens as usize * 4);
+            let p = parse_prompt(text.as_bytes(), Shape::default());
             assert_eq!(p.tokens, tokens);
             assert_eq!(p.blocks.len(), n);
             let sum: u32 = p.blocks.iter().map(|b| b.tokens).sum();
@@ -185,9 +215,46 @@ mod tests {
     }
 
     #[test]
+    fn bytes_per_token_sets_the_texts_length_and_the_tokens_read_back() {
+        for bpt in [3, 5] {
+            let shape = Shape {
+                bytes_per_token: bpt,
+                seed: 0,
+            };
+            let text = prompt_text(&[4, 5, 6], 1300, shape);
+            assert_eq!(text.len(), 1300 * bpt);
+            let p = parse_prompt(text.as_bytes(), shape);
+            assert_eq!((p.tokens, p.ids()), (1300, vec![4, 5, 6]));
+            let tokens: Vec<u32> = p.blocks.iter().map(|b| b.tokens).collect();
+            assert_eq!(tokens, vec![512, 512, 276]);
+            // Read at 4 bytes a token (a router's estimate), it is longer or
+            // shorter than it is.
+            let four = parse_prompt(text.as_bytes(), Shape::default());
+            assert_eq!(four.tokens as usize, (1300 * bpt).div_ceil(4));
+            assert_ne!(four.ids(), vec![4, 5, 6]);
+        }
+    }
+
+    #[test]
+    fn a_seed_changes_the_filler_not_the_blocks() {
+        let seeded = Shape {
+            bytes_per_token: 4,
+            seed: 7,
+        };
+        let a = prompt_text(&[1, 2], 1024, Shape::default());
+        let b = prompt_text(&[1, 2], 1024, seeded);
+        assert_ne!(a, b);
+        assert_eq!(parse_prompt(b.as_bytes(), seeded).ids(), vec![1, 2]);
+        assert!(parse_prompt(b.as_bytes(), Shape::default())
+            .ids()
+            .is_empty());
+    }
+
+    #[test]
     fn shared_leading_ids_share_bytes_and_others_do_not() {
-        let a = prompt_text(&[0, 1, 2], 1536);
-        let b = prompt_text(&[0, 1, 9], 1536);
+        let a = prompt_text(&[0, 1, 2], 1536, Shape::default());
+        let b = prompt_text(&[0, 1, 9], 1536, Shape::default());
+        const BLOCK_BYTES: usize = 2048;
         let common = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
         assert!(
             (2 * BLOCK_BYTES..2 * BLOCK_BYTES + 8).contains(&common),
@@ -200,11 +267,14 @@ mod tests {
 
     #[test]
     fn foreign_text_has_no_blocks_to_match() {
-        let p = parse_prompt(b"hello world, not a trace prompt");
+        let p = parse_prompt(b"hello world, not a trace prompt", Shape::default());
         assert_eq!(p.ids(), Vec::<u64>::new());
         assert_eq!(p.tokens, 8);
         let forged = format!("#5;{}", "x".repeat(100));
-        assert_eq!(parse_prompt(forged.as_bytes()).ids(), Vec::<u64>::new());
+        assert_eq!(
+            parse_prompt(forged.as_bytes(), Shape::default()).ids(),
+            Vec::<u64>::new()
+        );
     }
 
     #[test]
@@ -215,7 +285,10 @@ mod tests {
             (&[5], 1),
             (&[], 0),
         ] {
-            let p = parse_prompt(prompt_text(ids, tokens).as_bytes());
+            let p = parse_prompt(
+                prompt_text(ids, tokens, Shape::default()).as_bytes(),
+                Shape::default(),
+            );
             assert_eq!(parse_token_ids(&token_ids(&p)), p, "{ids:?} {tokens}");
         }
         let foreign = parse_token_ids(&[1, 2, 3]);
@@ -224,10 +297,16 @@ mod tests {
 
     #[test]
     fn token_ids_follow_blocks() {
-        let p = parse_prompt(prompt_text(&[3, 4], 600).as_bytes());
+        let p = parse_prompt(
+            prompt_text(&[3, 4], 600, Shape::default()).as_bytes(),
+            Shape::default(),
+        );
         let t = token_ids(&p);
         assert_eq!(t.len(), 600);
-        let q = parse_prompt(prompt_text(&[3, 5], 600).as_bytes());
+        let q = parse_prompt(
+            prompt_text(&[3, 5], 600, Shape::default()).as_bytes(),
+            Shape::default(),
+        );
         let u = token_ids(&q);
         assert_eq!(t[..512], u[..512]);
         assert_ne!(t[512..], u[512..]);
