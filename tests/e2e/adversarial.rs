@@ -1451,7 +1451,14 @@ fn an_sglang_prefill_whose_client_left_is_aborted_on_its_pod() {
     // client gives up.
     let d = Mock::start(
         "abort-d",
-        &["--engine", "sglang", "--role", "decode", "--fault", "delay:3000"],
+        &[
+            "--engine",
+            "sglang",
+            "--role",
+            "decode",
+            "--fault",
+            "delay:3000",
+        ],
     );
     let (p2, d2) = (
         Mock::start("ok-p", &["--engine", "sglang", "--role", "prefill"]),
@@ -1487,7 +1494,9 @@ fn an_sglang_prefill_whose_client_left_is_aborted_on_its_pod() {
     );
     let prefill = received_with_id(&p, "leave-sglang");
     assert!(
-        prefill.iter().any(|r| r.body.contains(r#""rid":"leave-sglang""#)),
+        prefill
+            .iter()
+            .any(|r| r.body.contains(r#""rid":"leave-sglang""#)),
         "the prefill carried the rid its abort names: {prefill:?}"
     );
     assert_eq!(envoy.stat("wasmcustom.pd_router.prefill_aborts"), 1);
