@@ -40,6 +40,14 @@ pub(super) fn opens_with_error(head: &[u8]) -> bool {
 }
 
 impl Flow {
+    /// Whether the split's decode answered with a failure (so its prefill
+    /// waits for a decode that will never pull its KV).
+    pub(super) fn decode_refused(&self) -> bool {
+        self.decode_watch
+            .as_ref()
+            .is_some_and(|w| matches!(w.verdict, Some((Verdict::Failed | Verdict::Down, _))))
+    }
+
     /// The decode of a split went out: its answer will be judged.
     pub(super) fn watch_decode(&mut self, prefill: &Endpoint, decode: &Rc<Endpoint>) {
         self.decode_watch = Some(DecodeWatch {

@@ -214,14 +214,14 @@ impl Flow {
 
     /// The stream ended: a request still waiting leaves its queue, one
     /// awaiting its prefill is forgotten (the prefill runs on), and a
-    /// watched concurrent prefill whose response never ended is aborted
-    /// where its engine has a route for it.
+    /// watched concurrent prefill whose response never ended, or whose
+    /// decode failed, is aborted where its engine has a route for it.
     pub(super) fn end_phase<H: Host>(&mut self, host: &mut H) {
         if let Phase::Forwarded {
             watched: Some(w), ..
         } = &self.phase
         {
-            if !self.response.ended {
+            if !self.response.ended || self.decode_refused() {
                 if let Some(abort) = &w.abort {
                     self.abort_prefill(host, &w.pod, abort);
                 }

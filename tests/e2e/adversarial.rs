@@ -1464,10 +1464,26 @@ fn an_sglang_prefill_whose_client_left_is_aborted_on_its_pod() {
         Mock::start("ok-p", &["--engine", "sglang", "--role", "prefill"]),
         Mock::start("ok-d", &["--engine", "sglang", "--role", "decode"]),
     );
+    // A decode that refuses at once: its prefill would wait for nothing.
+    let (p3, d3) = (
+        Mock::start("refused-p", &["--engine", "sglang", "--role", "prefill"]),
+        Mock::start(
+            "refused-d",
+            &[
+                "--engine",
+                "sglang",
+                "--role",
+                "decode",
+                "--fault",
+                "status:503",
+            ],
+        ),
+    );
     let envoy = Envoy::start_with(
         &plugin_config(&[
             ("s", "sglang", None, &[&p], &[&d]),
             ("t", "sglang", None, &[&p2], &[&d2]),
+            ("u", "sglang", None, &[&p3], &[&d3]),
         ]),
         2,
     );
@@ -1507,5 +1523,13 @@ fn an_sglang_prefill_whose_client_left_is_aborted_on_its_pod() {
         p2.requests().iter().all(|r| r.path != "/abort_request"),
         "a finished stream aborts nothing"
     );
+
+    let a = post(&url, body("u"), &[("x-request-id", "refused-sglang")]);
+    assert!(a.status >= 500, "{}: {}", a.status, a.body);
+    wait_until("the refused decode's prefill is aborted", || {
+        p3.requests()
+            .iter()
+            .any(|r| r.path == "/abort_request" && r.body.contains(r#""rid":"refused-sglang""#))
+    });
     envoy.assert_counters_zero();
 }
