@@ -242,7 +242,7 @@ bench-fleet *ARGS: bench-setup
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/fleet.py {{ARGS}}
 
-# The judged fleet runs (~25 min each): pd-router's default and vllm-router on the three judging windows (requests 2,000-2,999, 4,000-4,999, 9,000-9,999, each after 1,000 of warm-up), 5 seeds each; medians, ranges, verdicts, TTFT by prompt length beside the floor (bench/README.md, "Tuning and judging windows"). ARGS go to fleet.py (`--trace FILE` for another trace).
+# The judged fleet runs (~23 min; -2x ~18 min): pd-router's default and vllm-router on the three judging windows (requests 2,000-2,999, 4,000-4,999, 9,000-9,999, each after 1,000 of warm-up), 5 seeds each; medians, ranges, verdicts, TTFT by prompt length beside the floor (bench/README.md, "Tuning and judging windows"). ARGS go to fleet.py (`--trace FILE` for another trace).
 bench-fleet-judge *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --stem fleet-judge " + ARGS)
 
 # The same at twice the load.
