@@ -63,13 +63,18 @@ pub(super) fn session_headers(
     headers: &[(String, Vec<u8>)],
     fleet: &crate::fleet::Fleet,
 ) -> Vec<(String, String)> {
-    let named = |k: &str| {
-        fleet
-            .models()
-            .iter()
-            .filter_map(|m| m.session.as_ref())
-            .any(|s| s.headers.iter().any(|h| h == k))
-    };
+    let mut affinities = fleet
+        .models()
+        .iter()
+        .filter_map(|m| m.session.as_ref())
+        .peekable();
+    // Most fleets have no session affinity: their requests pay one pass
+    // over the models, not one per header.
+    if affinities.peek().is_none() {
+        return Vec::new();
+    }
+    let affinities: Vec<_> = affinities.collect();
+    let named = |k: &str| affinities.iter().any(|s| s.headers.iter().any(|h| h == k));
     headers
         .iter()
         .filter(|(k, _)| named(k))
