@@ -10,6 +10,7 @@ import ctypes
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import statistics
@@ -115,6 +116,34 @@ class Procs:
             if p.poll() is None:
                 p.wait()
         self.procs.clear()
+
+
+def interrupt_on_sigterm() -> None:
+    """A SIGTERM (a cancelled recipe, a CI timeout) ends a run as Ctrl-C
+    does, so what was measured is still written."""
+    def on_signal(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+
+
+def run_measured(run, procs: Procs, scratch: Path, keep: bool) -> bool:
+    """Runs `run()`: an interrupt keeps what was measured so far. Then stops
+    every process and removes the scratch directory, whose logs stay when
+    asked for or when the run did not finish. Whether it finished."""
+    ok = False
+    try:
+        run()
+        ok = True
+    except KeyboardInterrupt as e:
+        log(f"interrupted ({e}); writing what was measured")
+    finally:
+        procs.stop_all()
+        if keep or not ok:
+            log(f"logs kept in {scratch}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return ok
 
 
 def read_line(p: subprocess.Popen, timeout: float) -> str:

@@ -44,8 +44,6 @@ import gc
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import sys
 import tempfile
@@ -53,7 +51,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import (BENCH, CLK_TCK, LOAD_CORE, REPO, Procs, admin_port, fmt, http,
+from .common import (interrupt_on_sigterm, run_measured, BENCH, CLK_TCK, LOAD_CORE, REPO, Procs, admin_port, fmt, http,
                      idle_check, log, median, proc_ticks, ratio, start_envoy)
 from .engines import MODEL, Mock, start_mock, start_sglang_router, start_vllm_router
 from .envoy import pd_envoy
@@ -679,28 +677,14 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="pd-decider-"))
     procs = Procs(scratch)
 
-    def on_signal(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
+    interrupt_on_sigterm()
     wls = {wl: Workload(wl) for wl in workloads}
     sizes = {wl.name: f"{len(wl.body(0))}-byte bodies, {wl.text_bytes} bytes of message text "
                       f"(~{wl.text_bytes // 4} tokens at 4 bytes a token)" for wl in wls.values()}
     for name, size in sizes.items():
         log(f"  {name}: {size}")
     s = Session(a, configs, workloads, wls, procs)
-    ok = False
-    try:
-        run(s)
-        ok = True
-    except KeyboardInterrupt as e:
-        log(f"interrupted ({e}); writing what was measured")
-    finally:
-        procs.stop_all()
-        if a.keep or not ok:
-            log(f"logs kept in {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    ok = run_measured(lambda: run(s), procs, scratch, a.keep)
     return write_results(s, ok, sizes, t_start)
 
 

@@ -48,8 +48,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -57,7 +55,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .common import (BENCH, CLK_TCK, LOAD_CORE, REPO, ROUTER_CORE, Procs, die_with_parent, fmt,
+from .common import (interrupt_on_sigterm, run_measured, BENCH, CLK_TCK, LOAD_CORE, REPO, ROUTER_CORE, Procs, die_with_parent, fmt,
                      http, idle_check, log, proc_ticks, start_envoy)
 from .e2e_configs import (BUFFER_FLOOR, CALLS_PER_REQUEST, CONFIGS, MIN_PD, MIN_PD_SGLANG,
                           MIN_PD_TRTLLM, MIN_PD_VLLM, PD, SIZES)
@@ -675,24 +673,10 @@ def main() -> int:
     s = Session(a, sizes, concs, configs, scratch, Procs(scratch), raw=[], dead={}, notes=[],
                 warnings=[], profiles={}, targets={})
 
-    def on_signal(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
+    interrupt_on_sigterm()
     if a.perf:
         a.perf.mkdir(parents=True, exist_ok=True)
-    ok = False
-    try:
-        run(s)
-        ok = True
-    except KeyboardInterrupt as e:
-        log(f"interrupted ({e}); writing what was measured")
-    finally:
-        s.procs.stop_all()
-        if a.keep or not ok:
-            log(f"logs kept in {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    ok = run_measured(lambda: run(s), s.procs, scratch, a.keep)
     return write_results(s, ok, t_start)
 
 

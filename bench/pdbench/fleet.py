@@ -34,14 +34,13 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .common import (BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
+from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
                      read_line, start_envoy, start_peer)
 from .envoy import fleet_envoy
 from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, JUDGE_CONFIGS, QUICK,
@@ -580,10 +579,7 @@ def main() -> int:
     commit = git_state()
     scratch = Path(tempfile.mkdtemp(prefix="pd-fleet-"))
 
-    def on_signal(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
+    interrupt_on_sigterm()
     results: dict[str, dict] = {}
     failed: dict[str, str] = {}
     traces: dict[int, tuple[list[dict], list[int]]] = {}

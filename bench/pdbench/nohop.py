@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .common import (BENCH, LOAD_CORE, REPO, Procs, die_with_parent, fmt, http, idle_check, log,
+from .common import (interrupt_on_sigterm, run_measured, BENCH, LOAD_CORE, REPO, Procs, die_with_parent, fmt, http, idle_check, log,
                      proc_ticks)
 from .decider import cpu_ns, window_cpu_s
 from .e2e import ENGINES, Starter, Target, make_body, sanity_check
@@ -359,22 +357,8 @@ def main() -> int:
     scratch = Path(tempfile.mkdtemp(prefix="pd-nohop-"))
     s = Session(a, sizes, concs, configs, Procs(scratch), raw=[], dead={}, notes=[], warnings=[])
 
-    def on_signal(signum, _frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, on_signal)
-    ok = False
-    try:
-        run(s)
-        ok = True
-    except KeyboardInterrupt as e:
-        log(f"interrupted ({e}); writing what was measured")
-    finally:
-        s.procs.stop_all()
-        if a.keep or not ok:
-            log(f"logs kept in {scratch}")
-        else:
-            shutil.rmtree(scratch, ignore_errors=True)
+    interrupt_on_sigterm()
+    ok = run_measured(lambda: run(s), s.procs, scratch, a.keep)
     return write_results(a, s.raw, sizes, concs, configs, s.dead, s.notes + s.warnings,
                          time.time() - t_start, ok)
 

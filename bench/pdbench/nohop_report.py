@@ -7,7 +7,7 @@ import csv
 from pathlib import Path
 
 from .common import fmt, log, median, ratio
-from .nohop_configs import (CPU_SHARE, CPU_TARGET_CELL, CPU_TARGET_RATIO, EPP, FLOOR, MIN_PD, PD,
+from .nohop_configs import (CPU_SHARE, CPU_TARGET_CELL, CPU_TARGET_RATIO, FLOOR, MIN_PD, PD,
                             ROUTERS, ROWS, SIZES, TARGET_CELL, TTFT_SHARE, cells)
 
 LABELS = ("envoy", "epp", "vllm-router")
