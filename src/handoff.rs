@@ -23,20 +23,29 @@ pub trait IdSource {
 /// a way back into the router.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LearnedPods {
-    /// vLLM Mooncake: a prefill pod's engine id per data-parallel rank, from
-    /// its bootstrap server's `GET /query`.
-    pub mooncake: BTreeMap<PodId, Vec<String>>,
+    /// What each asked prefill pod said (a pod is asked one thing, by its
+    /// engine): a vLLM Mooncake pod its engine id per data-parallel rank
+    /// (its bootstrap server's `GET /query`); a TensorRT-LLM
+    /// generation-first context server its `disaggregated_params`, one JSON
+    /// object (`GET /server_info`).
+    pub said: BTreeMap<PodId, Vec<String>>,
 }
 
 /// Nothing learned (golden fixtures, fuzzing, benches).
 pub static NOTHING_LEARNED: LearnedPods = LearnedPods {
-    mooncake: BTreeMap::new(),
+    said: BTreeMap::new(),
 };
 
 impl LearnedPods {
     /// A Mooncake prefill pod's engine ids, once learned.
     pub fn mooncake_engines(&self, pod: PodId) -> Option<&[String]> {
-        self.mooncake.get(&pod).map(Vec::as_slice)
+        self.said.get(&pod).map(Vec::as_slice)
+    }
+
+    /// A TensorRT-LLM context server's `disaggregated_params` (JSON), once
+    /// learned.
+    pub fn trt_server_info(&self, pod: PodId) -> Option<&str> {
+        self.said.get(&pod)?.first().map(String::as_str)
     }
 }
 
@@ -67,6 +76,8 @@ pub struct PdContext<'a> {
     pub trt_auth_key: Option<&'a [u8]>,
     /// The model's `trt_token_ids_b64`.
     pub trt_token_ids_b64: bool,
+    /// The model's `schedule_style` is `generation_first`.
+    pub trt_generation_first: bool,
     /// This split's TensorRT-LLM disagg request id (drawn when a
     /// TensorRT-LLM model's legs are built; none otherwise).
     pub disagg_request_id: Option<i64>,

@@ -459,6 +459,7 @@ fn handoff_context<'a>(
         learned: view.learned,
         trt_auth_key: view.trt_auth_key,
         trt_token_ids_b64: request.model.trt_token_ids_b64,
+        trt_generation_first: request.model.trt_generation_first,
         disagg_request_id: None,
         ids,
     }

@@ -4,9 +4,11 @@
 //!
 //! - `case.json`: `{"engine", "path", "kv_connector"?, "prefill": <endpoint>,
 //!   "decode"?: <endpoint>, "randoms"?: [u64], "disagg_id"?: i64,
-//!   "request_id"?, "mooncake_engines"?: [..], "trt_auth_key"?}` (endpoints
-//!   as in the plugin configuration; `mooncake_engines`: what the prefill's
-//!   bootstrap server would have said)
+//!   "request_id"?, "mooncake_engines"?: [..], "trt_auth_key"?,
+//!   "schedule_style"?, "trt_server_info"?: {..}}` (endpoints as in the
+//!   plugin configuration; `mooncake_engines`: what the prefill's bootstrap
+//!   server would have said; `trt_server_info`: a TensorRT-LLM context
+//!   server's `GET /server_info` answer)
 //! - `client.json`, `prefill.json`, and for sync engines `answer.json` with
 //!   either `decode.json` or `reply.txt` (an answer without a decode).
 //! - `prefill-headers.json` / `decode-headers.json`: the headers each leg
@@ -55,6 +57,10 @@ struct Case {
     mooncake_engines: Option<Vec<String>>,
     #[serde(default)]
     trt_auth_key: Option<String>,
+    #[serde(default)]
+    schedule_style: Option<String>,
+    #[serde(default)]
+    trt_server_info: Option<serde_json::Value>,
 }
 
 /// Headers as a JSON list of pairs; `None` when there are none.
@@ -119,6 +125,9 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     if let Some(c) = &case.kv_connector {
         model["kv_connector"] = c.clone().into();
     }
+    if let Some(s) = &case.schedule_style {
+        model["schedule_style"] = s.clone().into();
+    }
     let config = Config::parse(
         serde_json::json!({ "models": [model] })
             .to_string()
@@ -128,10 +137,14 @@ fn run_case(dir: &Path, failures: &mut Vec<String>) {
     let fleet = config.fleet();
     let registry = Registry::builtin();
     // What the router would have learned about the prefill pods.
+    let server_info = case.trt_server_info.as_ref().map(|info| {
+        pd_router::engine::parse_server_info(info.to_string().as_bytes()).expect("server info")
+    });
     let learned = LearnedPods {
-        mooncake: case
+        said: case
             .mooncake_engines
             .iter()
+            .chain(&server_info)
             .flat_map(|ids| {
                 fleet
                     .models()

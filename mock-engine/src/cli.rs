@@ -38,6 +38,9 @@ Fault SPEC (API POSTs only: POST /v1/*, /inference/v1/generate, /tokenize, ...;
   fail-after-transfer[:MS]  sglang prefill: hand the KV over, wait until the
                             decode collected it and MS ms more (default 100),
                             then answer 500
+  fail-when-asked           trtllm generation-first context: wait until the
+                            generation server asks for the KV, then answer
+                            500 without it
   fail-after:N              the other faults apply from request N+1 on (alone:
                             status:500); at most one
   fail-from:NAME            vllm decode: a hand-off whose kv_transfer_params
@@ -275,6 +278,7 @@ fn parse_fault(v: &str) -> Result<Fault, String> {
         "reset" => return Ok(Fault::Reset),
         "truncate" => return Ok(Fault::Truncate),
         "error-event" => return Ok(Fault::ErrorEvent),
+        "fail-when-asked" => return Ok(Fault::FailWhenAsked),
         "fail-after-transfer" => return Ok(Fault::FailAfterTransfer(DEFAULT_FAIL_AFTER_TRANSFER)),
         _ => {}
     }
@@ -462,6 +466,10 @@ impl Cli {
             (
                 config.has_fault(&Fault::NoDisaggParams) && !trtllm_prefill,
                 "--fault no-disagg-params (trtllm prefill only)",
+            ),
+            (
+                config.has_fault(&Fault::FailWhenAsked) && !trtllm_prefill,
+                "--fault fail-when-asked (trtllm prefill only)",
             ),
             (
                 config.fail_after_transfer().is_some()

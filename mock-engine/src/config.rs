@@ -135,6 +135,10 @@ pub enum Fault {
     /// as vLLM's `kv_load_failure_policy` "fail" answers a pull that broke);
     /// others work.
     FailFrom(String),
+    /// TRT-LLM generation-first context: wait until the generation server
+    /// asks for the KV, then answer 500 without leaving it (a context that
+    /// failed after its generation leg left).
+    FailWhenAsked,
     /// Answer 200 with a stream whose first event is an error, as vLLM and
     /// SGLang report a KV transfer that failed on a streamed request.
     ErrorEvent,

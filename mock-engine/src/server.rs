@@ -154,17 +154,23 @@ async fn metrics(State(state): State<Shared>) -> Response {
         .into_response()
 }
 
-/// SGLang's `GET /server_info` (and the deprecated `/get_server_info`);
-/// 404 on the other engines, which have no such endpoint.
+/// SGLang's `GET /server_info` (and the deprecated `/get_server_info`), and
+/// a TensorRT-LLM context server's; 404 elsewhere, as those engines have
+/// no such endpoint.
 async fn server_info(State(state): State<Shared>) -> Response {
-    if state.config.engine != Engine::Sglang {
-        return error_response(
+    let info = match state.config.engine {
+        Engine::Sglang => Some(engines::sglang_server_info(&state)),
+        Engine::Trtllm => engines::trtllm_server_info(&state),
+        _ => None,
+    };
+    match info {
+        Some(info) => Json(info).into_response(),
+        None => error_response(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("{}: no such endpoint /server_info", state.label()),
-        );
+        ),
     }
-    Json(engines::sglang_server_info(&state)).into_response()
 }
 
 async fn debug_requests(State(state): State<Shared>) -> Response {

@@ -7,7 +7,9 @@
 //! (waits up to N ms for the prefill to offer the KV).
 //! vLLM NIXL push: `GET /push/handshake` (the engine id), then
 //! `GET /push/kv?request_id=R&timeout_ms=N` (waits for the KV of R).
-//! TRT-LLM: `GET /ctx/{disagg_request_id}`.
+//! TRT-LLM: `GET /ctx/{disagg_request_id}`; generation-first:
+//! `GET /gen_first/{disagg_request_id}?timeout_ms=N` (asks for the KV,
+//! which lets the waiting context run, and waits up to N ms for it).
 //! Entries are single-consumer, like NIXL freeing blocks after the read: a
 //! router that makes two decodes pull one prefill fails the second.
 
@@ -24,12 +26,15 @@ use serde_json::json;
 use crate::config::{Connector, Engine};
 use crate::engines::{base_request_id, mooncake_offer_key};
 use crate::state::Shared;
+use crate::store::gen_first::AskMiss;
 use crate::store::side::KvMiss;
 
 pub fn router(state: Shared) -> Router {
     let r = Router::new();
     let r = match (state.config.engine, state.config.connector) {
-        (Engine::Trtllm, _) => r.route("/ctx/{id}", get(get_ctx)),
+        (Engine::Trtllm, _) => r
+            .route("/ctx/{id}", get(get_ctx))
+            .route("/gen_first/{id}", get(ask_gen_first)),
         (_, Connector::Mooncake) => r.route("/mooncake/kv", get(get_mooncake_kv)),
         (_, Connector::NixlPush) => r
             .route("/push/handshake", get(push_handshake))
@@ -186,6 +191,34 @@ async fn get_ctx(State(state): State<Shared>, Path(id): Path<String>) -> Respons
         None => plain(
             StatusCode::NOT_FOUND,
             format!("no context for disagg_request_id {id} (unknown or already pulled)"),
+        ),
+    }
+}
+
+async fn ask_gen_first(
+    State(state): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Ok(id) = id.parse::<u64>() else {
+        return plain(
+            StatusCode::BAD_REQUEST,
+            format!("ctx id {id:?} is not a u64"),
+        );
+    };
+    let wait = match wait_time(&state, &q) {
+        Ok(w) => w,
+        Err(e) => return plain(StatusCode::BAD_REQUEST, e),
+    };
+    match state.gen_first.ask(id, wait).await {
+        Ok(ctx) => ctx.encode().into_response(),
+        Err(AskMiss::Taken) => plain(
+            StatusCode::CONFLICT,
+            format!("disagg_request_id {id} was already asked for by another generation request"),
+        ),
+        Err(AskMiss::Timeout) => plain(
+            StatusCode::NOT_FOUND,
+            format!("no generation-first context ran for disagg_request_id {id} within {wait:?}"),
         ),
     }
 }

@@ -14,9 +14,10 @@ use serde::Serialize;
 use crate::config::{Config, Connector, Load};
 use crate::peer::Peers;
 use crate::store::aborts::Aborts;
+use crate::store::gen_first::GenFirst;
 use crate::store::offers::Offers;
 use crate::store::rooms::Rooms;
-use crate::store::side::SideStore;
+use crate::store::side::{CtxEntry, SideStore};
 
 /// How long offered KV waits for its consumer: vLLM Mooncake's
 /// `VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT` (480 s); NIXL push holds the
@@ -57,6 +58,8 @@ pub struct AppState {
     pub load: Mutex<Load>,
     pub debug: Mutex<Vec<DebugRecord>>,
     pub side: SideStore,
+    /// TensorRT-LLM generation-first: contexts and generations meeting.
+    pub gen_first: GenFirst<CtxEntry>,
     pub rooms: Rooms,
     /// SGLang: the request ids `POST /abort_request` named.
     pub aborts: Aborts,
@@ -106,6 +109,7 @@ impl AppState {
             load: Mutex::new(load),
             debug: Mutex::new(Vec::new()),
             side: SideStore::default(),
+            gen_first: GenFirst::default(),
             rooms: Rooms::default(),
             aborts: Aborts::default(),
             offers: Offers::new(ttl),

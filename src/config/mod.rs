@@ -176,6 +176,31 @@ mod tests {
     }
 
     #[test]
+    fn generation_first_is_a_tensorrt_llm_schedule_style() {
+        let model = |engine: &str, style: &str| {
+            format!(
+                r#"{{"models":[{{"name":"m","engine":"{engine}","schedule_style":"{style}","rolesets":[]}}]}}"#
+            )
+        };
+        let c = Config::parse(model("trtllm", "generation_first").as_bytes()).expect("valid");
+        assert!(c.model("m").expect("model").trt_generation_first);
+        let c = Config::parse(model("trtllm", "context_first").as_bytes()).expect("valid");
+        assert!(!c.model("m").expect("model").trt_generation_first);
+        for engine in ["vllm", "sglang"] {
+            let e = parse_err(&model(engine, "generation_first"));
+            assert!(
+                e.contains("models[0].schedule_style") && e.contains(&format!("{engine:?}")),
+                "{e}"
+            );
+        }
+        let e = parse_err(&model("trtllm", "gen_first"));
+        assert!(
+            e.contains("models[0].schedule_style") && e.contains("generation_first"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn parses_the_documented_example() {
         let c = Config::parse(EXAMPLE.as_bytes()).expect("valid");
         assert_eq!(c.kv_connector, Connector::Nixl);

@@ -96,6 +96,8 @@ pub(crate) struct RawModel {
     #[serde(default)]
     pub trt_token_ids_b64: bool,
     #[serde(default)]
+    pub schedule_style: Option<String>,
+    #[serde(default)]
     pub decider: Option<Decider>,
     #[serde(default)]
     pub session: Option<SessionAffinity>,

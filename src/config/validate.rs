@@ -311,6 +311,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
             &DecodePolicy::NAMES,
         )?,
         trt_token_ids_b64: m.trt_token_ids_b64,
+        trt_generation_first: schedule_style(m.schedule_style.as_deref(), &m.engine, mp)?,
         decider: decider(m.decider, &m.engine, mp)?,
         session: session(m.session, mp)?,
         bytes_per_token: bytes_per_token(m.bytes_per_token, mp)?,
@@ -398,6 +399,32 @@ fn session(s: Option<SessionAffinity>, mp: &str) -> Result<Option<SessionAffinit
         ));
     }
     Ok(Some(s))
+}
+
+/// TensorRT-LLM's `schedule_style` (its disaggregated server's key of the
+/// same name): whether the generation leg goes out with the context leg.
+fn schedule_style(v: Option<&str>, engine: &str, mp: &str) -> Result<bool, ConfigError> {
+    let at = || format!("{mp}.schedule_style");
+    let generation_first = match v {
+        None | Some("context_first") => false,
+        Some("generation_first") => true,
+        Some(other) => {
+            return Err(err(
+                at(),
+                format!("{other:?} is not a schedule style: use \"context_first\" (the default) or \"generation_first\""),
+            ))
+        }
+    };
+    if v.is_some() && EngineKind::of(engine) != EngineKind::Trtllm {
+        return Err(err(
+            at(),
+            format!(
+                "is TensorRT-LLM's order of the two legs, and this model's engine is {engine:?}: \
+                 remove it, or set \"engine\": \"trtllm\""
+            ),
+        ));
+    }
+    Ok(generation_first)
 }
 
 fn bytes_per_token(v: Option<f64>, mp: &str) -> Result<f64, ConfigError> {

@@ -75,6 +75,7 @@ pub fn build_fleet(
                 prefill_policy: PrefillPolicy::default(),
                 decode_policy: DecodePolicy::default(),
                 trt_token_ids_b64: false,
+                trt_generation_first: false,
                 decider: None,
                 session: None,
                 bytes_per_token: DEFAULT_BYTES_PER_TOKEN,

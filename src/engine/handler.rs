@@ -3,7 +3,7 @@
 
 use crate::body::Members;
 use crate::error::{ClientError, EngineError};
-use crate::fleet::{Connector, Endpoint};
+use crate::fleet::{Connector, Endpoint, Model};
 use crate::handoff::{AbortCall, Degraded, LearnedPods, LegEdits, Legs, PdContext};
 
 /// A prefill answer, parsed once by the flow.
@@ -58,11 +58,12 @@ pub trait EngineHandler {
         Ok(None)
     }
 
-    /// Whether `pod` can take a prefill now; `connector` is the vLLM KV
+    /// Whether `pod` can take a prefill for `model` now; `connector` is the vLLM KV
     /// connector it would hand off with. A pod that is not ready is skipped
     /// when pods are chosen.
     fn prefill_ready(
         &self,
+        _model: &Model,
         _pod: &Endpoint,
         _connector: Connector,
         _learned: &LearnedPods,

@@ -5,6 +5,7 @@ mod default;
 mod handler;
 mod sglang;
 pub mod trt_auth;
+mod trt_generation_first;
 mod trtllm;
 mod vllm;
 
@@ -19,6 +20,7 @@ use crate::handoff::{IdSource, LegEdits, Legs, PdContext};
 pub use default::DefaultHandler;
 pub use handler::{EngineHandler, Merged, PrefillAnswer};
 pub use sglang::SglangHandler;
+pub use trt_generation_first::parse_server_info;
 pub use trtllm::TrtllmHandler;
 pub use vllm::VllmHandler;
 

@@ -1,9 +1,10 @@
 use super::handler::{EngineHandler, Merged, PrefillAnswer};
+use super::trt_generation_first as generation_first;
 use crate::api::Api;
 use crate::body::{Edits, Members};
 use crate::error::EngineError;
-use crate::fleet::Endpoint;
-use crate::handoff::{Degraded, LegEdits, Legs, PdContext};
+use crate::fleet::{Connector, Endpoint, Model};
+use crate::handoff::{Degraded, LearnedPods, LegEdits, Legs, PdContext};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -13,6 +14,12 @@ use serde_json::{json, Value};
 /// integers, or for chat with `trt_token_ids_b64` one base64 string of
 /// little-endian int32s (`prompt_token_ids_b64`), which the router relays
 /// without reading a single id.
+///
+/// `schedule_style: generation_first` (TensorRT-LLM's
+/// `_send_disagg_request_gen_first`): both legs leave at once, the context
+/// server waits for the generation server's request for the KV, and the
+/// generation leg names the context server from what its `GET
+/// /server_info` said (see [`generation_first`]).
 pub struct TrtllmHandler;
 
 const IDS: &str = "prompt_token_ids";
@@ -25,6 +32,24 @@ impl EngineHandler for TrtllmHandler {
 
     fn concurrent(&self) -> bool {
         false
+    }
+
+    fn concurrent_for(&self, ctx: &PdContext, _prefill: &Endpoint) -> bool {
+        // A generation-first context waits for its generation leg:
+        // awaiting the context answer first would deadlock.
+        ctx.trt_generation_first
+    }
+
+    /// A generation-first context server takes prefills once its
+    /// `/server_info` is known: the generation leg must name it.
+    fn prefill_ready(
+        &self,
+        model: &Model,
+        pod: &Endpoint,
+        _connector: Connector,
+        learned: &LearnedPods,
+    ) -> bool {
+        !model.trt_generation_first || learned.trt_server_info(pod.id).is_some()
     }
 
     fn should_split(&self, ctx: &PdContext, _prefill: &Endpoint) -> bool {
@@ -40,7 +65,7 @@ impl EngineHandler for TrtllmHandler {
     fn augment_prefill_request(
         &self,
         ctx: &mut PdContext,
-        _pod: &Endpoint,
+        pod: &Endpoint,
         legs: &mut Legs,
     ) -> Result<(), EngineError> {
         match ctx.fields.api {
@@ -63,6 +88,9 @@ impl EngineHandler for TrtllmHandler {
                 "no TensorRT-LLM disagg request id was drawn for this split".into(),
             )
         })?;
+        if ctx.trt_generation_first {
+            return generation_first::legs(ctx, pod, id, legs);
+        }
         // TensorRT-LLM's context workers answer base64 ids on chat only.
         let b64 = if ctx.trt_token_ids_b64 && ctx.fields.api == Api::ChatCompletions {
             r#","return_prompt_token_ids_b64":true"#

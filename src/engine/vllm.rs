@@ -1,7 +1,7 @@
 use super::handler::{EngineHandler, Merged, PrefillAnswer};
 use crate::body::Members;
 use crate::error::{ClientError, EngineError};
-use crate::fleet::{Connector, Endpoint};
+use crate::fleet::{Connector, Endpoint, Model};
 use crate::handoff::{Degraded, LearnedPods, LegEdits, Legs, PdContext};
 use crate::transfer::client_params::{self, Refused};
 use crate::transfer::{agent, Relay};
@@ -25,7 +25,13 @@ impl EngineHandler for VllmHandler {
         agent(ctx.connector_for(prefill)).concurrent()
     }
 
-    fn prefill_ready(&self, pod: &Endpoint, connector: Connector, learned: &LearnedPods) -> bool {
+    fn prefill_ready(
+        &self,
+        _model: &Model,
+        pod: &Endpoint,
+        connector: Connector,
+        learned: &LearnedPods,
+    ) -> bool {
         agent(connector).prefill_ready(pod, learned)
     }
 

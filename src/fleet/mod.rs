@@ -142,6 +142,9 @@ pub struct ModelSettings {
     /// TensorRT-LLM chat: the context phase answers the prompt's ids as one
     /// base64 string (`gen_tokids_ctxbytes` in TensorRT-LLM's orchestrator).
     pub trt_token_ids_b64: bool,
+    /// TensorRT-LLM `schedule_style: generation_first`: both legs at once,
+    /// the generation naming the context server (`GET /server_info`).
+    pub trt_generation_first: bool,
     /// When a request goes unsplit to its decode pod (none: always split).
     pub decider: Option<Decider>,
     /// Session affinity (none: off).
@@ -165,6 +168,7 @@ pub struct Model {
     pub prefill_policy: PrefillPolicy,
     pub decode_policy: DecodePolicy,
     pub trt_token_ids_b64: bool,
+    pub trt_generation_first: bool,
     pub decider: Option<Decider>,
     pub session: Option<SessionAffinity>,
     pub bytes_per_token: f64,
@@ -218,6 +222,7 @@ impl Model {
             prefill_policy: settings.prefill_policy,
             decode_policy: settings.decode_policy,
             trt_token_ids_b64: settings.trt_token_ids_b64,
+            trt_generation_first: settings.trt_generation_first,
             decider: settings.decider,
             session: settings.session,
             bytes_per_token: settings.bytes_per_token,
@@ -261,6 +266,7 @@ impl Model {
             prefill_policy: self.prefill_policy,
             decode_policy: self.decode_policy,
             trt_token_ids_b64: self.trt_token_ids_b64,
+            trt_generation_first: self.trt_generation_first,
             decider: self.decider,
             session: self.session.clone(),
             bytes_per_token: self.bytes_per_token,
@@ -407,6 +413,7 @@ mod tests {
             prefill_policy: PrefillPolicy::default(),
             decode_policy: DecodePolicy::default(),
             trt_token_ids_b64: false,
+            trt_generation_first: false,
             decider: None,
             session: None,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,

@@ -20,7 +20,7 @@ impl Learned {
     /// Replaces the engine ids.
     pub fn set(&self, engines: EngineIds) {
         *self.0.borrow_mut() = Rc::new(LearnedPods {
-            mooncake: engines.into_iter().collect(),
+            said: engines.into_iter().collect(),
         });
     }
 
@@ -33,10 +33,10 @@ impl Learned {
             return false;
         };
         let engines = decode(&bytes);
-        let same = self.0.borrow().mooncake.len() == engines.len()
+        let same = self.0.borrow().said.len() == engines.len()
             && engines
                 .iter()
-                .all(|(k, v)| self.0.borrow().mooncake.get(k) == Some(v));
+                .all(|(k, v)| self.0.borrow().said.get(k) == Some(v));
         if same {
             return false;
         }
@@ -46,20 +46,46 @@ impl Learned {
 
     /// The engine ids this VM knows.
     pub fn known(&self) -> EngineIds {
-        self.0.borrow().mooncake.clone().into_iter().collect()
+        self.0.borrow().said.clone().into_iter().collect()
     }
 }
 
-/// The prefill pods of `fleet` whose hand-off needs their engine ids
-/// (`global`: the connector of pods and models that name none).
-pub fn prefill_pods(fleet: &Fleet, global: Connector) -> Vec<Rc<Endpoint>> {
-    let mut out: Vec<Rc<Endpoint>> = Vec::new();
-    for m in fleet.models().iter().filter(|m| m.kind == EngineKind::Vllm) {
+/// What a prefill pod is asked about itself before it takes prefills.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ask {
+    /// vLLM Mooncake: its engine ids, `GET /query` on its bootstrap port.
+    MooncakeQuery,
+    /// TensorRT-LLM generation-first: the context server's
+    /// `disaggregated_params`, `GET /server_info` on its own port.
+    TrtServerInfo,
+}
+
+/// A prefill pod to ask, and what.
+#[derive(Debug, Clone)]
+pub struct AskedPod {
+    pub pod: Rc<Endpoint>,
+    pub ask: Ask,
+}
+
+/// The prefill pods of `fleet` whose hand-off needs what they say
+/// (`global`: the connector of pods and models that name none). A pod is
+/// asked once, for the first model that needs it.
+pub fn prefill_pods(fleet: &Fleet, global: Connector) -> Vec<AskedPod> {
+    let mut out: Vec<AskedPod> = Vec::new();
+    for m in fleet.models().iter() {
         for e in m.rolesets.iter().flat_map(|r| r.prefill.iter()) {
-            if e.connector(m.kv_connector, global) == Connector::Mooncake
-                && !out.iter().any(|o| o.id == e.id)
-            {
-                out.push(Rc::clone(e));
+            let ask = match m.kind {
+                EngineKind::Vllm if e.connector(m.kv_connector, global) == Connector::Mooncake => {
+                    Ask::MooncakeQuery
+                }
+                EngineKind::Trtllm if m.trt_generation_first => Ask::TrtServerInfo,
+                _ => continue,
+            };
+            if !out.iter().any(|o| o.pod.id == e.id) {
+                out.push(AskedPod {
+                    pod: Rc::clone(e),
+                    ask,
+                });
             }
         }
     }

@@ -1,12 +1,16 @@
-//! Learning vLLM Mooncake prefill pods' engine ids: the lease holder asks
-//! each pod's bootstrap server (`GET /query`) and shares the answers; every
-//! VM copies them into its router each tick. The schedule and the shared
+//! Learning what prefill pods say about themselves: vLLM Mooncake pods'
+//! engine ids (`GET /query` on the bootstrap server) and TensorRT-LLM
+//! generation-first context servers' `disaggregated_params` (`GET
+//! /server_info`). The lease holder asks and shares the answers; every VM
+//! copies them into its router each tick. The schedule and the shared
 //! record are [`crate::mooncake::ids`].
 
 use super::host::RootHost;
+use crate::engine::parse_server_info;
 use crate::fleet::PodId;
 use crate::host::Level;
 use crate::mooncake::ids::{self as bootstrap, EngineIds, QuerySchedule};
+use crate::mooncake::{Ask, AskedPod};
 use crate::pods::{cas_update, lease};
 use crate::router::Router;
 use crate::transfer::parse_query;
@@ -41,32 +45,34 @@ impl Bootstrap {
             return;
         }
         self.seen_cas = cas;
-        router.set_mooncake_engines(bytes.map(|b| bootstrap::decode(&b)).unwrap_or_default());
+        router.set_learned(bytes.map(|b| bootstrap::decode(&b)).unwrap_or_default());
     }
 
     /// Asks the pods that are due, if this VM holds the lease to.
     pub fn ask<H: RootHost>(&mut self, host: &mut H, router: &Router, vm_id: u64, now: u64) {
-        let pods = router.mooncake_prefill_pods();
-        if pods.is_empty()
+        let asked = router.asked_prefill_pods();
+        if asked.is_empty()
             || !lease::try_hold(host, &router.keys().bootstrap_lease(), vm_id, now, LEASE_MS)
         {
             return;
         }
-        let ids: Vec<PodId> = pods.iter().map(|p| p.id).collect();
-        let known = router.mooncake_engines_known();
+        let ids: Vec<PodId> = asked.iter().map(|p| p.pod.id).collect();
+        let known = router.learned_known();
         let config = &router.config;
         for id in self.schedule.due(&ids, &known, now) {
-            let Some(pod) = pods.iter().find(|p| p.id == id) else {
+            let Some(AskedPod { pod, ask }) = asked.iter().find(|p| p.pod.id == id) else {
                 continue;
             };
-            let target = if pod.ip.contains(':') {
-                format!("[{}]:{}", pod.ip, pod.bootstrap_port)
-            } else {
-                format!("{}:{}", pod.ip, pod.bootstrap_port)
+            let (target, path) = match ask {
+                Ask::MooncakeQuery if pod.ip.contains(':') => {
+                    (format!("[{}]:{}", pod.ip, pod.bootstrap_port), "/query")
+                }
+                Ask::MooncakeQuery => (format!("{}:{}", pod.ip, pod.bootstrap_port), "/query"),
+                Ask::TrtServerInfo => (pod.address.clone(), "/server_info"),
             };
             let headers = [
                 (":method", "GET"),
-                (":path", "/query"),
+                (":path", path),
                 (":authority", target.as_str()),
                 (config.routing.header.as_str(), target.as_str()),
             ];
@@ -81,7 +87,7 @@ impl Bootstrap {
                         host.log(
                             Level::Warn,
                             &format!(
-                                "pd-router: could not ask Mooncake bootstrap server {target} of pod {} through cluster {:?}: {}",
+                                "pd-router: could not ask {target}{path} of prefill pod {} through cluster {:?}: {}",
                                 pod.name, config.scrape.cluster, e.status
                             ),
                         );
@@ -91,7 +97,7 @@ impl Bootstrap {
         }
     }
 
-    /// A `/query` answer, or its failure.
+    /// A `/query` or `/server_info` answer, or its failure.
     pub fn on_answer<H: RootHost>(
         &mut self,
         host: &mut H,
@@ -104,19 +110,23 @@ impl Bootstrap {
             return;
         };
         self.schedule.answered(id);
+        let asked = router.asked_prefill_pods();
+        let pods: Vec<PodId> = asked.iter().map(|p| p.pod.id).collect();
+        let this = asked.iter().find(|p| p.pod.id == id);
+        let ask = this.map_or(Ask::MooncakeQuery, |p| p.ask);
         let answer = match status {
-            Some(200) => parse_query(&host.call_answer_body(body_size, MAX_QUERY_BYTES)),
+            Some(200) => {
+                let body = host.call_answer_body(body_size, MAX_QUERY_BYTES);
+                match ask {
+                    Ask::MooncakeQuery => parse_query(&body),
+                    Ask::TrtServerInfo => parse_server_info(&body),
+                }
+            }
             Some(s) => Err(format!("status {s}")),
             None => Err("no answer".to_owned()),
         };
-        let prefills = router.mooncake_prefill_pods();
-        let pods: Vec<PodId> = prefills.iter().map(|p| p.id).collect();
-        let name = prefills
-            .iter()
-            .find(|p| p.id == id)
-            .map(|p| p.name.clone())
-            .unwrap_or_default();
-        self.report(host, id, &name, &answer);
+        let name = this.map(|p| p.pod.name.clone()).unwrap_or_default();
+        self.report(host, id, &name, ask, &answer);
         let key = router.keys().mooncake_engines();
         let written = cas_update(
             host,
@@ -128,10 +138,10 @@ impl Bootstrap {
             },
         );
         match written {
-            Ok(ids) => router.set_mooncake_engines(ids),
+            Ok(ids) => router.set_learned(ids),
             Err(e) => host.log(
                 Level::Error,
-                &format!("pd-router: could not share Mooncake engine ids: {e}"),
+                &format!("pd-router: could not share what prefill pods said: {e}"),
             ),
         }
     }
@@ -142,20 +152,34 @@ impl Bootstrap {
         host: &H,
         id: PodId,
         name: &str,
+        ask: Ask,
         answer: &Result<Vec<String>, String>,
     ) {
         let ok = answer.is_ok();
         if self.last_ok.insert(id, ok) == Some(ok) {
             return;
         }
-        match answer {
-            Ok(engines) => host.log(
+        match (ask, answer) {
+            (Ask::TrtServerInfo, Ok(said)) => host.log(
+                Level::Info,
+                &format!(
+                    "pd-router: TensorRT-LLM context server {name} says {}; it takes generation-first prefills",
+                    said.first().map_or("", String::as_str)
+                ),
+            ),
+            (Ask::TrtServerInfo, Err(why)) => host.log(
+                Level::Warn,
+                &format!(
+                    "pd-router: TensorRT-LLM context server {name}: GET /server_info failed ({why}); no generation-first prefills go to it until it answers"
+                ),
+            ),
+            (Ask::MooncakeQuery, Ok(engines)) => host.log(
                 Level::Info,
                 &format!(
                     "pd-router: Mooncake prefill pod {name} serves engine ids {engines:?}; it takes prefills"
                 ),
             ),
-            Err(why) => host.log(
+            (Ask::MooncakeQuery, Err(why)) => host.log(
                 Level::Warn,
                 &format!(
                     "pd-router: Mooncake prefill pod {name}: bootstrap GET /query failed ({why}); no prefills go to it until it answers"

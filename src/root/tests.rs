@@ -505,14 +505,44 @@ fn mooncake_engine_ids_are_learned_once_and_shared() {
         Some(200),
         br#"{"0":{"engine_id":"engine-a","worker_addr":{}}}"#,
     );
-    let learned: Vec<Vec<String>> = a.router.mooncake_engines_known().into_values().collect();
+    let learned: Vec<Vec<String>> = a.router.learned_known().into_values().collect();
     assert_eq!(learned, vec![vec!["engine-a".to_owned()]]);
     assert!(ha.logged("serves engine ids [\"engine-a\"]"));
     b.on_tick(hb);
-    assert_eq!(
-        b.router.mooncake_engines_known(),
-        a.router.mooncake_engines_known()
+    assert_eq!(b.router.learned_known(), a.router.learned_known());
+}
+
+#[test]
+fn generation_first_context_servers_are_asked_their_server_info() {
+    let mut vms = vms(
+        r#"{"scrape_interval_ms":0,"models":[
+            {"name":"g","engine":"trtllm","schedule_style":"generation_first",
+             "rolesets":[{"prefill":["10.0.0.5:8000"],"decode":["10.0.0.6:8000"]}]},
+            {"name":"c","engine":"trtllm",
+             "rolesets":[{"prefill":["10.0.0.7:8000"],"decode":["10.0.0.6:8000"]}]}]}"#,
+        1,
     );
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    a.on_tick(ha);
+    // Only the generation-first model's context server is asked.
+    let asks = ha.take_calls();
+    assert_eq!(asks.len(), 1);
+    assert_eq!(asks[0].header(":path"), "/server_info");
+    assert_eq!(asks[0].header("x-envoy-original-dst-host"), "10.0.0.5:8000");
+    answer(
+        a,
+        ha,
+        &asks[0],
+        Some(200),
+        br#"{"disaggregated_params":{"ctx_dp_rank":0}}"#,
+    );
+    assert!(
+        a.router.learned_known().is_empty(),
+        "no endpoint: not ready"
+    );
+    assert!(ha.logged("GET /server_info failed"));
 }
 
 const POOLED: &str = r#"{"scrape_interval_ms":0,

@@ -23,7 +23,7 @@ pub mod unsplit;
 
 use crate::config::Config;
 use crate::engine::Registry;
-use crate::fleet::{Connector, Endpoint, Fleet, ModelId, PodId};
+use crate::fleet::{Connector, Fleet, ModelId, PodId};
 use crate::handoff::LearnedPods;
 use crate::load::HealthRule;
 use crate::pods::{SharedKeys, SharedStore};
@@ -182,24 +182,25 @@ impl Router {
         self.trt_auth_key = key.filter(|k| !k.is_empty());
     }
 
-    /// Replaces the learned Mooncake engine ids.
-    pub fn set_mooncake_engines(&self, engines: HashMap<PodId, Vec<String>>) {
+    /// Replaces what the asked prefill pods said (Mooncake engine ids,
+    /// TensorRT-LLM server info).
+    pub fn set_learned(&self, engines: HashMap<PodId, Vec<String>>) {
         self.learned.set(engines);
     }
 
-    /// Reads the learned Mooncake engine ids afresh from shared data; true
+    /// Reads what the asked prefill pods said afresh from shared data; true
     /// when they changed.
-    pub fn reread_mooncake_engines<S: SharedStore + ?Sized>(&self, store: &S) -> bool {
+    pub fn reread_learned<S: SharedStore + ?Sized>(&self, store: &S) -> bool {
         self.learned.reread(store, &self.keys.mooncake_engines())
     }
 
-    /// The Mooncake engine ids this VM knows.
-    pub fn mooncake_engines_known(&self) -> HashMap<PodId, Vec<String>> {
+    /// What the asked prefill pods said, as this VM knows it.
+    pub fn learned_known(&self) -> HashMap<PodId, Vec<String>> {
         self.learned.known()
     }
 
-    /// The prefill pods whose hand-off needs their Mooncake engine ids.
-    pub fn mooncake_prefill_pods(&self) -> Vec<Rc<Endpoint>> {
+    /// The prefill pods whose hand-off needs what they say about themselves.
+    pub fn asked_prefill_pods(&self) -> Vec<crate::mooncake::AskedPod> {
         crate::mooncake::prefill_pods(&self.fleet(), self.kv_connector.get())
     }
 

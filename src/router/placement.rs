@@ -64,7 +64,7 @@ impl Router {
         let learned = self.learned();
         for e in model.rolesets.iter().flat_map(|r| r.prefill.iter()) {
             let connector = e.connector(model.kv_connector, global);
-            if !handler.prefill_ready(e, connector, &learned) {
+            if !handler.prefill_ready(model, e, connector, &learned) {
                 if let Some(s) = states.get_mut(e.slot) {
                     s.not_ready_for_prefill = true;
                 }
@@ -94,7 +94,7 @@ impl Router {
         let mut pods = self.pod_states(model, &table, now_ms);
         // A prefill pod not ready here may be ready in the process: its
         // Mooncake engine ids learned by another VM since this one's tick.
-        if pods.iter().any(|p| p.not_ready_for_prefill) && self.reread_mooncake_engines(&*store) {
+        if pods.iter().any(|p| p.not_ready_for_prefill) && self.reread_learned(&*store) {
             pods = self.pod_states(model, &table, now_ms);
         }
         let adapter = request.adapter.as_deref();

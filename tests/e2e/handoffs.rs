@@ -24,11 +24,13 @@ fn body(model: &str, path: &str, stream: bool) -> String {
     }
 }
 
-/// Waits until every worker VM has learned `model`'s Mooncake prefill's
-/// engine ids: one VM asks the bootstrap server, the others copy its answer
-/// at their next tick, and until then a request gets 503 (and reaches no
-/// mock). The request that gets through is a real one (counted by the mocks).
-fn wait_learned(envoy: &Envoy, model: &str) {
+/// Waits until the filter has learned what `model`'s prefill says of itself
+/// (a Mooncake pod's engine ids, a TensorRT-LLM generation-first context
+/// server's `/server_info`): one VM asks, the others copy its answer at
+/// their next tick or when a placement finds the pod not ready, and until
+/// then a request gets 503 (and reaches no mock). The request that gets
+/// through is a real one (counted by the mocks).
+pub fn wait_learned(envoy: &Envoy, model: &str) {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
         let a = post(
@@ -42,7 +44,7 @@ fn wait_learned(envoy: &Envoy, model: &str) {
         }
         assert!(
             Instant::now() < deadline,
-            "the filter never learned the engine ids of {model}'s prefill:\n{}",
+            "the filter never learned what {model}'s prefill says of itself:\n{}",
             envoy.log()
         );
         std::thread::sleep(Duration::from_millis(50));

@@ -27,6 +27,7 @@ mod faults;
 mod fidelity;
 mod gateway;
 mod gateway_split;
+mod generation_first;
 mod handoff_health;
 mod handoffs;
 mod harness;

@@ -242,7 +242,7 @@ pub fn for_each_split(
             let fleet = &case.fleet;
             // Every Mooncake prefill's bootstrap server has answered: two ranks.
             let learned = LearnedPods {
-                mooncake: fleet
+                said: fleet
                     .models()
                     .iter()
                     .flat_map(|m| m.endpoints())

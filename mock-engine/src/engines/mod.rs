@@ -19,6 +19,7 @@ mod vllm_request;
 pub use mooncake::offer_key as mooncake_offer_key;
 pub use nixl_push::base_request_id;
 pub use sglang::server_info as sglang_server_info;
+pub use trtllm::server_info as trtllm_server_info;
 
 use axum::http::HeaderMap;
 use axum::response::Response;
@@ -125,7 +126,7 @@ async fn prefill(
         (Engine::Sglang, _) => {
             sglang::prefill(state, req, headers, asked, fail_after_transfer(faults)).await?
         }
-        (Engine::Trtllm, _) => trtllm::prefill(state, req, faults)?,
+        (Engine::Trtllm, _) => trtllm::prefill(state, req, faults).await?,
         (Engine::Default, _) => default::prefill(req, cfg.lenient_prefill)?,
     };
     Ok(out)

@@ -14,9 +14,18 @@
 //! generation must get back unaltered; with `--auth-key` the generation
 //! also checks TensorRT-LLM's `x-trtllm-disagg-auth` signature of it and of
 //! `ctx_info_endpoint` (see [`crate::disagg_auth`]).
+//!
+//! Generation-first (`disaggregated_params.schedule_style: 1`,
+//! TensorRT-LLM's `DisaggScheduleStyle.GENERATION_FIRST`): the context
+//! holds the request until the generation server asks for its KV, and the
+//! generation request carries no context answer: the client's prompt, and
+//! `ctx_request_id` = `disagg_request_id` with the context server's
+//! `ctx_info_endpoint` and `ctx_dp_rank` from its `GET /server_info`
+//! ([`server_info`]). See `store/gen_first.rs`.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use axum::http::{HeaderMap, StatusCode};
 use base64::engine::general_purpose::STANDARD;
@@ -99,9 +108,9 @@ fn expect_request_type(params: &Map<String, Value>, expected: &str) -> Checked<(
     Ok(())
 }
 
-pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<PrefillOut> {
+pub async fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<PrefillOut> {
     prefill_constraints(req, false, state.config.lenient_prefill)?;
-    let (id, b64) = context_params(req)?;
+    let (id, b64, style) = context_params(req)?;
     context_prompt(req)?;
     let key = req.prompt_key()?;
     let tokens = token_ids(&key);
@@ -117,10 +126,31 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
         encoded_opaque_state: encoded_opaque_state.clone(),
         answered: ids.as_ref().map_or(IdsForm::Absent, AnsweredIds::form),
     };
-    if !state.side.put_ctx(id, entry) {
-        return Err(Fail::contract(format!(
-            "`{P}.disagg_request_id` {id} is reused while its context is still pending"
-        )));
+    match style {
+        Style::ContextFirst => {
+            if !state.side.put_ctx(id, entry) {
+                return Err(Fail::contract(format!(
+                    "`{P}.disagg_request_id` {id} is reused while its context is still pending"
+                )));
+            }
+        }
+        Style::GenerationFirst => {
+            let deadline = tokio::time::Instant::now() + state.config.bootstrap_timeout;
+            if !state.gen_first.await_asked(id, deadline).await {
+                return Err(Fail::contract(format!(
+                    "generation-first context {id}: no generation server asked for its KV within \
+                     {:?}; the generation leg must leave with the context leg (awaiting the \
+                     context answer first deadlocks)",
+                    state.config.bootstrap_timeout
+                )));
+            }
+            if faults.contains(&Fault::FailWhenAsked) {
+                return Err(Fail::internal(format!(
+                    "context {id} failed after its generation server asked for the KV (--fault fail-when-asked)"
+                )));
+            }
+            state.gen_first.leave(id, entry);
+        }
     }
     let mut out = PrefillOut::new(prompt_tokens);
     // "[[finish]]" makes the context finish the request by itself, so tests
@@ -138,11 +168,33 @@ pub fn prefill(state: &Shared, req: &Request<'_>, faults: &[Fault]) -> Checked<P
     Ok(out)
 }
 
+/// The order of the legs, `disaggregated_params.schedule_style`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Style {
+    ContextFirst,
+    GenerationFirst,
+}
+
+/// `schedule_style`: absent or null, 0 or 1 (an IntEnum on the wire).
+fn schedule_style(params: &Map<String, Value>) -> Checked<Style> {
+    match params.get("schedule_style") {
+        None | Some(Value::Null) => Ok(Style::ContextFirst),
+        Some(v) if v.as_u64() == Some(0) => Ok(Style::ContextFirst),
+        Some(v) if v.as_u64() == Some(1) => Ok(Style::GenerationFirst),
+        Some(v) => Err(Fail::contract(format!(
+            "`{P}.schedule_style` must be 0 (context first) or 1 (generation first), got {}",
+            short(v)
+        ))),
+    }
+}
+
 /// A context request's `disaggregated_params`: its disaggregated request
-/// id (at least 2^42) and whether it asks for the ids as base64.
-fn context_params(req: &Request<'_>) -> Checked<(u64, bool)> {
+/// id (at least 2^42), whether it asks for the ids as base64, and the
+/// order of the legs.
+fn context_params(req: &Request<'_>) -> Checked<(u64, bool, Style)> {
     let params = disagg_params(req)?;
     expect_request_type(&params, "context_only")?;
+    let style = schedule_style(&params)?;
     let b64 = match params.get("return_prompt_token_ids_b64") {
         None => false,
         Some(Value::Bool(b)) => *b,
@@ -159,7 +211,7 @@ fn context_params(req: &Request<'_>) -> Checked<(u64, bool)> {
             "`{P}.disagg_request_id` {id} is below 2^42"
         )));
     }
-    Ok((id, b64))
+    Ok((id, b64, style))
 }
 
 /// A completions context carries one prompt, a string.
@@ -401,6 +453,9 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
     expect_request_type(&params, "generation_only")?;
     let ctx_id = context_id(&params)?;
     let endpoint = ctx_endpoint(&params)?;
+    if schedule_style(&params)? == Style::GenerationFirst {
+        return generation_first(state, req, &params, &endpoint, ctx_id).await;
+    }
     let opaque = sent_opaque_state(&params)?;
     let (form, sent) = generation_ids(req)?;
     // Without ids the generation server tokenises the prompt itself.
@@ -408,9 +463,62 @@ pub async fn decode(state: &Shared, req: &Request<'_>, headers: &HeaderMap) -> C
         Some(ids) => ids,
         None => token_ids(&req.prompt_key()?),
     };
-    let ctx = pull_context(state, &endpoint, ctx_id).await?;
+    let path = format!("/ctx/{}", pct(&ctx_id.to_string()));
+    let ctx = pull_context(state, &endpoint, &path, state.config.bootstrap_timeout).await?;
     same_context(&ctx, form, opaque, &received)?;
     Ok(DecodeOut::new(Kv::Pulled, received.len() as u64))
+}
+
+/// A generation-first generation request: no context has answered, so it
+/// carries the client's prompt (the server tokenises it) and names the
+/// context server by what its `/server_info` says; it asks that context
+/// for the KV, which lets the waiting context run.
+async fn generation_first(
+    state: &Shared,
+    req: &Request<'_>,
+    params: &Map<String, Value>,
+    endpoint: &str,
+    ctx_id: u64,
+) -> Checked<DecodeOut> {
+    if !params.contains_key("ctx_dp_rank") {
+        return Err(Fail::contract(format!(
+            "`{P}.ctx_dp_rank` is missing: a generation-first request carries the context \
+             server's `disaggregated_params` from its GET /server_info"
+        )));
+    }
+    let (_, sent) = generation_ids(req)?;
+    let received = match sent {
+        Some(ids) => ids,
+        None => token_ids(&req.prompt_key()?),
+    };
+    // The wait is the context's to bound; the call outlives it a little.
+    let wait = state.config.bootstrap_timeout;
+    let path = format!(
+        "/gen_first/{}?timeout_ms={}",
+        pct(&ctx_id.to_string()),
+        wait.as_millis()
+    );
+    let ctx = pull_context(state, endpoint, &path, wait + Duration::from_secs(1)).await?;
+    if ctx.token_ids != received {
+        return Err(Fail::contract(format!(
+            "prompt token ids differ from the context's ({} received vs {} prefilled)",
+            received.len(),
+            ctx.token_ids.len()
+        )));
+    }
+    Ok(DecodeOut::new(Kv::Pulled, received.len() as u64))
+}
+
+/// A context server's `GET /server_info`: what a generation-first
+/// generation request must carry of it (TensorRT-LLM's
+/// `KvCacheTransceiverV2.get_disaggregated_params`: `ctx_dp_rank`, and
+/// `ctx_info_endpoint` as a list).
+pub fn server_info(state: &Shared) -> Option<Value> {
+    let side = state.bound.side?;
+    Some(json!({"disaggregated_params": {
+        "ctx_dp_rank": 0,
+        "ctx_info_endpoint": [side.to_string()],
+    }}))
 }
 
 /// The context's request id, which `ctx_request_id` and
@@ -466,17 +574,18 @@ fn generation_ids(req: &Request<'_>) -> Checked<(IdsForm, Option<Vec<u64>>)> {
     }
 }
 
-/// What the context at `endpoint` left for `ctx_id`, from its side channel.
-async fn pull_context(state: &Shared, endpoint: &str, ctx_id: u64) -> Checked<CtxEntry> {
+/// What the context at `endpoint` left, from its side channel's `path`.
+async fn pull_context(
+    state: &Shared,
+    endpoint: &str,
+    path: &str,
+    timeout: Duration,
+) -> Checked<CtxEntry> {
     let pull_err =
         |what: String| Fail::contract(format!("could not pull context from {endpoint}: {what}"));
     let resp = state
         .peers
-        .get(
-            endpoint,
-            &format!("/ctx/{}", pct(&ctx_id.to_string())),
-            state.config.bootstrap_timeout,
-        )
+        .get(endpoint, path, timeout)
         .await
         .map_err(|e| pull_err(e.to_string()))?;
     if resp.status != StatusCode::OK {
