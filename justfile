@@ -31,6 +31,9 @@ export ISTIO_PILOT_BIN := justfile_directory() / ".tools/istio-" + istio_version
 # The Gateway API Inference Extension's endpoint picker with llm-d's prefill/decode plugins (tools/epp/), for tests/e2e/epp.rs, built pinned by `just epp`.
 epp_version := `awk '$1 == "sigs.k8s.io/gateway-api-inference-extension" { print $2 }' tools/epp/go.mod`
 export EPP_BIN := justfile_directory() / ".tools/epp-" + epp_version / "epp"
+# Jaeger's all-in-one, the OpenTelemetry collector tests/e2e/tracing.rs sends spans to, built pinned by `just jaeger` (tools/jaeger/).
+jaeger_version := `awk '$1 == "github.com/jaegertracing/jaeger" { print $2 }' tools/jaeger/go.mod`
+export JAEGER_BIN := justfile_directory() / ".tools/jaeger-" + jaeger_version / "jaeger"
 
 # List the recipes.
 default:
@@ -118,6 +121,21 @@ epp:
     fi
     ls -l "$out/epp"
 
+# Jaeger `jaeger_version`'s all-in-one binary (its OTLP/HTTP receiver, in-memory store and query API) for tests/e2e/tracing.rs, from the module proxy into .tools/jaeger-<version> through the wrapper module tools/jaeger (Jaeger's go.mod has a replace directive, so `go install module@version` refuses it).
+jaeger:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ ! -x "$JAEGER_BIN" ] || [ tools/jaeger/go.mod -nt "$JAEGER_BIN" ]; then
+      command -v go >/dev/null || { echo "jaeger: building it needs Go 1.26 (go.dev/dl) and the Go module proxy" >&2; exit 1; }
+      mkdir -p "$(dirname "$JAEGER_BIN")"
+      (cd tools/jaeger && time GOMAXPROCS=2 nice go build -p 1 -o "$JAEGER_BIN" github.com/jaegertracing/jaeger/cmd/jaeger)
+    fi
+    ls -l "$JAEGER_BIN"
+
+# Spans per request received by a real Jaeger collector over OTLP/HTTP (tests/e2e/tracing.rs), building it first; fails instead of skipping when it is absent.
+test-tracing: jaeger build
+    PD_ROUTER_REQUIRE_JAEGER=1 cargo test --test e2e -- --test-threads 1 tracing::
+
 # pd-router executing the picks of that endpoint picker over TLS, against a real kube-apiserver and etcd (tests/e2e/epp.rs), building what is missing first; fails instead of skipping when a binary is absent.
 test-epp: epp kube-apiserver build
     PD_ROUTER_REQUIRE_EPP=1 cargo test --test e2e -- --test-threads 1 epp::
@@ -131,11 +149,13 @@ build: bench-setup
 # Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, executor mode under a real endpoint picker, Istio's pilot on deploy/istio, the mock Kubernetes API's own tests, and every fuzz target briefly.
 test: check setup build msrv deny
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's, Istio's pilot's and the endpoint picker's tests come after, once their binaries are built.
-    cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio:: --skip epp::
+    cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio:: --skip epp:: --skip tracing::
     # A real kube-apiserver and etcd: built pinned on first use (about 10 minutes cold on 2 cores), then the discovery tests against them.
     {{just_executable()}} test-kube-real
     # The endpoint picker (GIE's, with llm-d's PD plugins) built pinned on first use, then pd-router executing its picks.
     {{just_executable()}} test-epp
+    # Jaeger built pinned on first use, then the spans it receives from pd-router.
+    {{just_executable()}} test-tracing
     # Istio's pilot on the shipped deploy/istio, its output in Envoy 1.36.4 and 1.40: built pinned on first use, then the tests.
     {{just_executable()}} test-istio
     # The mock Kubernetes API server against its own contract.

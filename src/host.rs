@@ -85,10 +85,16 @@ pub enum Counter {
     /// endpoint picker's destination header was missing (the picker did
     /// not run on them, or failed open).
     EppPickMissing,
+    /// Spans a collector accepted (tracing).
+    SpansExported,
+    /// Spans dropped: the VM's buffer was full, or an export call failed.
+    SpansDropped,
+    /// Export calls that failed (no answer, or not 2xx).
+    SpanExportFailed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 31] = [
+    pub const ALL: [Counter; 34] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -120,6 +126,9 @@ impl Counter {
         Counter::AdmissionCancelled,
         Counter::KvSourceIgnored,
         Counter::EppPickMissing,
+        Counter::SpansExported,
+        Counter::SpansDropped,
+        Counter::SpanExportFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -155,6 +164,9 @@ impl Counter {
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
             Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
             Counter::EppPickMissing => "pd_router.epp_pick_missing",
+            Counter::SpansExported => "pd_router.spans_exported",
+            Counter::SpansDropped => "pd_router.spans_dropped",
+            Counter::SpanExportFailed => "pd_router.span_exports_failed",
         }
     }
 }
@@ -269,6 +281,12 @@ pub trait Telemetry {
     /// otherwise.
     fn log_enabled(&self, level: Level) -> bool;
     fn increment(&self, counter: Counter);
+    /// Adds `n` to `counter`.
+    fn add(&self, counter: Counter, n: u64) {
+        for _ in 0..n {
+            self.increment(counter);
+        }
+    }
     /// Counts an event of the pod named `pod`.
     fn count_pod(&self, pod: &str, event: PodEvent);
     /// Wall-clock Unix milliseconds.

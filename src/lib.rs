@@ -50,6 +50,7 @@ pub mod split;
 pub mod stat_names;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod trace;
 pub mod transfer;
 pub mod trt_id;
 

@@ -2805,3 +2805,125 @@ fn a_missing_pick_is_counted_and_logged_once_a_minute() {
     send_request(&mut flow, &mut host);
     assert_eq!(host.counted(Counter::EppPickMissing), 1);
 }
+
+fn traced_router() -> Rc<Router> {
+    let mut cfg: serde_json::Value = serde_json::from_str(CONFIG).expect("json");
+    cfg["tracing"] = serde_json::json!({"cluster": "otel"});
+    let config = Config::parse(cfg.to_string().as_bytes()).expect("config");
+    Rc::new(Router::new(config, 0).expect("router"))
+}
+
+const CLIENT_TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[test]
+fn a_traced_split_puts_each_leg_under_its_own_span_in_the_clients_trace() {
+    let r = traced_router();
+    let mut flow = Flow::new(Rc::clone(&r));
+    let client = r#"{"model":"vllm-m","prompt":"hi","max_tokens":5}"#;
+    let mut host = post("/v1/completions", client);
+    for (k, v) in host.request_headers.iter_mut() {
+        if k == "traceparent" {
+            *v = CLIENT_TRACE.as_bytes().to_vec();
+        }
+    }
+    host.randoms = (1..=16).map(|n| n * 0x1111).collect();
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    let leg_header = |headers: &[(String, String)]| {
+        headers
+            .iter()
+            .find(|(k, _)| k == "traceparent")
+            .map(|(_, v)| v.clone())
+            .expect("traceparent")
+    };
+    let prefill_tp = leg_header(&host.dispatched[0].headers);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    let decode_tp = host.header("traceparent").expect("decode traceparent");
+    host.upstream_headers = vec![(":status".into(), "200".into())];
+    flow.on_response_headers(&mut host);
+    flow.on_stream_end(&mut host);
+
+    let spans = r.spans.take(10);
+    let names: Vec<&str> = spans.iter().map(|s| s.name).collect();
+    assert_eq!(
+        names,
+        [
+            "pd_router.decide",
+            "pd_router.prefill",
+            "pd_router.decode",
+            "pd_router.request"
+        ]
+    );
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let request = &spans[3];
+    assert_eq!(hex(&request.trace_id), "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(
+        request.parent.map(|p| hex(&p)).as_deref(),
+        Some("00f067aa0ba902b7")
+    );
+    for child in &spans[..3] {
+        assert_eq!(child.trace_id, request.trace_id);
+        assert_eq!(child.parent, Some(request.span_id), "{}", child.name);
+    }
+    // Each leg names its own span, in the client's trace.
+    let tp = |s: &pd_router::trace::Span| {
+        format!("00-4bf92f3577b34da6a3ce929d0e0e4736-{}-01", hex(&s.span_id))
+    };
+    assert_eq!(prefill_tp, tp(&spans[1]));
+    assert_eq!(decode_tp, tp(&spans[2]));
+    let attr = |s: &pd_router::trace::Span, k: &str| {
+        s.attributes
+            .iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| format!("{v:?}"))
+    };
+    assert_eq!(
+        attr(&spans[0], "pd.prefill_pod").as_deref(),
+        Some(r#"Str("p0")"#)
+    );
+    assert_eq!(
+        attr(&spans[0], "pd.decode_pod").as_deref(),
+        Some(r#"Str("d0")"#)
+    );
+    assert!(attr(&spans[0], "pd.cached_tokens").is_some());
+    assert_eq!(
+        attr(&spans[1], "http.response.status_code").as_deref(),
+        Some("Int(200)")
+    );
+    assert!(spans.iter().all(|s| s.error.is_none()));
+}
+
+#[test]
+fn an_unsampled_client_trace_records_nothing_and_a_failed_prefill_marks_its_span() {
+    let r = traced_router();
+    let mut flow = Flow::new(Rc::clone(&r));
+    let client = r#"{"model":"vllm-m","prompt":"hi","max_tokens":5}"#;
+    let mut host = post("/v1/completions", client);
+    for (k, v) in host.request_headers.iter_mut() {
+        if k == "traceparent" {
+            *v = CLIENT_TRACE.replace("-01", "-00").into_bytes();
+        }
+    }
+    host.randoms = (1..=16).collect();
+    send_request(&mut flow, &mut host);
+    flow.on_stream_end(&mut host);
+    assert_eq!(r.spans.waiting(), 0, "the client did not sample it");
+
+    // No client trace: a new one, and a prefill that failed says so.
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = post("/v1/completions", client);
+    host.request_headers.retain(|(k, _)| k != "traceparent");
+    host.randoms = (1..=16).collect();
+    send_request(&mut flow, &mut host);
+    answer(&mut flow, &mut host, Some(400), r#"{"error":"no"}"#);
+    flow.on_stream_end(&mut host);
+    let spans = r.spans.take(10);
+    assert_eq!(spans.len(), 3, "decide, prefill, request: no decode left");
+    let request = spans.last().expect("request span");
+    assert_eq!(request.parent, None, "a trace the router started");
+    // The engine's message, its status beside it.
+    assert_eq!(spans[1].error.as_deref(), Some("no"), "{:?}", spans[1]);
+    assert!(spans[1].attributes.iter().any(|(k, v)| {
+        *k == "http.response.status_code" && *v == pd_router::trace::AttrValue::Int(400)
+    }));
+    assert!(request.error.is_some());
+}

@@ -201,6 +201,34 @@ mod tests {
     }
 
     #[test]
+    fn tracing_needs_a_collector_cluster_and_names_a_bad_field() {
+        let with = |tracing: &str| {
+            format!(
+                r#"{{"tracing":{tracing},"models":[{{"name":"m","engine":"vllm","rolesets":[]}}]}}"#
+            )
+        };
+        let c = Config::parse(with(r#"{"cluster":"otel"}"#).as_bytes()).expect("valid");
+        let t = c.tracing.expect("on");
+        assert_eq!((t.path.as_str(), t.authority()), ("/v1/traces", "otel"));
+        for (tracing, field) in [
+            (r#"{}"#, "tracing.cluster"),
+            (r#"{"cluster":"otel","path":"v1/traces"}"#, "tracing.path"),
+            (
+                r#"{"cluster":"otel","max_buffered_spans":0}"#,
+                "tracing.max_buffered_spans",
+            ),
+            (
+                r#"{"cluster":"otel","sample_ratio":1.5}"#,
+                "tracing.sample_ratio",
+            ),
+            (r#"{"cluster":"otel","endpoint":"x"}"#, "endpoint"),
+        ] {
+            let e = parse_err(&with(tracing));
+            assert!(e.contains(field), "{tracing}: {e}");
+        }
+    }
+
+    #[test]
     fn parses_the_documented_example() {
         let c = Config::parse(EXAMPLE.as_bytes()).expect("valid");
         assert_eq!(c.kv_connector, Connector::Nixl);

@@ -4,6 +4,7 @@
 use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{Decider, Scheduling, SessionAffinity, TokenRange};
+use crate::trace::Tracing;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -41,6 +42,7 @@ pub(crate) struct RawConfig {
     pub discovery: Option<RawDiscovery>,
     pub admission: Option<Admission>,
     pub objectives: Objectives,
+    pub tracing: Option<Tracing>,
 }
 
 impl Default for RawConfig {
@@ -72,6 +74,7 @@ impl Default for RawConfig {
             discovery: None,
             admission: None,
             objectives: Objectives::default(),
+            tracing: None,
         }
     }
 }

@@ -5,6 +5,7 @@ use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{Connector, Fleet, Model, Scheduling};
 use crate::load::HealthRule;
+use crate::trace::Tracing;
 
 /// How the filter tells Envoy where a request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -125,6 +126,8 @@ pub struct Config {
     pub admission: Option<Admission>,
     /// Objective names to priorities (`x-gateway-inference-objective`).
     pub objectives: Objectives,
+    /// Spans per request to an OpenTelemetry collector, when configured.
+    pub tracing: Option<Tracing>,
     /// Identifies this configuration's shared-data keys, so a reloaded
     /// configuration never reads another one's state.
     pub fingerprint: String,

@@ -14,6 +14,7 @@ use crate::fleet::{
     DEFAULT_BYTES_PER_TOKEN, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use crate::load::HealthRule;
+use crate::trace::Tracing;
 use std::net::SocketAddr;
 
 /// The typed configuration of `raw` (its fingerprint still empty).
@@ -84,6 +85,7 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
         discovery,
         admission: admission(raw.admission)?,
         objectives: raw.objectives,
+        tracing: tracing(raw.tracing)?,
         fingerprint: String::new(),
     })
 }
@@ -113,6 +115,15 @@ fn models(raw: Vec<RawModel>) -> Result<Vec<Model>, ConfigError> {
         models.push(model(m, &format!("models[{mi}]"))?);
     }
     Ok(models)
+}
+
+/// `tracing`, checked.
+fn tracing(t: Option<Tracing>) -> Result<Option<Tracing>, ConfigError> {
+    let Some(t) = t else { return Ok(None) };
+    if let Some((field, why)) = t.problem() {
+        return Err(err(format!("tracing.{field}"), why));
+    }
+    Ok(Some(t))
 }
 
 /// `admission`, when it sets a limit.

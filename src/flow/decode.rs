@@ -47,6 +47,7 @@ impl Flow {
         host.set_request_header(&self.router.config.routing.header, Some(&pod.address))?;
         self.hold(host, model, None, Some(pod));
         self.decode_pod = Some(Rc::clone(pod));
+        self.trace_decode(host, &pod.name, false);
         Ok(Next::Upstream(None))
     }
 
@@ -65,6 +66,9 @@ impl Flow {
             host.set_request_header("transfer-encoding", None)?;
         }
         host.set_request_header(&self.router.config.routing.header, Some(decode_address))?;
+        if let Some(pod) = &self.decode_pod {
+            self.trace_decode(host, &pod.name, true);
+        }
         Ok(())
     }
 }

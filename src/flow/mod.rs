@@ -25,6 +25,7 @@ mod phase;
 mod prefill;
 mod response;
 mod send;
+mod trace;
 
 use crate::admission::settings::fairness_id;
 use crate::admission::{FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
@@ -77,6 +78,8 @@ pub struct Flow {
     decode_watch: Option<decode_outcome::DecodeWatch>,
     /// How much body Envoy reported buffered last (0: none yet).
     body_bytes: usize,
+    /// The request's spans, when it is traced.
+    trace: Option<std::cell::RefCell<trace::RequestTrace>>,
 }
 
 impl Flow {
@@ -103,6 +106,7 @@ impl Flow {
             timing: Timing::default(),
             decode_watch: None,
             body_bytes: 0,
+            trace: None,
         }
     }
 
@@ -294,6 +298,11 @@ impl Flow {
     }
 
     pub fn on_response_headers<H: Host>(&mut self, host: &mut H) -> Action {
+        if self.trace.is_some() {
+            if let Some(s) = host.response_header(":status").and_then(|s| s.parse().ok()) {
+                self.trace_status(s, None);
+            }
+        }
         self.rewrite_response_headers(host);
         self.judge_decode_headers(host);
         // Upstreams must not be able to forge which pods were used.
@@ -356,5 +365,6 @@ impl Flow {
     pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
         self.end_phase(host);
         self.release_with_verdict(host);
+        self.trace_end(host);
     }
 }

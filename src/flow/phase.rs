@@ -146,6 +146,7 @@ impl Flow {
         );
         host.increment(Counter::LocalReply);
         host.count_reply(reply.status);
+        self.trace_status(reply.status, Some(err.to_string()));
         self.release(host, super::load::Release::All, None);
         let mut headers = vec![("content-type", "application/json")];
         headers.extend(reply.headers.iter().map(|(k, v)| (*k, v.as_str())));

@@ -107,8 +107,15 @@ impl Flow {
         if !self.head.id.is_empty() {
             headers.push(("x-request-id", &self.head.id));
         }
+        let traceparent = self.trace_prefill(host, &pod.name);
         for (k, v) in &self.head.forwarded {
+            if *k == "traceparent" && traceparent.is_some() {
+                continue;
+            }
             headers.push((k, v));
+        }
+        if let Some(t) = &traceparent {
+            headers.push(("traceparent", t));
         }
         // The hand-off's own headers replace the client's of the same name
         // (a request id both legs must share); never the routing header.
@@ -280,6 +287,10 @@ impl Flow {
     ) -> Result<(), PrefillFailure> {
         self.prefill_done(host);
         let outcome = classify(status, || host.call_response_body(body_size));
+        if self.trace.is_some() {
+            let error = outcome.as_ref().err().map(ToString::to_string);
+            self.trace_prefill_answered(host.now_us(), status, error);
+        }
         let judged = Judgement {
             pod,
             verdict: verdict(&outcome, on_termination),

@@ -26,6 +26,7 @@ impl Flow {
         // A body the host cannot hand over is the router's failure, not the
         // client's.
         self.timing.body_done_us = host.now_us();
+        self.trace_start(host);
         let body = self.take_body(host, body_size)?;
         let router = Rc::clone(&self.router);
         let fleet = router.fleet();
@@ -156,6 +157,7 @@ impl Flow {
         self.timing.model = Some(Rc::clone(model));
         let plan = match plan {
             Plan::Unsplit { request, pod, why } => {
+                self.trace_unsplit(host, &request, &pod, &why);
                 return self.send_unsplit(host, &request, &pod, &why);
             }
             Plan::Split(plan) => plan,
@@ -163,6 +165,7 @@ impl Flow {
         let now = host.now_ms();
         let router = Rc::clone(&self.router);
         let computes = router.uncached_tokens(&plan.request, &plan.prefix, plan.prefill_pod.id);
+        self.trace_split(host, &plan, computes);
         self.hold(
             host,
             plan.request.model.id,

@@ -16,6 +16,15 @@ pub trait RootHost: SharedStore + Telemetry {
         headers: &[(&str, &str)],
         timeout_ms: u64,
     ) -> Result<u32, HostError>;
+    /// Starts an HTTP call with a body (`headers` name its method); its
+    /// answer comes back as [`RootHost::dispatch`]'s does.
+    fn post(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError>;
     /// Up to `max` bytes of the call answer being delivered (empty when the
     /// host has none).
     fn call_answer_body(&self, len: usize, max: usize) -> Vec<u8>;

@@ -12,6 +12,7 @@
 pub mod bootstrap;
 pub mod configure;
 pub mod discover;
+pub mod export;
 pub mod host;
 pub mod scrape;
 
@@ -19,6 +20,7 @@ use crate::fleet::PodId;
 use crate::router::Router;
 use bootstrap::Bootstrap;
 use discover::Discoverer;
+use export::Exporter;
 use scrape::Scraper;
 use std::rc::Rc;
 
@@ -33,6 +35,7 @@ pub struct Root {
     scraper: Scraper,
     discovery: Option<Discoverer>,
     bootstrap: Bootstrap,
+    exporter: Exporter,
 }
 
 impl Root {
@@ -50,6 +53,7 @@ impl Root {
             scraper: Scraper::default(),
             discovery,
             bootstrap: Bootstrap::default(),
+            exporter: Exporter::default(),
         }
     }
 
@@ -90,6 +94,7 @@ impl Root {
         router.refresh_metrics(&*host);
         self.publish_gauges(host, now);
         self.scraper.maybe_scrape(host, &router, self.vm_id, now);
+        self.exporter.send(host, &router, now);
     }
 
     fn publish_gauges<H: RootHost>(&self, host: &H, now: u64) {
@@ -121,6 +126,8 @@ impl Root {
         if self.bootstrap.owns(token) {
             self.bootstrap
                 .on_answer(host, &router, token, status, body_size);
+        } else if self.exporter.owns(token) {
+            self.exporter.on_answer(host, &router, token, status);
         } else if let Some(d) = self.discovery.as_mut().filter(|d| d.owns(token)) {
             d.on_answer(host, &router, status, body_size);
         } else {

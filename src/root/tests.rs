@@ -15,6 +15,7 @@ struct Call {
     token: u32,
     cluster: String,
     headers: Vec<(String, String)>,
+    body: Vec<u8>,
 }
 
 impl Call {
@@ -101,6 +102,15 @@ impl RootHost for FakeRoot {
         &mut self,
         cluster: &str,
         headers: &[(&str, &str)],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        self.post(cluster, headers, &[], timeout_ms)
+    }
+    fn post(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
         _timeout_ms: u64,
     ) -> Result<u32, HostError> {
         let mut next = self.next_token.borrow_mut();
@@ -112,6 +122,7 @@ impl RootHost for FakeRoot {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            body: body.to_vec(),
         });
         Ok(*next)
     }
@@ -543,6 +554,57 @@ fn generation_first_context_servers_are_asked_their_server_info() {
         "no endpoint: not ready"
     );
     assert!(ha.logged("GET /server_info failed"));
+}
+
+fn finished_span(n: u8) -> crate::trace::Span {
+    crate::trace::Span {
+        trace_id: [n; 16],
+        span_id: [n; 8],
+        parent: None,
+        name: "pd_router.request",
+        kind: crate::trace::SpanKind::Server,
+        start_us: 1,
+        end_us: 2,
+        attributes: Vec::new(),
+        error: None,
+    }
+}
+
+#[test]
+fn spans_are_exported_in_batches_and_a_failed_call_drops_and_counts_them() {
+    let mut vms = vms(
+        r#"{"scrape_interval_ms":0,"tracing":{"cluster":"otel","authority":"collector:4318","max_batch_spans":2},
+            "models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#,
+        1,
+    );
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    assert_eq!(
+        a.router.spans.record((1..=5).map(finished_span).collect()),
+        0
+    );
+    a.on_tick(ha);
+    let calls = ha.take_calls();
+    assert_eq!(calls.len(), 3, "5 spans in batches of 2");
+    let c = &calls[0];
+    assert_eq!(c.cluster, "otel");
+    assert_eq!(c.header(":method"), "POST");
+    assert_eq!(c.header(":path"), "/v1/traces");
+    assert_eq!(c.header(":authority"), "collector:4318");
+    assert_eq!(c.header("content-type"), "application/json");
+    let body: Value = serde_json::from_slice(&c.body).expect("OTLP JSON");
+    let spans = &body["resourceSpans"][0]["scopeSpans"][0]["spans"];
+    assert_eq!(spans.as_array().map(Vec::len), Some(2));
+    answer(a, ha, &calls[0], Some(200), b"{}");
+    answer(a, ha, &calls[1], Some(503), b"");
+    answer(a, ha, &calls[2], None, b"");
+    assert_eq!(ha.counted(Counter::SpansExported), 2);
+    assert_eq!(ha.counted(Counter::SpansDropped), 3);
+    assert_eq!(ha.counted(Counter::SpanExportFailed), 2);
+    assert!(ha.logged("could not export 2 spans: the collector answered 503"));
+    a.on_tick(ha);
+    assert!(ha.take_calls().is_empty(), "nothing left to send");
 }
 
 const POOLED: &str = r#"{"scrape_interval_ms":0,

@@ -18,6 +18,7 @@ mod load;
 mod log_once;
 pub mod picked;
 mod placement;
+pub mod spans;
 mod turns;
 pub mod unsplit;
 
@@ -57,6 +58,8 @@ pub struct Router {
     log_once: log_once::LogOnce,
     /// This VM's part of admission control.
     pub(crate) admission: crate::admission::Waitlist,
+    /// Finished spans waiting for export (tracing).
+    pub spans: spans::Spans,
 }
 
 impl Router {
@@ -87,6 +90,7 @@ impl Router {
             admission: Default::default(),
             learned: Default::default(),
             trt_auth_key: None,
+            spans: spans::Spans::new(config.tracing.as_ref()),
             config,
         })
     }

@@ -106,6 +106,10 @@ impl Telemetry for RootIo<'_> {
         self.stats.increment(counter);
     }
 
+    fn add(&self, counter: Counter, n: u64) {
+        self.stats.add(counter, n);
+    }
+
     fn count_pod(&self, pod: &str, event: PodEvent) {
         self.stats.count_pod(pod, event);
     }
@@ -127,6 +131,16 @@ impl RootHost for RootIo<'_> {
         timeout_ms: u64,
     ) -> Result<u32, HostError> {
         stream::dispatch(cluster, headers, &[], timeout_ms)
+    }
+
+    fn post(
+        &mut self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u32, HostError> {
+        stream::dispatch(cluster, headers, body, timeout_ms)
     }
 
     fn call_answer_body(&self, len: usize, max: usize) -> Vec<u8> {

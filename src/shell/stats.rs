@@ -142,8 +142,12 @@ impl Stats {
     }
 
     pub(super) fn increment(&self, counter: Counter) {
+        self.add(counter, 1);
+    }
+
+    pub(super) fn add(&self, counter: Counter, n: u64) {
         if let Some((_, id)) = self.counters.iter().find(|(c, _)| *c == counter) {
-            let _ = abi::increment_metric(*id, 1);
+            let _ = abi::increment_metric(*id, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 

@@ -218,6 +218,10 @@ impl Telemetry for StreamHost {
         self.stats.increment(counter);
     }
 
+    fn add(&self, counter: Counter, n: u64) {
+        self.stats.add(counter, n);
+    }
+
     fn count_pod(&self, pod: &str, event: PodEvent) {
         self.stats.count_pod(pod, event);
     }

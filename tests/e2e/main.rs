@@ -42,4 +42,5 @@ mod routing;
 mod scheduling;
 mod security;
 mod soak;
+mod tracing;
 mod validate;
