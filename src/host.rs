@@ -85,6 +85,14 @@ pub enum Counter {
     /// endpoint picker's destination header was missing (the picker did
     /// not run on them, or failed open).
     EppPickMissing,
+    /// Prefills sent to pull their prefix from the session's last decode
+    /// (next-turn KV reuse).
+    KvReuseSent,
+    /// Handles found but not sent: their decode pod left the fleet, or the
+    /// request does not extend the turn that made them.
+    KvReuseStale,
+    /// Prefills that failed with a handle and were resent without it.
+    KvReuseFailed,
     /// Spans a collector accepted (tracing).
     SpansExported,
     /// Spans dropped: the VM's buffer was full, or an export call failed.
@@ -94,7 +102,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 34] = [
+    pub const ALL: [Counter; 37] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -126,6 +134,9 @@ impl Counter {
         Counter::AdmissionCancelled,
         Counter::KvSourceIgnored,
         Counter::EppPickMissing,
+        Counter::KvReuseSent,
+        Counter::KvReuseStale,
+        Counter::KvReuseFailed,
         Counter::SpansExported,
         Counter::SpansDropped,
         Counter::SpanExportFailed,
@@ -164,6 +175,9 @@ impl Counter {
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
             Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
             Counter::EppPickMissing => "pd_router.epp_pick_missing",
+            Counter::KvReuseSent => "pd_router.kv_reuse_sent",
+            Counter::KvReuseStale => "pd_router.kv_reuse_stale",
+            Counter::KvReuseFailed => "pd_router.kv_reuse_failed",
             Counter::SpansExported => "pd_router.spans_exported",
             Counter::SpansDropped => "pd_router.spans_dropped",
             Counter::SpanExportFailed => "pd_router.span_exports_failed",

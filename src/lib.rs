@@ -41,6 +41,7 @@ pub mod mooncake;
 pub mod multipart;
 pub mod pods;
 pub mod reconcile;
+pub mod reuse;
 pub mod root;
 pub mod router;
 pub mod sched;

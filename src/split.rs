@@ -140,6 +140,9 @@ pub struct SplitRequest {
     /// The session key of a model with session affinity (`crate::session`),
     /// when the request names a session.
     pub session: Option<u64>,
+    /// Next-turn KV reuse: the session's last decode's `kv_transfer_params`
+    /// (`crate::reuse`), which this prefill pulls the prefix from.
+    pub kv_source: Option<String>,
 }
 
 /// Why a request on a split path goes to one pod, unsplit.
@@ -286,6 +289,7 @@ pub fn read(
     Ok(SplitRequest {
         client_params,
         session: None,
+        kv_source: None,
         request_id: request_id.to_owned(),
         body,
         top,
@@ -460,6 +464,7 @@ fn handoff_context<'a>(
         trt_auth_key: view.trt_auth_key,
         trt_token_ids_b64: request.model.trt_token_ids_b64,
         trt_generation_first: request.model.trt_generation_first,
+        kv_source: request.kv_source.as_deref(),
         disagg_request_id: None,
         ids,
     }
@@ -520,6 +525,7 @@ pub fn build(
         reconcile::AnswerNeeds::Rewrite(plan) => Some(plan),
         reconcile::AnswerNeeds::None => None,
     };
+    let rewrite = capture_kv(&request, &ctx, &decode, rewrite);
     let concurrent = handler.concurrent_for(&ctx, &prefill);
     if request.model.kind == EngineKind::Trtllm {
         ctx.disagg_request_id = Some(ctx.ids.disagg_request_id());
@@ -541,6 +547,33 @@ pub fn build(
         rewrite,
         abort,
     }))
+}
+
+/// The rewrite, made to take the decode's `kv_transfer_params` out of its
+/// answer when the session's next turn may reuse its KV (`crate::reuse`):
+/// a model with `kv_reuse`, a request naming its session and a history
+/// the next turn can be checked against, a NIXL decode pod.
+fn capture_kv(
+    request: &SplitRequest,
+    ctx: &PdContext,
+    decode: &Endpoint,
+    rewrite: Option<reconcile::RewritePlan>,
+) -> Option<reconcile::RewritePlan> {
+    let capture = request.model.kv_reuse.is_some()
+        && request.session.is_some()
+        && ctx.connector_for(decode) == Connector::Nixl
+        && crate::reuse::History::of(request.fields.api, &request.body, &request.top).is_some();
+    if !capture {
+        return rewrite;
+    }
+    let mut plan = rewrite.unwrap_or(reconcile::RewritePlan {
+        usage: false,
+        logprobs: None,
+        stream: request.fields.stream,
+        capture_kv: false,
+    });
+    plan.capture_kv = true;
+    Some(plan)
 }
 
 /// The legs' edits finished (prompt logprobs left to the prefill, the

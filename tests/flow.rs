@@ -2927,3 +2927,136 @@ fn an_unsampled_client_trace_records_nothing_and_a_failed_prefill_marks_its_span
     }));
     assert!(request.error.is_some());
 }
+
+fn reuse_router() -> Rc<Router> {
+    let mut cfg: serde_json::Value = serde_json::from_str(CONFIG).expect("json");
+    let models = cfg["models"].as_array_mut().expect("models");
+    models.push(serde_json::json!({
+        "name": "reuse-m", "engine": "vllm", "session": {}, "kv_reuse": {},
+        "rolesets": [{"prefill": [{"address": "10.0.6.1:8000", "name": "rp0"}],
+                      "decode": [{"address": "10.0.6.2:8000", "name": "rd0"}]}]}));
+    let config = Config::parse(cfg.to_string().as_bytes()).expect("config");
+    Rc::new(Router::new(config, 0).expect("router"))
+}
+
+fn turn(messages: &str) -> FakeHost {
+    let mut host = post(
+        "/v1/chat/completions",
+        &format!(r#"{{"model":"reuse-m","messages":{messages},"max_tokens":8}}"#),
+    );
+    host.request_headers
+        .push(("x-session-id".into(), b"conv-7".to_vec()));
+    host.randoms = (1..=8).collect();
+    host
+}
+
+const D_KV: &str = r#"{"id":"d","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"kv_transfer_params":{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[7,8]],"remote_engine_id":"d-engine","remote_request_id":"d-req","remote_host":"localhost","remote_port":5601,"remote_num_tokens":12}}"#;
+
+/// Turn one of a session: split, the decode answers with its blocks.
+fn first_turn(r: &Rc<Router>) -> FakeHost {
+    let mut flow = Flow::new(Rc::clone(r));
+    let mut host = turn(r#"[{"role":"user","content":"hi"}]"#);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    upstream(&mut host, "application/json");
+    flow.on_response_headers(&mut host);
+    host.response = D_KV.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, D_KV.len(), true),
+        Action::Continue
+    );
+    let client_sees = String::from_utf8(host.response.clone()).expect("utf-8");
+    assert!(
+        !client_sees.contains("kv_transfer_params") && client_sees.contains(r#""content":"yo""#),
+        "{client_sees}"
+    );
+    flow.on_stream_end(&mut host);
+    host
+}
+
+fn prefill_params(host: &FakeHost, i: usize) -> serde_json::Value {
+    let body: serde_json::Value =
+        serde_json::from_slice(&host.dispatched[i].body).expect("prefill body");
+    body["kv_transfer_params"].clone()
+}
+
+/// Turn two of a session after [`first_turn`], sent up to its prefill.
+fn second_turn(r: &Rc<Router>) -> (Flow, FakeHost) {
+    let first = first_turn(r);
+    let mut flow = Flow::new(Rc::clone(r));
+    let mut host = turn(
+        r#"[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"and?"}]"#,
+    );
+    host.shared = first.shared;
+    send_request(&mut flow, &mut host);
+    (flow, host)
+}
+
+#[test]
+fn the_next_turn_pulls_its_prefix_from_the_last_decode() {
+    let r = reuse_router();
+    let (mut flow, mut host) = second_turn(&r);
+    let sent = prefill_params(&host, 0);
+    assert_eq!(sent["do_remote_decode"], true);
+    assert_eq!(sent["do_remote_prefill"], false);
+    assert_eq!(sent["remote_block_ids"], serde_json::json!([[7, 8]]));
+    assert_eq!(sent["remote_engine_id"], "d-engine");
+    assert_eq!(sent["remote_host"], "10.0.6.2", "the decode pod's address");
+    assert_eq!(sent["remote_port"], 5601);
+    assert_eq!(host.counted(Counter::KvReuseSent), 1);
+
+    // A third request of the session finds nothing: the blocks serve one
+    // read.
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut again = turn(
+        r#"[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"and?"}]"#,
+    );
+    again.shared = host.shared;
+    send_request(&mut flow, &mut again);
+    assert_eq!(
+        prefill_params(&again, 0)["remote_block_ids"],
+        serde_json::Value::Null
+    );
+}
+
+#[test]
+fn an_edited_history_gets_no_handle_and_a_failed_read_is_resent_without_it() {
+    let r = reuse_router();
+    let first = first_turn(&r);
+    // The history was edited: the handle is not sent (vLLM would read
+    // blocks that do not match the prompt).
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = turn(r#"[{"role":"user","content":"HI"},{"role":"user","content":"and?"}]"#);
+    host.shared = first.shared;
+    send_request(&mut flow, &mut host);
+    assert_eq!(
+        prefill_params(&host, 0)["remote_block_ids"],
+        serde_json::Value::Null
+    );
+    assert_eq!(host.counted(Counter::KvReuseStale), 1);
+
+    // A read that fails (the blocks are gone): once more, without it, and
+    // the prefill pod takes no strike.
+    let (mut flow, mut host) = second_turn(&r);
+    assert_eq!(prefill_params(&host, 0)["remote_engine_id"], "d-engine");
+    answer(
+        &mut flow,
+        &mut host,
+        Some(500),
+        r#"{"error":{"message":"Internal server error"}}"#,
+    );
+    assert_eq!(host.dispatched.len(), 2, "resent");
+    assert_eq!(
+        prefill_params(&host, 1)["remote_block_ids"],
+        serde_json::Value::Null
+    );
+    assert_eq!(host.counted(Counter::KvReuseFailed), 1);
+    assert_eq!(
+        host.counted(Counter::PrefillRetry),
+        0,
+        "free of the retry budget"
+    );
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1, "the decode goes");
+    assert!(host.replies.is_empty());
+}

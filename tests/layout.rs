@@ -185,6 +185,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "config",
             "session",
             "trace",
+            "reuse",
         ],
     ),
     ("read, build and merge a split", &["split", "host"]),

@@ -146,6 +146,11 @@ struct Cli {
     #[arg(long)]
     allow_recompute: bool,
 
+    /// vllm nixl: vLLM's `bidirectional_kv_xfer` (a decode keeps a finished
+    /// request's blocks for the session's next prefill, which reads them)
+    #[arg(long)]
+    bidirectional: bool,
+
     /// How long sglang waits for its peer, a trtllm decode for the context
     /// pull and a vllm mooncake/nixl_push/p2p_nccl decode for the KV, in ms
     #[arg(
@@ -369,6 +374,7 @@ impl Cli {
             faults,
             fail_after,
             allow_recompute: self.allow_recompute,
+            bidirectional: self.bidirectional,
             bootstrap_timeout: self.bootstrap_timeout,
             stream_delay: self.stream_delay,
             allow_remote_peers: self.allow_remote_peers,

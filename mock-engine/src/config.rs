@@ -199,6 +199,8 @@ pub struct Config {
     /// `--fault fail-after:N`: the first N API POSTs get no fault at all.
     pub fail_after: Option<u64>,
     pub allow_recompute: bool,
+    /// vLLM NIXL `bidirectional_kv_xfer` (`engines/bidirectional.rs`).
+    pub bidirectional: bool,
     pub bootstrap_timeout: Duration,
     pub stream_delay: Duration,
     pub allow_remote_peers: bool,
@@ -252,11 +254,13 @@ impl Config {
     }
 
     pub fn needs_side_channel(&self) -> bool {
-        self.role == Role::Prefill
-            && (self.vllm_pull_connector()
-                || self.vllm(Connector::Mooncake)
-                || self.vllm(Connector::NixlPush)
-                || self.engine == Engine::Trtllm)
+        // A bidirectional decode serves its blocks to the next prefill.
+        (self.role == Role::Decode && self.bidirectional && self.vllm(Connector::Nixl))
+            || self.role == Role::Prefill
+                && (self.vllm_pull_connector()
+                    || self.vllm(Connector::Mooncake)
+                    || self.vllm(Connector::NixlPush)
+                    || self.engine == Engine::Trtllm)
     }
 
     pub fn needs_bootstrap(&self) -> bool {

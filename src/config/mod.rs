@@ -229,6 +229,44 @@ mod tests {
     }
 
     #[test]
+    fn kv_reuse_is_a_vllm_nixl_setting_keyed_by_sessions() {
+        let model = |extra: &str| {
+            format!(r#"{{"models":[{{"name":"m","engine":"vllm","rolesets":[]{extra}}}]}}"#)
+        };
+        let c = Config::parse(model(r#","session":{},"kv_reuse":{}"#).as_bytes()).expect("valid");
+        let r = c.model("m").and_then(|m| m.kv_reuse).expect("on");
+        assert_eq!((r.ttl_ms, r.max_entries), (450_000, 4096));
+        for (extra, needle) in [
+            (r#","kv_reuse":{}"#, "needs `session`"),
+            (
+                r#","session":{},"kv_reuse":{"ttl_ms":0}"#,
+                "models[0].kv_reuse.ttl_ms",
+            ),
+            (
+                r#","session":{},"kv_reuse":{"max_entries":0}"#,
+                "models[0].kv_reuse.max_entries",
+            ),
+            (
+                r#","session":{},"kv_reuse":{},"kv_connector":"mooncake""#,
+                "nixl",
+            ),
+        ] {
+            let e = parse_err(&model(extra));
+            assert!(
+                e.contains("models[0].kv_reuse") && e.contains(needle),
+                "{extra}: {e}"
+            );
+        }
+        let e = parse_err(
+            r#"{"models":[{"name":"m","engine":"sglang","session":{},"kv_reuse":{},"rolesets":[]}]}"#,
+        );
+        assert!(
+            e.contains("models[0].kv_reuse") && e.contains("sglang"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn parses_the_documented_example() {
         let c = Config::parse(EXAMPLE.as_bytes()).expect("valid");
         assert_eq!(c.kv_connector, Connector::Nixl);

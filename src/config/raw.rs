@@ -3,7 +3,7 @@
 
 use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
-use crate::fleet::{Decider, Scheduling, SessionAffinity, TokenRange};
+use crate::fleet::{Decider, KvReuse, Scheduling, SessionAffinity, TokenRange};
 use crate::trace::Tracing;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -104,6 +104,8 @@ pub(crate) struct RawModel {
     pub decider: Option<Decider>,
     #[serde(default)]
     pub session: Option<SessionAffinity>,
+    #[serde(default)]
+    pub kv_reuse: Option<KvReuse>,
     #[serde(default)]
     pub bytes_per_token: Option<f64>,
     #[serde(default)]

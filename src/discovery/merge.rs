@@ -78,6 +78,7 @@ pub fn build_fleet(
                 trt_generation_first: false,
                 decider: None,
                 session: None,
+                kv_reuse: None,
                 bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
                 adapters: Vec::new(),
             },

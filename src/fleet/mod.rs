@@ -15,7 +15,9 @@ mod policy;
 pub use connector::Connector;
 pub use engine_kind::EngineKind;
 pub use id::{fnv1a, fnv1a_extend, ModelId, PodId};
-pub use policy::{Decider, DecodePolicy, PrefillPolicy, Scheduling, SessionAffinity, TokenRange};
+pub use policy::{
+    Decider, DecodePolicy, KvReuse, PrefillPolicy, Scheduling, SessionAffinity, TokenRange,
+};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -149,6 +151,8 @@ pub struct ModelSettings {
     pub decider: Option<Decider>,
     /// Session affinity (none: off).
     pub session: Option<SessionAffinity>,
+    /// Next-turn KV reuse (none: off).
+    pub kv_reuse: Option<KvReuse>,
     /// Bytes per token of this model's prompts, for length estimates.
     pub bytes_per_token: f64,
     /// LoRA adapters its pods serve besides the base weights: requests name
@@ -171,6 +175,7 @@ pub struct Model {
     pub trt_generation_first: bool,
     pub decider: Option<Decider>,
     pub session: Option<SessionAffinity>,
+    pub kv_reuse: Option<KvReuse>,
     pub bytes_per_token: f64,
     pub adapters: Vec<String>,
     /// The pods that serve an adapter, for those discovery says are loaded
@@ -225,6 +230,7 @@ impl Model {
             trt_generation_first: settings.trt_generation_first,
             decider: settings.decider,
             session: settings.session,
+            kv_reuse: settings.kv_reuse,
             bytes_per_token: settings.bytes_per_token,
             adapters: settings.adapters,
             adapter_pods: Vec::new(),
@@ -269,6 +275,7 @@ impl Model {
             trt_generation_first: self.trt_generation_first,
             decider: self.decider,
             session: self.session.clone(),
+            kv_reuse: self.kv_reuse,
             bytes_per_token: self.bytes_per_token,
             adapters: self.adapters.clone(),
         }
@@ -416,6 +423,7 @@ mod tests {
             trt_generation_first: false,
             decider: None,
             session: None,
+            kv_reuse: None,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             adapters: Vec::new(),
         }

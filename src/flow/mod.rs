@@ -24,6 +24,7 @@ mod load;
 mod phase;
 mod prefill;
 mod response;
+mod reuse;
 mod send;
 mod trace;
 
@@ -78,6 +79,8 @@ pub struct Flow {
     decode_watch: Option<decode_outcome::DecodeWatch>,
     /// How much body Envoy reported buffered last (0: none yet).
     body_bytes: usize,
+    /// A split whose decode may leave a next-turn KV handle.
+    reuse: Option<reuse::ReuseTurn>,
     /// The request's spans, when it is traced.
     trace: Option<std::cell::RefCell<trace::RequestTrace>>,
 }
@@ -106,6 +109,7 @@ impl Flow {
             timing: Timing::default(),
             decode_watch: None,
             body_bytes: 0,
+            reuse: None,
             trace: None,
         }
     }
@@ -365,6 +369,7 @@ impl Flow {
     pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
         self.end_phase(host);
         self.release_with_verdict(host);
+        self.keep_kv_handle(host);
         self.trace_end(host);
     }
 }

@@ -219,7 +219,10 @@ impl Flow {
         } else {
             Verdict::Neutral
         };
-        let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination);
+        // A prefill reading another pod's KV fails when that KV is gone:
+        // not this pod's fault.
+        let sourced = pending.plan.request.kv_source.is_some();
+        let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination, sourced);
         let next = match outcome {
             // The decode leaves in this callback: a vLLM NIXL
             // prefill's KV lease (kv_lease_duration, from when the
@@ -244,7 +247,8 @@ impl Flow {
     ) {
         // No resend: the decode already went out with this
         // prefill's room. A keep-alive race is one strike in a streak.
-        let outcome = self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed);
+        let outcome =
+            self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed, false);
         let Err(failure) = outcome else {
             if self.response.rewrite.is_some() {
                 match host.call_response_body(body_size) {
@@ -284,6 +288,7 @@ impl Flow {
         status: Option<u16>,
         body_size: usize,
         on_termination: Verdict,
+        sourced: bool,
     ) -> Result<(), PrefillFailure> {
         self.prefill_done(host);
         let outcome = classify(status, || host.call_response_body(body_size));
@@ -293,11 +298,40 @@ impl Flow {
         }
         let judged = Judgement {
             pod,
-            verdict: verdict(&outcome, on_termination),
+            verdict: match verdict(&outcome, on_termination) {
+                Verdict::Failed if sourced => Verdict::Neutral,
+                v => v,
+            },
             cause: cause(&outcome),
         };
         self.release(host, Release::Prefill, Some(judged));
         outcome
+    }
+
+    /// A prefill that was to read its prefix from the session's last
+    /// decode failed: that KV may be gone (read, run out, its pod
+    /// restarted), and vLLM's default `kv_load_failure_policy: fail`
+    /// answers 500. Once more without it, on any pod, free of the retry
+    /// budget; the handle is not sent again (its blocks serve one read).
+    fn resend_unsourced<H: Host>(
+        &mut self,
+        host: &mut H,
+        p: PendingPrefill,
+        failure: PrefillFailure,
+    ) -> Result<Next, PdError> {
+        host.increment(Counter::KvReuseFailed);
+        let msg = format!(
+            "prefill {} failed reading the session's last decode KV ({failure}); resending without it",
+            p.plan.prefill_pod.address
+        );
+        self.log(host, Level::Info, &msg);
+        self.release(host, Release::Decode, None);
+        let mut request = p.plan.request;
+        request.kv_source = None;
+        let mut attempt = p.attempt;
+        attempt.full = self.full_now(host, &request);
+        self.place(host, request, attempt)
+            .map_err(|_| PdError::Prefill(failure))
     }
 
     /// A failed sequential prefill: place the request again on another pod
@@ -308,6 +342,9 @@ impl Flow {
         p: PendingPrefill,
         failure: PrefillFailure,
     ) -> Result<Next, PdError> {
+        if p.plan.request.kv_source.is_some() && retryable(&failure) {
+            return self.resend_unsourced(host, p, failure);
+        }
         let max = self.router.config.prefill.max_retries;
         // A connection closed before any answer is most often a keep-alive
         // race (the pod closed an idle pooled connection as the call went

@@ -38,6 +38,7 @@ mod oci;
 mod picker;
 mod prometheus;
 mod replicas;
+mod reuse;
 mod routing;
 mod scheduling;
 mod security;

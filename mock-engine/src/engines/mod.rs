@@ -5,6 +5,7 @@
 //! and `cached.rs`, below every engine module, so no engine imports this
 //! dispatcher.
 
+mod bidirectional;
 mod cached;
 mod contract;
 mod default;
@@ -76,6 +77,9 @@ pub async fn handle(
         }
         Role::Decode => {
             let mut out = decode(state, &req, headers, &asked).await?;
+            if cfg.bidirectional && cfg.connector == Connector::Nixl && out.kv == Kv::Pulled {
+                out.top = bidirectional::keep(state, &req, params.max_tokens)?;
+            }
             out.prompt_tokens = counted(&req, out.prompt_tokens);
             out.cached_tokens = decode_cached(state, &req, &asked, &out);
             let look = look(state, &req, asked)?;
@@ -121,7 +125,12 @@ async fn prefill(
             p2p_nccl::prefill(state, req, headers, spoiled).await?
         }
         (Engine::Vllm, Connector::Nixl | Connector::Shfs) => {
-            vllm::prefill(state, req, no_kv_params)?
+            let out = vllm::prefill(state, req, no_kv_params)?;
+            // A decode's blocks named as the prefix's source are read
+            // (they serve one read; a failed read is the request's 500).
+            let params = vllm_request::vllm_prefill_params(req)?;
+            bidirectional::read_source(state, req, &params).await?;
+            out
         }
         (Engine::Sglang, _) => {
             sglang::prefill(state, req, headers, asked, fail_after_transfer(faults)).await?
