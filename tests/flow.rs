@@ -2995,7 +2995,7 @@ fn second_turn(r: &Rc<Router>) -> (Flow, FakeHost) {
 #[test]
 fn the_next_turn_pulls_its_prefix_from_the_last_decode() {
     let r = reuse_router();
-    let (mut flow, mut host) = second_turn(&r);
+    let (_flow, host) = second_turn(&r);
     let sent = prefill_params(&host, 0);
     assert_eq!(sent["do_remote_decode"], true);
     assert_eq!(sent["do_remote_prefill"], false);
