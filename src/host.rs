@@ -66,6 +66,8 @@ pub enum Counter {
     /// Prefills aborted on their pod (the engine's abort route) because
     /// their stream ended before they answered.
     PrefillAborted,
+    /// Prefill aborts that could not be sent (the call was refused).
+    PrefillAbortFailed,
     /// `GET /v1/models` (and `/v1/models/{id}`) answered by the gateway.
     ModelsListed,
     /// Requests that waited for room (admission control).
@@ -102,7 +104,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 37] = [
+    pub const ALL: [Counter; 38] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -126,6 +128,7 @@ impl Counter {
         Counter::DecodeFailed,
         Counter::ClientGone,
         Counter::PrefillAborted,
+        Counter::PrefillAbortFailed,
         Counter::ModelsListed,
         Counter::AdmissionQueued,
         Counter::AdmissionShed,
@@ -167,6 +170,7 @@ impl Counter {
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",
             Counter::PrefillAborted => "pd_router.prefill_aborts",
+            Counter::PrefillAbortFailed => "pd_router.prefill_aborts_failed",
             Counter::ModelsListed => "pd_router.models_listed",
             Counter::AdmissionQueued => "pd_router.admission.queued",
             Counter::AdmissionShed => "pd_router.admission.shed",

@@ -3060,3 +3060,34 @@ fn an_edited_history_gets_no_handle_and_a_failed_read_is_resent_without_it() {
     assert_eq!(host.resumed, 1, "the decode goes");
     assert!(host.replies.is_empty());
 }
+
+#[test]
+fn an_sglang_prefill_left_behind_is_aborted_and_a_refused_abort_is_counted() {
+    for refused in [false, true] {
+        let mut flow = Flow::new(router());
+        let mut host = post(
+            "/v1/chat/completions",
+            r#"{"model":"sglang-m","messages":[],"stream":true}"#,
+        );
+        send_request(&mut flow, &mut host);
+        if refused {
+            host.dispatch_error = Some("InternalFailure".into());
+        }
+        // The client leaves before the prefill answered.
+        flow.on_stream_end(&mut host);
+        let abort = host.dispatched.iter().find(|d| {
+            d.headers
+                .iter()
+                .any(|(k, v)| k == ":path" && v == "/abort_request")
+        });
+        assert_eq!(abort.is_some(), !refused);
+        if let Some(a) = abort {
+            assert_eq!(String::from_utf8_lossy(&a.body), r#"{"rid":"req-1"}"#);
+        }
+        assert_eq!(host.counted(Counter::PrefillAborted), usize::from(!refused));
+        assert_eq!(
+            host.counted(Counter::PrefillAbortFailed),
+            usize::from(refused)
+        );
+    }
+}

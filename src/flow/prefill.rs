@@ -176,14 +176,17 @@ impl Flow {
                     format!("prefill on {} aborted: {}", pod.name, abort.path)
                 });
             }
-            Err(e) => self.log(
-                host,
-                Level::Warn,
-                &format!(
-                    "could not abort the prefill on {}: {e}; it runs until the engine's timeout",
-                    pod.name
-                ),
-            ),
+            Err(e) => {
+                host.increment(Counter::PrefillAbortFailed);
+                self.log(
+                    host,
+                    Level::Warn,
+                    &format!(
+                        "could not abort the prefill on {}: {e}; it runs until the engine's timeout",
+                        pod.name
+                    ),
+                )
+            }
         }
     }
 
