@@ -85,10 +85,14 @@ pub enum Counter {
     /// endpoint picker's destination header was missing (the picker did
     /// not run on them, or failed open).
     EppPickMissing,
+    /// E/P/D encoder requests sent (one per media item).
+    EncoderSent,
+    /// E/P/D encoder requests that failed (the request is answered 502).
+    EncoderFailed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 31] = [
+    pub const ALL: [Counter; 33] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -120,6 +124,8 @@ impl Counter {
         Counter::AdmissionCancelled,
         Counter::KvSourceIgnored,
         Counter::EppPickMissing,
+        Counter::EncoderSent,
+        Counter::EncoderFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -147,6 +153,8 @@ impl Counter {
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",
             Counter::PrefillAborted => "pd_router.prefill_aborts",
+            Counter::EncoderSent => "pd_router.encoder_requests",
+            Counter::EncoderFailed => "pd_router.encoder_failed",
             Counter::ModelsListed => "pd_router.models_listed",
             Counter::AdmissionQueued => "pd_router.admission.queued",
             Counter::AdmissionShed => "pd_router.admission.shed",

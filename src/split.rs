@@ -13,6 +13,7 @@
 use crate::api::{read_fields, Api, ClientFields};
 use crate::body::{BodyError, Edit, Edits, LegBody, Members, SourceMismatch};
 use crate::calls::BodyKind;
+use crate::encoder;
 use crate::engine::{
     build_legs, refuse_owned, refused_form_fields, EngineHandler, Merged, PrefillAnswer, Registry,
 };
@@ -140,6 +141,10 @@ pub struct SplitRequest {
     /// The session key of a model with session affinity (`crate::session`),
     /// when the request names a session.
     pub session: Option<u64>,
+    /// The distinct media items of a chat request to an E/P/D model
+    /// (`models[].ec_connector`), each encoded on an encoder pod before the
+    /// prefill; empty otherwise.
+    pub media: Vec<String>,
 }
 
 /// Why a request on a split path goes to one pod, unsplit.
@@ -275,6 +280,7 @@ pub fn read(
     let adapter = served.adapter.map(str::to_owned);
     let handler = view.registry.resolve(&model.engine);
     let client_params = refuse_owned(handler, &body, &top)?;
+    let media = read_media(&model, api, &body, &top)?;
     let prompt = prompt_key(
         view.scheduling,
         &model,
@@ -286,6 +292,7 @@ pub fn read(
     Ok(SplitRequest {
         client_params,
         session: None,
+        media,
         request_id: request_id.to_owned(),
         body,
         top,
@@ -294,6 +301,101 @@ pub fn read(
         adapter,
         prompt,
     })
+}
+
+/// The media items an E/P/D model's encoders compute for this request
+/// (chat only: vLLM's proxy and llm-d's sidecar read `messages`), after
+/// refusing an `ec_transfer_params` of the client's own: it names the
+/// memory the prefill pulls embeddings from, and only the encoders say that.
+/// A model without encoder pods anywhere cannot serve media: 503 at once,
+/// before any pod is chosen.
+fn read_media(model: &Model, api: Api, body: &[u8], top: &Members) -> Result<Vec<String>, PdError> {
+    if model.ec_connector.is_none() {
+        return Ok(Vec::new());
+    }
+    if top.contains(encoder::EC_PARAMS) {
+        return Err(ClientError::RouterOwnedKey {
+            key: encoder::EC_PARAMS.to_owned(),
+            engine: model.engine.clone(),
+        }
+        .into());
+    }
+    if api != Api::ChatCompletions {
+        return Ok(Vec::new());
+    }
+    let media = encoder::media_items(body, top)?;
+    let can_encode = model
+        .rolesets
+        .iter()
+        .any(|r| !r.encode.is_empty() || r.prefill.iter().any(|p| p.encodes));
+    if !media.is_empty() && !can_encode {
+        return Err(PdError::NoEncoder {
+            model: model.name.clone(),
+        });
+    }
+    Ok(media)
+}
+
+/// One encoder request of a split: the pod, its body and its request id.
+#[derive(Debug, Clone)]
+pub struct EncoderLeg {
+    pub pod: Rc<Endpoint>,
+    pub body: Vec<u8>,
+    pub request_id: Option<String>,
+}
+
+/// The encoder requests a split sends before its prefill: one per media
+/// item, over the encoder pods of the prefill pod's roleset (they share the
+/// EC connector's storage or fabric) that are `healthy`, in turn from
+/// `start`; over all of them when none is (a health mark may be stale: the
+/// calls then tell). None when the request has no media or its prefill pod
+/// encodes its own (llm-d's `encode-prefill`); `NoEncoder` when its roleset
+/// has no encoder pod.
+pub fn encoder_legs(
+    plan: &SplitPlan,
+    start: u64,
+    healthy: impl Fn(&Endpoint) -> bool,
+) -> Result<Vec<EncoderLeg>, PdError> {
+    let request = &plan.request;
+    if request.media.is_empty() || plan.prefill_pod.encodes {
+        return Ok(Vec::new());
+    }
+    let encoders = request
+        .model
+        .rolesets
+        .iter()
+        .find(|r| r.prefill.iter().any(|p| p.id == plan.prefill_pod.id))
+        .map(|r| r.encode.as_slice())
+        .unwrap_or_default();
+    if encoders.is_empty() {
+        return Err(PdError::NoEncoder {
+            model: request.model.name.clone(),
+        });
+    }
+    let up: Vec<&Rc<Endpoint>> = encoders.iter().filter(|e| healthy(e)).collect();
+    let encoders: Vec<&Rc<Endpoint>> = if up.is_empty() {
+        encoders.iter().collect()
+    } else {
+        up
+    };
+    let chosen = encoder::spread(request.media.len(), encoders.len(), start);
+    request
+        .media
+        .iter()
+        .zip(chosen)
+        .enumerate()
+        .map(|(i, (item, pod))| {
+            Ok(EncoderLeg {
+                pod: Rc::clone(
+                    encoders
+                        .get(pod)
+                        .ok_or_else(|| PdError::Internal("an encoder index out of range".into()))?,
+                ),
+                body: encoder::encoder_body(&request.body, &request.top, item).map_err(internal)?,
+                request_id: encoder::encoder_request_id(&request.request_id, i),
+            })
+        })
+        .collect()
 }
 
 /// Checks a body that goes whole to one pod unsplit (a call routed by

@@ -184,6 +184,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "reconcile",
             "config",
             "session",
+            "encoder",
         ],
     ),
     ("read, build and merge a split", &["split", "host"]),

@@ -79,6 +79,7 @@ pub fn build_fleet(
                 session: None,
                 bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
                 adapters: Vec::new(),
+                ec_connector: None,
             },
             Vec::new(),
             Vec::new(),
@@ -148,6 +149,25 @@ fn endpoint(p: &DiscoveredPod, unused: &mut Vec<Unused>) -> Endpoint {
     e
 }
 
+/// A discovered endpoint in its roleset's list for its role, or among the
+/// combined pods.
+fn place(role: PodRole, mut e: Endpoint, slot: &mut RolesetPods, combined: &mut Vec<Endpoint>) {
+    match role {
+        PodRole::Prefill => slot.prefill.push(e),
+        PodRole::EncodePrefill => {
+            e.encodes = true;
+            slot.prefill.push(e);
+        }
+        PodRole::Encode => slot.encode.push(e),
+        PodRole::Decode => slot.decode.push(e),
+        PodRole::Both => combined.push(e),
+        PodRole::PrefillDecode => {
+            e.prefill_when_picked = true;
+            combined.push(e);
+        }
+    }
+}
+
 /// `model` (its settings and static pods) with the pods `found` and the
 /// adapters `based` on it added.
 fn with_pods(
@@ -166,6 +186,7 @@ fn with_pods(
             name: r.name.clone(),
             prefill: static_pods(&r.prefill),
             decode: static_pods(&r.decode),
+            encode: static_pods(&r.encode),
             prompt_tokens: r.prompt_tokens,
         })
         .collect();
@@ -182,7 +203,7 @@ fn with_pods(
             unused.push(unused_pod(p, why));
             continue;
         }
-        let mut e = endpoint(p, unused);
+        let e = endpoint(p, unused);
         of_pod.push((p.object(), e.id));
         let roleset = if p.roleset.is_empty() {
             UNNAMED_ROLESET
@@ -193,20 +214,12 @@ fn with_pods(
             name: roleset.to_owned(),
             ..RolesetPods::default()
         });
-        match p.role {
-            PodRole::Prefill => slot.prefill.push(e),
-            PodRole::Decode => slot.decode.push(e),
-            PodRole::Both => combined.push(e),
-            PodRole::PrefillDecode => {
-                e.prefill_when_picked = true;
-                combined.push(e);
-            }
-        }
+        place(p.role, e, slot, &mut combined);
     }
     rolesets.extend(
         discovered
             .into_values()
-            .filter(|r| !r.prefill.is_empty() || !r.decode.is_empty()),
+            .filter(|r| !r.prefill.is_empty() || !r.decode.is_empty() || !r.encode.is_empty()),
     );
     let mut settings = model.settings();
     // A name discovery gives another model is that model's.

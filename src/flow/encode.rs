@@ -1,0 +1,186 @@
+//! E/P/D: a split's encoder legs, sent before its prefill and awaited
+//! (`Phase::Encoding`), then the prefill with what they handed over. Every
+//! leg is bounded by the prefill timeout; the first failure answers the
+//! client (502 naming the encoder pod), as vLLM's proxy and llm-d's sidecar
+//! do. The legs still in flight then answer into the void (Envoy cannot
+//! cancel a call).
+
+use super::load::Release;
+use super::phase::{Next, PendingEncode};
+use super::{Attempt, Flow};
+use crate::encoder;
+use crate::error::{PdError, PrefillFailure};
+use crate::host::{Counter, Host, Level};
+use crate::load::Verdict;
+use crate::split::{self, SplitPlan};
+use std::rc::Rc;
+
+impl Flow {
+    /// Sends the encoder legs of `plan` and waits for them, or, when it
+    /// needs none, sends its prefill at once.
+    pub(super) fn encode_or_prefill<H: Host>(
+        &mut self,
+        host: &mut H,
+        plan: SplitPlan,
+        attempt: Attempt,
+    ) -> Result<Next, PdError> {
+        let start = host.random_u64().unwrap_or_else(|_| host.now_ms());
+        let now = host.now_ms();
+        let router = Rc::clone(&self.router);
+        let healthy = |pod: &crate::fleet::Endpoint| router.is_healthy(&*host, pod, now);
+        let legs = match split::encoder_legs(&plan, start, healthy) {
+            Ok(legs) => legs,
+            Err(e) => {
+                self.release(host, Release::All, None);
+                return Err(e);
+            }
+        };
+        if legs.is_empty() {
+            return self.send_prefill(host, plan, attempt);
+        }
+        let config = &router.config;
+        let mut calls = Vec::with_capacity(legs.len());
+        for leg in &legs {
+            let pod = &leg.pod;
+            let mut headers: Vec<(&str, &str)> = vec![
+                (":method", "POST"),
+                (":path", &self.head.path),
+                (":authority", &pod.address),
+                ("content-type", "application/json"),
+                (&config.routing.header, &pod.address),
+            ];
+            if let Some(id) = &leg.request_id {
+                headers.push(("x-request-id", id));
+            }
+            let sent = host.dispatch(
+                &config.routing.prefill_cluster,
+                &headers,
+                &leg.body,
+                config.prefill.timeout_ms,
+            );
+            match sent {
+                Ok(token) => {
+                    host.increment(Counter::EncoderSent);
+                    calls.push((token, Rc::clone(pod)));
+                }
+                // Calls already sent answer into the void.
+                Err(e) => {
+                    self.release(host, Release::All, None);
+                    return Err(PdError::Encoder {
+                        pod: pod.name.clone(),
+                        failure: PrefillFailure::Dispatch(format!(
+                            "cluster {:?}: {e}",
+                            config.routing.prefill_cluster
+                        )),
+                    });
+                }
+            }
+        }
+        self.debug(host, || {
+            let pods: Vec<&str> = calls.iter().map(|(_, p)| p.address.as_str()).collect();
+            format!(
+                "{} media items to encoders {pods:?} before prefill {}",
+                calls.len(),
+                plan.prefill_pod.address
+            )
+        });
+        Ok(Next::AwaitEncode(Box::new(PendingEncode {
+            plan,
+            attempt,
+            answers: Vec::with_capacity(calls.len()),
+            calls,
+        })))
+    }
+
+    /// An encoder call answered: wait for the rest, or send the prefill
+    /// with the encoders' hand-off once all are in, or answer the failure.
+    pub(super) fn encoder_answered<H: Host>(
+        &mut self,
+        host: &mut H,
+        mut pending: PendingEncode,
+        token: u32,
+        status: Option<u16>,
+        body_size: usize,
+    ) {
+        let Some(at) = pending.calls.iter().position(|(t, _)| *t == token) else {
+            return;
+        };
+        let (_, pod) = pending.calls.swap_remove(at);
+        let answer = super::prefill::classify(status, || host.call_response_body(body_size))
+            .and_then(|()| {
+                host.call_response_body(body_size)
+                    .map_err(|e| PrefillFailure::BadAnswer(e.to_string()))
+            });
+        let router = Rc::clone(&self.router);
+        let now = host.now_ms();
+        let verdict = super::prefill::verdict(
+            &answer.as_ref().map(|_| ()).map_err(Clone::clone),
+            Verdict::Failed,
+        );
+        if let Err(e) = router.judge_everywhere(host, &pod, verdict, "encoder", now) {
+            self.log(
+                host,
+                Level::Warn,
+                &format!("could not record the encoder's health: {e}"),
+            );
+        }
+        let next = match answer {
+            Err(failure) => {
+                host.increment(Counter::EncoderFailed);
+                self.release(host, Release::All, None);
+                Err(PdError::Encoder {
+                    pod: pod.name.clone(),
+                    failure,
+                })
+            }
+            Ok(body) => {
+                pending.answers.push(body);
+                if pending.calls.is_empty() {
+                    self.encoded(host, pending)
+                } else {
+                    Ok(Next::AwaitEncode(Box::new(pending)))
+                }
+            }
+        };
+        self.resume_after(host, next);
+    }
+
+    /// Every encoder answered 200: the prefill leaves, with the merged
+    /// `ec_transfer_params` (NIXL).
+    fn encoded<H: Host>(&mut self, host: &mut H, pending: PendingEncode) -> Result<Next, PdError> {
+        let PendingEncode {
+            mut plan,
+            attempt,
+            answers,
+            ..
+        } = pending;
+        let connector = plan.request.model.ec_connector;
+        let merged = match connector.map(|c| encoder::merge_answers(c, &answers)) {
+            None => encoder::MergedParams::default(),
+            Some(Ok(m)) => m,
+            Some(Err(message)) => {
+                self.release(host, Release::All, None);
+                return Err(PdError::Encoder {
+                    pod: "(one of the encoders)".into(),
+                    failure: PrefillFailure::BadAnswer(message),
+                });
+            }
+        };
+        if merged.missing > 0 {
+            self.log(
+                host,
+                Level::Warn,
+                &format!(
+                    "{} of {} encoder answers carried no ec_transfer_params: the prefill encodes those items itself",
+                    merged.missing,
+                    answers.len()
+                ),
+            );
+        }
+        if let Some(params) = &merged.params {
+            plan.prefill_body =
+                encoder::with_params(&plan.prefill_body, params).map_err(PdError::Internal)?;
+        }
+        self.send_prefill(host, plan, attempt)
+    }
+}
