@@ -113,7 +113,9 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// The body of the encoder request for `item`: the client's, with
 /// `messages` replaced by one user message holding the item alone, one
 /// token at most (`max_completion_tokens` where the client used it), not
-/// streamed, no `stream_options`.
+/// streamed, no `stream_options`. A `min_tokens` goes too (vLLM refuses
+/// one above `max_tokens`), and the client's own `kv_transfer_params`
+/// members: the encoder takes no part in the KV hand-off.
 pub fn encoder_body(
     body: &[u8],
     top: &Members,
@@ -132,7 +134,11 @@ pub fn encoder_body(
         edits.set_u64("max_tokens", 1);
     }
     edits.set_bool("stream", false);
-    edits.remove("stream_options");
+    for gone in ["stream_options", "min_tokens", "kv_transfer_params"] {
+        if top.contains(gone) {
+            edits.remove(gone);
+        }
+    }
     top.render(body, &edits)
 }
 
@@ -257,7 +263,7 @@ mod tests {
     #[test]
     fn an_encoder_body_holds_one_item_one_token_not_streamed() {
         let body = format!(
-            r#"{{"model":"m","messages":[{{"role":"user","content":[{IMAGE}]}}],"stream":true,"stream_options":{{"include_usage":true}},"max_completion_tokens":50,"temperature":0}}"#
+            r#"{{"model":"m","messages":[{{"role":"user","content":[{IMAGE}]}}],"stream":true,"stream_options":{{"include_usage":true}},"max_completion_tokens":50,"min_tokens":5,"temperature":0}}"#
         );
         let top = Members::parse(body.as_bytes()).expect("parse");
         let out = encoder_body(body.as_bytes(), &top, IMAGE).expect("body");
@@ -268,7 +274,7 @@ mod tests {
             "the client used the other name"
         );
         assert_eq!(v["stream"], false);
-        assert!(v.get("stream_options").is_none());
+        assert!(v.get("stream_options").is_none() && v.get("min_tokens").is_none());
         assert_eq!(v["temperature"], 0);
         assert_eq!(v["messages"].as_array().map(Vec::len), Some(1));
         assert_eq!(
