@@ -134,9 +134,6 @@ pub enum PdError {
     /// An asynchronous prefill (its decode already sent) failed.
     ConcurrentPrefill(PrefillFailure),
     Internal(String),
-    /// The deployment asks for something pd-router does not do (an
-    /// endpoint picker naming encoder pods): 501.
-    NotImplemented(String),
     /// A request with media for an E/P/D model that has no encoder pod
     /// where it was placed, and whose prefill pod does not encode.
     NoEncoder {
@@ -245,7 +242,6 @@ impl fmt::Display for PdError {
             }
             PdError::ConcurrentPrefill(e) => write!(f, "{e}; the decode was abandoned"),
             PdError::Internal(m) => write!(f, "internal router error: {m}"),
-            PdError::NotImplemented(m) => f.write_str(m),
             PdError::NoEncoder { model } => write!(
                 f,
                 "model `{model}` encodes media on encoder pods (ec_connector), and none serves the roleset this request was placed on; add `encode` pods to its rolesets, or send the request without media"
@@ -328,7 +324,6 @@ impl PdError {
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::Internal(_) => (500, "internal_error", "internal_error"),
-            PdError::NotImplemented(_) => (501, "not_implemented_error", "not_implemented"),
             PdError::NoEncoder { .. } => (503, "service_unavailable", "no_encoder"),
             PdError::Encoder { .. } => (502, "upstream_error", "encoder_failed"),
             PdError::Dropped { why, .. } => match why {

@@ -378,6 +378,28 @@ pub fn encoder_legs(
     } else {
         up
     };
+    legs_over(request, &encoders, start)
+}
+
+/// The encoder requests of a split whose encoders an endpoint picker chose
+/// (llm-d's `x-encoder-hosts-ports`, checked against the fleet): its media
+/// items over them in turn from the first, as llm-d's sidecar sends them.
+/// The picker's choice stands even for a prefill pod that encodes.
+pub fn picked_encoder_legs(
+    plan: &SplitPlan,
+    encoders: &[Rc<Endpoint>],
+) -> Result<Vec<EncoderLeg>, PdError> {
+    let encoders: Vec<&Rc<Endpoint>> = encoders.iter().collect();
+    legs_over(&plan.request, &encoders, 0)
+}
+
+/// One encoder request per media item of `request`, over `encoders` in
+/// turn from `start`.
+fn legs_over(
+    request: &SplitRequest,
+    encoders: &[&Rc<Endpoint>],
+    start: u64,
+) -> Result<Vec<EncoderLeg>, PdError> {
     let chosen = encoder::spread(request.media.len(), encoders.len(), start);
     request
         .media
@@ -389,6 +411,7 @@ pub fn encoder_legs(
                 pod: Rc::clone(
                     encoders
                         .get(pod)
+                        .copied()
                         .ok_or_else(|| PdError::Internal("an encoder index out of range".into()))?,
                 ),
                 body: encoder::encoder_body(&request.body, &request.top, item).map_err(internal)?,

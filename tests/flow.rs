@@ -3038,3 +3038,70 @@ fn epd_an_encoder_that_failed_its_health_is_skipped() {
         flow.on_stream_end(&mut host);
     }
 }
+
+/// Executor mode: llm-d's picker names the encoders
+/// (`x-encoder-hosts-ports`); those the fleet knows as the model's
+/// encoders serve the items, in turn from the first, the others are never
+/// dialled; the header never reaches an engine.
+#[test]
+fn epd_the_pickers_known_encoders_are_used_and_unknown_ones_refused() {
+    let config = EPD_CONFIG.replace(
+        r#""prefill_timeout_ms": 1234,"#,
+        r#""prefill_timeout_ms": 1234, "placement": "epp","#,
+    );
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    const DEST: &str = "x-gateway-destination-endpoint";
+    let picked = |encoders: &str, body: &str| {
+        let mut flow = Flow::new(Rc::clone(&r));
+        let mut host = post("/v1/chat/completions", body);
+        for (k, v) in [
+            (DEST, "10.9.0.2:8000"),
+            ("x-prefiller-host-port", "10.9.0.1:8000"),
+            ("x-encoder-hosts-ports", encoders),
+        ] {
+            host.request_headers.push((k.into(), v.as_bytes().to_vec()));
+        }
+        send_request(&mut flow, &mut host);
+        assert!(
+            host.replies.is_empty(),
+            "{:?} {:?}",
+            host.replies,
+            host.logs.borrow()
+        );
+        assert!(host.header("x-encoder-hosts-ports").is_none(), "removed");
+        let to: Vec<String> = host
+            .dispatched
+            .iter()
+            .filter_map(|d| {
+                d.headers
+                    .iter()
+                    .find(|(k, _)| *k == r.config.routing.header)
+                    .map(|(_, v)| v.clone())
+            })
+            .collect();
+        let warned = host
+            .logs
+            .borrow()
+            .iter()
+            .filter(|l| l.contains("not called"))
+            .count();
+        (to, warned)
+    };
+    let media = media_chat("epd");
+    let (to, warned) = picked("169.254.169.254:80, 10.9.0.4:8000", &media);
+    assert_eq!(
+        to,
+        vec!["10.9.0.4:8000", "10.9.0.4:8000"],
+        "both items on the known encoder"
+    );
+    assert_eq!(warned, 1, "the unknown address is said once");
+    // None known: the router chooses among the roleset's encoders.
+    let (to, _) = picked("10.9.9.9:8000", &media);
+    let mut to = to;
+    to.sort();
+    assert_eq!(to, vec!["10.9.0.3:8000", "10.9.0.4:8000"]);
+    // Text alone: no encoder, whatever the picker said.
+    let text = r#"{"model":"epd","messages":[{"role":"user","content":"hi"}]}"#;
+    let (to, _) = picked("10.9.0.3:8000", text);
+    assert_eq!(to, vec!["10.9.0.1:8000"], "the prefill only");
+}

@@ -24,11 +24,17 @@ impl Flow {
         plan: SplitPlan,
         attempt: Attempt,
     ) -> Result<Next, PdError> {
-        let start = host.random_u64().unwrap_or_else(|_| host.now_ms());
-        let now = host.now_ms();
-        let router = Rc::clone(&self.router);
-        let healthy = |pod: &crate::fleet::Endpoint| router.is_healthy(&*host, pod, now);
-        let legs = match split::encoder_legs(&plan, start, healthy) {
+        let legs = match self.picked_encoders(host, &plan, &attempt) {
+            Some(picked) => split::picked_encoder_legs(&plan, &picked),
+            None => {
+                let start = host.random_u64().unwrap_or_else(|_| host.now_ms());
+                let now = host.now_ms();
+                let router = Rc::clone(&self.router);
+                let healthy = |pod: &crate::fleet::Endpoint| router.is_healthy(&*host, pod, now);
+                split::encoder_legs(&plan, start, healthy)
+            }
+        };
+        let legs = match legs {
             Ok(legs) => legs,
             Err(e) => {
                 self.release(host, Release::All, None);
@@ -38,6 +44,7 @@ impl Flow {
         if legs.is_empty() {
             return self.send_prefill(host, plan, attempt);
         }
+        let router = Rc::clone(&self.router);
         let config = &router.config;
         let mut calls = Vec::with_capacity(legs.len());
         for leg in &legs {
@@ -90,6 +97,39 @@ impl Flow {
             answers: Vec::with_capacity(calls.len()),
             calls,
         })))
+    }
+
+    /// Executor mode: the encoder pods the endpoint picker chose for this
+    /// request's media, those the fleet knows as encoders of its model; for
+    /// the first attempt only, as the picker's prefill pod. Addresses it
+    /// does not know are refused (said once); none left, or none chosen:
+    /// `None`, the router chooses.
+    fn picked_encoders<H: Host>(
+        &self,
+        host: &H,
+        plan: &SplitPlan,
+        attempt: &Attempt,
+    ) -> Option<Vec<Rc<crate::fleet::Endpoint>>> {
+        let chosen = &self.head.encoders;
+        if chosen.is_empty() || plan.request.media.is_empty() || !attempt.failed_on.is_empty() {
+            return None;
+        }
+        let (known, refused) = self.router.picked_encoders(&plan.request.model, chosen);
+        if !refused.is_empty()
+            && self
+                .router
+                .first_time(crate::fleet::PodId(0), "encoder_refused")
+        {
+            self.log(
+                host,
+                Level::Warn,
+                &format!(
+                    "the endpoint picker chose encoders {refused:?} that are no encoder pods of model `{}`: not called (an address the fleet does not know is never dialled; said once)",
+                    plan.request.model.name
+                ),
+            );
+        }
+        (!known.is_empty()).then_some(known)
     }
 
     /// An encoder call answered: wait for the rest, or send the prefill

@@ -153,6 +153,7 @@ impl Flow {
             // (docs/deploy.md). The prefill pod's header goes too: it is
             // the router's business, not the engine's.
             self.head.picked = head::picked(&headers);
+            self.head.encoders = head::encoders(&headers);
             if let Err(e) = self.picker_headers(host, &headers) {
                 return self.fail(host, e);
             }
