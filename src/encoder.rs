@@ -149,15 +149,33 @@ pub fn encoder_request_id(request_id: &str, index: usize) -> Option<String> {
     (!request_id.is_empty()).then(|| format!("{request_id}-enc-{index}"))
 }
 
-/// Which of `pods` encoders each of `items` items goes to: in turn, from
-/// `start` (a random draw), so one request's items spread over the pods
-/// and requests start on different ones.
-pub fn spread(items: usize, pods: usize, start: u64) -> Vec<usize> {
-    if pods == 0 {
+/// Which encoder each of `items` items goes to, given each encoder's
+/// queue (`queues`, as last scraped; 0 when unknown): the least loaded,
+/// counting the items this request already gave it; ties go in turn from
+/// `start` (a random draw), so idle encoders share one request's items and
+/// requests start on different ones.
+pub fn spread(items: usize, queues: &[f64], start: u64) -> Vec<usize> {
+    let n = queues.len();
+    if n == 0 {
         return Vec::new();
     }
-    let first = (start % pods as u64) as usize;
-    (0..items).map(|i| (first + i) % pods).collect()
+    let first = (start % n as u64) as usize;
+    let mut load: Vec<f64> = queues.to_vec();
+    (0..items)
+        .map(|_| {
+            let best = (0..n)
+                .map(|k| (first + k) % n)
+                .min_by(|a, b| {
+                    let at = |i: &usize| load.get(*i).copied().unwrap_or(f64::INFINITY);
+                    at(a).total_cmp(&at(b))
+                })
+                .unwrap_or(first);
+            if let Some(l) = load.get_mut(best) {
+                *l += 1.0;
+            }
+            best
+        })
+        .collect()
 }
 
 /// What the encoders' answers hand to the prefill: nothing with the
@@ -291,10 +309,14 @@ mod tests {
     }
 
     #[test]
-    fn items_take_encoders_in_turn() {
-        assert_eq!(spread(5, 2, 7), vec![1, 0, 1, 0, 1]);
-        assert_eq!(spread(2, 3, 3), vec![0, 1]);
-        assert!(spread(2, 0, 3).is_empty());
+    fn items_take_the_least_loaded_encoder_and_idle_ones_in_turn() {
+        assert_eq!(spread(5, &[0.0, 0.0], 7), vec![1, 0, 1, 0, 1]);
+        assert_eq!(spread(2, &[0.0; 3], 3), vec![0, 1]);
+        assert!(spread(2, &[], 3).is_empty());
+        // A queue of 5 on the first: it gets an item only once the others
+        // have as much.
+        assert_eq!(spread(3, &[5.0, 0.0, 1.0], 0), vec![1, 1, 2]);
+        assert_eq!(spread(1, &[2.0, 2.0, 0.5], 1), vec![2]);
     }
 
     #[test]

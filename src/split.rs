@@ -346,15 +346,16 @@ pub struct EncoderLeg {
 
 /// The encoder requests a split sends before its prefill: one per media
 /// item, over the encoder pods of the prefill pod's roleset (they share the
-/// EC connector's storage or fabric) that are `healthy`, in turn from
-/// `start`; over all of them when none is (a health mark may be stale: the
-/// calls then tell). None when the request has no media or its prefill pod
-/// encodes its own (llm-d's `encode-prefill`); `NoEncoder` when its roleset
-/// has no encoder pod.
+/// EC connector's storage or fabric) that are healthy, by their load
+/// (`queue`: a pod's scraped queue, `None` when it is unhealthy; ties in
+/// turn from `start`); over all of them when none is healthy (a health mark
+/// may be stale: the calls then tell). None when the request has no media
+/// or its prefill pod encodes its own (llm-d's `encode-prefill`);
+/// `NoEncoder` when its roleset has no encoder pod.
 pub fn encoder_legs(
     plan: &SplitPlan,
     start: u64,
-    healthy: impl Fn(&Endpoint) -> bool,
+    queue: impl Fn(&Endpoint) -> Option<f64>,
 ) -> Result<Vec<EncoderLeg>, PdError> {
     let request = &plan.request;
     if request.media.is_empty() || plan.prefill_pod.encodes {
@@ -372,13 +373,16 @@ pub fn encoder_legs(
             model: request.model.name.clone(),
         });
     }
-    let up: Vec<&Rc<Endpoint>> = encoders.iter().filter(|e| healthy(e)).collect();
-    let encoders: Vec<&Rc<Endpoint>> = if up.is_empty() {
-        encoders.iter().collect()
+    let up: Vec<(&Rc<Endpoint>, f64)> = encoders
+        .iter()
+        .filter_map(|e| queue(e).map(|q| (e, q)))
+        .collect();
+    let pool: Vec<(&Rc<Endpoint>, f64)> = if up.is_empty() {
+        encoders.iter().map(|e| (e, 0.0)).collect()
     } else {
         up
     };
-    legs_over(request, &encoders, start)
+    legs_over(request, &pool, start)
 }
 
 /// The encoder requests of a split whose encoders an endpoint picker chose
@@ -389,18 +393,19 @@ pub fn picked_encoder_legs(
     plan: &SplitPlan,
     encoders: &[Rc<Endpoint>],
 ) -> Result<Vec<EncoderLeg>, PdError> {
-    let encoders: Vec<&Rc<Endpoint>> = encoders.iter().collect();
-    legs_over(&plan.request, &encoders, 0)
+    let pool: Vec<(&Rc<Endpoint>, f64)> = encoders.iter().map(|e| (e, 0.0)).collect();
+    legs_over(&plan.request, &pool, 0)
 }
 
-/// One encoder request per media item of `request`, over `encoders` in
-/// turn from `start`.
+/// One encoder request per media item of `request`, over the `pool` of
+/// encoders and their queues (`encoder::spread`, ties from `start`).
 fn legs_over(
     request: &SplitRequest,
-    encoders: &[&Rc<Endpoint>],
+    pool: &[(&Rc<Endpoint>, f64)],
     start: u64,
 ) -> Result<Vec<EncoderLeg>, PdError> {
-    let chosen = encoder::spread(request.media.len(), encoders.len(), start);
+    let queues: Vec<f64> = pool.iter().map(|(_, q)| *q).collect();
+    let chosen = encoder::spread(request.media.len(), &queues, start);
     request
         .media
         .iter()
@@ -409,9 +414,8 @@ fn legs_over(
         .map(|(i, (item, pod))| {
             Ok(EncoderLeg {
                 pod: Rc::clone(
-                    encoders
-                        .get(pod)
-                        .copied()
+                    pool.get(pod)
+                        .map(|(e, _)| *e)
                         .ok_or_else(|| PdError::Internal("an encoder index out of range".into()))?,
                 ),
                 body: encoder::encoder_body(&request.body, &request.top, item).map_err(internal)?,

@@ -3105,3 +3105,43 @@ fn epd_the_pickers_known_encoders_are_used_and_unknown_ones_refused() {
     let (to, _) = picked("10.9.0.3:8000", text);
     assert_eq!(to, vec!["10.9.0.1:8000"], "the prefill only");
 }
+
+/// The encoders' own queues, as scraped, decide where the items go: a busy
+/// one gets none while an idle one is there.
+#[test]
+fn epd_items_go_to_the_encoder_with_the_shorter_scraped_queue() {
+    use pd_router::pods::{update_scraped, PodMetrics, StoredMetrics};
+    let r = Rc::new(Router::new(Config::parse(EPD_CONFIG.as_bytes()).unwrap(), 0).unwrap());
+    let fleet = r.fleet();
+    let encoders = &fleet.model("epd").expect("model").rolesets[0].encode;
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    let now = host.clock_us.get() / 1000;
+    let busy = StoredMetrics {
+        at_ms: now,
+        metrics: PodMetrics {
+            running: 4.0,
+            waiting: 6.0,
+            ..PodMetrics::default()
+        },
+    };
+    let key = r.keys().scraped();
+    update_scraped(&mut host, &key, |t| {
+        t.insert(encoders[0].id, busy);
+    })
+    .expect("scraped");
+    r.refresh_metrics(&host);
+    for _ in 0..3 {
+        next_request_to(&mut host, "/v1/chat/completions", &media_chat("epd"));
+        let mut flow = Flow::new(Rc::clone(&r));
+        send_request(&mut flow, &mut host);
+        assert_eq!(host.dispatched.len(), 2);
+        for i in 0..2 {
+            assert_eq!(
+                dispatched_to(&host, i),
+                "10.9.0.4:8000",
+                "both on the idle e1"
+            );
+        }
+        flow.on_stream_end(&mut host);
+    }
+}

@@ -12,7 +12,7 @@ use crate::encoder;
 use crate::error::{PdError, PrefillFailure};
 use crate::host::{Counter, Host, Level};
 use crate::load::Verdict;
-use crate::split::{self, SplitPlan};
+use crate::split::{self, EncoderLeg, SplitPlan};
 use std::rc::Rc;
 
 impl Flow {
@@ -24,17 +24,7 @@ impl Flow {
         plan: SplitPlan,
         attempt: Attempt,
     ) -> Result<Next, PdError> {
-        let legs = match self.picked_encoders(host, &plan, &attempt) {
-            Some(picked) => split::picked_encoder_legs(&plan, &picked),
-            None => {
-                let start = host.random_u64().unwrap_or_else(|_| host.now_ms());
-                let now = host.now_ms();
-                let router = Rc::clone(&self.router);
-                let healthy = |pod: &crate::fleet::Endpoint| router.is_healthy(&*host, pod, now);
-                split::encoder_legs(&plan, start, healthy)
-            }
-        };
-        let legs = match legs {
+        let legs = match self.encoder_legs(host, &plan, &attempt) {
             Ok(legs) => legs,
             Err(e) => {
                 self.release(host, Release::All, None);
@@ -44,42 +34,14 @@ impl Flow {
         if legs.is_empty() {
             return self.send_prefill(host, plan, attempt);
         }
-        let router = Rc::clone(&self.router);
-        let config = &router.config;
         let mut calls = Vec::with_capacity(legs.len());
         for leg in &legs {
-            let pod = &leg.pod;
-            let mut headers: Vec<(&str, &str)> = vec![
-                (":method", "POST"),
-                (":path", &self.head.path),
-                (":authority", &pod.address),
-                ("content-type", "application/json"),
-                (&config.routing.header, &pod.address),
-            ];
-            if let Some(id) = &leg.request_id {
-                headers.push(("x-request-id", id));
-            }
-            let sent = host.dispatch(
-                &config.routing.prefill_cluster,
-                &headers,
-                &leg.body,
-                config.prefill.timeout_ms,
-            );
-            match sent {
-                Ok(token) => {
-                    host.increment(Counter::EncoderSent);
-                    calls.push((token, Rc::clone(pod)));
-                }
+            match self.dispatch_encoder(host, leg) {
+                Ok(token) => calls.push((token, Rc::clone(&leg.pod))),
                 // Calls already sent answer into the void.
                 Err(e) => {
                     self.release(host, Release::All, None);
-                    return Err(PdError::Encoder {
-                        pod: pod.name.clone(),
-                        failure: PrefillFailure::Dispatch(format!(
-                            "cluster {:?}: {e}",
-                            config.routing.prefill_cluster
-                        )),
-                    });
+                    return Err(e);
                 }
             }
         }
@@ -97,6 +59,60 @@ impl Flow {
             answers: Vec::with_capacity(calls.len()),
             calls,
         })))
+    }
+
+    /// The encoder legs of `plan`: over the picker's encoders (executor
+    /// mode), else over the roleset's healthy ones by their scraped queues.
+    fn encoder_legs<H: Host>(
+        &self,
+        host: &mut H,
+        plan: &SplitPlan,
+        attempt: &Attempt,
+    ) -> Result<Vec<EncoderLeg>, PdError> {
+        if let Some(picked) = self.picked_encoders(host, plan, attempt) {
+            return split::picked_encoder_legs(plan, &picked);
+        }
+        let start = host.random_u64().unwrap_or_else(|_| host.now_ms());
+        let now = host.now_ms();
+        let router = &self.router;
+        let queue = |pod: &crate::fleet::Endpoint| {
+            router
+                .is_healthy(&*host, pod, now)
+                .then(|| router.scraped_queue(pod, now))
+        };
+        split::encoder_legs(plan, start, queue)
+    }
+
+    /// Sends one encoder leg through the prefill cluster; its call's token.
+    fn dispatch_encoder<H: Host>(&self, host: &mut H, leg: &EncoderLeg) -> Result<u32, PdError> {
+        let config = &self.router.config;
+        let pod = &leg.pod;
+        let mut headers: Vec<(&str, &str)> = vec![
+            (":method", "POST"),
+            (":path", &self.head.path),
+            (":authority", &pod.address),
+            ("content-type", "application/json"),
+            (&config.routing.header, &pod.address),
+        ];
+        if let Some(id) = &leg.request_id {
+            headers.push(("x-request-id", id));
+        }
+        let token = host
+            .dispatch(
+                &config.routing.prefill_cluster,
+                &headers,
+                &leg.body,
+                config.prefill.timeout_ms,
+            )
+            .map_err(|e| PdError::Encoder {
+                pod: pod.name.clone(),
+                failure: PrefillFailure::Dispatch(format!(
+                    "cluster {:?}: {e}",
+                    config.routing.prefill_cluster
+                )),
+            })?;
+        host.increment(Counter::EncoderSent);
+        Ok(token)
     }
 
     /// Executor mode: the encoder pods the endpoint picker chose for this

@@ -62,8 +62,12 @@ impl Epd {
         ];
         let prefill = start("epd-prefill", with("prefill", &[]));
         let decode = Mock::start("epd-decode", &["--engine", "vllm", "--role", "decode"]);
+        // No scrapes: the encoders' queues then all read 0 and a request's
+        // items always go one to each, which the tests count on (a scrape
+        // catching an encoder mid-call would send both to the other).
         let envoy = Envoy::start(&json!({
             "prefill_timeout_ms": 5000,
+            "scrape_interval_ms": 0,
             "models": [{
                 "name": MODEL, "engine": "vllm", "ec_connector": ec,
                 "rolesets": [{
