@@ -39,6 +39,11 @@ impl Epd {
     /// output with `ec` (`example` shares a directory); `encoder_args` go to
     /// each encoder.
     fn start(ec: &str, encoder_args: &[&str]) -> Epd {
+        Epd::start_kv(ec, "nixl", encoder_args)
+    }
+
+    /// As [`Epd::start`], the P/D pair handing the KV off with `kv`.
+    fn start_kv(ec: &str, kv: &str, encoder_args: &[&str]) -> Epd {
         let storage = (ec == "example").then(|| Scratch::new("ec"));
         let dir = storage.as_ref().map(|s| s.0.display().to_string());
         let mut shared = vec!["--engine", "vllm", "--ec-connector", ec];
@@ -60,8 +65,11 @@ impl Epd {
             start("enc-0", with("encode", encoder_args)),
             start("enc-1", with("encode", encoder_args)),
         ];
-        let prefill = start("epd-prefill", with("prefill", &[]));
-        let decode = Mock::start("epd-decode", &["--engine", "vllm", "--role", "decode"]);
+        let prefill = start("epd-prefill", with("prefill", &["--connector", kv]));
+        let decode = Mock::start(
+            "epd-decode",
+            &["--engine", "vllm", "--role", "decode", "--connector", kv],
+        );
         // No scrapes: the encoders' queues then all read 0 and a request's
         // items always go one to each, which the tests count on (a scrape
         // catching an encoder mid-call would send both to the other).
@@ -69,7 +77,7 @@ impl Epd {
             "prefill_timeout_ms": 5000,
             "scrape_interval_ms": 0,
             "models": [{
-                "name": MODEL, "engine": "vllm", "ec_connector": ec,
+                "name": MODEL, "engine": "vllm", "ec_connector": ec, "kv_connector": kv,
                 "rolesets": [{
                     "name": "rs0",
                     "prefill": [prefill.endpoint()],
@@ -132,12 +140,9 @@ fn check_media_request(s: &Epd, stream: bool, id: &str) {
         Some(4),
         "media intact"
     );
-    let d = s.decode.requests();
-    assert!(d
-        .last()
-        .expect("decode")
-        .raw("kv_transfer_params")
-        .is_some());
+    let decode = s.decode.requests().pop().expect("decode");
+    assert!(decode.raw("kv_transfer_params").is_some());
+    assert!(decode.raw("ec_transfer_params").is_none(), "prefill only");
 }
 
 #[test]
@@ -158,6 +163,16 @@ fn vllm_nixl_media_go_to_encoders_then_prefill_then_decode() {
     assert_eq!(s.encoded().len(), before);
     assert_eq!(s.envoy.stat("wasmcustom.pd_router.encoder_requests"), 4);
     assert_eq!(s.envoy.stat("wasmcustom.pd_router.encoder_failed"), 0);
+}
+
+/// A concurrent KV hand-off (NIXL push: the decode leaves with the prefill)
+/// works the same behind the encoders: the prefill still finds every item
+/// encoded, and the decode gets its KV.
+#[test]
+fn vllm_nixl_push_hand_off_follows_the_encoders() {
+    let s = Epd::start_kv("nixl", "nixl_push", &[]);
+    check_media_request(&s, false, "epd-push-1");
+    check_media_request(&s, true, "epd-push-2");
 }
 
 #[test]
