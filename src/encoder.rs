@@ -15,7 +15,7 @@ use crate::body::{Edits, Members};
 use crate::error::ClientError;
 use crate::fleet::EcConnector;
 use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// The content-part types that carry media (llm-d's `connector_ec_common.go`;
 /// vLLM's proxy knows the first three).
@@ -178,40 +178,38 @@ pub fn spread(items: usize, queues: &[f64], start: u64) -> Vec<usize> {
         .collect()
 }
 
-/// What the encoders' answers hand to the prefill: nothing with the
-/// shared-storage connector (the prefill reads the cache by the item's
-/// hash), the merged `ec_transfer_params` with NIXL. An answer without the
-/// member adds nothing (llm-d's sidecar warns and goes on: the prefill then
-/// encodes that item itself); one that is not JSON is the encoder's fault.
-pub fn merge_answers(connector: EcConnector, answers: &[Vec<u8>]) -> Result<MergedParams, String> {
-    let mut merged = MergedParams::default();
+/// What one encoder's answer hands to the prefill: the JSON text of its
+/// `ec_transfer_params` object (NIXL; an object keyed by the item's hash),
+/// as the encoder wrote it; none with the shared-storage connector, or when
+/// the answer carries none (llm-d's sidecar warns and goes on: the prefill
+/// then encodes that item itself). An answer that is not a JSON object is
+/// the encoder's fault.
+pub fn answer_params(connector: EcConnector, answer: &[u8]) -> Result<Option<String>, String> {
     if connector == EcConnector::Example {
-        return Ok(merged);
+        return Ok(None);
     }
-    let mut map = Map::new();
-    for answer in answers {
-        let parsed: Value = serde_json::from_slice(answer)
-            .map_err(|e| format!("the encoder's answer is not JSON: {e}"))?;
-        match parsed.get(EC_PARAMS) {
-            Some(Value::Object(params)) => {
-                map.extend(params.iter().map(|(k, v)| (k.clone(), v.clone())));
-            }
-            _ => merged.missing += 1,
-        }
-    }
-    if !map.is_empty() {
-        merged.params = Some(Value::Object(map).to_string());
-    }
-    Ok(merged)
+    let top = Members::parse(answer).map_err(|e| e.describe("the encoder's answer"))?;
+    let params = top
+        .raw_non_null(answer, EC_PARAMS)
+        .filter(|v| v.first() == Some(&b'{'));
+    Ok(params.map(|v| String::from_utf8_lossy(v).into_owned()))
 }
 
-/// The encoders' hand-off to the prefill.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MergedParams {
-    /// The JSON object to set as the prefill's `ec_transfer_params`.
-    pub params: Option<String>,
-    /// Answers that carried no `ec_transfer_params` (NIXL).
-    pub missing: usize,
+/// The prefill's `ec_transfer_params`: the encoders' objects merged into
+/// one, their members spliced as written (values verbatim, as vLLM's proxy
+/// and llm-d's sidecar relay them); none when no member is left. The items
+/// are distinct, so their hashes are too.
+pub fn merge_params(objects: &[String]) -> Option<String> {
+    let inner: Vec<&str> = objects
+        .iter()
+        .filter_map(|o| {
+            let o = o.trim();
+            o.strip_prefix('{')?.strip_suffix('}')
+        })
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+        .collect();
+    (!inner.is_empty()).then(|| format!("{{{}}}", inner.join(",")))
 }
 
 /// The prefill body with the encoders' hand-off set.
@@ -320,21 +318,24 @@ mod tests {
     }
 
     #[test]
-    fn nixl_answers_merge_into_one_map_and_example_answers_are_dropped() {
-        let a = br#"{"id":"x","ec_transfer_params":{"h1":{"remote_host":"10.0.0.1","num_encoder_tokens":4}}}"#.to_vec();
-        let b = br#"{"ec_transfer_params":{"h2":{"remote_port":5}}}"#.to_vec();
-        let none = br#"{"ec_transfer_params":null}"#.to_vec();
-        let merged = merge_answers(EcConnector::Nixl, &[a.clone(), b, none]).expect("merge");
-        assert_eq!(merged.missing, 1);
-        let params: Value =
-            serde_json::from_str(merged.params.as_deref().expect("params")).expect("json");
-        assert_eq!(params["h1"]["num_encoder_tokens"], 4);
-        assert_eq!(params["h2"]["remote_port"], 5);
+    fn nixl_answers_merge_into_one_map_verbatim_and_example_answers_are_dropped() {
+        let a = br#"{"id":"x","ec_transfer_params":{"h1":{"remote_host":"10.0.0.1","mm_base_addr":18446744073709551615}}}"#;
+        let b = br#"{"ec_transfer_params": { "h2":{"remote_port":5} } }"#;
+        let params = |answer: &[u8]| answer_params(EcConnector::Nixl, answer).expect("json");
+        let (pa, pb) = (params(a).expect("a"), params(b).expect("b"));
+        assert_eq!(params(br#"{"ec_transfer_params":null}"#), None);
+        assert_eq!(params(br#"{"id":"x"}"#), None);
+        assert_eq!(params(br#"{"ec_transfer_params":[1]}"#), None);
+        assert!(answer_params(EcConnector::Nixl, b"oops").is_err());
+        assert_eq!(answer_params(EcConnector::Example, a), Ok(None));
+        let merged = merge_params(&[pa, "{}".into(), pb]).expect("merged");
         assert_eq!(
-            merge_answers(EcConnector::Example, &[a]).expect("example"),
-            MergedParams::default()
+            merged,
+            r#"{"h1":{"remote_host":"10.0.0.1","mm_base_addr":18446744073709551615},"h2":{"remote_port":5}}"#
         );
-        assert!(merge_answers(EcConnector::Nixl, &[b"oops".to_vec()]).is_err());
+        let v: Value = serde_json::from_str(&merged).expect("valid JSON");
+        assert_eq!(v["h2"]["remote_port"], 5);
+        assert_eq!(merge_params(&["{ }".into()]), None);
         let body = with_params(br#"{"model":"m","stream":false}"#, r#"{"h1":{}}"#).expect("set");
         assert_eq!(
             body,

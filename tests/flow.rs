@@ -3145,3 +3145,26 @@ fn epd_items_go_to_the_encoder_with_the_shorter_scraped_queue() {
         flow.on_stream_end(&mut host);
     }
 }
+
+#[test]
+fn epd_an_encoder_answer_that_is_not_json_is_that_encoders_502() {
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    send_request(&mut flow, &mut host);
+    answer_call(
+        &mut flow,
+        &mut host,
+        0,
+        200,
+        r#"{"ec_transfer_params":{"h":{}}}"#,
+    );
+    let second = dispatched_to(&host, 1);
+    let name = if second == "10.9.0.3:8000" {
+        "e0"
+    } else {
+        "e1"
+    };
+    answer_call(&mut flow, &mut host, 1, 200, "<html>oops</html>");
+    expect_error(&host, 502, &format!("encoder pod {name} failed"));
+    assert_eq!(host.dispatched.len(), 2, "no prefill");
+}

@@ -10,6 +10,7 @@ use super::phase::{Next, PendingEncode};
 use super::{Attempt, Flow};
 use crate::encoder;
 use crate::error::{PdError, PrefillFailure};
+use crate::fleet::EcConnector;
 use crate::host::{Counter, Host, Level};
 use crate::load::Verdict;
 use crate::split::{self, EncoderLeg, SplitPlan};
@@ -56,7 +57,7 @@ impl Flow {
         Ok(Next::AwaitEncode(Box::new(PendingEncode {
             plan,
             attempt,
-            answers: Vec::with_capacity(calls.len()),
+            params: Vec::with_capacity(calls.len()),
             calls,
         })))
     }
@@ -180,7 +181,10 @@ impl Flow {
                 &format!("could not record the encoder's health: {e}"),
             );
         }
-        let next = match answer {
+        let connector = ec_connector_of(&pending.plan);
+        let next = match answer.and_then(|body| {
+            encoder::answer_params(connector, &body).map_err(PrefillFailure::BadAnswer)
+        }) {
             Err(failure) => {
                 host.increment(Counter::EncoderFailed);
                 self.release(host, Release::All, None);
@@ -189,8 +193,8 @@ impl Flow {
                     failure,
                 })
             }
-            Ok(body) => {
-                pending.answers.push(body);
+            Ok(params) => {
+                pending.params.push(params);
                 if pending.calls.is_empty() {
                     self.encoded(host, pending)
                 } else {
@@ -207,36 +211,33 @@ impl Flow {
         let PendingEncode {
             mut plan,
             attempt,
-            answers,
+            params,
             ..
         } = pending;
-        let connector = plan.request.model.ec_connector;
-        let merged = match connector.map(|c| encoder::merge_answers(c, &answers)) {
-            None => encoder::MergedParams::default(),
-            Some(Ok(m)) => m,
-            Some(Err(message)) => {
-                self.release(host, Release::All, None);
-                return Err(PdError::Encoder {
-                    pod: "(one of the encoders)".into(),
-                    failure: PrefillFailure::BadAnswer(message),
-                });
-            }
-        };
-        if merged.missing > 0 {
+        let missing = params.iter().filter(|p| p.is_none()).count();
+        if missing > 0 && ec_connector_of(&plan) == EcConnector::Nixl {
             self.log(
                 host,
                 Level::Warn,
                 &format!(
-                    "{} of {} encoder answers carried no ec_transfer_params: the prefill encodes those items itself",
-                    merged.missing,
-                    answers.len()
+                    "{missing} of {} encoder answers carried no ec_transfer_params: the prefill encodes those items itself",
+                    params.len()
                 ),
             );
         }
-        if let Some(params) = &merged.params {
+        let objects: Vec<String> = params.into_iter().flatten().collect();
+        if let Some(merged) = encoder::merge_params(&objects) {
             plan.prefill_body =
-                encoder::with_params(&plan.prefill_body, params).map_err(PdError::Internal)?;
+                encoder::with_params(&plan.prefill_body, &merged).map_err(PdError::Internal)?;
         }
         self.send_prefill(host, plan, attempt)
     }
+}
+
+/// The EC connector of the split's model (a split with media has one).
+fn ec_connector_of(plan: &SplitPlan) -> EcConnector {
+    plan.request
+        .model
+        .ec_connector
+        .unwrap_or(EcConnector::Example)
 }

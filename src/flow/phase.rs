@@ -42,8 +42,9 @@ pub(super) struct PendingEncode {
     pub attempt: Attempt,
     /// The calls not answered yet, with their pods.
     pub calls: Vec<(u32, Rc<Endpoint>)>,
-    /// The answers in so far.
-    pub answers: Vec<Vec<u8>>,
+    /// What the answers in so far hand to the prefill: each one's
+    /// `ec_transfer_params` (NIXL), if it carried one.
+    pub params: Vec<Option<String>>,
 }
 
 /// A concurrent (SGLang) prefill still in flight after the decode left.
