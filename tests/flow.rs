@@ -3168,3 +3168,35 @@ fn epd_an_encoder_answer_that_is_not_json_is_that_encoders_502() {
     expect_error(&host, 502, &format!("encoder pod {name} failed"));
     assert_eq!(host.dispatched.len(), 2, "no prefill");
 }
+
+/// The router's own time ends when the encoder calls leave: the wait for
+/// them is the encoders', not routing.
+#[test]
+fn epd_routing_time_stops_when_the_encoders_leave() {
+    let config = EPD_CONFIG.replace(
+        r#""prefill_timeout_ms": 1234,"#,
+        r#""prefill_timeout_ms": 1234, "timing_headers": true,"#,
+    );
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    let mut flow = Flow::new(r);
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    send_request(&mut flow, &mut host);
+    let later = host.clock_us.get() + 5_000_000;
+    host.clock_us.set(later);
+    answer_call(&mut flow, &mut host, 0, 200, "{}");
+    answer_call(&mut flow, &mut host, 1, 200, "{}");
+    answer_call(&mut flow, &mut host, 2, 200, VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    flow.on_response_headers(&mut host);
+    let routing: u64 = host
+        .response_headers
+        .iter()
+        .find(|(k, _)| k == "x-pd-routing-us")
+        .and_then(|(_, v)| v.as_deref())
+        .and_then(|v| v.parse().ok())
+        .expect("x-pd-routing-us");
+    assert!(
+        routing < 5_000_000,
+        "{routing} µs counts the encoders' wait"
+    );
+}

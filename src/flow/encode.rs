@@ -46,6 +46,7 @@ impl Flow {
                 }
             }
         }
+        self.encoders_left(host);
         self.debug(host, || {
             let pods: Vec<&str> = calls.iter().map(|(_, p)| p.address.as_str()).collect();
             format!(
