@@ -215,3 +215,41 @@ fn an_encoder_failure_is_a_502_naming_it_and_no_prefill_leaves() {
     );
     assert_eq!(s.envoy.stat("wasmcustom.pd_router.encoder_failed"), 1);
 }
+
+/// A prefill pod that encodes its own media (llm-d's `encode-prefill`,
+/// `encodes: true`) gets the request with its media and no encoder is
+/// called, though the roleset has encoders.
+#[test]
+fn a_prefill_that_encodes_its_own_media_gets_no_encoder_leg() {
+    let enc = Mock::start(
+        "self-enc",
+        &[
+            "--engine",
+            "vllm",
+            "--role",
+            "encode",
+            "--ec-connector",
+            "nixl",
+        ],
+    );
+    let prefill = Mock::start("self-prefill", &["--engine", "vllm", "--role", "prefill"]);
+    let decode = Mock::start("self-decode", &["--engine", "vllm", "--role", "decode"]);
+    let mut own = prefill.endpoint();
+    own["encodes"] = true.into();
+    let envoy = Envoy::start(&json!({"models": [{
+        "name": MODEL, "engine": "vllm", "ec_connector": "nixl",
+        "rolesets": [{"prefill": [own], "decode": [decode.endpoint()], "encode": [enc.endpoint()]}]
+    }]}));
+    let a = post(&envoy.url(CHAT), media_chat(&[image("cat")], false), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("prefill-target-pod"), Some("self-prefill"));
+    assert!(enc.requests().is_empty(), "no encoder leg");
+    let p = prefill.requests();
+    assert!(p[0].raw("ec_transfer_params").is_none());
+    assert_eq!(
+        p[0].json()["messages"][0]["content"]
+            .as_array()
+            .map(Vec::len),
+        Some(3)
+    );
+}
