@@ -739,6 +739,31 @@ mod tests {
     }
 
     #[test]
+    fn epd_roles_and_their_connectors() {
+        let c = line("--engine vllm --role encode --ec-storage /tmp/x").expect("valid");
+        assert_eq!(c.ec_connector, Some(EcConnector::Example), "the default");
+        assert!(!c.needs_side_channel());
+        let c = line("--engine vllm --role encode --ec-connector nixl").expect("valid");
+        assert!(c.needs_side_channel(), "prefills pull from it");
+        let c = line("--engine vllm --role prefill").expect("valid");
+        assert_eq!(c.ec_connector, None, "a prefill encodes its own media");
+        let kind = |s: &str| line(s).expect_err(s).kind();
+        assert_eq!(
+            kind("--engine sglang --role encode"),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            kind("--engine vllm --role encode"),
+            ErrorKind::ArgumentConflict,
+            "example without its shared directory"
+        );
+        assert_eq!(
+            kind("--engine vllm --role prefill --ec-connector example"),
+            ErrorKind::ArgumentConflict
+        );
+    }
+
+    #[test]
     fn rejects_bad_input() {
         let kind = |s: &str| line(s).expect_err(s).kind();
         assert_eq!(kind("--engine vllm"), ErrorKind::MissingRequiredArgument);
