@@ -351,7 +351,8 @@ pub struct EncoderLeg {
 /// turn from `start`); over all of them when none is healthy (a health mark
 /// may be stale: the calls then tell). None when the request has no media
 /// or its prefill pod encodes its own (llm-d's `encode-prefill`);
-/// `NoEncoder` when its roleset has no encoder pod.
+/// `NoEncoder` when its roleset has no encoder pod. A prefill pod in no
+/// roleset (a combined pod a picker named) takes any of the model's.
 pub fn encoder_legs(
     plan: &SplitPlan,
     start: u64,
@@ -361,13 +362,16 @@ pub fn encoder_legs(
     if request.media.is_empty() || plan.prefill_pod.encodes {
         return Ok(Vec::new());
     }
-    let encoders = request
-        .model
-        .rolesets
+    let rolesets = &request.model.rolesets;
+    let encoders: Vec<&Rc<Endpoint>> = match rolesets
         .iter()
         .find(|r| r.prefill.iter().any(|p| p.id == plan.prefill_pod.id))
-        .map(|r| r.encode.as_slice())
-        .unwrap_or_default();
+    {
+        Some(r) => r.encode.iter().collect(),
+        // A combined pod an endpoint picker named as the prefill (llm-d's
+        // `prefill-decode`) is in no roleset: any of the model's.
+        None => rolesets.iter().flat_map(|r| r.encode.iter()).collect(),
+    };
     if encoders.is_empty() {
         return Err(PdError::NoEncoder {
             model: request.model.name.clone(),
@@ -375,10 +379,10 @@ pub fn encoder_legs(
     }
     let up: Vec<(&Rc<Endpoint>, f64)> = encoders
         .iter()
-        .filter_map(|e| queue(e).map(|q| (e, q)))
+        .filter_map(|e| queue(e).map(|q| (*e, q)))
         .collect();
     let pool: Vec<(&Rc<Endpoint>, f64)> = if up.is_empty() {
-        encoders.iter().map(|e| (e, 0.0)).collect()
+        encoders.iter().map(|e| (*e, 0.0)).collect()
     } else {
         up
     };
@@ -868,6 +872,43 @@ mod tests {
         );
         let bad = merge(&view, &mut p, &plan, b"[]").expect_err("not an object");
         assert_eq!(bad.reply().status, 502);
+    }
+
+    #[test]
+    fn encoders_come_from_the_prefill_pods_roleset_or_any_for_a_pod_in_none() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","ec_connector":"nixl",
+                "rolesets":[
+                  {"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"],"encode":["10.0.0.3:8000"]},
+                  {"prefill":["10.0.1.1:8000"],"decode":["10.0.1.2:8000"],"encode":["10.0.1.3:8000"]}],
+                "combined":["10.0.2.1:8000"]}]}"#,
+        )
+        .expect("config");
+        let fleet = c.fleet();
+        let registry = Registry::builtin();
+        let view = SplitContext::of_config(&c, &fleet, &registry);
+        let m = fleet.model("m").expect("model");
+        let body = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}"#;
+        let encoder_of = |prefill: &Rc<Endpoint>| {
+            let request = read(&view, Api::ChatCompletions, "r", body.to_vec()).expect("read");
+            let placement = Placement::Split {
+                prefill: Rc::clone(prefill),
+                decode: Rc::clone(&m.rolesets[0].decode[0]),
+                reason: "fixed",
+                prefix: PrefixMatch::default(),
+                decided: None,
+            };
+            let Ok(Plan::Split(plan)) = build(&view, request, placement, &mut ids()) else {
+                panic!("not split")
+            };
+            let legs = encoder_legs(&plan, 0, |_| Some(0.0)).expect("legs");
+            assert_eq!(legs.len(), 1);
+            legs[0].pod.address.clone()
+        };
+        assert_eq!(encoder_of(&m.rolesets[0].prefill[0]), "10.0.0.3:8000");
+        assert_eq!(encoder_of(&m.rolesets[1].prefill[0]), "10.0.1.3:8000");
+        // A combined pod a picker named as the prefill: the model's encoders.
+        assert_eq!(encoder_of(&m.combined[0]), "10.0.0.3:8000");
     }
 
     #[test]

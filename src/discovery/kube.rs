@@ -182,6 +182,9 @@ pub enum PodRole {
     /// A prefill pod that encodes its own media (llm-d's `encode-prefill`):
     /// a request placed on it needs no encoder leg.
     EncodePrefill,
+    /// [`PodRole::PrefillDecode`] that encodes its own media too (llm-d's
+    /// `encode-prefill-decode`).
+    EncodePrefillDecode,
 }
 
 /// A pod the router may route to, as read from the API server.

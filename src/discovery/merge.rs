@@ -165,6 +165,11 @@ fn place(role: PodRole, mut e: Endpoint, slot: &mut RolesetPods, combined: &mut 
             e.prefill_when_picked = true;
             combined.push(e);
         }
+        PodRole::EncodePrefillDecode => {
+            e.prefill_when_picked = true;
+            e.encodes = true;
+            combined.push(e);
+        }
     }
 }
 

@@ -304,9 +304,8 @@ fn llm_d(labels: &BTreeMap<String, String>, reader: &Reader) -> Result<Labelled,
         // a prefill pod when llm-d's picker names it as one. An
         // `encode-prefill-decode` pod encodes its own media as well: the
         // router sends it no encoder leg, and never uses it as an encoder.
-        Some("prefill-decode") | Some("both") | Some("encode-prefill-decode") => {
-            PodRole::PrefillDecode
-        }
+        Some("prefill-decode") | Some("both") => PodRole::PrefillDecode,
+        Some("encode-prefill-decode") => PodRole::EncodePrefillDecode,
         // A pod without the label is one llm-d's decode filter takes and
         // its prefill filter does not: it serves whole requests only.
         None | Some("") => PodRole::Both,

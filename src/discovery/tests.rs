@@ -495,12 +495,12 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
     assert!(got.contains(&("p0-rank-0".into(), "10.0.0.1:8000".into(), PodRole::Prefill)));
     assert!(got.contains(&("p0-rank-1".into(), "10.0.0.1:8001".into(), PodRole::Prefill)));
     // Labelled for both phases: llm-d's prefill filter takes them too.
-    for (name, ip) in [("c0", "10.0.0.3"), ("c1", "10.0.0.7"), ("c2", "10.0.0.8")] {
-        let want = (
-            format!("{name}-rank-0"),
-            format!("{ip}:8000"),
-            PodRole::PrefillDecode,
-        );
+    for (name, ip, role) in [
+        ("c0", "10.0.0.3", PodRole::PrefillDecode),
+        ("c1", "10.0.0.7", PodRole::PrefillDecode),
+        ("c2", "10.0.0.8", PodRole::EncodePrefillDecode),
+    ] {
+        let want = (format!("{name}-rank-0"), format!("{ip}:8000"), role);
         assert!(got.contains(&want), "{name}: {got:?}");
     }
     assert!(got.contains(&("n0-rank-1".into(), "10.0.0.5:8001".into(), PodRole::Both)));
@@ -660,6 +660,7 @@ fn llm_d_encoders_and_self_encoding_prefills_join_an_epd_model() {
         pod("ep0", Some("10.0.0.9"), role("encode-prefill")),
         pod("p0", Some("10.0.0.1"), role("prefill")),
         pod("d0", Some("10.0.0.2"), role("decode")),
+        pod("epd0", Some("10.0.0.8"), role("encode-prefill-decode")),
     ];
     let reader = Reader {
         scheme: LabelScheme::LlmD,
@@ -690,4 +691,7 @@ fn llm_d_encoders_and_self_encoding_prefills_join_an_epd_model() {
         vec![("ep0".to_owned(), true), ("p0".to_owned(), false)]
     );
     assert_eq!(qwen.ec_connector, Some(crate::fleet::EcConnector::Nixl));
+    // Both phases and its own media: combined, a prefill a picker may name.
+    let whole = &qwen.combined[0];
+    assert!(whole.name == "epd0" && whole.encodes && whole.prefill_when_picked);
 }
