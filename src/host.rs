@@ -101,10 +101,14 @@ pub enum Counter {
     SpansDropped,
     /// Export calls that failed (no answer, or not 2xx).
     SpanExportFailed,
+    /// E/P/D encoder requests sent (one per media item).
+    EncoderSent,
+    /// E/P/D encoder requests that failed (the request is answered 502).
+    EncoderFailed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 38] = [
+    pub const ALL: [Counter; 40] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -143,6 +147,8 @@ impl Counter {
         Counter::SpansExported,
         Counter::SpansDropped,
         Counter::SpanExportFailed,
+        Counter::EncoderSent,
+        Counter::EncoderFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -171,6 +177,8 @@ impl Counter {
             Counter::ClientGone => "pd_router.client_gone",
             Counter::PrefillAborted => "pd_router.prefill_aborts",
             Counter::PrefillAbortFailed => "pd_router.prefill_aborts_failed",
+            Counter::EncoderSent => "pd_router.encoder_requests",
+            Counter::EncoderFailed => "pd_router.encoder_failed",
             Counter::ModelsListed => "pd_router.models_listed",
             Counter::AdmissionQueued => "pd_router.admission.queued",
             Counter::AdmissionShed => "pd_router.admission.shed",

@@ -28,6 +28,7 @@ pub mod catalog;
 pub mod codec;
 pub mod config;
 pub mod discovery;
+pub mod encoder;
 pub mod engine;
 pub mod error;
 pub mod fleet;

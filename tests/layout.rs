@@ -186,6 +186,7 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "session",
             "trace",
             "reuse",
+            "encoder",
         ],
     ),
     ("read, build and merge a split", &["split", "host"]),

@@ -43,6 +43,9 @@ pub enum Flavor {
 pub enum Role {
     Prefill,
     Decode,
+    /// vllm only: an E/P/D encoder (`--ec-connector`): encodes the one media
+    /// item of a request and hands it to the prefill
+    Encode,
 }
 
 impl Role {
@@ -50,8 +53,20 @@ impl Role {
         match self {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Encode => "encode",
         }
     }
+}
+
+/// vLLM's encoder-cache connectors (E/P/D), as the mock plays them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EcConnector {
+    /// ECExampleConnector: the encoder writes each item's output to a
+    /// directory the prefill shares (`--ec-storage`), named by its hash
+    Example,
+    /// The encoder answers `ec_transfer_params` keyed by the item's hash;
+    /// the prefill pulls from the encoder's side channel
+    Nixl,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -231,6 +246,12 @@ pub struct Config {
     /// SGLang decode: the pre-fix double count (SGLang issue 25972), the
     /// prefill's cached count plus the whole prompt.
     pub double_count_cached: bool,
+    /// vLLM E/P/D: the encoder's connector (encode role), or the one a
+    /// prefill consumes encoder output with; none: the prefill encodes
+    /// its media itself.
+    pub ec_connector: Option<EcConnector>,
+    /// `ec_connector` example: the storage encoders and prefills share.
+    pub ec_storage: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -254,6 +275,9 @@ impl Config {
     }
 
     pub fn needs_side_channel(&self) -> bool {
+        if self.role == Role::Encode {
+            return self.ec_connector == Some(EcConnector::Nixl);
+        }
         // A bidirectional decode serves its blocks to the next prefill.
         (self.role == Role::Decode && self.bidirectional && self.vllm(Connector::Nixl))
             || self.role == Role::Prefill

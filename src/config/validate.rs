@@ -9,9 +9,9 @@ use super::settings::{
 use crate::admission::Admission;
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
-    Connector, Decider, DecodePolicy, Endpoint, EngineKind, KvReuse, Model, ModelSettings,
-    NixlPeer, PrefillPolicy, RolesetPods, SessionAffinity, TokenRange, DEFAULT_BOOTSTRAP_PORT,
-    DEFAULT_BYTES_PER_TOKEN, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
+    Connector, Decider, DecodePolicy, EcConnector, Endpoint, EngineKind, KvReuse, Model,
+    ModelSettings, NixlPeer, PrefillPolicy, RolesetPods, SessionAffinity, TokenRange,
+    DEFAULT_BOOTSTRAP_PORT, DEFAULT_BYTES_PER_TOKEN, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use crate::load::HealthRule;
 use crate::trace::Tracing;
@@ -305,6 +305,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         ));
     }
     let settings = ModelSettings {
+        ec_connector: ec_connector(m.ec_connector.as_deref(), &m.engine, mp)?,
         kv_connector: m
             .kv_connector
             .as_deref()
@@ -344,10 +345,21 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         if let Some(r) = rs.prompt_tokens {
             check_range(r, &format!("{rp}.prompt_tokens"))?;
         }
+        if !rs.encode.is_empty() && settings.ec_connector.is_none() {
+            return Err(err(
+                format!("{rp}.encode"),
+                format!(
+                    "encoder pods need the model's EC connector: set {mp}.ec_connector \
+                     (one of: {})",
+                    EcConnector::NAMES.join(", ")
+                ),
+            ));
+        }
         rolesets.push(RolesetPods {
             name: rs.name.unwrap_or_else(|| format!("rs{ri}")),
             prefill: endpoints(rs.prefill, &format!("{rp}.prefill"))?,
             decode: endpoints(rs.decode, &format!("{rp}.decode"))?,
+            encode: endpoints(rs.encode, &format!("{rp}.encode"))?,
             prompt_tokens: rs.prompt_tokens,
         });
     }
@@ -589,6 +601,39 @@ fn check_range(r: TokenRange, path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
+/// vLLM's EC connector of an E/P/D model: the encoder-cache hand-off is
+/// vLLM's (`ec_transfer_params`); SGLang's language-only prefill calls its
+/// encoders itself (docs/engines.md).
+fn ec_connector(
+    name: Option<&str>,
+    engine: &str,
+    mp: &str,
+) -> Result<Option<EcConnector>, ConfigError> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let path = format!("{mp}.ec_connector");
+    if EngineKind::of(engine) != EngineKind::Vllm {
+        return Err(err(
+            path,
+            format!(
+                "is vLLM's encoder-cache hand-off, and this model's engine is {engine:?}: \
+                 remove it (an SGLang language-only prefill calls its own encoders), or set \
+                 \"engine\": \"vllm\""
+            ),
+        ));
+    }
+    EcConnector::from_name(name).map(Some).ok_or_else(|| {
+        err(
+            path,
+            format!(
+                "unknown EC connector {name:?}; expected one of: {}",
+                EcConnector::NAMES.join(", ")
+            ),
+        )
+    })
+}
+
 fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
     Connector::from_name(name).ok_or_else(|| {
         err(
@@ -645,6 +690,7 @@ fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
     if let Some(n) = spec.nixl_push {
         e.nixl_push = Some(nixl_peer(n, &format!("{path}.nixl_push"))?);
     }
+    e.encodes = spec.encodes;
     Ok(e)
 }
 

@@ -21,7 +21,7 @@ const ABORT_TIMEOUT_MS: u64 = 2_000;
 /// What a prefill answer says about its pod. `on_termination` is what a
 /// connection closed before any answer earns where it was seen: nothing when
 /// the request is resent for it, else a strike.
-fn verdict(outcome: &Result<(), PrefillFailure>, on_termination: Verdict) -> Verdict {
+pub(super) fn verdict(outcome: &Result<(), PrefillFailure>, on_termination: Verdict) -> Verdict {
     match outcome {
         Ok(()) => Verdict::Worked,
         Err(PrefillFailure::Unreachable(_) | PrefillFailure::Reset) => Verdict::Down,
@@ -50,7 +50,7 @@ fn retryable(f: &PrefillFailure) -> bool {
 
 /// Classifies a prefill answer by status before anything parses its body:
 /// Envoy reports refused connections as 503 and its own timeout as 504.
-fn classify(
+pub(super) fn classify(
     status: Option<u16>,
     body: impl FnOnce() -> Result<Vec<u8>, HostError>,
 ) -> Result<(), PrefillFailure> {
@@ -199,7 +199,9 @@ impl Flow {
         status: Option<u16>,
         body_size: usize,
     ) {
-        if let Some(pending) = self.take_awaiting(token) {
+        if let Some(pending) = self.take_encoding(token) {
+            self.encoder_answered(host, pending, token, status, body_size);
+        } else if let Some(pending) = self.take_awaiting(token) {
             self.sequential_answered(host, pending, status, body_size);
         } else if let Some((watched, body_seen)) = self.take_watched(token) {
             self.concurrent_answered(host, watched, body_seen, status, body_size);

@@ -180,6 +180,18 @@ impl Flow {
         if let Some(decided) = &plan.decided {
             self.report_decision(host, &plan.request, &plan.decode_pod, decided);
         }
+        self.encode_or_prefill(host, plan, attempt)
+    }
+
+    /// Sends a split's prefill (its encoders, if any, answered): the
+    /// sequential prefill awaited, or a concurrent one watched while the
+    /// decode goes.
+    pub(super) fn send_prefill<H: Host>(
+        &mut self,
+        host: &mut H,
+        plan: split::SplitPlan,
+        attempt: Attempt,
+    ) -> Result<Next, PdError> {
         let token = match self.dispatch_prefill(host, &plan) {
             Ok(t) => t,
             Err(e) => {

@@ -18,6 +18,7 @@ mod decider;
 mod deploy;
 mod discovery;
 mod ejection;
+mod encode;
 mod engines;
 mod envoy_gateway;
 mod epp;

@@ -9,6 +9,7 @@ mod bidirectional;
 mod cached;
 mod contract;
 mod default;
+mod encoder;
 mod mooncake;
 mod nixl_push;
 mod p2p_nccl;
@@ -17,6 +18,7 @@ mod trtllm;
 mod vllm;
 mod vllm_request;
 
+pub use encoder::encoded_item as ec_encoded_item;
 pub use mooncake::offer_key as mooncake_offer_key;
 pub use nixl_push::base_request_id;
 pub use sglang::server_info as sglang_server_info;
@@ -75,6 +77,13 @@ pub async fn handle(
             guard.finish();
             Ok(resp)
         }
+        Role::Encode => {
+            let out = encoder::encode(state, &req)?;
+            let look = look(state, &req, asked)?;
+            let resp = answer::prefill_response(state, api, &params, look, out);
+            guard.finish();
+            Ok(resp)
+        }
         Role::Decode => {
             let mut out = decode(state, &req, headers, &asked).await?;
             if cfg.bidirectional && cfg.connector == Connector::Nixl && out.kv == Kv::Pulled {
@@ -115,6 +124,9 @@ async fn prefill(
     // A prefill whose answer a fault spoils never hands its KV over.
     let spoiled = faults.contains(&Fault::Truncate);
     let no_kv_params = faults.contains(&Fault::NoKvParams);
+    if cfg.engine == Engine::Vllm {
+        encoder::consume(state, req).await?;
+    }
     let out = match (cfg.engine, cfg.connector) {
         (Engine::Vllm, Connector::Neuron) => vllm::neuron_prefill(req, cfg.lenient_prefill)?,
         (Engine::Vllm, Connector::Mooncake) => mooncake::prefill(state, req, headers, spoiled)?,
