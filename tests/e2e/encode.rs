@@ -1,8 +1,9 @@
-//! E/P/D (encoder disaggregation) for vLLM through a real Envoy: a chat
+//! E/P/D (encoder disaggregation) through a real Envoy. vLLM: a chat
 //! request's media items go to encoder pods, then the prefill consumes
 //! their output (the mock prefill fails any item not encoded), then the
 //! decode. The mocks enforce the encoder request (one item, one token, not
-//! streamed) and each EC connector's hand-off.
+//! streamed) and each EC connector's hand-off. SGLang: the media reach the
+//! prefill and the decode untouched (its prefill calls its own encoders).
 
 use crate::harness::*;
 use serde_json::{json, Value};
@@ -252,4 +253,21 @@ fn a_prefill_that_encodes_its_own_media_gets_no_encoder_leg() {
             .map(Vec::len),
         Some(3)
     );
+}
+
+#[test]
+fn sglang_media_go_untouched_to_a_prefill_that_calls_its_own_encoders() {
+    // SGLang's E/P/D has no router leg (docs/engines.md): a `--language-only`
+    // prefill sends its media to its own `--encoder-urls`. The router's part
+    // is the P/D split with the media parts byte for byte on both legs.
+    let s = crate::engines::Setup::start("sglang", None, &[], &[]);
+    let body = media_chat(&[image("cat"), image("dog")], false).replace(MODEL, &s.model);
+    let a = post(&s.envoy.url(CHAT), body.clone(), &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert_eq!(a.header("x-mock-kv"), Some("pulled"));
+    let sent = raw_member(body.as_bytes(), "messages");
+    let (p, d) = (&s.prefill.requests()[0], &s.decode.requests()[0]);
+    assert_eq!(p.raw("messages"), sent, "prefill messages");
+    assert_eq!(d.raw("messages"), sent, "decode messages");
+    assert_eq!(p.raw("ec_transfer_params"), None);
 }
