@@ -12,7 +12,7 @@
 //! traces' are whole seconds, a dozen requests on one) and varies the
 //! prompts' filler text: a repeat of a run with another seed.
 
-use crate::sim::text::{parse_prompt, prompt_text, splitmix, token_ids, Shape};
+use crate::sim::text::{parse_prompt, prompt_text, splitmix, token_ids, Shape, BLOCK_TOKENS};
 use bytes::Bytes;
 use clap::Parser;
 use http_body_util::{BodyExt, Full};
@@ -70,6 +70,10 @@ pub struct ReplayArgs {
     /// varied, by this seed (the pods' --seed)
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Send each request's conversation ([`sessions`]) in this header (e.g.
+    /// x-session-id); none by default
+    #[arg(long)]
+    pub session_header: Option<String>,
 }
 
 impl ReplayArgs {
@@ -142,16 +146,17 @@ pub struct Seen {
     pub error: Option<String>,
 }
 
+/// The trace from its start to the last request replayed (the requests
+/// before `--skip` too: a conversation may have begun there).
 fn read_trace(args: &ReplayArgs) -> Result<Vec<TraceLine>, String> {
     let f = std::fs::File::open(&args.trace)
         .map_err(|e| format!("cannot read {}: {e}", args.trace.display()))?;
     let mut out = Vec::new();
-    for (n, line) in std::io::BufReader::new(f)
-        .lines()
-        .enumerate()
-        .skip(args.skip)
-    {
-        if args.limit.is_some_and(|l| out.len() >= l) {
+    for (n, line) in std::io::BufReader::new(f).lines().enumerate() {
+        if args
+            .limit
+            .is_some_and(|l| out.len() >= args.skip.saturating_add(l))
+        {
             break;
         }
         let line = line.map_err(|e| format!("{}: {e}", args.trace.display()))?;
@@ -163,6 +168,37 @@ fn read_trace(args: &ReplayArgs) -> Result<Vec<TraceLine>, String> {
         out.push(t);
     }
     Ok(out)
+}
+
+/// Each request's conversation: the index in the trace of the request that
+/// began it. The Mooncake format carries no session id, but a conversation's
+/// next turn sends the whole history again, so its `hash_ids` begin with
+/// the previous turn's (on the conversation trace the next prompt is the
+/// previous prompt and output plus a short message: a median of 26 tokens
+/// more). Request `b` continues request `a` (an earlier one) when `b`'s ids
+/// begin with `a`'s full blocks (its ids but a last partial one), and those
+/// are at least two: a single shared first block is a system prompt, common
+/// to unrelated conversations. Of several such `a`, the one with the most
+/// blocks, then the latest. Any trace in the format works; one without
+/// multi-turn structure gets a session per request.
+pub fn sessions(trace: &[TraceLine]) -> Vec<usize> {
+    use std::collections::HashMap;
+    let mut by_prefix: HashMap<&[u64], usize> = HashMap::new();
+    let mut out = Vec::with_capacity(trace.len());
+    for (i, t) in trace.iter().enumerate() {
+        let ids = t.hash_ids.as_slice();
+        let session = (2..=ids.len())
+            .rev()
+            .find_map(|k| ids.get(..k).and_then(|p| by_prefix.get(p)).copied())
+            .unwrap_or(i);
+        out.push(session);
+        let full = (t.input_length / BLOCK_TOKENS) as usize;
+        let prefix = ids.get(..full.min(ids.len())).unwrap_or_default();
+        if prefix.len() >= 2 {
+            by_prefix.insert(prefix, session);
+        }
+    }
+    out
 }
 
 /// `http://IP:PORT/PATH` as an address and a path.
@@ -177,8 +213,16 @@ fn split_url(url: &str) -> Result<(SocketAddr, String), String> {
     Ok((addr, format!("/{path}")))
 }
 
-/// Sends one request and reads its stream.
-async fn one(url: String, body: Bytes, scale: f64, timeout: Duration, seen: &mut Seen) {
+/// Sends one request and reads its stream; `session`: a header to send
+/// (name, value).
+async fn one(
+    url: String,
+    body: Bytes,
+    session: Option<(String, String)>,
+    scale: f64,
+    timeout: Duration,
+    seen: &mut Seen,
+) {
     let started = Instant::now();
     let result = tokio::time::timeout(timeout, async {
         let (addr, path) = split_url(&url)?;
@@ -189,13 +233,15 @@ async fn one(url: String, body: Bytes, scale: f64, timeout: Duration, seen: &mut
             .await
             .map_err(|e| format!("handshake: {e}"))?;
         tokio::spawn(conn);
-        let req = Request::builder()
+        let mut req = Request::builder()
             .method(Method::POST)
             .uri(path)
             .header("host", addr.to_string())
-            .header("content-type", "application/json")
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+            .header("content-type", "application/json");
+        if let Some((name, value)) = &session {
+            req = req.header(name.as_str(), value.as_str());
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
         let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
         seen.status = resp.status().as_u16();
         let header = |name: &str| {
@@ -252,12 +298,21 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
     for u in &args.urls {
         split_url(u)?;
     }
-    let trace = read_trace(&args)?;
+    let mut trace = read_trace(&args)?;
+    let session_of = sessions(&trace);
+    let trace = trace.split_off(args.skip.min(trace.len()));
     let first = trace.first().map_or(0.0, |t| t.timestamp);
     let start = tokio::time::Instant::now();
     let timeout = Duration::from_secs(args.timeout_s);
     let mut tasks = Vec::with_capacity(trace.len());
     for (i, t) in trace.into_iter().enumerate() {
+        let session = args.session_header.clone().map(|name| {
+            let first = session_of
+                .get(args.skip + i)
+                .copied()
+                .unwrap_or(args.skip + i);
+            (name, format!("c{first}"))
+        });
         let arrival_s = args.arrival_s(i, t.timestamp, first);
         let url = args
             .urls
@@ -286,7 +341,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
                 decode_pod: None,
                 error: None,
             };
-            one(url, body, scale, timeout, &mut seen).await;
+            one(url, body, session, scale, timeout, &mut seen).await;
             seen
         }));
     }
@@ -350,6 +405,36 @@ mod tests {
             "the same seed, the same run"
         );
         assert_ne!(ta, a.arrival_s(4, 5000.0, 1000.0));
+    }
+
+    fn line(input_length: u32, hash_ids: &[u64]) -> TraceLine {
+        TraceLine {
+            timestamp: 0.0,
+            input_length,
+            output_length: 1,
+            hash_ids: hash_ids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_turn_that_begins_with_an_earlier_prompts_full_blocks_continues_its_conversation() {
+        let trace = [
+            // Two conversations sharing only a system prompt's first block.
+            line(1300, &[0, 1, 2]),
+            line(1300, &[0, 7, 8]),
+            // The first's next turn: its two full blocks, then more.
+            line(2100, &[0, 1, 9, 10, 11]),
+            // A third turn, continuing the second turn (the longer match).
+            line(2700, &[0, 1, 9, 10, 12, 13]),
+            // Only the shared first block: a conversation of its own.
+            line(900, &[0, 14]),
+            // The second's next turn.
+            line(1600, &[0, 7, 8, 15]),
+            // Its last block was partial: [0, 14] are not both full.
+            line(1100, &[0, 14, 16]),
+        ];
+        assert_eq!(sessions(&trace), vec![0, 1, 0, 0, 4, 1, 6]);
+        assert_eq!(sessions(&[]), Vec::<usize>::new());
     }
 
     #[test]
