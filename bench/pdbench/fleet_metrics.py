@@ -104,13 +104,16 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
                 return max(ok or rs, key=lambda r: r.get("finish_s") or 0)
         return None
 
-    cached = 0
+    cached = pulled = 0
     overhead = []
     pod_times = []
     for s in seen:
         r = computed_here(s["user"])
         if r is not None:
             cached += r["cached_tokens"]
+            # A prefill leg's transferred tokens: pulled from the last
+            # turn's decode pod (vLLM's bidirectional transfer), not computed.
+            pulled += r["transferred_tokens"] if r["role"] == "prefill" else 0
         # What the router and HTTP add to the time to first token (real
         # time, multiplied by the time scale): the client's TTFT minus the
         # pods' own, from the first leg's arrival to the first token.
@@ -156,6 +159,8 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
         "hit_of_limit": cached / limit if limit else None,
         "hit_of_prompt": cached / prompt_tokens if prompt_tokens else None,
         "cached_tokens": cached,
+        "pulled_of_limit": pulled / limit if limit else None,
+        "pulled_tokens": pulled,
         "reusable_tokens": limit,
         "prompt_tokens": prompt_tokens,
         "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90), "ttft_p99": pct(ttft, 99),

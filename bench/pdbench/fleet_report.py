@@ -13,6 +13,7 @@ COLUMNS = [
     # key, header, format, csv name
     ("hit_of_limit", "hit%lim", "{:.1%}", "hit_of_limit"),
     ("hit_of_prompt", "hit%prm", "{:.1%}", "hit_of_prompt"),
+    ("pulled_of_limit", "pull%lim", "{:.1%}", "pulled_of_limit"),
     ("ttft_p50", "ttft50", "{:.2f}", "ttft_p50_s"),
     ("ttft_p90", "ttft90", "{:.2f}", "ttft_p90_s"),
     ("ttft_p99", "ttft99", "{:.2f}", "ttft_p99_s"),
@@ -102,7 +103,8 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
             w(f"{n:<{width}}" + "".join(f" {cell(r, k, spec):>{wd}}"
                                         for (k, _, spec, _), wd in zip(COLUMNS, widths)))
         else:
-            w(f"{n:<{width}} (failed: {failed[n]})"[:200])
+            what = failed[n] if failed[n].startswith("skipped:") else f"failed: {failed[n]}"
+            w(f"{n:<{width}} ({what})"[:200])
     w("")
     w("hit%lim: prompt tokens found cached on the pod that computed the prompt (the prefill "
       "leg, or a request served whole) / the")
@@ -110,6 +112,10 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
       "of the run: an unbounded cache")
     w("  shared by the fleet); hit%prm: the same / all prompt tokens. The limit row is the "
       "first requests' (the @32p runs' too).")
+    w("pull%lim: prompt tokens the prefill pods pulled from the last turn's decode pod "
+      "(vLLM's bidirectional NIXL transfer) instead of")
+    w("  computing them / the trace's limit (can pass 100 %: the limit counts prompt "
+      "blocks seen before, a pull also the last output).")
     w("ttft, e2e: p50/p90/p99 over answered requests, as the client saw them. pod50/99: the "
       "TTFT the pods alone took (router")
     w("  and HTTP time left out: the placement's). out/s: output tokens / (first arrival to "
