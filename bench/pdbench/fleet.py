@@ -46,7 +46,7 @@ from .envoy import fleet_envoy
 from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, JUDGE_CONFIGS, QUICK,
                             QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge)
 from .fleet_metrics import (bucket_stats, load_trace, peer_decisions, reusable_tokens,
-                            summarize)
+                            summarize, turn_stats)
 from .fleet_judge import judge_report, plot_judged, write_judge_csv
 from .fleet_report import COLUMNS, cell, plot, plot_title, report, write_csv
 
@@ -292,6 +292,7 @@ def collect(a, run: Run, procs: FleetProcs, sim: dict, seen: list[dict], trace: 
     judged = {s["user"] for s in measured}
     summary = summarize(measured, [r for r in records if r["user"] in judged], pods,
                         trace[run.warmup:], reusable[run.warmup:])
+    summary.update(turn_stats(seen, records, reusable, run.warmup))
     if run.warmup:
         whole = summarize(seen, records, pods, trace, reusable)
         for k in ("prefill_busy", "prefill_busy_max", "decode_busy", "window_s",

@@ -188,6 +188,31 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
     }
 
 
+def turn_stats(seen: list[dict], records: list[dict], reusable: list[int], warmup: int) -> dict:
+    """Of the measured requests that are a conversation's later turn (begun
+    by an earlier request: the replayer's `session`, fleet-sim's
+    replay.rs `sessions`): how many, the share whose prompt was computed on
+    the pod that computed the previous turn's, and their hit rate of their
+    limit. `seen` and `reusable` span the whole replay, warm-up included."""
+    computed_on = {r["user"]: r for r in records
+                   if r["role"] in ("prefill", "whole") and r["status"] == 200}
+    last: dict[str, str] = {}
+    later = same = hit = limit = 0
+    for s in sorted(seen, key=lambda s: s["index"]):
+        session, r = s.get("session"), computed_on.get(s["user"])
+        if session is None:
+            continue
+        if s["index"] >= warmup and session != "c" + s["user"][1:]:
+            later += 1
+            same += r is not None and last.get(session) == r["pod"]
+            hit += r["cached_tokens"] if r is not None else 0
+            limit += reusable[s["index"]]
+        if r is not None:
+            last[session] = r["pod"]
+    return {"later_turns": later, "same_pod_turns": same / later if later else None,
+            "later_hit_of_limit": hit / limit if limit else None}
+
+
 # Prompt-length buckets of the per-bucket report, in tokens: [low, high).
 BUCKETS = [(0, 4096), (4096, 8192), (8192, 16384), (16384, 32768), (32768, 1 << 30)]
 

@@ -14,6 +14,8 @@ COLUMNS = [
     ("hit_of_limit", "hit%lim", "{:.1%}", "hit_of_limit"),
     ("hit_of_prompt", "hit%prm", "{:.1%}", "hit_of_prompt"),
     ("pulled_of_limit", "pull%lim", "{:.1%}", "pulled_of_limit"),
+    ("later_hit_of_limit", "hit%turn", "{:.1%}", "later_hit_of_limit"),
+    ("same_pod_turns", "sticky", "{:.0%}", "same_pod_turns"),
     ("ttft_p50", "ttft50", "{:.2f}", "ttft_p50_s"),
     ("ttft_p90", "ttft90", "{:.2f}", "ttft_p90_s"),
     ("ttft_p99", "ttft99", "{:.2f}", "ttft_p99_s"),
@@ -112,6 +114,10 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
       "of the run: an unbounded cache")
     w("  shared by the fleet); hit%prm: the same / all prompt tokens. The limit row is the "
       "first requests' (the @32p runs' too).")
+    w("hit%turn: hit%lim over the requests that continue a conversation (the replayer's "
+      "session: their hash ids begin with an earlier")
+    w("  request's full blocks); sticky: the share of those computed on the pod that "
+      "computed the conversation's previous turn.")
     w("pull%lim: prompt tokens the prefill pods pulled from the last turn's decode pod "
       "(vLLM's bidirectional NIXL transfer) instead of")
     w("  computing them / the trace's limit (can pass 100 %: the limit counts prompt "

@@ -135,6 +135,9 @@ pub struct Seen {
     /// How late it left (modelled seconds; the replayer's own lag).
     pub late_s: f64,
     pub url: String,
+    /// Its conversation ([`sessions`]: `c` and the index of its first
+    /// request), sent or not.
+    pub session: String,
     pub status: u16,
     pub ttft_s: Option<f64>,
     pub e2e_s: Option<f64>,
@@ -306,13 +309,12 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
     let timeout = Duration::from_secs(args.timeout_s);
     let mut tasks = Vec::with_capacity(trace.len());
     for (i, t) in trace.into_iter().enumerate() {
-        let session = args.session_header.clone().map(|name| {
-            let first = session_of
-                .get(args.skip + i)
-                .copied()
-                .unwrap_or(args.skip + i);
-            (name, format!("c{first}"))
-        });
+        let first_turn = session_of.get(args.skip + i).copied();
+        let session_id = format!("c{}", first_turn.unwrap_or(args.skip + i));
+        let session = args
+            .session_header
+            .clone()
+            .map(|name| (name, session_id.clone()));
         let arrival_s = args.arrival_s(i, t.timestamp, first);
         let url = args
             .urls
@@ -331,6 +333,7 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
                 arrival_s,
                 late_s: at.elapsed().as_secs_f64() * scale,
                 url: url.clone(),
+                session: session_id,
                 status: 0,
                 ttft_s: None,
                 e2e_s: None,
