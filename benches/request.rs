@@ -262,6 +262,7 @@ fn answer_rewrite() {
         usage: true,
         logprobs: None,
         stream: false,
+        capture_kv: false,
     };
     let fields = PrefillReport {
         cached_tokens: Some(120),

@@ -134,9 +134,16 @@ pub enum PdError {
     /// An asynchronous prefill (its decode already sent) failed.
     ConcurrentPrefill(PrefillFailure),
     Internal(String),
-    /// The deployment asks for something pd-router does not do (an
-    /// endpoint picker naming encoder pods): 501.
-    NotImplemented(String),
+    /// A request with media for an E/P/D model that has no encoder pod
+    /// where it was placed, and whose prefill pod does not encode.
+    NoEncoder {
+        model: String,
+    },
+    /// An encoder leg failed: the prefill never left.
+    Encoder {
+        pod: String,
+        failure: PrefillFailure,
+    },
     /// Admission control did not let the request in (the model was
     /// saturated): 429 or 503, with `retry-after` in seconds.
     Dropped {
@@ -235,7 +242,15 @@ impl fmt::Display for PdError {
             }
             PdError::ConcurrentPrefill(e) => write!(f, "{e}; the decode was abandoned"),
             PdError::Internal(m) => write!(f, "internal router error: {m}"),
-            PdError::NotImplemented(m) => f.write_str(m),
+            PdError::NoEncoder { model } => write!(
+                f,
+                "model `{model}` encodes media on encoder pods (ec_connector), and none serves the roleset this request was placed on; add `encode` pods to its rolesets, or send the request without media"
+            ),
+            PdError::Encoder { pod, failure } => {
+                let what = failure.to_string();
+                let what = what.strip_prefix("prefill ").unwrap_or(&what);
+                write!(f, "encoder pod {pod} failed: {what}")
+            }
             PdError::Dropped {
                 why: Dropped::Shed,
                 model,
@@ -309,7 +324,8 @@ impl PdError {
             PdError::Prefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::ConcurrentPrefill(_) => (502, "upstream_error", "prefill_failed"),
             PdError::Internal(_) => (500, "internal_error", "internal_error"),
-            PdError::NotImplemented(_) => (501, "not_implemented_error", "not_implemented"),
+            PdError::NoEncoder { .. } => (503, "service_unavailable", "no_encoder"),
+            PdError::Encoder { .. } => (502, "upstream_error", "encoder_failed"),
             PdError::Dropped { why, .. } => match why {
                 Dropped::Shed => (429, "rate_limit_error", "model_saturated"),
                 Dropped::Expired => (429, "rate_limit_error", "queue_timeout"),

@@ -81,6 +81,9 @@ pub struct PdContext<'a> {
     /// This split's TensorRT-LLM disagg request id (drawn when a
     /// TensorRT-LLM model's legs are built; none otherwise).
     pub disagg_request_id: Option<i64>,
+    /// Next-turn KV reuse: the decode's `kv_transfer_params` this prefill
+    /// pulls the prefix from (`crate::reuse`).
+    pub kv_source: Option<&'a str>,
     /// Randomness (request ids, ranks, rooms).
     pub ids: &'a mut dyn IdSource,
 }

@@ -66,6 +66,8 @@ pub enum Counter {
     /// Prefills aborted on their pod (the engine's abort route) because
     /// their stream ended before they answered.
     PrefillAborted,
+    /// Prefill aborts that could not be sent (the call was refused).
+    PrefillAbortFailed,
     /// `GET /v1/models` (and `/v1/models/{id}`) answered by the gateway.
     ModelsListed,
     /// Requests that waited for room (admission control).
@@ -85,16 +87,28 @@ pub enum Counter {
     /// endpoint picker's destination header was missing (the picker did
     /// not run on them, or failed open).
     EppPickMissing,
+    /// Prefills sent to pull their prefix from the session's last decode
+    /// (next-turn KV reuse).
+    KvReuseSent,
+    /// Handles found but not sent: their decode pod left the fleet, or the
+    /// request does not extend the turn that made them.
+    KvReuseStale,
+    /// Prefills that failed with a handle and were resent without it.
+    KvReuseFailed,
     /// Spans a collector accepted (tracing).
     SpansExported,
     /// Spans dropped: the VM's buffer was full, or an export call failed.
     SpansDropped,
     /// Export calls that failed (no answer, or not 2xx).
     SpanExportFailed,
+    /// E/P/D encoder requests sent (one per media item).
+    EncoderSent,
+    /// E/P/D encoder requests that failed (the request is answered 502).
+    EncoderFailed,
 }
 
 impl Counter {
-    pub const ALL: [Counter; 34] = [
+    pub const ALL: [Counter; 40] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -118,6 +132,7 @@ impl Counter {
         Counter::DecodeFailed,
         Counter::ClientGone,
         Counter::PrefillAborted,
+        Counter::PrefillAbortFailed,
         Counter::ModelsListed,
         Counter::AdmissionQueued,
         Counter::AdmissionShed,
@@ -126,9 +141,14 @@ impl Counter {
         Counter::AdmissionCancelled,
         Counter::KvSourceIgnored,
         Counter::EppPickMissing,
+        Counter::KvReuseSent,
+        Counter::KvReuseStale,
+        Counter::KvReuseFailed,
         Counter::SpansExported,
         Counter::SpansDropped,
         Counter::SpanExportFailed,
+        Counter::EncoderSent,
+        Counter::EncoderFailed,
     ];
 
     pub fn name(self) -> &'static str {
@@ -156,6 +176,9 @@ impl Counter {
             Counter::DecodeFailed => "pd_router.decode_failed",
             Counter::ClientGone => "pd_router.client_gone",
             Counter::PrefillAborted => "pd_router.prefill_aborts",
+            Counter::PrefillAbortFailed => "pd_router.prefill_aborts_failed",
+            Counter::EncoderSent => "pd_router.encoder_requests",
+            Counter::EncoderFailed => "pd_router.encoder_failed",
             Counter::ModelsListed => "pd_router.models_listed",
             Counter::AdmissionQueued => "pd_router.admission.queued",
             Counter::AdmissionShed => "pd_router.admission.shed",
@@ -164,6 +187,9 @@ impl Counter {
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
             Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
             Counter::EppPickMissing => "pd_router.epp_pick_missing",
+            Counter::KvReuseSent => "pd_router.kv_reuse_sent",
+            Counter::KvReuseStale => "pd_router.kv_reuse_stale",
+            Counter::KvReuseFailed => "pd_router.kv_reuse_failed",
             Counter::SpansExported => "pd_router.spans_exported",
             Counter::SpansDropped => "pd_router.spans_dropped",
             Counter::SpanExportFailed => "pd_router.span_exports_failed",

@@ -13,6 +13,7 @@
 use crate::api::{read_fields, Api, ClientFields};
 use crate::body::{BodyError, Edit, Edits, LegBody, Members, SourceMismatch};
 use crate::calls::BodyKind;
+use crate::encoder;
 use crate::engine::{
     build_legs, refuse_owned, refused_form_fields, EngineHandler, Merged, PrefillAnswer, Registry,
 };
@@ -140,6 +141,13 @@ pub struct SplitRequest {
     /// The session key of a model with session affinity (`crate::session`),
     /// when the request names a session.
     pub session: Option<u64>,
+    /// Next-turn KV reuse: the session's last decode's `kv_transfer_params`
+    /// (`crate::reuse`), which this prefill pulls the prefix from.
+    pub kv_source: Option<String>,
+    /// The distinct media items of a chat request to an E/P/D model
+    /// (`models[].ec_connector`), each encoded on an encoder pod before the
+    /// prefill; empty otherwise.
+    pub media: Vec<String>,
 }
 
 /// Why a request on a split path goes to one pod, unsplit.
@@ -275,6 +283,7 @@ pub fn read(
     let adapter = served.adapter.map(str::to_owned);
     let handler = view.registry.resolve(&model.engine);
     let client_params = refuse_owned(handler, &body, &top)?;
+    let media = read_media(&model, api, &body, &top)?;
     let prompt = prompt_key(
         view.scheduling,
         &model,
@@ -286,6 +295,8 @@ pub fn read(
     Ok(SplitRequest {
         client_params,
         session: None,
+        kv_source: None,
+        media,
         request_id: request_id.to_owned(),
         body,
         top,
@@ -294,6 +305,132 @@ pub fn read(
         adapter,
         prompt,
     })
+}
+
+/// The media items an E/P/D model's encoders compute for this request
+/// (chat only: vLLM's proxy and llm-d's sidecar read `messages`), after
+/// refusing an `ec_transfer_params` of the client's own: it names the
+/// memory the prefill pulls embeddings from, and only the encoders say that.
+/// A model without encoder pods anywhere cannot serve media: 503 at once,
+/// before any pod is chosen.
+fn read_media(model: &Model, api: Api, body: &[u8], top: &Members) -> Result<Vec<String>, PdError> {
+    if model.ec_connector.is_none() {
+        return Ok(Vec::new());
+    }
+    if top.contains(encoder::EC_PARAMS) {
+        return Err(ClientError::RouterOwnedKey {
+            key: encoder::EC_PARAMS.to_owned(),
+            engine: model.engine.clone(),
+        }
+        .into());
+    }
+    if api != Api::ChatCompletions {
+        return Ok(Vec::new());
+    }
+    let media = encoder::media_items(body, top)?;
+    let can_encode = model
+        .rolesets
+        .iter()
+        .any(|r| !r.encode.is_empty() || r.prefill.iter().any(|p| p.encodes));
+    if !media.is_empty() && !can_encode {
+        return Err(PdError::NoEncoder {
+            model: model.name.clone(),
+        });
+    }
+    Ok(media)
+}
+
+/// One encoder request of a split: the pod, its body and its request id.
+#[derive(Debug, Clone)]
+pub struct EncoderLeg {
+    pub pod: Rc<Endpoint>,
+    pub body: Vec<u8>,
+    pub request_id: Option<String>,
+}
+
+/// The encoder requests a split sends before its prefill: one per media
+/// item, over the encoder pods of the prefill pod's roleset (they share the
+/// EC connector's storage or fabric) that are healthy, by their load
+/// (`queue`: a pod's scraped queue, `None` when it is unhealthy; ties in
+/// turn from `start`); over all of them when none is healthy (a health mark
+/// may be stale: the calls then tell). None when the request has no media
+/// or its prefill pod encodes its own (llm-d's `encode-prefill`);
+/// `NoEncoder` when its roleset has no encoder pod. A prefill pod in no
+/// roleset (a combined pod a picker named) takes any of the model's.
+pub fn encoder_legs(
+    plan: &SplitPlan,
+    start: u64,
+    queue: impl Fn(&Endpoint) -> Option<f64>,
+) -> Result<Vec<EncoderLeg>, PdError> {
+    let request = &plan.request;
+    if request.media.is_empty() || plan.prefill_pod.encodes {
+        return Ok(Vec::new());
+    }
+    let rolesets = &request.model.rolesets;
+    let encoders: Vec<&Rc<Endpoint>> = match rolesets
+        .iter()
+        .find(|r| r.prefill.iter().any(|p| p.id == plan.prefill_pod.id))
+    {
+        Some(r) => r.encode.iter().collect(),
+        // A combined pod an endpoint picker named as the prefill (llm-d's
+        // `prefill-decode`) is in no roleset: any of the model's.
+        None => rolesets.iter().flat_map(|r| r.encode.iter()).collect(),
+    };
+    if encoders.is_empty() {
+        return Err(PdError::NoEncoder {
+            model: request.model.name.clone(),
+        });
+    }
+    let up: Vec<(&Rc<Endpoint>, f64)> = encoders
+        .iter()
+        .filter_map(|e| queue(e).map(|q| (*e, q)))
+        .collect();
+    let pool: Vec<(&Rc<Endpoint>, f64)> = if up.is_empty() {
+        encoders.iter().map(|e| (*e, 0.0)).collect()
+    } else {
+        up
+    };
+    legs_over(request, &pool, start)
+}
+
+/// The encoder requests of a split whose encoders an endpoint picker chose
+/// (llm-d's `x-encoder-hosts-ports`, checked against the fleet): its media
+/// items over them in turn from the first, as llm-d's sidecar sends them.
+/// The picker's choice stands even for a prefill pod that encodes.
+pub fn picked_encoder_legs(
+    plan: &SplitPlan,
+    encoders: &[Rc<Endpoint>],
+) -> Result<Vec<EncoderLeg>, PdError> {
+    let pool: Vec<(&Rc<Endpoint>, f64)> = encoders.iter().map(|e| (e, 0.0)).collect();
+    legs_over(&plan.request, &pool, 0)
+}
+
+/// One encoder request per media item of `request`, over the `pool` of
+/// encoders and their queues (`encoder::spread`, ties from `start`).
+fn legs_over(
+    request: &SplitRequest,
+    pool: &[(&Rc<Endpoint>, f64)],
+    start: u64,
+) -> Result<Vec<EncoderLeg>, PdError> {
+    let queues: Vec<f64> = pool.iter().map(|(_, q)| *q).collect();
+    let chosen = encoder::spread(request.media.len(), &queues, start);
+    request
+        .media
+        .iter()
+        .zip(chosen)
+        .enumerate()
+        .map(|(i, (item, pod))| {
+            Ok(EncoderLeg {
+                pod: Rc::clone(
+                    pool.get(pod)
+                        .map(|(e, _)| *e)
+                        .ok_or_else(|| PdError::Internal("an encoder index out of range".into()))?,
+                ),
+                body: encoder::encoder_body(&request.body, &request.top, item).map_err(internal)?,
+                request_id: encoder::encoder_request_id(&request.request_id, i),
+            })
+        })
+        .collect()
 }
 
 /// Checks a body that goes whole to one pod unsplit (a call routed by
@@ -460,6 +597,7 @@ fn handoff_context<'a>(
         trt_auth_key: view.trt_auth_key,
         trt_token_ids_b64: request.model.trt_token_ids_b64,
         trt_generation_first: request.model.trt_generation_first,
+        kv_source: request.kv_source.as_deref(),
         disagg_request_id: None,
         ids,
     }
@@ -520,6 +658,7 @@ pub fn build(
         reconcile::AnswerNeeds::Rewrite(plan) => Some(plan),
         reconcile::AnswerNeeds::None => None,
     };
+    let rewrite = capture_kv(&request, &ctx, &decode, rewrite);
     let concurrent = handler.concurrent_for(&ctx, &prefill);
     if request.model.kind == EngineKind::Trtllm {
         ctx.disagg_request_id = Some(ctx.ids.disagg_request_id());
@@ -541,6 +680,33 @@ pub fn build(
         rewrite,
         abort,
     }))
+}
+
+/// The rewrite, made to take the decode's `kv_transfer_params` out of its
+/// answer when the session's next turn may reuse its KV (`crate::reuse`):
+/// a model with `kv_reuse`, a request naming its session and a history
+/// the next turn can be checked against, a NIXL decode pod.
+fn capture_kv(
+    request: &SplitRequest,
+    ctx: &PdContext,
+    decode: &Endpoint,
+    rewrite: Option<reconcile::RewritePlan>,
+) -> Option<reconcile::RewritePlan> {
+    let capture = request.model.kv_reuse.is_some()
+        && request.session.is_some()
+        && ctx.connector_for(decode) == Connector::Nixl
+        && crate::reuse::History::of(request.fields.api, &request.body, &request.top).is_some();
+    if !capture {
+        return rewrite;
+    }
+    let mut plan = rewrite.unwrap_or(reconcile::RewritePlan {
+        usage: false,
+        logprobs: None,
+        stream: request.fields.stream,
+        capture_kv: false,
+    });
+    plan.capture_kv = true;
+    Some(plan)
 }
 
 /// The legs' edits finished (prompt logprobs left to the prefill, the
@@ -740,6 +906,43 @@ mod tests {
         );
         let bad = merge(&view, &mut p, &plan, b"[]").expect_err("not an object");
         assert_eq!(bad.reply().status, 502);
+    }
+
+    #[test]
+    fn encoders_come_from_the_prefill_pods_roleset_or_any_for_a_pod_in_none() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","ec_connector":"nixl",
+                "rolesets":[
+                  {"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"],"encode":["10.0.0.3:8000"]},
+                  {"prefill":["10.0.1.1:8000"],"decode":["10.0.1.2:8000"],"encode":["10.0.1.3:8000"]}],
+                "combined":["10.0.2.1:8000"]}]}"#,
+        )
+        .expect("config");
+        let fleet = c.fleet();
+        let registry = Registry::builtin();
+        let view = SplitContext::of_config(&c, &fleet, &registry);
+        let m = fleet.model("m").expect("model");
+        let body = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}]}"#;
+        let encoder_of = |prefill: &Rc<Endpoint>| {
+            let request = read(&view, Api::ChatCompletions, "r", body.to_vec()).expect("read");
+            let placement = Placement::Split {
+                prefill: Rc::clone(prefill),
+                decode: Rc::clone(&m.rolesets[0].decode[0]),
+                reason: "fixed",
+                prefix: PrefixMatch::default(),
+                decided: None,
+            };
+            let Ok(Plan::Split(plan)) = build(&view, request, placement, &mut ids()) else {
+                panic!("not split")
+            };
+            let legs = encoder_legs(&plan, 0, |_| Some(0.0)).expect("legs");
+            assert_eq!(legs.len(), 1);
+            legs[0].pod.address.clone()
+        };
+        assert_eq!(encoder_of(&m.rolesets[0].prefill[0]), "10.0.0.3:8000");
+        assert_eq!(encoder_of(&m.rolesets[1].prefill[0]), "10.0.1.3:8000");
+        // A combined pod a picker named as the prefill: the model's encoders.
+        assert_eq!(encoder_of(&m.combined[0]), "10.0.0.3:8000");
     }
 
     #[test]

@@ -2927,3 +2927,562 @@ fn an_unsampled_client_trace_records_nothing_and_a_failed_prefill_marks_its_span
     }));
     assert!(request.error.is_some());
 }
+
+fn reuse_router() -> Rc<Router> {
+    let mut cfg: serde_json::Value = serde_json::from_str(CONFIG).expect("json");
+    let models = cfg["models"].as_array_mut().expect("models");
+    models.push(serde_json::json!({
+        "name": "reuse-m", "engine": "vllm", "session": {}, "kv_reuse": {},
+        "rolesets": [{"prefill": [{"address": "10.0.6.1:8000", "name": "rp0"}],
+                      "decode": [{"address": "10.0.6.2:8000", "name": "rd0"}]}]}));
+    let config = Config::parse(cfg.to_string().as_bytes()).expect("config");
+    Rc::new(Router::new(config, 0).expect("router"))
+}
+
+fn turn(messages: &str) -> FakeHost {
+    let mut host = post(
+        "/v1/chat/completions",
+        &format!(r#"{{"model":"reuse-m","messages":{messages},"max_tokens":8}}"#),
+    );
+    host.request_headers
+        .push(("x-session-id".into(), b"conv-7".to_vec()));
+    host.randoms = (1..=8).collect();
+    host
+}
+
+const D_KV: &str = r#"{"id":"d","choices":[{"index":0,"message":{"role":"assistant","content":"yo"},"finish_reason":"stop"}],"kv_transfer_params":{"do_remote_prefill":false,"do_remote_decode":true,"remote_block_ids":[[7,8]],"remote_engine_id":"d-engine","remote_request_id":"d-req","remote_host":"localhost","remote_port":5601,"remote_num_tokens":12}}"#;
+
+/// Turn one of a session: split, the decode answers with its blocks.
+fn first_turn(r: &Rc<Router>) -> FakeHost {
+    let mut flow = Flow::new(Rc::clone(r));
+    let mut host = turn(r#"[{"role":"user","content":"hi"}]"#);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    upstream(&mut host, "application/json");
+    flow.on_response_headers(&mut host);
+    host.response = D_KV.as_bytes().to_vec();
+    assert_eq!(
+        flow.on_response_body(&mut host, D_KV.len(), true),
+        Action::Continue
+    );
+    let client_sees = String::from_utf8(host.response.clone()).expect("utf-8");
+    assert!(
+        !client_sees.contains("kv_transfer_params") && client_sees.contains(r#""content":"yo""#),
+        "{client_sees}"
+    );
+    flow.on_stream_end(&mut host);
+    host
+}
+
+fn prefill_params(host: &FakeHost, i: usize) -> serde_json::Value {
+    let body: serde_json::Value =
+        serde_json::from_slice(&host.dispatched[i].body).expect("prefill body");
+    body["kv_transfer_params"].clone()
+}
+
+/// Turn two of a session after [`first_turn`], sent up to its prefill.
+fn second_turn(r: &Rc<Router>) -> (Flow, FakeHost) {
+    let first = first_turn(r);
+    let mut flow = Flow::new(Rc::clone(r));
+    let mut host = turn(
+        r#"[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"and?"}]"#,
+    );
+    host.shared = first.shared;
+    send_request(&mut flow, &mut host);
+    (flow, host)
+}
+
+#[test]
+fn the_next_turn_pulls_its_prefix_from_the_last_decode() {
+    let r = reuse_router();
+    let (_flow, host) = second_turn(&r);
+    let sent = prefill_params(&host, 0);
+    assert_eq!(sent["do_remote_decode"], true);
+    assert_eq!(sent["do_remote_prefill"], false);
+    assert_eq!(sent["remote_block_ids"], serde_json::json!([[7, 8]]));
+    assert_eq!(sent["remote_engine_id"], "d-engine");
+    assert_eq!(sent["remote_host"], "10.0.6.2", "the decode pod's address");
+    assert_eq!(sent["remote_port"], 5601);
+    assert_eq!(host.counted(Counter::KvReuseSent), 1);
+
+    // A third request of the session finds nothing: the blocks serve one
+    // read.
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut again = turn(
+        r#"[{"role":"user","content":"hi"},{"role":"assistant","content":"yo"},{"role":"user","content":"and?"}]"#,
+    );
+    again.shared = host.shared;
+    send_request(&mut flow, &mut again);
+    assert_eq!(
+        prefill_params(&again, 0)["remote_block_ids"],
+        serde_json::Value::Null
+    );
+}
+
+#[test]
+fn an_edited_history_gets_no_handle_and_a_failed_read_is_resent_without_it() {
+    let r = reuse_router();
+    let first = first_turn(&r);
+    // The history was edited: the handle is not sent (vLLM would read
+    // blocks that do not match the prompt).
+    let mut flow = Flow::new(Rc::clone(&r));
+    let mut host = turn(r#"[{"role":"user","content":"HI"},{"role":"user","content":"and?"}]"#);
+    host.shared = first.shared;
+    send_request(&mut flow, &mut host);
+    assert_eq!(
+        prefill_params(&host, 0)["remote_block_ids"],
+        serde_json::Value::Null
+    );
+    assert_eq!(host.counted(Counter::KvReuseStale), 1);
+
+    // A read that fails (the blocks are gone): once more, without it, and
+    // the prefill pod takes no strike.
+    let (mut flow, mut host) = second_turn(&r);
+    assert_eq!(prefill_params(&host, 0)["remote_engine_id"], "d-engine");
+    answer(
+        &mut flow,
+        &mut host,
+        Some(500),
+        r#"{"error":{"message":"Internal server error"}}"#,
+    );
+    assert_eq!(host.dispatched.len(), 2, "resent");
+    assert_eq!(
+        prefill_params(&host, 1)["remote_block_ids"],
+        serde_json::Value::Null
+    );
+    assert_eq!(host.counted(Counter::KvReuseFailed), 1);
+    assert_eq!(
+        host.counted(Counter::PrefillRetry),
+        0,
+        "free of the retry budget"
+    );
+    answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+    assert_eq!(host.resumed, 1, "the decode goes");
+    assert!(host.replies.is_empty());
+}
+
+#[test]
+fn an_sglang_prefill_left_behind_is_aborted_and_a_refused_abort_is_counted() {
+    for refused in [false, true] {
+        let mut flow = Flow::new(router());
+        let mut host = post(
+            "/v1/chat/completions",
+            r#"{"model":"sglang-m","messages":[],"stream":true}"#,
+        );
+        send_request(&mut flow, &mut host);
+        if refused {
+            host.dispatch_error = Some("InternalFailure".into());
+        }
+        // The client leaves before the prefill answered.
+        flow.on_stream_end(&mut host);
+        let abort = host.dispatched.iter().find(|d| {
+            d.headers
+                .iter()
+                .any(|(k, v)| k == ":path" && v == "/abort_request")
+        });
+        assert_eq!(abort.is_some(), !refused);
+        if let Some(a) = abort {
+            assert_eq!(String::from_utf8_lossy(&a.body), r#"{"rid":"req-1"}"#);
+        }
+        assert_eq!(host.counted(Counter::PrefillAborted), usize::from(!refused));
+        assert_eq!(
+            host.counted(Counter::PrefillAbortFailed),
+            usize::from(refused)
+        );
+    }
+}
+
+// E/P/D: a vLLM model whose media go to encoder pods before the prefill.
+const EPD_CONFIG: &str = r#"{
+  "prefill_timeout_ms": 1234,
+  "models": [
+    {"name": "epd", "engine": "vllm", "ec_connector": "nixl",
+     "rolesets": [{"prefill": [{"address":"10.9.0.1:8000","name":"p0"}], "decode": [{"address":"10.9.0.2:8000","name":"d0"}],
+                   "encode": [{"address":"10.9.0.3:8000","name":"e0"}, {"address":"10.9.0.4:8000","name":"e1"}]}]},
+    {"name": "self", "engine": "vllm", "ec_connector": "example",
+     "rolesets": [{"prefill": [{"address":"10.9.1.1:8000","name":"ep0","encodes":true}], "decode": ["10.9.1.2:8000"]}]},
+    {"name": "bare", "engine": "vllm", "ec_connector": "example",
+     "rolesets": [{"prefill": ["10.9.2.1:8000"], "decode": ["10.9.2.2:8000"]}]}
+  ]
+}"#;
+
+fn epd_flow() -> Flow {
+    Flow::new(Rc::new(
+        Router::new(Config::parse(EPD_CONFIG.as_bytes()).expect("config"), 0).expect("router"),
+    ))
+}
+
+const CAT: &str = r#"{"type":"image_url","image_url":{"url":"https://x/cat.png"}}"#;
+const DOG: &str = r#"{"type":"image_url","image_url":{"url":"https://x/dog.png"}}"#;
+
+fn media_chat(model: &str) -> String {
+    format!(
+        r#"{{"model":"{model}","messages":[{{"role":"user","content":[{{"type":"text","text":"compare"}},{CAT},{DOG},{CAT}]}}],"stream":true,"max_tokens":20}}"#
+    )
+}
+
+/// The token of the `i`th call dispatched (FakeHost counts from 101).
+fn token_of(i: usize) -> u32 {
+    101 + i as u32
+}
+
+fn answer_call(flow: &mut Flow, host: &mut FakeHost, i: usize, status: u16, body: &str) {
+    host.call_body = body.as_bytes().to_vec();
+    flow.on_prefill_response(host, token_of(i), Some(status), body.len());
+}
+
+#[test]
+fn epd_media_go_to_encoders_first_and_their_params_to_the_prefill() {
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    // Two distinct images: two encoder calls, spread over both encoders,
+    // and no prefill yet.
+    assert_eq!(host.dispatched.len(), 2);
+    let mut pods = Vec::new();
+    for (i, d) in host.dispatched.iter().enumerate() {
+        let h = |k: &str| {
+            d.headers
+                .iter()
+                .find(|(n, _)| n == k)
+                .map(|(_, v)| v.clone())
+        };
+        pods.push(h(ROUTING).expect("routed"));
+        assert_eq!(h("x-request-id"), Some(format!("req-1-enc-{i}")));
+        assert_eq!(d.timeout_ms, 1234);
+        let v: serde_json::Value = serde_json::from_slice(&d.body).expect("json");
+        assert_eq!(v["max_tokens"], 1);
+        assert_eq!(v["stream"], false);
+        let content = v["messages"][0]["content"].as_array().expect("content");
+        assert_eq!(content.len(), 1, "one item alone: {v}");
+        let want = if i == 0 { "cat.png" } else { "dog.png" };
+        assert_eq!(content[0]["image_url"]["url"], format!("https://x/{want}"));
+    }
+    pods.sort();
+    assert_eq!(pods, vec!["10.9.0.3:8000", "10.9.0.4:8000"]);
+    assert_eq!(host.counted(Counter::EncoderSent), 2);
+
+    // Answers in any order; the prefill leaves after the last.
+    answer_call(
+        &mut flow,
+        &mut host,
+        1,
+        200,
+        r#"{"ec_transfer_params":{"hdog":{"num_encoder_tokens":9}}}"#,
+    );
+    assert_eq!(host.dispatched.len(), 2, "waits for every encoder");
+    answer_call(
+        &mut flow,
+        &mut host,
+        0,
+        200,
+        r#"{"ec_transfer_params":{"hcat":{"num_encoder_tokens":7}}}"#,
+    );
+    assert_eq!(host.dispatched.len(), 3);
+    let prefill = &host.dispatched[2];
+    let h = |k: &str| {
+        prefill
+            .headers
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
+    assert_eq!(h(ROUTING), Some("10.9.0.1:8000"));
+    assert_eq!(h("x-request-id"), Some("req-1"));
+    let v: serde_json::Value = serde_json::from_slice(&prefill.body).expect("json");
+    assert_eq!(v["ec_transfer_params"]["hcat"]["num_encoder_tokens"], 7);
+    assert_eq!(v["ec_transfer_params"]["hdog"]["num_encoder_tokens"], 9);
+    assert_eq!(
+        v["messages"][0]["content"].as_array().map(Vec::len),
+        Some(4),
+        "media intact"
+    );
+    assert_eq!(host.resumed, 0);
+
+    answer_call(&mut flow, &mut host, 2, 200, VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    assert!(host.replies.is_empty());
+    assert_eq!(host.header(ROUTING).as_deref(), Some("10.9.0.2:8000"));
+    assert!(host.body_str().contains("kv_transfer_params"));
+}
+
+#[test]
+fn epd_text_only_and_self_encoding_prefills_skip_the_encoders() {
+    let text = r#"{"model":"epd","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", text);
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(host.dispatched.len(), 1);
+    assert!(host.dispatched[0]
+        .headers
+        .contains(&(ROUTING.into(), "10.9.0.1:8000".into())));
+    assert_eq!(host.counted(Counter::EncoderSent), 0);
+
+    // llm-d's `encode-prefill`: the prefill encodes its own media.
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("self"));
+    assert_eq!(send_request(&mut flow, &mut host), Action::Pause);
+    assert_eq!(host.dispatched.len(), 1);
+    assert!(host.dispatched[0]
+        .headers
+        .contains(&(ROUTING.into(), "10.9.1.1:8000".into())));
+    let v: serde_json::Value = serde_json::from_slice(&host.dispatched[0].body).expect("json");
+    assert!(v.get("ec_transfer_params").is_none());
+}
+
+#[test]
+fn epd_an_encoder_failure_is_a_502_naming_it_and_no_prefill_leaves() {
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    send_request(&mut flow, &mut host);
+    let failed = host.dispatched[0]
+        .headers
+        .iter()
+        .find(|(k, _)| k == ROUTING)
+        .map(|(_, v)| v.clone())
+        .expect("routed");
+    let name = if failed == "10.9.0.3:8000" {
+        "e0"
+    } else {
+        "e1"
+    };
+    answer_call(
+        &mut flow,
+        &mut host,
+        0,
+        500,
+        r#"{"error":{"message":"encoder OOM"}}"#,
+    );
+    expect_error(&host, 502, &format!("encoder pod {name} failed"));
+    assert_eq!(host.counted(Counter::EncoderFailed), 1);
+    // The other encoder's late answer changes nothing.
+    answer_call(&mut flow, &mut host, 1, 200, r#"{"ec_transfer_params":{}}"#);
+    assert_eq!(host.dispatched.len(), 2, "no prefill");
+    assert_eq!(host.replies.len(), 1);
+}
+
+#[test]
+fn epd_bad_media_and_models_without_encoders_are_refused_before_any_call() {
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("bare"));
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 503, "model `bare`");
+    assert!(host.dispatched.is_empty());
+
+    let bad = r#"{"model":"epd","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"uri":"x"}}]}]}"#;
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", bad);
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 400, "messages[0].content[0]");
+    assert!(host.dispatched.is_empty());
+
+    let owned = r#"{"model":"epd","messages":[],"ec_transfer_params":{"h":{"remote_host":"169.254.169.254"}}}"#;
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", owned);
+    send_request(&mut flow, &mut host);
+    expect_error(&host, 400, "ec_transfer_params");
+}
+
+#[test]
+fn epd_a_client_gone_mid_encode_gives_its_load_back_and_late_answers_do_nothing() {
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    send_request(&mut flow, &mut host);
+    assert_eq!(host.dispatched.len(), 2);
+    flow.on_stream_end(&mut host);
+    assert_eq!(host.counted(Counter::ClientGone), 1);
+    answer_call(&mut flow, &mut host, 0, 200, "{}");
+    answer_call(&mut flow, &mut host, 1, 200, "{}");
+    assert_eq!(host.dispatched.len(), 2, "no prefill for a gone client");
+    assert_eq!(host.resumed, 0);
+    assert!(host.replies.is_empty());
+}
+
+#[test]
+fn epd_an_encoder_that_failed_its_health_is_skipped() {
+    let config = EPD_CONFIG.replace(
+        r#""prefill_timeout_ms": 1234,"#,
+        r#""prefill_timeout_ms": 1234, "eject_after_failures": 1,"#,
+    );
+    let router =
+        Rc::new(Router::new(Config::parse(config.as_bytes()).expect("config"), 0).expect("router"));
+    let one_image = media_chat("epd").replace(&format!(",{DOG}"), "");
+    let mut host = post("/v1/chat/completions", &one_image);
+    let mut flow = Flow::new(Rc::clone(&router));
+    send_request(&mut flow, &mut host);
+    assert_eq!(host.dispatched.len(), 1, "one item, one encoder call");
+    let failed = dispatched_to(&host, 0);
+    answer_call(&mut flow, &mut host, 0, 500, "{}");
+    expect_error(&host, 502, "encoder pod");
+    flow.on_stream_end(&mut host);
+    // Every later request goes to the other encoder.
+    for _ in 0..4 {
+        next_request_to(&mut host, "/v1/chat/completions", &one_image);
+        let mut flow = Flow::new(Rc::clone(&router));
+        send_request(&mut flow, &mut host);
+        assert_ne!(dispatched_to(&host, 0), failed);
+        flow.on_stream_end(&mut host);
+    }
+}
+
+/// Executor mode: llm-d's picker names the encoders
+/// (`x-encoder-hosts-ports`); those the fleet knows as the model's
+/// encoders serve the items, in turn from the first, the others are never
+/// dialled; the header never reaches an engine.
+#[test]
+fn epd_the_pickers_known_encoders_are_used_and_unknown_ones_refused() {
+    let config = EPD_CONFIG.replace(
+        r#""prefill_timeout_ms": 1234,"#,
+        r#""prefill_timeout_ms": 1234, "placement": "epp","#,
+    );
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    const DEST: &str = "x-gateway-destination-endpoint";
+    let picked = |encoders: &str, body: &str| {
+        let mut flow = Flow::new(Rc::clone(&r));
+        let mut host = post("/v1/chat/completions", body);
+        for (k, v) in [
+            (DEST, "10.9.0.2:8000"),
+            ("x-prefiller-host-port", "10.9.0.1:8000"),
+            ("x-encoder-hosts-ports", encoders),
+        ] {
+            host.request_headers.push((k.into(), v.as_bytes().to_vec()));
+        }
+        send_request(&mut flow, &mut host);
+        assert!(
+            host.replies.is_empty(),
+            "{:?} {:?}",
+            host.replies,
+            host.logs.borrow()
+        );
+        assert!(host.header("x-encoder-hosts-ports").is_none(), "removed");
+        let to: Vec<String> = host
+            .dispatched
+            .iter()
+            .filter_map(|d| {
+                d.headers
+                    .iter()
+                    .find(|(k, _)| *k == r.config.routing.header)
+                    .map(|(_, v)| v.clone())
+            })
+            .collect();
+        let warned = host
+            .logs
+            .borrow()
+            .iter()
+            .filter(|l| l.contains("not called"))
+            .count();
+        (to, warned)
+    };
+    let media = media_chat("epd");
+    let (to, warned) = picked("169.254.169.254:80, 10.9.0.4:8000", &media);
+    assert_eq!(
+        to,
+        vec!["10.9.0.4:8000", "10.9.0.4:8000"],
+        "both items on the known encoder"
+    );
+    assert_eq!(warned, 1, "the unknown address is said once");
+    // None known: the router chooses among the roleset's encoders.
+    let (to, _) = picked("10.9.9.9:8000", &media);
+    let mut to = to;
+    to.sort();
+    assert_eq!(to, vec!["10.9.0.3:8000", "10.9.0.4:8000"]);
+    // Text alone: no encoder, whatever the picker said.
+    let text = r#"{"model":"epd","messages":[{"role":"user","content":"hi"}]}"#;
+    let (to, _) = picked("10.9.0.3:8000", text);
+    assert_eq!(to, vec!["10.9.0.1:8000"], "the prefill only");
+}
+
+/// The encoders' own queues, as scraped, decide where the items go: a busy
+/// one gets none while an idle one is there.
+#[test]
+fn epd_items_go_to_the_encoder_with_the_shorter_scraped_queue() {
+    use pd_router::pods::{update_scraped, PodMetrics, StoredMetrics};
+    let r = Rc::new(Router::new(Config::parse(EPD_CONFIG.as_bytes()).unwrap(), 0).unwrap());
+    let fleet = r.fleet();
+    let encoders = &fleet.model("epd").expect("model").rolesets[0].encode;
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    let now = host.clock_us.get() / 1000;
+    let busy = StoredMetrics {
+        at_ms: now,
+        metrics: PodMetrics {
+            running: 4.0,
+            waiting: 6.0,
+            ..PodMetrics::default()
+        },
+    };
+    let key = r.keys().scraped();
+    update_scraped(&mut host, &key, |t| {
+        t.insert(encoders[0].id, busy);
+    })
+    .expect("scraped");
+    r.refresh_metrics(&host);
+    for _ in 0..3 {
+        next_request_to(&mut host, "/v1/chat/completions", &media_chat("epd"));
+        let mut flow = Flow::new(Rc::clone(&r));
+        send_request(&mut flow, &mut host);
+        assert_eq!(host.dispatched.len(), 2);
+        for i in 0..2 {
+            assert_eq!(
+                dispatched_to(&host, i),
+                "10.9.0.4:8000",
+                "both on the idle e1"
+            );
+        }
+        flow.on_stream_end(&mut host);
+    }
+}
+
+#[test]
+fn epd_an_encoder_answer_that_is_not_json_is_that_encoders_502() {
+    let mut flow = epd_flow();
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    send_request(&mut flow, &mut host);
+    answer_call(
+        &mut flow,
+        &mut host,
+        0,
+        200,
+        r#"{"ec_transfer_params":{"h":{}}}"#,
+    );
+    let second = dispatched_to(&host, 1);
+    let name = if second == "10.9.0.3:8000" {
+        "e0"
+    } else {
+        "e1"
+    };
+    answer_call(&mut flow, &mut host, 1, 200, "<html>oops</html>");
+    expect_error(&host, 502, &format!("encoder pod {name} failed"));
+    assert_eq!(host.dispatched.len(), 2, "no prefill");
+}
+
+/// The router's own time ends when the encoder calls leave: the wait for
+/// them is the encoders', not routing.
+#[test]
+fn epd_routing_time_stops_when_the_encoders_leave() {
+    let config = EPD_CONFIG.replace(
+        r#""prefill_timeout_ms": 1234,"#,
+        r#""prefill_timeout_ms": 1234, "timing_headers": true,"#,
+    );
+    let r = Rc::new(Router::new(Config::parse(config.as_bytes()).unwrap(), 0).unwrap());
+    let mut flow = Flow::new(r);
+    let mut host = post("/v1/chat/completions", &media_chat("epd"));
+    send_request(&mut flow, &mut host);
+    let later = host.clock_us.get() + 5_000_000;
+    host.clock_us.set(later);
+    answer_call(&mut flow, &mut host, 0, 200, "{}");
+    answer_call(&mut flow, &mut host, 1, 200, "{}");
+    answer_call(&mut flow, &mut host, 2, 200, VLLM_ANSWER);
+    assert_eq!(host.resumed, 1);
+    flow.on_response_headers(&mut host);
+    let routing: u64 = host
+        .response_headers
+        .iter()
+        .find(|(k, _)| k == "x-pd-routing-us")
+        .and_then(|(_, v)| v.as_deref())
+        .and_then(|v| v.parse().ok())
+        .expect("x-pd-routing-us");
+    assert!(
+        routing < 5_000_000,
+        "{routing} µs counts the encoders' wait"
+    );
+}

@@ -185,6 +185,8 @@ const LAYERS: [(&str, &[&str]); 7] = [
             "config",
             "session",
             "trace",
+            "reuse",
+            "encoder",
         ],
     ),
     ("read, build and merge a split", &["split", "host"]),

@@ -4,7 +4,9 @@
 //! Checks: both legs are JSON objects (as `serde_json::Value`s whenever the
 //! client body was one); the prefill leg carries the common constraints
 //! (one token, no streaming, no stream options or minimums; the token
-//! limits inside `sampling_params` for the generate API); nothing panics.
+//! limits inside `sampling_params` for the generate API); an E/P/D model's
+//! encoder requests are objects with one message of one part, one token,
+//! not streamed; nothing panics.
 #![no_main]
 #![allow(
     clippy::unwrap_used,
@@ -74,6 +76,27 @@ fuzz_target!(|data: &[u8]| {
         );
         for k in ["stream_options", "min_tokens", "min_completion_tokens"] {
             assert!(!p.contains(k), "{k} left on the prefill leg ({what})");
+        }
+
+        let legs = pd_router::split::encoder_legs(plan, common::hash(data), |_| Some(0.0));
+        for leg in legs.into_iter().flatten() {
+            let body = &leg.body;
+            common::assert_object(&format!("encoder leg ({what})"), body, strict);
+            let e = Members::parse(body).expect("checked above");
+            assert_eq!(
+                e.raw(body, "stream"),
+                Some(&b"false"[..]),
+                "encoder stream ({what})"
+            );
+            let one = e
+                .raw(body, "max_tokens")
+                .or(e.raw(body, "max_completion_tokens"));
+            assert_eq!(one, Some(&b"1"[..]), "encoder token limit ({what})");
+            let messages: serde_json::Value =
+                serde_json::from_slice(e.raw(body, "messages").expect("messages"))
+                    .expect("messages are JSON");
+            let parts = messages[0]["content"].as_array().map(Vec::len);
+            assert_eq!(parts, Some(1), "one part per encoder request ({what})");
         }
     });
 });

@@ -23,6 +23,7 @@ fn run(stream: &[u8], cuts: &[usize], fields: PrefillReport) -> Vec<u8> {
         usage: true,
         logprobs: None,
         stream: true,
+        capture_kv: false,
     };
     let mut r = Rewrite::new(plan, Some(fields));
     let mut out = Vec::new();

@@ -246,7 +246,7 @@ pub fn decode_response(
         prompt_tokens: out.prompt_tokens,
         details: Details::of(&state.config, &out.cached_tokens),
         choice_extra: Map::new(),
-        top_extra: Map::new(),
+        top_extra: out.top,
         look,
         starts: OnceLock::new(),
     };

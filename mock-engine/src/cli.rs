@@ -10,7 +10,8 @@ use clap::error::ErrorKind;
 use clap::{CommandFactory, Parser};
 
 use crate::config::{
-    check_load_value, Adapter, Config, Connector, Engine, Fault, Flavor, Load, MetricsFormat, Role,
+    check_load_value, Adapter, Config, Connector, EcConnector, Engine, Fault, Flavor, Load,
+    MetricsFormat, Role,
 };
 
 /// The served model id without `--model`.
@@ -146,6 +147,11 @@ struct Cli {
     #[arg(long)]
     allow_recompute: bool,
 
+    /// vllm nixl: vLLM's `bidirectional_kv_xfer` (a decode keeps a finished
+    /// request's blocks for the session's next prefill, which reads them)
+    #[arg(long)]
+    bidirectional: bool,
+
     /// How long sglang waits for its peer, a trtllm decode for the context
     /// pull and a vllm mooncake/nixl_push/p2p_nccl decode for the KV, in ms
     #[arg(
@@ -227,6 +233,17 @@ struct Cli {
     /// (the double count of SGLang issue 25972)
     #[arg(long)]
     double_count_cached: bool,
+
+    /// vllm encode role: the EC connector it hands its output over with;
+    /// vllm prefill: consume encoder output (each media item of a request
+    /// must have been encoded) [encode role default: example]
+    #[arg(long, value_enum)]
+    ec_connector: Option<EcConnector>,
+
+    /// vllm encode and prefill with --ec-connector example: the directory
+    /// they share (ECExampleConnector's shared_storage_path)
+    #[arg(long, value_name = "DIR")]
+    ec_storage: Option<std::path::PathBuf>,
 }
 
 fn parse_ms(v: &str) -> Result<Duration, String> {
@@ -316,6 +333,20 @@ fn parse_fault(v: &str) -> Result<Fault, String> {
     Err("unknown fault (see Fault SPEC in --help)".to_string())
 }
 
+/// The E/P/D flags that cannot work: an encoder of another engine than
+/// vLLM, or a shared-storage connector without its directory.
+fn check_epd(config: &Config) -> Result<(), clap::Error> {
+    let bad = |m: &str| Err(Cli::command().error(ErrorKind::ArgumentConflict, m));
+    if config.role == Role::Encode && config.engine != Engine::Vllm {
+        return bad("--role encode is vLLM's E/P/D encoder: --engine vllm only");
+    }
+    let uses_ec = config.engine == Engine::Vllm && config.role != Role::Decode;
+    if uses_ec && config.ec_connector == Some(EcConnector::Example) && config.ec_storage.is_none() {
+        return bad("--ec-connector example needs --ec-storage DIR (the encoders' and prefills' shared directory)");
+    }
+    Ok(())
+}
+
 /// Parses a full command line, program name first. On `--help` or a bad
 /// flag the error is clap's: `Error::exit` prints it and exits 0 or 2.
 pub fn parse<I, T>(args: I) -> Result<Config, clap::Error>
@@ -330,6 +361,7 @@ impl Cli {
     fn into_config(mut self) -> Result<Config, clap::Error> {
         let (faults, fail_after) = split_fail_after(std::mem::take(&mut self.faults))?;
         let config = self.config(faults, fail_after);
+        check_epd(&config)?;
         // Flags that do not apply are ignored rather than fatal, so a test
         // harness can pass one flag set to every pod; the warning still
         // shows the mistake.
@@ -369,6 +401,7 @@ impl Cli {
             faults,
             fail_after,
             allow_recompute: self.allow_recompute,
+            bidirectional: self.bidirectional,
             bootstrap_timeout: self.bootstrap_timeout,
             stream_delay: self.stream_delay,
             allow_remote_peers: self.allow_remote_peers,
@@ -387,6 +420,11 @@ impl Cli {
             prompt_tokens_details: !self.no_prompt_tokens_details,
             enable_cache_report: self.enable_cache_report,
             double_count_cached: self.double_count_cached,
+            ec_connector: match (self.role, self.ec_connector) {
+                (Role::Encode, None) => Some(EcConnector::Example),
+                (_, c) => c,
+            },
+            ec_storage: self.ec_storage.clone(),
         }
     }
 
@@ -443,6 +481,10 @@ impl Cli {
             (
                 config.allow_recompute && !(engine == Engine::Vllm && role == Role::Decode),
                 "--allow-recompute (vllm decode only)",
+            ),
+            (
+                self.ec_connector.is_some() && !(engine == Engine::Vllm && role != Role::Decode),
+                "--ec-connector (vllm encode and prefill only)",
             ),
         ]
         .into_iter()
@@ -708,6 +750,31 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn epd_roles_and_their_connectors() {
+        let c = line("--engine vllm --role encode --ec-storage /tmp/x").expect("valid");
+        assert_eq!(c.ec_connector, Some(EcConnector::Example), "the default");
+        assert!(!c.needs_side_channel());
+        let c = line("--engine vllm --role encode --ec-connector nixl").expect("valid");
+        assert!(c.needs_side_channel(), "prefills pull from it");
+        let c = line("--engine vllm --role prefill").expect("valid");
+        assert_eq!(c.ec_connector, None, "a prefill encodes its own media");
+        let kind = |s: &str| line(s).expect_err(s).kind();
+        assert_eq!(
+            kind("--engine sglang --role encode"),
+            ErrorKind::ArgumentConflict
+        );
+        assert_eq!(
+            kind("--engine vllm --role encode"),
+            ErrorKind::ArgumentConflict,
+            "example without its shared directory"
+        );
+        assert_eq!(
+            kind("--engine vllm --role prefill --ec-connector example"),
+            ErrorKind::ArgumentConflict
+        );
     }
 
     #[test]

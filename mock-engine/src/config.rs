@@ -43,6 +43,9 @@ pub enum Flavor {
 pub enum Role {
     Prefill,
     Decode,
+    /// vllm only: an E/P/D encoder (`--ec-connector`): encodes the one media
+    /// item of a request and hands it to the prefill
+    Encode,
 }
 
 impl Role {
@@ -50,8 +53,20 @@ impl Role {
         match self {
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Encode => "encode",
         }
     }
+}
+
+/// vLLM's encoder-cache connectors (E/P/D), as the mock plays them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum EcConnector {
+    /// ECExampleConnector: the encoder writes each item's output to a
+    /// directory the prefill shares (`--ec-storage`), named by its hash
+    Example,
+    /// The encoder answers `ec_transfer_params` keyed by the item's hash;
+    /// the prefill pulls from the encoder's side channel
+    Nixl,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -199,6 +214,8 @@ pub struct Config {
     /// `--fault fail-after:N`: the first N API POSTs get no fault at all.
     pub fail_after: Option<u64>,
     pub allow_recompute: bool,
+    /// vLLM NIXL `bidirectional_kv_xfer` (`engines/bidirectional.rs`).
+    pub bidirectional: bool,
     pub bootstrap_timeout: Duration,
     pub stream_delay: Duration,
     pub allow_remote_peers: bool,
@@ -229,6 +246,12 @@ pub struct Config {
     /// SGLang decode: the pre-fix double count (SGLang issue 25972), the
     /// prefill's cached count plus the whole prompt.
     pub double_count_cached: bool,
+    /// vLLM E/P/D: the encoder's connector (encode role), or the one a
+    /// prefill consumes encoder output with; none: the prefill encodes
+    /// its media itself.
+    pub ec_connector: Option<EcConnector>,
+    /// `ec_connector` example: the storage encoders and prefills share.
+    pub ec_storage: Option<std::path::PathBuf>,
 }
 
 impl Config {
@@ -252,11 +275,16 @@ impl Config {
     }
 
     pub fn needs_side_channel(&self) -> bool {
-        self.role == Role::Prefill
-            && (self.vllm_pull_connector()
-                || self.vllm(Connector::Mooncake)
-                || self.vllm(Connector::NixlPush)
-                || self.engine == Engine::Trtllm)
+        if self.role == Role::Encode {
+            return self.ec_connector == Some(EcConnector::Nixl);
+        }
+        // A bidirectional decode serves its blocks to the next prefill.
+        (self.role == Role::Decode && self.bidirectional && self.vllm(Connector::Nixl))
+            || self.role == Role::Prefill
+                && (self.vllm_pull_connector()
+                    || self.vllm(Connector::Mooncake)
+                    || self.vllm(Connector::NixlPush)
+                    || self.engine == Engine::Trtllm)
     }
 
     pub fn needs_bootstrap(&self) -> bool {

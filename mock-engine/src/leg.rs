@@ -63,6 +63,9 @@ pub struct DecodeOut {
     pub prefill_cached: Option<u64>,
     /// What the decode reports as cached (set by the dispatcher).
     pub cached_tokens: Number,
+    /// Extra top-level members of the answer (a bidirectional vLLM
+    /// decode's `kv_transfer_params`), on its last chunk when streamed.
+    pub top: Map<String, Value>,
 }
 
 impl DecodeOut {
@@ -72,6 +75,7 @@ impl DecodeOut {
             prompt_tokens,
             prefill_cached: None,
             cached_tokens: Number::from(0u64),
+            top: Map::new(),
         }
     }
 }

@@ -32,6 +32,8 @@ mod config;
 mod conn;
 mod disagg_auth;
 mod engines;
+#[cfg(test)]
+mod epd_tests;
 mod error;
 #[cfg(test)]
 mod gateway_tests;

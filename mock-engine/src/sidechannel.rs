@@ -23,14 +23,17 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::json;
 
-use crate::config::{Connector, Engine};
-use crate::engines::{base_request_id, mooncake_offer_key};
+use crate::config::{Connector, Engine, Role};
+use crate::engines::{base_request_id, ec_encoded_item, mooncake_offer_key};
 use crate::state::Shared;
 use crate::store::gen_first::AskMiss;
 use crate::store::side::KvMiss;
 
 pub fn router(state: Shared) -> Router {
     let r = Router::new();
+    if state.config.role == Role::Encode {
+        return r.route("/ec/{hash}", get(get_encoded)).with_state(state);
+    }
     let r = match (state.config.engine, state.config.connector) {
         (Engine::Trtllm, _) => r
             .route("/ctx/{id}", get(get_ctx))
@@ -136,6 +139,17 @@ async fn get_pushed_kv(
         None => plain(
             StatusCode::GATEWAY_TIMEOUT,
             format!("no finished prefill for request {id:?} within {wait:?}"),
+        ),
+    }
+}
+
+/// vLLM E/P/D (NIXL): a prefill pulls an item this encoder encoded.
+async fn get_encoded(State(state): State<Shared>, Path(hash): Path<String>) -> Response {
+    match ec_encoded_item(&state, &hash) {
+        Some(tokens) => Json(json!({"num_encoder_tokens": tokens})).into_response(),
+        None => plain(
+            StatusCode::NOT_FOUND,
+            format!("item {hash:?} was not encoded here"),
         ),
     }
 }

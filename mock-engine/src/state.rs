@@ -14,6 +14,7 @@ use serde::Serialize;
 use crate::config::{Config, Connector, Load};
 use crate::peer::Peers;
 use crate::store::aborts::Aborts;
+use crate::store::encoded::Encoded;
 use crate::store::gen_first::GenFirst;
 use crate::store::offers::Offers;
 use crate::store::rooms::Rooms;
@@ -63,6 +64,8 @@ pub struct AppState {
     pub rooms: Rooms,
     /// SGLang: the request ids `POST /abort_request` named.
     pub aborts: Aborts,
+    /// vLLM E/P/D encoder (NIXL): the hashes of the items it encoded.
+    pub encoded: Encoded,
     /// Mooncake / NIXL push (prefill side), P2P NCCL (decode side).
     pub offers: Offers,
     /// vLLM Mooncake prefill: the engine id, `<name>-<random hex>` (with
@@ -112,6 +115,7 @@ impl AppState {
             gen_first: GenFirst::default(),
             rooms: Rooms::default(),
             aborts: Aborts::default(),
+            encoded: Encoded::default(),
             offers: Offers::new(ttl),
             mooncake_engine_id,
             started: Instant::now(),

@@ -229,6 +229,84 @@ mod tests {
     }
 
     #[test]
+    fn kv_reuse_is_a_vllm_nixl_setting_keyed_by_sessions() {
+        let model = |extra: &str| {
+            format!(r#"{{"models":[{{"name":"m","engine":"vllm","rolesets":[]{extra}}}]}}"#)
+        };
+        let c = Config::parse(model(r#","session":{},"kv_reuse":{}"#).as_bytes()).expect("valid");
+        let r = c.model("m").and_then(|m| m.kv_reuse).expect("on");
+        assert_eq!((r.ttl_ms, r.max_entries), (450_000, 4096));
+        for (extra, needle) in [
+            (r#","kv_reuse":{}"#, "needs `session`"),
+            (
+                r#","session":{},"kv_reuse":{"ttl_ms":0}"#,
+                "models[0].kv_reuse.ttl_ms",
+            ),
+            (
+                r#","session":{},"kv_reuse":{"max_entries":0}"#,
+                "models[0].kv_reuse.max_entries",
+            ),
+            (
+                r#","session":{},"kv_reuse":{},"kv_connector":"mooncake""#,
+                "nixl",
+            ),
+        ] {
+            let e = parse_err(&model(extra));
+            assert!(
+                e.contains("models[0].kv_reuse") && e.contains(needle),
+                "{extra}: {e}"
+            );
+        }
+        let e = parse_err(
+            r#"{"models":[{"name":"m","engine":"sglang","session":{},"kv_reuse":{},"rolesets":[]}]}"#,
+        );
+        assert!(
+            e.contains("models[0].kv_reuse") && e.contains("sglang"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_ec_connector_is_a_vllm_setting_its_encoders_need() {
+        let c = Config::parse(
+            br#"{"models":[{"name":"m","engine":"vllm","ec_connector":"nixl","rolesets":[
+                {"prefill":[{"address":"10.0.0.1:8000","encodes":true}],"decode":["10.0.0.2:8000"],
+                 "encode":["10.0.0.3:8000","10.0.0.4:8000"]}]}]}"#,
+        )
+        .expect("valid");
+        let m = c.model("m").expect("model");
+        assert_eq!(m.ec_connector, Some(crate::fleet::EcConnector::Nixl));
+        assert_eq!(m.rolesets[0].encode.len(), 2);
+        assert!(m.rolesets[0].prefill[0].encodes && !m.rolesets[0].encode[0].encodes);
+        assert_eq!(m.endpoints().len(), 4, "encoders are the model's pods too");
+        for (json, at, says) in [
+            (
+                r#"{"name":"m","engine":"sglang","ec_connector":"nixl","rolesets":[]}"#,
+                "models[0].ec_connector",
+                "\"sglang\"",
+            ),
+            (
+                r#"{"name":"m","engine":"vllm","ec_connector":"mooncake","rolesets":[]}"#,
+                "models[0].ec_connector",
+                "example, nixl",
+            ),
+            (
+                r#"{"name":"m","engine":"vllm","rolesets":[{"encode":["10.0.0.3:8000"]}]}"#,
+                "models[0].rolesets[0].encode",
+                "models[0].ec_connector",
+            ),
+            (
+                r#"{"name":"m","engine":"vllm","ec_connector":"example","rolesets":[{"encode":["nope"]}]}"#,
+                "models[0].rolesets[0].encode[0].address",
+                "literal IP:port",
+            ),
+        ] {
+            let e = parse_err(&format!(r#"{{"models":[{json}]}}"#));
+            assert!(e.contains(at) && e.contains(says), "{json}: {e}");
+        }
+    }
+
+    #[test]
     fn parses_the_documented_example() {
         let c = Config::parse(EXAMPLE.as_bytes()).expect("valid");
         assert_eq!(c.kv_connector, Connector::Nixl);

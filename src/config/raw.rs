@@ -3,7 +3,7 @@
 
 use crate::admission::{Admission, Objectives};
 use crate::discovery::KubeDiscovery;
-use crate::fleet::{Decider, Scheduling, SessionAffinity, TokenRange};
+use crate::fleet::{Decider, KvReuse, Scheduling, SessionAffinity, TokenRange};
 use crate::trace::Tracing;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
@@ -105,9 +105,14 @@ pub(crate) struct RawModel {
     #[serde(default)]
     pub session: Option<SessionAffinity>,
     #[serde(default)]
+    pub kv_reuse: Option<KvReuse>,
+    #[serde(default)]
     pub bytes_per_token: Option<f64>,
     #[serde(default)]
     pub adapters: Vec<String>,
+    /// vLLM E/P/D: `"example"` or `"nixl"` (none: no encoder leg).
+    #[serde(default)]
+    pub ec_connector: Option<String>,
     #[serde(default)]
     pub rolesets: Vec<RawRoleset>,
     #[serde(default)]
@@ -123,6 +128,9 @@ pub(crate) struct RawRoleset {
     pub prefill: Vec<RawEndpoint>,
     #[serde(default)]
     pub decode: Vec<RawEndpoint>,
+    /// Encoder pods (E/P/D).
+    #[serde(default)]
+    pub encode: Vec<RawEndpoint>,
     #[serde(default)]
     pub prompt_tokens: Option<TokenRange>,
 }
@@ -145,6 +153,9 @@ pub(crate) struct EndpointSpec {
     pub kv_port: Option<u16>,
     #[serde(default)]
     pub nixl_push: Option<RawNixlPeer>,
+    /// A prefill pod that encodes its own media (no encoder leg).
+    #[serde(default)]
+    pub encodes: bool,
 }
 
 /// vLLM NIXL push: the prefill's side channel, as its engine was started.
@@ -184,6 +195,7 @@ impl<'de> Deserialize<'de> for RawEndpoint {
                     dp_size: None,
                     kv_port: None,
                     nixl_push: None,
+                    encodes: false,
                 }))
             }
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<RawEndpoint, A::Error> {

@@ -9,9 +9,9 @@ use super::settings::{
 use crate::admission::Admission;
 use crate::discovery::KubeDiscovery;
 use crate::fleet::{
-    Connector, Decider, DecodePolicy, Endpoint, EngineKind, Model, ModelSettings, NixlPeer,
-    PrefillPolicy, RolesetPods, SessionAffinity, TokenRange, DEFAULT_BOOTSTRAP_PORT,
-    DEFAULT_BYTES_PER_TOKEN, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
+    Connector, Decider, DecodePolicy, EcConnector, Endpoint, EngineKind, KvReuse, Model,
+    ModelSettings, NixlPeer, PrefillPolicy, RolesetPods, SessionAffinity, TokenRange,
+    DEFAULT_BOOTSTRAP_PORT, DEFAULT_BYTES_PER_TOKEN, DEFAULT_NIXL_SIDE_CHANNEL_PORT,
 };
 use crate::load::HealthRule;
 use crate::trace::Tracing;
@@ -44,6 +44,7 @@ pub(crate) fn config(raw: RawConfig) -> Result<Config, ConfigError> {
     routing.picker = placement_by_picker(raw.placement.as_deref())?;
     let models = models(raw_models)?;
     check_push_peers(&models, kv_connector)?;
+    check_kv_reuse(&models, kv_connector)?;
     check_adapter_names(&models)?;
     let discovery = discovery.map(|mut d| {
         if d.inference_pool.is_none() {
@@ -304,6 +305,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         ));
     }
     let settings = ModelSettings {
+        ec_connector: ec_connector(m.ec_connector.as_deref(), &m.engine, mp)?,
         kv_connector: m
             .kv_connector
             .as_deref()
@@ -324,6 +326,7 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         trt_token_ids_b64: m.trt_token_ids_b64,
         trt_generation_first: schedule_style(m.schedule_style.as_deref(), &m.engine, mp)?,
         decider: decider(m.decider, &m.engine, mp)?,
+        kv_reuse: kv_reuse(m.kv_reuse, &m.engine, m.session.is_some(), mp)?,
         session: session(m.session, mp)?,
         bytes_per_token: bytes_per_token(m.bytes_per_token, mp)?,
         adapters: adapters(m.adapters, &m.name, mp)?,
@@ -342,10 +345,21 @@ fn model(m: RawModel, mp: &str) -> Result<Model, ConfigError> {
         if let Some(r) = rs.prompt_tokens {
             check_range(r, &format!("{rp}.prompt_tokens"))?;
         }
+        if !rs.encode.is_empty() && settings.ec_connector.is_none() {
+            return Err(err(
+                format!("{rp}.encode"),
+                format!(
+                    "encoder pods need the model's EC connector: set {mp}.ec_connector \
+                     (one of: {})",
+                    EcConnector::NAMES.join(", ")
+                ),
+            ));
+        }
         rolesets.push(RolesetPods {
             name: rs.name.unwrap_or_else(|| format!("rs{ri}")),
             prefill: endpoints(rs.prefill, &format!("{rp}.prefill"))?,
             decode: endpoints(rs.decode, &format!("{rp}.decode"))?,
+            encode: endpoints(rs.encode, &format!("{rp}.encode"))?,
             prompt_tokens: rs.prompt_tokens,
         });
     }
@@ -371,6 +385,36 @@ fn decider(d: Option<Decider>, engine: &str, mp: &str) -> Result<Option<Decider>
 
 /// Session affinity: header names as Envoy hands them (lower case), body
 /// members as dotted paths, a load bound no pod can be held under.
+/// `kv_reuse`: a vLLM model's, keyed by its sessions.
+fn kv_reuse(
+    r: Option<KvReuse>,
+    engine: &str,
+    session: bool,
+    mp: &str,
+) -> Result<Option<KvReuse>, ConfigError> {
+    let Some(r) = r else { return Ok(None) };
+    let at = format!("{mp}.kv_reuse");
+    if EngineKind::of(engine) != EngineKind::Vllm {
+        return Err(err(
+            at,
+            format!("is vLLM's bidirectional NIXL transfer, and this model's engine is {engine:?}"),
+        ));
+    }
+    if !session {
+        return Err(err(
+            at,
+            "needs `session`: a decode's KV is kept for the session's next turn, so something must name the session",
+        ));
+    }
+    if r.ttl_ms == 0 {
+        return Err(err(format!("{at}.ttl_ms"), "must be greater than 0"));
+    }
+    if !(1..=65_536).contains(&r.max_entries) {
+        return Err(err(format!("{at}.max_entries"), "must be from 1 to 65536"));
+    }
+    Ok(Some(r))
+}
+
 fn session(s: Option<SessionAffinity>, mp: &str) -> Result<Option<SessionAffinity>, ConfigError> {
     let Some(mut s) = s else { return Ok(None) };
     let sp = format!("{mp}.session");
@@ -491,6 +535,23 @@ fn check_adapter_names(models: &[Model]) -> Result<(), ConfigError> {
 
 /// vLLM NIXL push tells the decode where the prefill's side channel is, and
 /// only configuration knows: a push prefill pod without it could never serve.
+/// Next-turn reuse is a NIXL pull transfer (vLLM refuses it for push).
+fn check_kv_reuse(models: &[Model], global: Connector) -> Result<(), ConfigError> {
+    for (mi, m) in models.iter().enumerate() {
+        let connector = m.kv_connector.unwrap_or(global);
+        if m.kv_reuse.is_some() && connector != Connector::Nixl {
+            return Err(err(
+                format!("models[{mi}].kv_reuse"),
+                format!(
+                    "needs the nixl connector (pull), and this model's is {:?}: vLLM's bidirectional transfer is NIXL pull only",
+                    connector.name()
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn check_push_peers(models: &[Model], global: Connector) -> Result<(), ConfigError> {
     for (mi, m) in models.iter().enumerate() {
         if m.kind != EngineKind::Vllm {
@@ -538,6 +599,39 @@ fn check_range(r: TokenRange, path: &str) -> Result<(), ConfigError> {
         return Err(err(path, format!("min {} is above max {}", r.min, r.max)));
     }
     Ok(())
+}
+
+/// vLLM's EC connector of an E/P/D model: the encoder-cache hand-off is
+/// vLLM's (`ec_transfer_params`); SGLang's language-only prefill calls its
+/// encoders itself (docs/engines.md).
+fn ec_connector(
+    name: Option<&str>,
+    engine: &str,
+    mp: &str,
+) -> Result<Option<EcConnector>, ConfigError> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let path = format!("{mp}.ec_connector");
+    if EngineKind::of(engine) != EngineKind::Vllm {
+        return Err(err(
+            path,
+            format!(
+                "is vLLM's encoder-cache hand-off, and this model's engine is {engine:?}: \
+                 remove it (an SGLang language-only prefill calls its own encoders), or set \
+                 \"engine\": \"vllm\""
+            ),
+        ));
+    }
+    EcConnector::from_name(name).map(Some).ok_or_else(|| {
+        err(
+            path,
+            format!(
+                "unknown EC connector {name:?}; expected one of: {}",
+                EcConnector::NAMES.join(", ")
+            ),
+        )
+    })
 }
 
 fn parse_connector(name: &str, path: &str) -> Result<Connector, ConfigError> {
@@ -596,6 +690,7 @@ fn endpoint(spec: EndpointSpec, path: &str) -> Result<Endpoint, ConfigError> {
     if let Some(n) = spec.nixl_push {
         e.nixl_push = Some(nixl_peer(n, &format!("{path}.nixl_push"))?);
     }
+    e.encodes = spec.encodes;
     Ok(e)
 }
 

@@ -176,6 +176,15 @@ pub enum PodRole {
     /// `NewPrefillRole`), so an endpoint picker may name it as a split's
     /// prefill pod. An unlabelled pod passes only llm-d's decode filter.
     PrefillDecode,
+    /// An encoder pod (llm-d's `encode`): computes media embeddings for
+    /// its roleset's prefill pods (E/P/D).
+    Encode,
+    /// A prefill pod that encodes its own media (llm-d's `encode-prefill`):
+    /// a request placed on it needs no encoder leg.
+    EncodePrefill,
+    /// [`PodRole::PrefillDecode`] that encodes its own media too (llm-d's
+    /// `encode-prefill-decode`).
+    EncodePrefillDecode,
 }
 
 /// A pod the router may route to, as read from the API server.

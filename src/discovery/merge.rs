@@ -78,8 +78,10 @@ pub fn build_fleet(
                 trt_generation_first: false,
                 decider: None,
                 session: None,
+                kv_reuse: None,
                 bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
                 adapters: Vec::new(),
+                ec_connector: None,
             },
             Vec::new(),
             Vec::new(),
@@ -149,6 +151,30 @@ fn endpoint(p: &DiscoveredPod, unused: &mut Vec<Unused>) -> Endpoint {
     e
 }
 
+/// A discovered endpoint in its roleset's list for its role, or among the
+/// combined pods.
+fn place(role: PodRole, mut e: Endpoint, slot: &mut RolesetPods, combined: &mut Vec<Endpoint>) {
+    match role {
+        PodRole::Prefill => slot.prefill.push(e),
+        PodRole::EncodePrefill => {
+            e.encodes = true;
+            slot.prefill.push(e);
+        }
+        PodRole::Encode => slot.encode.push(e),
+        PodRole::Decode => slot.decode.push(e),
+        PodRole::Both => combined.push(e),
+        PodRole::PrefillDecode => {
+            e.prefill_when_picked = true;
+            combined.push(e);
+        }
+        PodRole::EncodePrefillDecode => {
+            e.prefill_when_picked = true;
+            e.encodes = true;
+            combined.push(e);
+        }
+    }
+}
+
 /// `model` (its settings and static pods) with the pods `found` and the
 /// adapters `based` on it added.
 fn with_pods(
@@ -167,6 +193,7 @@ fn with_pods(
             name: r.name.clone(),
             prefill: static_pods(&r.prefill),
             decode: static_pods(&r.decode),
+            encode: static_pods(&r.encode),
             prompt_tokens: r.prompt_tokens,
         })
         .collect();
@@ -183,7 +210,7 @@ fn with_pods(
             unused.push(unused_pod(p, why));
             continue;
         }
-        let mut e = endpoint(p, unused);
+        let e = endpoint(p, unused);
         of_pod.push((p.object(), e.id));
         let roleset = if p.roleset.is_empty() {
             UNNAMED_ROLESET
@@ -194,20 +221,12 @@ fn with_pods(
             name: roleset.to_owned(),
             ..RolesetPods::default()
         });
-        match p.role {
-            PodRole::Prefill => slot.prefill.push(e),
-            PodRole::Decode => slot.decode.push(e),
-            PodRole::Both => combined.push(e),
-            PodRole::PrefillDecode => {
-                e.prefill_when_picked = true;
-                combined.push(e);
-            }
-        }
+        place(p.role, e, slot, &mut combined);
     }
     rolesets.extend(
         discovered
             .into_values()
-            .filter(|r| !r.prefill.is_empty() || !r.decode.is_empty()),
+            .filter(|r| !r.prefill.is_empty() || !r.decode.is_empty() || !r.encode.is_empty()),
     );
     let mut settings = model.settings();
     // A name discovery gives another model is that model's.

@@ -296,13 +296,16 @@ fn llm_d(labels: &BTreeMap<String, String>, reader: &Reader) -> Result<Labelled,
         .filter(|m| !m.is_empty())
         .ok_or(Skipped::NoModel)?;
     let role = match labels.get(labels::LLMD_ROLE).map(String::as_str) {
-        Some("prefill") | Some("encode-prefill") => PodRole::Prefill,
+        Some("prefill") => PodRole::Prefill,
+        Some("encode-prefill") => PodRole::EncodePrefill,
+        Some("encode") => PodRole::Encode,
         Some("decode") => PodRole::Decode,
         // Both phases: served whole when pd-router places the request, and
-        // a prefill pod when llm-d's picker names it as one.
-        Some("prefill-decode") | Some("both") | Some("encode-prefill-decode") => {
-            PodRole::PrefillDecode
-        }
+        // a prefill pod when llm-d's picker names it as one. An
+        // `encode-prefill-decode` pod encodes its own media as well: the
+        // router sends it no encoder leg, and never uses it as an encoder.
+        Some("prefill-decode") | Some("both") => PodRole::PrefillDecode,
+        Some("encode-prefill-decode") => PodRole::EncodePrefillDecode,
         // A pod without the label is one llm-d's decode filter takes and
         // its prefill filter does not: it serves whole requests only.
         None | Some("") => PodRole::Both,

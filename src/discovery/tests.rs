@@ -475,7 +475,7 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
         pod("c1", Some("10.0.0.7"), role(Some("both"))),
         pod("c2", Some("10.0.0.8"), role(Some("encode-prefill-decode"))),
         pod("n0", Some("10.0.0.5"), role(None)),
-        pod("e0", Some("10.0.0.6"), role(Some("encode"))),
+        pod("x0", Some("10.0.0.10"), role(Some("tokenize"))),
         ranked,
     ];
     let reader = Reader {
@@ -495,12 +495,12 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
     assert!(got.contains(&("p0-rank-0".into(), "10.0.0.1:8000".into(), PodRole::Prefill)));
     assert!(got.contains(&("p0-rank-1".into(), "10.0.0.1:8001".into(), PodRole::Prefill)));
     // Labelled for both phases: llm-d's prefill filter takes them too.
-    for (name, ip) in [("c0", "10.0.0.3"), ("c1", "10.0.0.7"), ("c2", "10.0.0.8")] {
-        let want = (
-            format!("{name}-rank-0"),
-            format!("{ip}:8000"),
-            PodRole::PrefillDecode,
-        );
+    for (name, ip, role) in [
+        ("c0", "10.0.0.3", PodRole::PrefillDecode),
+        ("c1", "10.0.0.7", PodRole::PrefillDecode),
+        ("c2", "10.0.0.8", PodRole::EncodePrefillDecode),
+    ] {
+        let want = (format!("{name}-rank-0"), format!("{ip}:8000"), role);
         assert!(got.contains(&want), "{name}: {got:?}");
     }
     assert!(got.contains(&("n0-rank-1".into(), "10.0.0.5:8001".into(), PodRole::Both)));
@@ -516,7 +516,7 @@ fn llm_d_roles_and_a_pools_ports_make_the_endpoints() {
     );
     assert_eq!(
         page.skipped,
-        vec![("e0".to_owned(), Skipped::OtherRole("encode".into()))]
+        vec![("x0".to_owned(), Skipped::OtherRole("tokenize".into()))]
     );
     // The pool's model wins over the label.
     let named = Reader {
@@ -645,4 +645,53 @@ fn model_adapters_are_read_with_aibrix_labels_unless_turned_off() {
     assert!(!read(json!({"model_adapters": false})));
     assert!(!read(json!({"labels": "llm-d"})));
     assert!(read(json!({"labels": "llm-d", "model_adapters": true})));
+}
+
+#[test]
+fn llm_d_encoders_and_self_encoding_prefills_join_an_epd_model() {
+    use super::kube::LabelScheme;
+    use super::pod::{read_page_as, Reader};
+    // llm-d-router `pkg/epp/framework/plugins/scheduling/filter/bylabel/roles.go`:
+    // `encode` pods encode; `encode-prefill` pods are prefills that encode
+    // their own media.
+    let role = |r: &str| json!({"llm-d.ai/model": "qwen", "llm-d.ai/role": r});
+    let items = vec![
+        pod("e0", Some("10.0.0.6"), role("encode")),
+        pod("ep0", Some("10.0.0.9"), role("encode-prefill")),
+        pod("p0", Some("10.0.0.1"), role("prefill")),
+        pod("d0", Some("10.0.0.2"), role("decode")),
+        pod("epd0", Some("10.0.0.8"), role("encode-prefill-decode")),
+    ];
+    let reader = Reader {
+        scheme: LabelScheme::LlmD,
+        ..Reader::default()
+    };
+    let page = read_page_as(&list(items, None), &reader).expect("page");
+    assert!(page.skipped.is_empty(), "{:?}", page.skipped);
+    let role_of = |n: &str| page.pods.iter().find(|p| p.name == n).map(|p| p.role);
+    assert_eq!(role_of("e0"), Some(PodRole::Encode));
+    assert_eq!(role_of("ep0"), Some(PodRole::EncodePrefill));
+    let config = Config::parse(
+        br#"{"discovery":{"kubernetes":{"cluster":"kube_api","labels":"llm-d"}},
+             "models":[{"name":"qwen","engine":"vllm","ec_connector":"nixl"}]}"#,
+    )
+    .expect("config");
+    let (fleet, unused) = build_fleet(&config.models, &page.pods, &[]);
+    assert!(unused.is_empty());
+    let qwen = fleet.model("qwen").expect("qwen");
+    let rs = &qwen.rolesets[0];
+    let names = |l: &[std::rc::Rc<crate::fleet::Endpoint>]| -> Vec<(String, bool)> {
+        l.iter().map(|e| (e.name.clone(), e.encodes)).collect()
+    };
+    assert_eq!(names(&rs.encode), vec![("e0".to_owned(), false)]);
+    let mut prefill = names(&rs.prefill);
+    prefill.sort();
+    assert_eq!(
+        prefill,
+        vec![("ep0".to_owned(), true), ("p0".to_owned(), false)]
+    );
+    assert_eq!(qwen.ec_connector, Some(crate::fleet::EcConnector::Nixl));
+    // Both phases and its own media: combined, a prefill a picker may name.
+    let whole = &qwen.combined[0];
+    assert!(whole.name == "epd0" && whole.encodes && whole.prefill_when_picked);
 }

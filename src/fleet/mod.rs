@@ -8,14 +8,18 @@
 //! the version (and the `Rc`s) they were placed with.
 
 mod connector;
+mod ec_connector;
 mod engine_kind;
 mod id;
 mod policy;
 
 pub use connector::Connector;
+pub use ec_connector::EcConnector;
 pub use engine_kind::EngineKind;
 pub use id::{fnv1a, fnv1a_extend, ModelId, PodId};
-pub use policy::{Decider, DecodePolicy, PrefillPolicy, Scheduling, SessionAffinity, TokenRange};
+pub use policy::{
+    Decider, DecodePolicy, KvReuse, PrefillPolicy, Scheduling, SessionAffinity, TokenRange,
+};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -72,6 +76,9 @@ pub struct Endpoint {
     /// an endpoint picker may name it as a split's prefill pod, as llm-d's
     /// prefill filter accepts it. pd-router's own placement never does.
     pub prefill_when_picked: bool,
+    /// A prefill pod that encodes its own media (llm-d's `encode-prefill`):
+    /// a request placed on it needs no encoder leg.
+    pub encodes: bool,
 }
 
 impl Endpoint {
@@ -92,6 +99,7 @@ impl Endpoint {
             kv_port: DEFAULT_KV_PORT,
             nixl_push: None,
             prefill_when_picked: false,
+            encodes: false,
         }
     }
 
@@ -110,6 +118,9 @@ pub struct Roleset {
     pub name: String,
     pub prefill: Vec<Rc<Endpoint>>,
     pub decode: Vec<Rc<Endpoint>>,
+    /// Encoder pods (E/P/D): they compute the media embeddings this
+    /// roleset's prefill pods read through the model's EC connector.
+    pub encode: Vec<Rc<Endpoint>>,
     /// Prompt lengths this roleset takes (`None`: any).
     pub prompt_tokens: Option<TokenRange>,
 }
@@ -127,6 +138,7 @@ pub struct RolesetPods {
     pub name: String,
     pub prefill: Vec<Endpoint>,
     pub decode: Vec<Endpoint>,
+    pub encode: Vec<Endpoint>,
     pub prompt_tokens: Option<TokenRange>,
 }
 
@@ -149,11 +161,16 @@ pub struct ModelSettings {
     pub decider: Option<Decider>,
     /// Session affinity (none: off).
     pub session: Option<SessionAffinity>,
+    /// Next-turn KV reuse (none: off).
+    pub kv_reuse: Option<KvReuse>,
     /// Bytes per token of this model's prompts, for length estimates.
     pub bytes_per_token: f64,
     /// LoRA adapters its pods serve besides the base weights: requests name
     /// them as their `model`.
     pub adapters: Vec<String>,
+    /// vLLM E/P/D: how encoder output reaches the prefill (none: no encoder
+    /// leg, media goes to the prefill as sent).
+    pub ec_connector: Option<EcConnector>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -171,8 +188,10 @@ pub struct Model {
     pub trt_generation_first: bool,
     pub decider: Option<Decider>,
     pub session: Option<SessionAffinity>,
+    pub kv_reuse: Option<KvReuse>,
     pub bytes_per_token: f64,
     pub adapters: Vec<String>,
+    pub ec_connector: Option<EcConnector>,
     /// The pods that serve an adapter, for those discovery says are loaded
     /// on some pods only (AIBrix's `ModelAdapter` `status.instances`); an
     /// adapter not here is served by every pod of the model.
@@ -209,6 +228,7 @@ impl Model {
                 name: r.name,
                 prefill: r.prefill.into_iter().map(&mut place).collect(),
                 decode: r.decode.into_iter().map(&mut place).collect(),
+                encode: r.encode.into_iter().map(&mut place).collect(),
                 prompt_tokens: r.prompt_tokens,
             })
             .collect();
@@ -225,8 +245,10 @@ impl Model {
             trt_generation_first: settings.trt_generation_first,
             decider: settings.decider,
             session: settings.session,
+            kv_reuse: settings.kv_reuse,
             bytes_per_token: settings.bytes_per_token,
             adapters: settings.adapters,
+            ec_connector: settings.ec_connector,
             adapter_pods: Vec::new(),
             rolesets,
             combined,
@@ -245,7 +267,7 @@ impl Model {
         let mut seen = vec![false; self.pods.len()];
         self.rolesets
             .iter()
-            .flat_map(|r| r.prefill.iter().chain(r.decode.iter()))
+            .flat_map(|r| r.prefill.iter().chain(&r.decode).chain(&r.encode))
             .chain(self.combined.iter())
             .filter(|e| match seen.get_mut(e.slot) {
                 Some(s) if !*s => {
@@ -269,8 +291,10 @@ impl Model {
             trt_generation_first: self.trt_generation_first,
             decider: self.decider,
             session: self.session.clone(),
+            kv_reuse: self.kv_reuse,
             bytes_per_token: self.bytes_per_token,
             adapters: self.adapters.clone(),
+            ec_connector: self.ec_connector,
         }
     }
 
@@ -416,8 +440,10 @@ mod tests {
             trt_generation_first: false,
             decider: None,
             session: None,
+            kv_reuse: None,
             bytes_per_token: DEFAULT_BYTES_PER_TOKEN,
             adapters: Vec::new(),
+            ec_connector: None,
         }
     }
 
@@ -459,12 +485,14 @@ mod tests {
                     name: "a".into(),
                     prefill: vec![ep("10.0.0.1:1")],
                     decode: vec![ep("10.0.0.2:1")],
+                    encode: Vec::new(),
                     prompt_tokens: None,
                 },
                 RolesetPods {
                     name: "b".into(),
                     prefill: vec![ep("10.0.0.2:1")],
                     decode: vec![ep("10.0.0.3:1")],
+                    encode: Vec::new(),
                     prompt_tokens: None,
                 },
             ],

@@ -306,6 +306,30 @@ impl Default for SessionAffinity {
     }
 }
 
+/// Next-turn KV reuse (`crate::reuse`): a session's next prefill pulls the
+/// prefix from the decode pod that served its last turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvReuse {
+    /// How long a handle is sent after its decode answered: below the
+    /// decode pods' `decoder_kv_blocks_ttl` (vLLM's default 480 s, and a
+    /// prefill declines a read 5 s before it runs out).
+    pub ttl_ms: u64,
+    /// Sessions with a handle at most, per model (a colliding session
+    /// evicts the older handle).
+    pub max_entries: u32,
+}
+
+impl Default for KvReuse {
+    fn default() -> Self {
+        // vLLM's own multi-turn proxy keeps its handles 450 s.
+        KvReuse {
+            ttl_ms: 450_000,
+            max_entries: 4096,
+        }
+    }
+}
+
 /// An inclusive range of prompt lengths, in estimated tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]

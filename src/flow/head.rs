@@ -5,7 +5,8 @@ use crate::error::PdError;
 use crate::fleet::PodId;
 use crate::host::{Counter, Host, Level};
 use crate::router::picked::{
-    read_picked, Picked, DESTINATION_HEADER, ENCODERS_HEADER, KV_SOURCE_HEADER, PREFILLER_HEADER,
+    read_encoders, read_picked, Picked, DESTINATION_HEADER, ENCODERS_HEADER, KV_SOURCE_HEADER,
+    PREFILLER_HEADER,
 };
 
 /// Client headers that travel to the prefill leg too: credentials, and trace
@@ -38,6 +39,8 @@ pub(super) struct RequestHead {
     pub chunked: bool,
     /// Executor mode: the pods an endpoint picker chose.
     pub picked: Option<Picked>,
+    /// Executor mode: the encoder pods it chose (E/P/D), as addresses.
+    pub encoders: Vec<std::net::SocketAddr>,
     /// `Prefer: if-available`: only a decode pod holding the prompt's KV
     /// may serve it, without a prefill (`router::if_available`).
     pub prefer_if_available: bool,
@@ -93,6 +96,17 @@ pub(super) fn picked(headers: &[(String, Vec<u8>)]) -> Option<Picked> {
     read_picked(value(DESTINATION_HEADER), value(PREFILLER_HEADER))
 }
 
+/// The encoder pods the endpoint picker chose, from every value of its
+/// header (executor mode).
+pub(super) fn encoders(headers: &[(String, Vec<u8>)]) -> Vec<std::net::SocketAddr> {
+    read_encoders(
+        headers
+            .iter()
+            .filter(|(k, _)| k == ENCODERS_HEADER)
+            .map(|(_, v)| v.as_slice()),
+    )
+}
+
 /// The client headers that go to the prefill leg too, as sent.
 pub(super) fn forwarded(headers: &[(String, Vec<u8>)]) -> Vec<(&'static str, String)> {
     FORWARDED_HEADERS
@@ -109,22 +123,16 @@ pub(super) fn forwarded(headers: &[(String, Vec<u8>)]) -> Vec<(&'static str, Str
 
 impl Flow {
     /// The picker's headers besides its pods: they are the router's
-    /// business, not the engines', so none reaches them. Encoder pods ask
-    /// for a leg pd-router does not have (501, not a silent fallback); a
-    /// KV source is one no configured connector can pull from (counted,
-    /// said once).
+    /// business, not the engines', so none reaches them. Encoder pods are
+    /// read first (`head::encoders`) and serve the encoder leg; a KV source
+    /// is one no configured connector can pull from (counted, said once).
     pub(super) fn picker_headers<H: Host>(
         &mut self,
         host: &mut H,
         headers: &[(String, Vec<u8>)],
     ) -> Result<(), PdError> {
         let present = |name: &str| headers.iter().any(|(k, v)| k == name && !v.is_empty());
-        if present(ENCODERS_HEADER) {
-            return Err(PdError::NotImplemented(format!(
-                "the endpoint picker chose encoder pods ({ENCODERS_HEADER}), and pd-router has no encoder leg yet; configure the picker without an encode profile (docs/configuration.md)"
-            )));
-        }
-        for name in [PREFILLER_HEADER, KV_SOURCE_HEADER] {
+        for name in [PREFILLER_HEADER, KV_SOURCE_HEADER, ENCODERS_HEADER] {
             if headers.iter().any(|(k, _)| k == name) {
                 host.set_request_header(name, None)?;
             }

@@ -8,7 +8,8 @@
 //! holds the phases and is the only file that moves between them (the
 //! stages return what comes next). Beside them:
 //! [`send`] reads, places, builds and sends a buffered request, [`prefill`]
-//! dispatches the prefill leg and handles its answer, [`decode`] points the
+//! dispatches the prefill leg and handles its answer, [`encode`] sends an
+//! E/P/D request's encoder legs before its prefill, [`decode`] points the
 //! request at its decode pod, [`load`] holds and gives back load,
 //! [`response`] rewrites the response where needed, [`ids`] is the host's
 //! randomness as a split draws on it, [`head`] what is kept of the client's
@@ -18,12 +19,14 @@ mod admission;
 mod by_model;
 mod decode;
 mod decode_outcome;
+mod encode;
 mod head;
 mod ids;
 mod load;
 mod phase;
 mod prefill;
 mod response;
+mod reuse;
 mod send;
 mod trace;
 
@@ -78,6 +81,8 @@ pub struct Flow {
     decode_watch: Option<decode_outcome::DecodeWatch>,
     /// How much body Envoy reported buffered last (0: none yet).
     body_bytes: usize,
+    /// A split whose decode may leave a next-turn KV handle.
+    reuse: Option<reuse::ReuseTurn>,
     /// The request's spans, when it is traced.
     trace: Option<std::cell::RefCell<trace::RequestTrace>>,
 }
@@ -106,6 +111,7 @@ impl Flow {
             timing: Timing::default(),
             decode_watch: None,
             body_bytes: 0,
+            reuse: None,
             trace: None,
         }
     }
@@ -155,6 +161,7 @@ impl Flow {
             // (docs/deploy.md). The prefill pod's header goes too: it is
             // the router's business, not the engine's.
             self.head.picked = head::picked(&headers);
+            self.head.encoders = head::encoders(&headers);
             if let Err(e) = self.picker_headers(host, &headers) {
                 return self.fail(host, e);
             }
@@ -256,7 +263,9 @@ impl Flow {
                 let kind = kind.clone();
                 self.read_buffered(host, kind, body_size)
             }
-            Phase::Replied | Phase::AwaitingPrefill(_) | Phase::Queued(_) => Action::Pause,
+            Phase::Replied | Phase::Encoding(_) | Phase::AwaitingPrefill(_) | Phase::Queued(_) => {
+                Action::Pause
+            }
             Phase::Start | Phase::Forwarded { .. } => Action::Continue,
         }
     }
@@ -281,7 +290,9 @@ impl Flow {
                 };
                 self.read_buffered(host, kind, ask)
             }
-            Phase::Replied | Phase::AwaitingPrefill(_) | Phase::Queued(_) => Action::Pause,
+            Phase::Replied | Phase::Encoding(_) | Phase::AwaitingPrefill(_) | Phase::Queued(_) => {
+                Action::Pause
+            }
             Phase::Start | Phase::Forwarded { .. } => Action::Continue,
         }
     }
@@ -365,6 +376,7 @@ impl Flow {
     pub fn on_stream_end<H: Host>(&mut self, host: &mut H) {
         self.end_phase(host);
         self.release_with_verdict(host);
+        self.keep_kv_handle(host);
         self.trace_end(host);
     }
 }

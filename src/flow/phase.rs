@@ -7,6 +7,10 @@
 //!   │                    └─────────────────┴──────────────────┴──────┴───────────────────────┘
 //!   └──(pass-through)──▶ Forwarded            any phase ──error or local answer──▶ Replied
 //! ```
+//!
+//! An E/P/D request with media passes through `Encoding` (its encoder legs
+//! in flight) on its way to `AwaitingPrefill` or `Forwarded`: wherever a
+//! prefill would be sent, the encoders go first.
 
 use super::{Attempt, Flow};
 use crate::api::Api;
@@ -29,6 +33,18 @@ pub(super) struct PendingPrefill {
     pub token: u32,
     pub plan: SplitPlan,
     pub attempt: Attempt,
+}
+
+/// An E/P/D split's encoder legs in flight; its prefill leaves when the
+/// last one answers 200.
+pub(super) struct PendingEncode {
+    pub plan: SplitPlan,
+    pub attempt: Attempt,
+    /// The calls not answered yet, with their pods.
+    pub calls: Vec<(u32, Rc<Endpoint>)>,
+    /// What the answers in so far hand to the prefill: each one's
+    /// `ec_transfer_params` (NIXL), if it carried one.
+    pub params: Vec<Option<String>>,
 }
 
 /// A concurrent (SGLang) prefill still in flight after the decode left.
@@ -59,6 +75,8 @@ pub(super) enum Phase {
     Buffering(Buffered),
     /// Waiting for room (admission control).
     Queued(Box<QueuedRequest>),
+    /// Paused until the encoders answer (E/P/D).
+    Encoding(Box<PendingEncode>),
     /// Paused until the prefill answers.
     AwaitingPrefill(Box<PendingPrefill>),
     /// The request went upstream. For concurrent engines the prefill may
@@ -78,6 +96,8 @@ pub(super) enum Next {
     Buffer(Buffered),
     /// Wait for room.
     Queue(Box<QueuedRequest>),
+    /// Wait for the encoders' answers.
+    AwaitEncode(Box<PendingEncode>),
     /// Wait for the prefill's answer.
     AwaitPrefill(Box<PendingPrefill>),
     /// Go upstream now; a concurrent prefill may still be in flight.
@@ -93,6 +113,7 @@ impl Flow {
         let (phase, upstream) = match next {
             Next::Buffer(kind) => (Phase::Buffering(kind), false),
             Next::Queue(q) => (Phase::Queued(q), false),
+            Next::AwaitEncode(e) => (Phase::Encoding(e), false),
             Next::AwaitPrefill(p) => (Phase::AwaitingPrefill(p), false),
             Next::Upstream(watched) => (
                 Phase::Forwarded {
@@ -175,6 +196,19 @@ impl Flow {
         }
     }
 
+    /// The encoding request whose call `token` is, out of the phase (now
+    /// `Replied` until the stage says what comes next).
+    pub(super) fn take_encoding(&mut self, token: u32) -> Option<PendingEncode> {
+        match &self.phase {
+            Phase::Encoding(e) if e.calls.iter().any(|(t, _)| *t == token) => {}
+            _ => return None,
+        }
+        match std::mem::replace(&mut self.phase, Phase::Replied) {
+            Phase::Encoding(e) => Some(*e),
+            _ => None,
+        }
+    }
+
     /// The concurrent prefill `token` watched after its decode left, no
     /// longer watched; with whether decode output reached the client.
     pub(super) fn take_watched(&mut self, token: u32) -> Option<(WatchedPrefill, bool)> {
@@ -214,7 +248,7 @@ impl Flow {
     }
 
     /// The stream ended: a request still waiting leaves its queue, one
-    /// awaiting its prefill is forgotten (the prefill runs on), and a
+    /// awaiting its encoders or its prefill is forgotten (they run on), and a
     /// watched concurrent prefill whose response never ended, or whose
     /// decode failed, is aborted where its engine has a route for it.
     pub(super) fn end_phase<H: Host>(&mut self, host: &mut H) {
@@ -231,7 +265,8 @@ impl Flow {
         if matches!(self.phase, Phase::Queued(_)) {
             self.leave_queue(host);
         }
-        if matches!(self.phase, Phase::AwaitingPrefill(_)) {
+        // Encoder calls, like a prefill, run on: Envoy cannot cancel them.
+        if matches!(self.phase, Phase::AwaitingPrefill(_) | Phase::Encoding(_)) {
             host.increment(Counter::ClientGone);
             self.phase = Phase::Replied;
         }

@@ -21,7 +21,7 @@ const ABORT_TIMEOUT_MS: u64 = 2_000;
 /// What a prefill answer says about its pod. `on_termination` is what a
 /// connection closed before any answer earns where it was seen: nothing when
 /// the request is resent for it, else a strike.
-fn verdict(outcome: &Result<(), PrefillFailure>, on_termination: Verdict) -> Verdict {
+pub(super) fn verdict(outcome: &Result<(), PrefillFailure>, on_termination: Verdict) -> Verdict {
     match outcome {
         Ok(()) => Verdict::Worked,
         Err(PrefillFailure::Unreachable(_) | PrefillFailure::Reset) => Verdict::Down,
@@ -50,7 +50,7 @@ fn retryable(f: &PrefillFailure) -> bool {
 
 /// Classifies a prefill answer by status before anything parses its body:
 /// Envoy reports refused connections as 503 and its own timeout as 504.
-fn classify(
+pub(super) fn classify(
     status: Option<u16>,
     body: impl FnOnce() -> Result<Vec<u8>, HostError>,
 ) -> Result<(), PrefillFailure> {
@@ -176,14 +176,17 @@ impl Flow {
                     format!("prefill on {} aborted: {}", pod.name, abort.path)
                 });
             }
-            Err(e) => self.log(
-                host,
-                Level::Warn,
-                &format!(
-                    "could not abort the prefill on {}: {e}; it runs until the engine's timeout",
-                    pod.name
-                ),
-            ),
+            Err(e) => {
+                host.increment(Counter::PrefillAbortFailed);
+                self.log(
+                    host,
+                    Level::Warn,
+                    &format!(
+                        "could not abort the prefill on {}: {e}; it runs until the engine's timeout",
+                        pod.name
+                    ),
+                )
+            }
         }
     }
 
@@ -196,7 +199,9 @@ impl Flow {
         status: Option<u16>,
         body_size: usize,
     ) {
-        if let Some(pending) = self.take_awaiting(token) {
+        if let Some(pending) = self.take_encoding(token) {
+            self.encoder_answered(host, pending, token, status, body_size);
+        } else if let Some(pending) = self.take_awaiting(token) {
             self.sequential_answered(host, pending, status, body_size);
         } else if let Some((watched, body_seen)) = self.take_watched(token) {
             self.concurrent_answered(host, watched, body_seen, status, body_size);
@@ -219,7 +224,10 @@ impl Flow {
         } else {
             Verdict::Neutral
         };
-        let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination);
+        // A prefill reading another pod's KV fails when that KV is gone:
+        // not this pod's fault.
+        let sourced = pending.plan.request.kv_source.is_some();
+        let outcome = self.prefill_answered(host, &pod, status, body_size, on_termination, sourced);
         let next = match outcome {
             // The decode leaves in this callback: a vLLM NIXL
             // prefill's KV lease (kv_lease_duration, from when the
@@ -244,7 +252,8 @@ impl Flow {
     ) {
         // No resend: the decode already went out with this
         // prefill's room. A keep-alive race is one strike in a streak.
-        let outcome = self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed);
+        let outcome =
+            self.prefill_answered(host, &w.pod, status, body_size, Verdict::Failed, false);
         let Err(failure) = outcome else {
             if self.response.rewrite.is_some() {
                 match host.call_response_body(body_size) {
@@ -284,6 +293,7 @@ impl Flow {
         status: Option<u16>,
         body_size: usize,
         on_termination: Verdict,
+        sourced: bool,
     ) -> Result<(), PrefillFailure> {
         self.prefill_done(host);
         let outcome = classify(status, || host.call_response_body(body_size));
@@ -293,11 +303,40 @@ impl Flow {
         }
         let judged = Judgement {
             pod,
-            verdict: verdict(&outcome, on_termination),
+            verdict: match verdict(&outcome, on_termination) {
+                Verdict::Failed if sourced => Verdict::Neutral,
+                v => v,
+            },
             cause: cause(&outcome),
         };
         self.release(host, Release::Prefill, Some(judged));
         outcome
+    }
+
+    /// A prefill that was to read its prefix from the session's last
+    /// decode failed: that KV may be gone (read, run out, its pod
+    /// restarted), and vLLM's default `kv_load_failure_policy: fail`
+    /// answers 500. Once more without it, on any pod, free of the retry
+    /// budget; the handle is not sent again (its blocks serve one read).
+    fn resend_unsourced<H: Host>(
+        &mut self,
+        host: &mut H,
+        p: PendingPrefill,
+        failure: PrefillFailure,
+    ) -> Result<Next, PdError> {
+        host.increment(Counter::KvReuseFailed);
+        let msg = format!(
+            "prefill {} failed reading the session's last decode KV ({failure}); resending without it",
+            p.plan.prefill_pod.address
+        );
+        self.log(host, Level::Info, &msg);
+        self.release(host, Release::Decode, None);
+        let mut request = p.plan.request;
+        request.kv_source = None;
+        let mut attempt = p.attempt;
+        attempt.full = self.full_now(host, &request);
+        self.place(host, request, attempt)
+            .map_err(|_| PdError::Prefill(failure))
     }
 
     /// A failed sequential prefill: place the request again on another pod
@@ -308,6 +347,9 @@ impl Flow {
         p: PendingPrefill,
         failure: PrefillFailure,
     ) -> Result<Next, PdError> {
+        if p.plan.request.kv_source.is_some() && retryable(&failure) {
+            return self.resend_unsourced(host, p, failure);
+        }
         let max = self.router.config.prefill.max_retries;
         // A connection closed before any answer is most often a keep-alive
         // race (the pod closed an idle pooled connection as the call went

@@ -35,17 +35,34 @@ pub(super) struct Timing {
     pub prefill_sent_ms: u64,
     pub prefill_ms: Option<u64>,
     pub routing_us: Option<u64>,
+    /// E/P/D: the router's own time was taken when the encoders left; the
+    /// prefill that follows them does not take it again.
+    pub routed_at_encoders: bool,
 }
 
 impl Flow {
-    /// The prefill left: the router's own time is known.
+    /// The prefill left: the router's own time is known (unless the
+    /// encoders' leaving told it already).
     pub(super) fn prefill_left<H: Host>(&mut self, host: &H) {
-        let t = &mut self.timing;
         // One fresh reading for both: the callback's cached milliseconds
         // date from when the body was read, before the routing work.
         let now = host.now_us();
-        t.prefill_sent_ms = now / 1000;
-        let us = now.saturating_sub(t.body_done_us);
+        self.timing.prefill_sent_ms = now / 1000;
+        if !std::mem::take(&mut self.timing.routed_at_encoders) {
+            self.routed(host, now);
+        }
+    }
+
+    /// E/P/D: the encoder calls left, the router's own work before them is
+    /// done; the wait for them is not the router's.
+    pub(super) fn encoders_left<H: Host>(&mut self, host: &H) {
+        self.routed(host, host.now_us());
+        self.timing.routed_at_encoders = true;
+    }
+
+    fn routed<H: Host>(&mut self, host: &H, now_us: u64) {
+        let t = &mut self.timing;
+        let us = now_us.saturating_sub(t.body_done_us);
         t.routing_us = Some(us);
         if let Some(m) = &t.model {
             host.record(Histogram::RoutingDuration, &m.name, us);

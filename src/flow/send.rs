@@ -106,6 +106,10 @@ impl Flow {
                 router.place(host, &request, &exclude, &mut random, now)?
             }
         };
+        let mut request = request;
+        if request.kv_source.is_none() && matches!(placement, split::Placement::Split { .. }) {
+            request.kv_source = self.take_kv_source(host, &request);
+        }
         let mut ids = HostIds {
             router: &router,
             host: &mut *host,
@@ -176,6 +180,18 @@ impl Flow {
         if let Some(decided) = &plan.decided {
             self.report_decision(host, &plan.request, &plan.decode_pod, decided);
         }
+        self.encode_or_prefill(host, plan, attempt)
+    }
+
+    /// Sends a split's prefill (its encoders, if any, answered): the
+    /// sequential prefill awaited, or a concurrent one watched while the
+    /// decode goes.
+    pub(super) fn send_prefill<H: Host>(
+        &mut self,
+        host: &mut H,
+        plan: split::SplitPlan,
+        attempt: Attempt,
+    ) -> Result<Next, PdError> {
         let token = match self.dispatch_prefill(host, &plan) {
             Ok(t) => t,
             Err(e) => {
@@ -190,6 +206,9 @@ impl Flow {
         host.increment(Counter::Split);
         self.prefill_pod = Some((plan.prefill_pod.name.clone(), plan.prefill_pod.ip.clone()));
         self.decode_pod = Some(Rc::clone(&plan.decode_pod));
+        if plan.rewrite.as_ref().is_some_and(|r| r.capture_kv) {
+            self.note_reuse_turn(&plan.request, &plan.decode_pod);
+        }
         self.debug(host, || {
             let (p, d) = (&plan.prefill_pod.address, &plan.decode_pod.address);
             let n = attempt.number + 1;

@@ -103,6 +103,16 @@ impl SharedKeys {
         k
     }
 
+    /// One slot of a model's next-turn KV handles (`crate::reuse`).
+    pub fn reuse_slot(&self, model: ModelId, slot: u32) -> Key {
+        let mut k = Key::from(self.prefix.as_str());
+        k.push_str(".kvr.");
+        k.push_hex16(model.0);
+        k.push_str(".");
+        k.push_decimal(u64::from(slot));
+        k
+    }
+
     /// One slot of the decode prefix table: which decode pod last served a
     /// prompt (the decider's; as [`SharedKeys::prefix_slot`]).
     pub fn decode_prefix_slot(&self, slot: u32) -> Key {

@@ -9,6 +9,7 @@
 //! only the members it owns re-rendered (see [`json`]).
 
 mod json;
+pub mod kv_params;
 mod logprobs;
 mod sse;
 mod usage;
@@ -31,6 +32,9 @@ pub struct RewritePlan {
     pub usage: bool,
     pub logprobs: Option<PromptLogprobs>,
     pub stream: bool,
+    /// Take the decode's own `kv_transfer_params` out of the answer and
+    /// keep them (next-turn KV reuse, [`kv_params`]).
+    pub capture_kv: bool,
 }
 
 /// Decode-leg fields that make the engine ignore the hand-off.
@@ -95,6 +99,7 @@ pub fn decide(
         usage,
         logprobs,
         stream: report.stream,
+        capture_kv: false,
     })
 }
 
@@ -148,6 +153,8 @@ pub struct Rewrite {
     tail: Vec<u8>,
     /// Echo: choice indexes that already got the prompt.
     led: Vec<u64>,
+    /// The decode's `kv_transfer_params`, once seen (`capture_kv`).
+    captured: Option<kv_params::Taken>,
 }
 
 impl Rewrite {
@@ -158,13 +165,32 @@ impl Rewrite {
             report,
             tail: Vec::new(),
             led: Vec::new(),
+            captured: None,
         }
+    }
+
+    /// A rewrite that only takes the decode's `kv_transfer_params` out.
+    pub fn capture_only(stream: bool) -> Rewrite {
+        Rewrite::new(
+            RewritePlan {
+                usage: false,
+                logprobs: None,
+                stream,
+                capture_kv: true,
+            },
+            Some(PrefillReport::default()),
+        )
+    }
+
+    /// The decode's `kv_transfer_params`, if the answer carried them.
+    pub fn captured(&self) -> Option<&kv_params::Taken> {
+        self.captured.as_ref()
     }
 
     /// Whether the answer needs looking at: the report are still to come, or
     /// they hold something to put in.
     pub fn needed(&self) -> bool {
-        self.report.as_ref().is_none_or(|f| !f.is_empty())
+        self.plan.capture_kv || self.report.as_ref().is_none_or(|f| !f.is_empty())
     }
 
     /// No part of an unfinished event is held.
@@ -199,7 +225,7 @@ impl Rewrite {
             return if usage || choices {
                 Err(AwaitReport)
             } else {
-                Ok(None)
+                Ok(self.capture(obj, None))
             };
         };
         let mut out: Option<Vec<u8>> = None;
@@ -220,7 +246,24 @@ impl Rewrite {
                 out = Some(new);
             }
         }
-        Ok(out)
+        Ok(self.capture(obj, out))
+    }
+
+    /// `obj` (or its rewrite `out`) with the decode's `kv_transfer_params`
+    /// taken out, when the plan keeps them.
+    fn capture(&mut self, obj: &[u8], out: Option<Vec<u8>>) -> Option<Vec<u8>> {
+        const NEEDLE: &[u8] = b"\"kv_transfer_params\"";
+        let src = out.as_deref().unwrap_or(obj);
+        if !self.plan.capture_kv || !src.windows(NEEDLE.len()).any(|w| w == NEEDLE) {
+            return out;
+        }
+        match kv_params::take(src) {
+            Some((stripped, taken)) => {
+                self.captured = Some(taken);
+                Some(stripped)
+            }
+            None => out,
+        }
     }
 
     /// A complete non-streamed answer.
@@ -288,6 +331,7 @@ impl Rewrite {
         let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
         (self.plan.usage && usage::USAGE_NEEDLES.iter().any(|n| has(n)))
             || (self.plan.logprobs.is_some() && has(b"\"choices\""))
+            || (self.plan.capture_kv && has(b"\"kv_transfer_params\""))
     }
 }
 

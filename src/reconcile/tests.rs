@@ -14,6 +14,7 @@ fn what_an_answer_needs_follows_from_the_request() {
         usage: true,
         logprobs: None,
         stream: false,
+        capture_kv: false,
     });
     assert_eq!(
         decide_for("vllm", Api::ChatCompletions, &chat("")),
@@ -96,6 +97,7 @@ fn prompt_logprobs_are_merged_where_they_can_be_and_left_whole_where_not() {
                 prompt_text: "Hi there".into()
             }),
             stream: true,
+            capture_kv: false,
         })
     );
     assert_eq!(
@@ -133,6 +135,7 @@ fn usage_plan(stream: bool) -> RewritePlan {
         usage: true,
         logprobs: None,
         stream,
+        capture_kv: false,
     }
 }
 
@@ -217,4 +220,28 @@ fn a_responses_stream_gets_the_prefill_count_in_its_terminal_event() {
         out,
         ev.replace("\"cached_tokens\":8", "\"cached_tokens\":3")
     );
+}
+
+#[test]
+fn a_capturing_rewrite_takes_the_decodes_params_from_a_stream_split_anywhere() {
+    let stream = concat!(
+        "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}],\"kv_transfer_params\":{\"do_remote_decode\":true}}\n\n",
+        "data: [DONE]\n\n"
+    )
+    .as_bytes();
+    for cut in [1, 30, 60, stream.len() - 3] {
+        let mut rw = Rewrite::capture_only(true);
+        let mut out = Vec::new();
+        for (part, end) in [(&stream[..cut], false), (&stream[cut..], true)] {
+            let sent = rw.chunk(part, end).expect("never waits");
+            out.extend(sent.unwrap_or_else(|| part.to_vec()));
+        }
+        let out = String::from_utf8(out).expect("utf-8");
+        assert!(!out.contains("kv_transfer_params"), "{cut}: {out}");
+        assert!(out.contains(r#""finish_reason":"length""#) && out.ends_with("[DONE]\n\n"));
+        let taken = rw.captured().expect("captured");
+        assert!(taken.finished);
+        assert_eq!(taken.params, br#"{"do_remote_decode":true}"#.to_vec());
+    }
 }

@@ -97,6 +97,17 @@ impl Router {
         self.book().own_in_flight(store, pod)
     }
 
+    /// The queue `pod`'s engine reported at its last fresh scrape (running
+    /// plus waiting), 0 when there is none: how encoder pods, whose calls
+    /// the router does not hold load for, are told apart by load.
+    pub fn scraped_queue(&self, pod: &Endpoint, now_ms: u64) -> f64 {
+        self.copies
+            .scraped()
+            .get(&pod.id)
+            .and_then(|m| m.fresh(now_ms, self.config.scrape.ttl_ms))
+            .map_or(0.0, |m| m.running + m.waiting)
+    }
+
     /// Whether `pod` is healthy in every model that serves it.
     pub fn is_healthy<S: SharedStore + ?Sized>(
         &self,

@@ -208,6 +208,19 @@ impl Router {
         crate::mooncake::prefill_pods(&self.fleet(), self.kv_connector.get())
     }
 
+    /// `model`'s next-turn KV handles in shared data.
+    pub fn kv_handles(
+        &self,
+        model: &crate::fleet::Model,
+        reuse: crate::fleet::KvReuse,
+    ) -> crate::reuse::HandleStore<'_> {
+        crate::reuse::HandleStore {
+            keys: &self.keys,
+            model: model.id,
+            max_entries: reuse.max_entries,
+        }
+    }
+
     /// Whether this VM sees `what` about `pod` for the first time.
     pub fn first_time(&self, pod: PodId, what: &'static str) -> bool {
         self.log_once.first_time(pod, what)

@@ -24,9 +24,9 @@ pub const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 /// and ignores it otherwise; pd-router has no such connector, so it is
 /// removed and counted (`kv_source_ignored`).
 pub const KV_SOURCE_HEADER: &str = "x-kv-cache-source-host-port";
-/// The encoder pods llm-d's picker chose for a request with media (E/P/D).
-/// pd-router has no encoder leg: such a request is answered 501 rather
-/// than served without its encoder step.
+/// The encoder pods llm-d's picker chose for a request with media (E/P/D):
+/// `ip:port` entries, comma-separated (llm-d-router
+/// `pkg/common/routing/common.go`, `EncoderEndpointsHeader`).
 pub const ENCODERS_HEADER: &str = "x-encoder-hosts-ports";
 
 /// What the picker chose.
@@ -44,6 +44,24 @@ fn first_address(value: &[u8]) -> Option<SocketAddr> {
         .ok()?
         .split(',')
         .find_map(|a| a.trim().parse().ok())
+}
+
+/// The encoder addresses in the header's `values`: every value, each split
+/// on commas (llm-d's sidecar reads them so); entries that are not
+/// `ip:port` are dropped.
+pub fn read_encoders<'v>(values: impl Iterator<Item = &'v [u8]>) -> Vec<SocketAddr> {
+    let mut out: Vec<SocketAddr> = Vec::new();
+    for v in values {
+        let Ok(text) = std::str::from_utf8(v) else {
+            continue;
+        };
+        for a in text.split(',').filter_map(|a| a.trim().parse().ok()) {
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    out
 }
 
 /// The picker's choice from the request's headers, if it made one.
@@ -71,6 +89,32 @@ fn unknown(model: &Model, role: &str, address: SocketAddr) -> PdError {
 }
 
 impl Router {
+    /// The picker's encoders that are encoder pods of `model` (a roleset's
+    /// `encode` pod, or a prefill pod that encodes), and the addresses
+    /// refused: the header is no way to make the router call an arbitrary
+    /// address (llm-d's sidecar keeps an SSRF allowlist for the same
+    /// reason).
+    pub fn picked_encoders(
+        &self,
+        model: &Model,
+        addresses: &[SocketAddr],
+    ) -> (Vec<Rc<Endpoint>>, Vec<SocketAddr>) {
+        let encoders = model.rolesets.iter().flat_map(|r| {
+            r.encode
+                .iter()
+                .chain(r.prefill.iter().filter(|p| p.encodes))
+        });
+        let mut known_ones = Vec::new();
+        let mut refused = Vec::new();
+        for a in addresses {
+            match known(encoders.clone(), *a) {
+                Some(e) => known_ones.push(e),
+                None => refused.push(*a),
+            }
+        }
+        (known_ones, refused)
+    }
+
     /// The picker's decode pod: a decode or combined pod of `model`. Calls
     /// the router does not split but routes by model go there too.
     pub fn picked_decode(&self, model: &Model, picked: &Picked) -> Result<Rc<Endpoint>, PdError> {

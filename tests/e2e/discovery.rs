@@ -1129,3 +1129,54 @@ fn queued_requests_never_go_to_pods_that_left_while_they_wait() {
     });
     envoy.assert_counters_zero();
 }
+
+/// llm-d's `encode` role (llm-d-router `filter/bylabel/roles.go`): a pod so
+/// labelled joins its model as an encoder, and a media request to a model
+/// with `ec_connector` is encoded there before its prefill (which fails
+/// any item not encoded).
+#[test]
+fn llm_d_encode_pods_are_discovered_and_encode_the_media() {
+    let api = KubeApi::start(TOKEN);
+    let hosts = ["127.0.0.2", "127.0.0.3", "127.0.0.4"];
+    let port = common_port(&hosts);
+    let engine = |name: &str, role: &str, host: &str, extra: &[&str]| {
+        let listen = format!("{host}:{port}");
+        let mut args = vec![
+            "--engine", "vllm", "--role", role, "--model", "qwen", "--listen", &listen,
+        ];
+        args.extend(extra);
+        Mock::start(name, &args)
+    };
+    let nixl = ["--ec-connector", "nixl"];
+    let enc = engine("llmd-e0", "encode", hosts[0], &nixl);
+    let p = engine("llmd-p0", "prefill", hosts[1], &nixl);
+    let d = engine("llmd-d0", "decode", hosts[2], &[]);
+    let pod = |m: &Mock, role: &str, host: &str| {
+        KubePod::new(&m.name, host, 1)
+            .label("llm-d.ai/role", role)
+            .label("app", "epd")
+    };
+    api.set_pods(&[
+        pod(&enc, "encode", hosts[0]),
+        pod(&p, "prefill", hosts[1]),
+        pod(&d, "decode", hosts[2]),
+    ]);
+    api.set_pools(&[("qwen-pool", &[("app", "epd")], &[port])]);
+    let mut config = discovery_config(json!([{"name": "qwen", "engine": "vllm",
+        "ec_connector": "nixl", "rolesets": []}]));
+    config["discovery"]["kubernetes"]["labels"] = json!("llm-d");
+    config["discovery"]["kubernetes"]["inference_pool"] =
+        json!({"name": "qwen-pool", "model": "qwen"});
+    let envoy = start_envoy(&api, &config, 2);
+    wait_for_lists(&api, &envoy);
+    one_set(&envoy, 0, |pods| pods == 3);
+    let body = json!({"model": "qwen", "max_tokens": 3, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"},
+        {"type": "image_url", "image_url": {"url": "https://x/cat.png"}}]}]});
+    let a = post(&envoy.url("/v1/chat/completions"), body.to_string(), &[]);
+    assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());
+    assert_eq!(a.header("prefill-target-pod"), Some("llmd-p0"));
+    assert_eq!(enc.requests().len(), 1, "the image went to the encoder");
+    assert!(p.requests()[0].raw("ec_transfer_params").is_some());
+    envoy.assert_counters_zero();
+}

@@ -2,8 +2,8 @@
 //! filter chain chooses the pods, as llm-d's EPP does through ext_proc; here
 //! Envoy's header_mutation filter sets its headers. In front of it, the
 //! filter deploy/ puts first removes the client's copies. pd-router
-//! performs the hand-off to the picked pods, and refuses pods it does not
-//! know.
+//! performs the hand-off to the picked pods (encoders included), and
+//! refuses pods it does not know.
 
 use crate::harness::*;
 use serde_json::json;
@@ -139,13 +139,12 @@ fn the_picked_pods_get_both_legs_and_a_clients_picker_header_never_counts() {
     envoy.assert_counters_zero();
 }
 
-/// llm-d's headers pd-router cannot follow (llm-d-router
+/// llm-d's header pd-router cannot follow (llm-d-router
 /// `pkg/common/routing/common.go`): a KV source peer for vLLM's
 /// OffloadingConnector P2P pull is removed before the engines and counted,
-/// the picked pods still serve; encoder pods for an E/P/D request are
-/// refused with 501, nothing reaching any pod.
+/// the picked pods still serve.
 #[test]
-fn picker_headers_pd_router_cannot_follow_are_counted_or_refused() {
+fn a_kv_source_pd_router_cannot_follow_is_counted_and_removed() {
     let vllm = |name: &str, role: &str| {
         Mock::start(name, &["--engine", "vllm", "--role", role, "--model", "m"])
     };
@@ -155,7 +154,7 @@ fn picker_headers_pd_router_cannot_follow_are_counted_or_refused() {
 
     let source = "10.9.9.9:8000";
     let envoy = start_with(
-        models.clone(),
+        models,
         &d0.address(),
         Some(&p0.address()),
         &[("x-kv-cache-source-host-port", source)],
@@ -175,23 +174,55 @@ fn picker_headers_pd_router_cannot_follow_are_counted_or_refused() {
     assert_eq!(envoy.stat("wasmcustom.pd_router.kv_source_ignored"), 3);
     let said = envoy.log_lines_with("x-kv-cache-source-host-port from the endpoint picker ignored");
     assert_eq!(said, 1, "said once (one worker)");
-    drop(envoy);
+}
 
+/// E/P/D in executor mode: llm-d's picker names the encoders in
+/// `x-encoder-hosts-ports` (llm-d-router `pkg/common/routing/common.go`;
+/// its sidecar keeps those on its SSRF allowlist). The known encoder gets
+/// the media items, an address the fleet does not know is never dialled,
+/// and no engine sees the header.
+#[test]
+fn the_pickers_known_encoders_serve_an_epd_request() {
+    let vllm = |name: &str, role: &str| {
+        Mock::start(
+            name,
+            &["--engine", "vllm", "--role", role, "--ec-connector", "nixl"],
+        )
+    };
+    let (e0, e1) = (vllm("pk-enc-0", "encode"), vllm("pk-enc-1", "encode"));
+    let p0 = vllm("pk-enc-p0", "prefill");
+    let d0 = Mock::start("pk-enc-d0", &["--engine", "vllm", "--role", "decode"]);
+    let models = json!([{"name": "m", "engine": "vllm", "ec_connector": "nixl", "rolesets": [
+        {"name": "rs", "prefill": [p0.endpoint()], "decode": [d0.endpoint()],
+         "encode": [e0.endpoint(), e1.endpoint()]}]}]);
+    let refused = RefusingPort::new();
+    let chosen = format!("127.0.0.1:{},{}", refused.port, e1.address());
     let envoy = start_with(
         models,
         &d0.address(),
         Some(&p0.address()),
-        &[("x-encoder-hosts-ports", "10.9.9.8:8000,10.9.9.7:8000")],
+        &[("x-encoder-hosts-ports", chosen.as_str())],
     );
-    let a = post(&envoy.url("/v1/completions"), completion(9), &[]);
-    assert_eq!(a.status, 501, "{}", a.body);
-    assert_eq!(a.json()["error"]["code"], "not_implemented", "{}", a.body);
+    let image =
+        |n: &str| json!({"type": "image_url", "image_url": {"url": format!("https://x/{n}.png")}});
+    let body = json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "which?"}, image("cat"), image("dog")]}]});
+    let a = post(&envoy.url("/v1/chat/completions"), body.to_string(), &[]);
+    assert_eq!(a.status, 200, "{}\n{}", a.body, envoy.log());
+    assert_eq!(a.header("x-mock-kv"), Some("pulled"));
+    assert_eq!(e1.requests().len(), 2, "both items on the picked encoder");
     assert!(
-        a.error_message().contains("x-encoder-hosts-ports"),
-        "{}",
-        a.body
+        e0.requests().is_empty(),
+        "the router did not choose its own"
     );
-    assert_eq!((p0.requests().len(), d0.requests().len()), (3, 3));
+    let legs: Vec<_> = [&e1, &p0, &d0].iter().flat_map(|m| m.requests()).collect();
+    assert!(legs
+        .iter()
+        .all(|r| r.header("x-encoder-hosts-ports").is_none()));
+    assert_eq!(
+        envoy.log_lines_with("that are no encoder pods of model `m`"),
+        1
+    );
 }
 
 /// llm-d's prefill filter accepts pods labelled `prefill-decode` (and

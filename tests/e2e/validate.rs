@@ -62,6 +62,12 @@ fn a_bad_plugin_configuration_is_refused_with_the_field_named() {
             || out.contains("pd-router configuration: models[0].rolesets[0].prefill[0].address: \"vllm-prefill-0:8000\" is not a literal IP:port"),
         "{out}"
     );
+    // E/P/D's encoder leg is vLLM's: SGLang's prefill calls its encoders.
+    let epd = serde_json::json!({"models": [{"name": "m", "engine": "sglang",
+        "ec_connector": "nixl", "rolesets": []}]});
+    let (ok, out) = validate(&test_envoy_yaml(&epd, &wasm_path()));
+    assert!(!ok, "ec_connector on SGLang must be refused:\n{out}");
+    assert!(out.contains("models[0].ec_connector"), "{out}");
     let typo = serde_json::json!({"prefill_timout_ms": 5, "models": []});
     let (ok, out) = validate(&test_envoy_yaml(&typo, &wasm_path()));
     assert!(!ok);

@@ -72,6 +72,18 @@ fn build_cases() -> Vec<Case> {
             if let Some(c) = connector {
                 model["kv_connector"] = c.into();
             }
+            // vLLM E/P/D: media parts go to encoder pods first; one EC
+            // connector with NIXL pull, the other with the push connectors.
+            let ec = match (engine, connector) {
+                ("vllm", Some("nixl")) => Some("nixl"),
+                ("vllm", Some("nixl_push" | "mooncake")) => Some("example"),
+                _ => None,
+            };
+            if let Some(ec) = ec {
+                model["ec_connector"] = ec.into();
+                model["rolesets"][0]["encode"] =
+                    serde_json::json!(["10.0.0.7:8000", "[fd00::7]:8000"]);
+            }
             // TensorRT-LLM has no connectors: its cases that name one take
             // the base64 ids instead.
             if engine == "trtllm" && connector.is_some() {

@@ -5,9 +5,11 @@
 //! and `cached.rs`, below every engine module, so no engine imports this
 //! dispatcher.
 
+mod bidirectional;
 mod cached;
 mod contract;
 mod default;
+mod encoder;
 mod mooncake;
 mod nixl_push;
 mod p2p_nccl;
@@ -16,6 +18,7 @@ mod trtllm;
 mod vllm;
 mod vllm_request;
 
+pub use encoder::encoded_item as ec_encoded_item;
 pub use mooncake::offer_key as mooncake_offer_key;
 pub use nixl_push::base_request_id;
 pub use sglang::server_info as sglang_server_info;
@@ -74,8 +77,18 @@ pub async fn handle(
             guard.finish();
             Ok(resp)
         }
+        Role::Encode => {
+            let out = encoder::encode(state, &req)?;
+            let look = look(state, &req, asked)?;
+            let resp = answer::prefill_response(state, api, &params, look, out);
+            guard.finish();
+            Ok(resp)
+        }
         Role::Decode => {
             let mut out = decode(state, &req, headers, &asked).await?;
+            if cfg.bidirectional && cfg.connector == Connector::Nixl && out.kv == Kv::Pulled {
+                out.top = bidirectional::keep(state, &req, params.max_tokens)?;
+            }
             out.prompt_tokens = counted(&req, out.prompt_tokens);
             out.cached_tokens = decode_cached(state, &req, &asked, &out);
             let look = look(state, &req, asked)?;
@@ -111,6 +124,9 @@ async fn prefill(
     // A prefill whose answer a fault spoils never hands its KV over.
     let spoiled = faults.contains(&Fault::Truncate);
     let no_kv_params = faults.contains(&Fault::NoKvParams);
+    if cfg.engine == Engine::Vllm {
+        encoder::consume(state, req).await?;
+    }
     let out = match (cfg.engine, cfg.connector) {
         (Engine::Vllm, Connector::Neuron) => vllm::neuron_prefill(req, cfg.lenient_prefill)?,
         (Engine::Vllm, Connector::Mooncake) => mooncake::prefill(state, req, headers, spoiled)?,
@@ -121,7 +137,12 @@ async fn prefill(
             p2p_nccl::prefill(state, req, headers, spoiled).await?
         }
         (Engine::Vllm, Connector::Nixl | Connector::Shfs) => {
-            vllm::prefill(state, req, no_kv_params)?
+            let out = vllm::prefill(state, req, no_kv_params)?;
+            // A decode's blocks named as the prefix's source are read
+            // (they serve one read; a failed read is the request's 500).
+            let params = vllm_request::vllm_prefill_params(req)?;
+            bidirectional::read_source(state, req, &params).await?;
+            out
         }
         (Engine::Sglang, _) => {
             sglang::prefill(state, req, headers, asked, fail_after_transfer(faults)).await?

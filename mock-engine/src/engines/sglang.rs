@@ -263,7 +263,7 @@ pub fn server_info(state: &Shared) -> Value {
             "follow_bootstrap_room",
         ),
         // The decode serves no bootstrap server: the default port.
-        Role::Decode => ("decode", 8998, "round_robin"),
+        Role::Decode | Role::Encode => ("decode", 8998, "round_robin"),
     };
     json!({
         "dp_size": cfg.dp_size,

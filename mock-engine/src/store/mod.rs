@@ -6,6 +6,7 @@
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 pub mod aborts;
+pub mod encoded;
 pub mod gen_first;
 pub mod offers;
 pub mod rooms;
