@@ -244,6 +244,8 @@ def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int
             argv.append("--token-ids")
         if run.config.session:
             argv += ["--session-header", "x-session-id"]
+        if a.extend_turns:
+            argv.append("--extend-turns")
         t_replay = time.time()
         cpu0 = {n: proc_cpu_s(p.pid) for n, p in procs.procs}
         m0 = machine_ticks()
@@ -454,6 +456,9 @@ def arg_parser() -> argparse.ArgumentParser:
                          "and range and a verdict where the ranges do not overlap")
     ap.add_argument("--bytes-per-token", type=int, default=4,
                     help="bytes of prompt text per token (default 4, pd-router's own estimate)")
+    ap.add_argument("--extend-turns", action="store_true",
+                    help="each later turn's prompt text begins with the previous turn's (what "
+                         "kv_reuse checks; the replayer's --extend-turns), in every configuration")
     ap.add_argument("--host-gbs", type=float, default=25.0,
                     help="host tier to GPU reload bandwidth, GB/s (default 25)")
     ap.add_argument("--stem", default=None,
@@ -559,6 +564,7 @@ def run_params(a, runs: list[Run], results: dict, traces: dict, commit: str) -> 
                               if r.window and (r.skip, r.requests, r.warmup) == (s, n_, w)}},
         "seeds": sorted({r.seed for r in runs}),
         "bytes_per_token": a.bytes_per_token, "host_gbs": a.host_gbs,
+        "extend_turns": a.extend_turns,
         "load": a.load, "time_scale": a.time_scale, "prefill": a.prefill, "decode": a.decode,
         "kv_blocks": any_run.get("kv_blocks", a.kv_blocks),
         "cache_blocks": any_run.get("cache_blocks", a.cache_blocks),

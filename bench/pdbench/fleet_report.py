@@ -81,7 +81,9 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
           f"({params['trace_span_s']:.0f} s of the trace at load 1). Load: the trace's rate "
           "times it. Time scale: modelled s per real s.")
     w(f"Prompts: {params.get('bytes_per_token', 4)} bytes a token; host tier reload "
-      f"{params.get('host_gbs', 25):g} GB/s; seeds {params.get('seeds', [0])}.")
+      f"{params.get('host_gbs', 25):g} GB/s; seeds {params.get('seeds', [0])}"
+      + ("; each later turn's text extends the previous turn's (--extend-turns)."
+         if params.get("extend_turns") else "."))
     w(f"Pods: KV {params['kv_blocks']} blocks of 512 tokens per pod (Llama-3.1-8B on an H100), "
       f"prefix cache {params['cache_blocks']} blocks per pod (GPU and host tier). "
       f"Filter built from {params['commit']}.")

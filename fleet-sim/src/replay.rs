@@ -74,6 +74,12 @@ pub struct ReplayArgs {
     /// x-session-id); none by default
     #[arg(long)]
     pub session_header: Option<String>,
+    /// Each later turn's prompt extends the previous turn's text byte for
+    /// byte ([`extended_ids`]), as a chat's next turn does; without it the
+    /// trace's own ids give a text that differs from the previous turn's at
+    /// its last, partial block
+    #[arg(long)]
+    pub extend_turns: bool,
 }
 
 impl ReplayArgs {
@@ -97,9 +103,9 @@ impl ReplayArgs {
         (timestamp + jitter_ms - first) / 1000.0 / self.load
     }
 
-    /// The request body of trace line `t`, sent as `user`.
-    fn body(&self, t: &TraceLine, user: &str) -> Bytes {
-        let text = prompt_text(&t.hash_ids, t.input_length, self.shape());
+    /// The request body of trace line `t` with blocks `ids`, sent as `user`.
+    fn body(&self, t: &TraceLine, ids: &[u64], user: &str) -> Bytes {
+        let text = prompt_text(ids, t.input_length, self.shape());
         let prompt = if self.token_ids {
             serde_json::json!(token_ids(&parse_prompt(text.as_bytes(), self.shape())))
         } else {
@@ -204,6 +210,37 @@ pub fn sessions(trace: &[TraceLine]) -> Vec<usize> {
     out
 }
 
+/// Each request's block ids when later turns extend the previous turn's text
+/// (`--extend-turns`). The trace gives a turn's last, partial block a new id
+/// in the next turn (its content grew), so texts made from the trace's ids
+/// differ there and a router's check that the next prompt begins with the
+/// last one (pd-router's `kv_reuse`) fails. A later turn longer than its
+/// previous turn keeps the previous turn's ids over every block its text
+/// covered (the partial one completed) and takes its own from there; its
+/// text then begins with the previous turn's. A turn no longer than its
+/// previous one keeps the trace's ids.
+pub fn extended_ids(trace: &[TraceLine], sessions: &[usize]) -> Vec<Vec<u64>> {
+    use std::collections::HashMap;
+    // Per conversation: its last turn's ids and prompt tokens.
+    let mut last: HashMap<usize, (Vec<u64>, u32)> = HashMap::new();
+    let mut out = Vec::with_capacity(trace.len());
+    for (i, t) in trace.iter().enumerate() {
+        let session = sessions.get(i).copied().unwrap_or(i);
+        let ids = match last.get(&session) {
+            Some((prev, tokens)) if session != i && t.input_length > *tokens => {
+                let covered = tokens.div_ceil(BLOCK_TOKENS) as usize;
+                let head = prev.get(..covered.min(prev.len())).unwrap_or_default();
+                let tail = t.hash_ids.get(head.len()..).unwrap_or_default();
+                [head, tail].concat()
+            }
+            _ => t.hash_ids.clone(),
+        };
+        last.insert(session, (ids.clone(), t.input_length));
+        out.push(ids);
+    }
+    out
+}
+
 /// `http://IP:PORT/PATH` as an address and a path.
 fn split_url(url: &str) -> Result<(SocketAddr, String), String> {
     let rest = url
@@ -303,6 +340,11 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
     }
     let mut trace = read_trace(&args)?;
     let session_of = sessions(&trace);
+    let ids_of = if args.extend_turns {
+        extended_ids(&trace, &session_of)
+    } else {
+        Vec::new()
+    };
     let trace = trace.split_off(args.skip.min(trace.len()));
     let first = trace.first().map_or(0.0, |t| t.timestamp);
     let start = tokio::time::Instant::now();
@@ -322,7 +364,8 @@ pub async fn run(args: ReplayArgs) -> Result<(), String> {
             .cloned()
             .unwrap_or_default();
         let user = format!("r{}", args.skip + i);
-        let body = args.body(&t, &user);
+        let ids = ids_of.get(args.skip + i).unwrap_or(&t.hash_ids);
+        let body = args.body(&t, ids, &user);
         let scale = args.time_scale;
         let at = start + Duration::from_secs_f64(arrival_s / scale);
         tasks.push(tokio::spawn(async move {
@@ -441,6 +484,35 @@ mod tests {
     }
 
     #[test]
+    fn an_extended_turn_begins_with_the_previous_turns_text() {
+        let trace = [
+            line(1300, &[0, 1, 2]),
+            // The trace renames the partial block 2 (now 3) as it grows.
+            line(2100, &[0, 1, 3, 4, 5]),
+            line(2700, &[0, 1, 3, 4, 6, 7]),
+            // Shorter than its previous turn: the trace's ids.
+            line(1200, &[0, 1, 8]),
+        ];
+        let sessions = sessions(&trace);
+        assert_eq!(sessions, vec![0, 0, 0, 0]);
+        let ids = extended_ids(&trace, &sessions);
+        assert_eq!(
+            ids,
+            vec![
+                vec![0, 1, 2],
+                vec![0, 1, 2, 4, 5],
+                vec![0, 1, 2, 4, 5, 7],
+                vec![0, 1, 8]
+            ]
+        );
+        let text = |i: usize| prompt_text(&ids[i], trace[i].input_length, Shape::default());
+        for i in 1..3 {
+            assert!(text(i).starts_with(&text(i - 1)), "turn {i}");
+        }
+        assert!(!prompt_text(&trace[1].hash_ids, 2100, Shape::default()).starts_with(&text(0)));
+    }
+
+    #[test]
     fn the_body_carries_text_at_the_asked_bytes_per_token() {
         let t = TraceLine {
             timestamp: 0.0,
@@ -448,7 +520,7 @@ mod tests {
             output_length: 3,
             hash_ids: vec![1, 2],
         };
-        let body = args(&["--bytes-per-token", "3"]).body(&t, "r0");
+        let body = args(&["--bytes-per-token", "3"]).body(&t, &t.hash_ids, "r0");
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["prompt"].as_str().unwrap().len(), 2100);
         assert_eq!(
