@@ -23,6 +23,14 @@ class Config:
     # The replayer sends prompts as token ids (what the sims' render gives
     # for the text), for a router that keys on them.
     token_ids: bool = False
+    # The replayer names each request's conversation in an x-session-id
+    # header (`mock-engine replay --session-header`, its rule in
+    # fleet-sim/src/replay.rs `sessions`).
+    session: bool = False
+    # The decode sims keep each request's KV for the next turn's prefill for
+    # this many modelled seconds (vLLM NIXL's bidirectional transfer,
+    # `decoder_kv_blocks_ttl`); 0: off.
+    decoder_kv_ttl_s: float = 0.0
     # The variants it runs in (by key of VARIANTS); empty: every one asked.
     variants: tuple = ()
     # A change: the configuration it is measured against.
@@ -34,6 +42,7 @@ class Config:
 # `variants` runs in every variant the command line asks for; one with them
 # only in those (the rows that measure one change against the default).
 AIBRIX = {"prefill_policy": "prefix_cache", "decode_policy": "load_balancing"}
+SESSION = {"headers": ["x-session-id"]}
 DECIDER = {"min_prompt_tokens": 256, "min_uncached_tokens": 256,
            "prefill_saturated_local": False}
 CONFIGS = [
@@ -50,6 +59,16 @@ CONFIGS = [
     Config("pd-chash-x3", "pd", "vllm", {"prefill_policy": "consistent_hash"}, replicas=3,
            variants=("1x", "32p"),
            about="three Envoy replicas with consistent_hash, the replayer taking them in turn"),
+    # Session affinity on the conversation trace: the replayer sends each
+    # conversation's id (bench/README.md, "Session affinity rows").
+    Config("pd-session", "pd", "vllm", {"session": SESSION}, session=True, variants=("1x",),
+           about="pd-router's defaults with session affinity on x-session-id"),
+    # Next-turn KV reuse: needs pd-router's `kv_reuse` (issue 40.3); a filter
+    # without it refuses the configuration and the row is skipped.
+    Config("pd-session-reuse", "pd", "vllm", {"session": SESSION, "kv_reuse": {"ttl_ms": 450000}},
+           session=True, decoder_kv_ttl_s=480.0, variants=("1x",),
+           about="pd-router, session affinity and next-turn KV reuse (kv_reuse); the decode "
+                 "sims keep their KV 480 s (vLLM NIXL bidirectional)"),
     Config("pd-sglang", "pd", "sglang", variants=("1x", "2x"),
            about="pd-router's defaults, SGLang sims (bootstrap rooms)"),
     # Prompts as token ids: its cache_aware keys on them as they come, where
@@ -85,6 +104,13 @@ CHANGES = [
                                    "prompt's KV (a decider that never keeps one whole)"),
     Config("pd-ttft-x3", "pd", "vllm", replicas=3, against="pd-ttft", variants=("1x",),
            about="three Envoy replicas with pd-router's defaults"),
+    Config("pd-session-lf4", "pd", "vllm", {"session": dict(SESSION, load_factor=4)},
+           session=True, against="pd-session", variants=("1x",),
+           about="session affinity, load_factor 4 (a session gives way to load later)"),
+    Config("pd-session-reuse-ttl20", "pd", "vllm",
+           {"session": SESSION, "kv_reuse": {"ttl_ms": 18000}}, session=True,
+           decoder_kv_ttl_s=20.0, against="pd-session-reuse", variants=("1x",),
+           about="next-turn KV reuse with decode holds of 20 s (the router's handles 18 s)"),
     Config("pd-prefix-decider", "pd", "vllm", dict(AIBRIX, decider=DECIDER),
            against="pd-prefix", variants=("1x",), about="AIBrix's policies, the decider on"),
     Config("pd-chash-c1.25", "pd", "vllm", {"prefill_policy": "consistent_hash"},

@@ -104,13 +104,16 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
                 return max(ok or rs, key=lambda r: r.get("finish_s") or 0)
         return None
 
-    cached = 0
+    cached = pulled = 0
     overhead = []
     pod_times = []
     for s in seen:
         r = computed_here(s["user"])
         if r is not None:
             cached += r["cached_tokens"]
+            # A prefill leg's transferred tokens: pulled from the last
+            # turn's decode pod (vLLM's bidirectional transfer), not computed.
+            pulled += r["transferred_tokens"] if r["role"] == "prefill" else 0
         # What the router and HTTP add to the time to first token (real
         # time, multiplied by the time scale): the client's TTFT minus the
         # pods' own, from the first leg's arrival to the first token.
@@ -156,6 +159,8 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
         "hit_of_limit": cached / limit if limit else None,
         "hit_of_prompt": cached / prompt_tokens if prompt_tokens else None,
         "cached_tokens": cached,
+        "pulled_of_limit": pulled / limit if limit else None,
+        "pulled_tokens": pulled,
         "reusable_tokens": limit,
         "prompt_tokens": prompt_tokens,
         "ttft_p50": pct(ttft, 50), "ttft_p90": pct(ttft, 90), "ttft_p99": pct(ttft, 99),
@@ -181,6 +186,31 @@ def summarize(seen: list[dict], records: list[dict], pods: dict, trace: list[dic
         "late_p99": pct(late, 99), "late_max": max(late) if late else None,
         "pods_prefill": len(role_pods["prefill"]), "pods_decode": len(role_pods["decode"]),
     }
+
+
+def turn_stats(seen: list[dict], records: list[dict], reusable: list[int], warmup: int) -> dict:
+    """Of the measured requests that are a conversation's later turn (begun
+    by an earlier request: the replayer's `session`, fleet-sim's
+    replay.rs `sessions`): how many, the share whose prompt was computed on
+    the pod that computed the previous turn's, and their hit rate of their
+    limit. `seen` and `reusable` span the whole replay, warm-up included."""
+    computed_on = {r["user"]: r for r in records
+                   if r["role"] in ("prefill", "whole") and r["status"] == 200}
+    last: dict[str, str] = {}
+    later = same = hit = limit = 0
+    for s in sorted(seen, key=lambda s: s["index"]):
+        session, r = s.get("session"), computed_on.get(s["user"])
+        if session is None:
+            continue
+        if s["index"] >= warmup and session != "c" + s["user"][1:]:
+            later += 1
+            same += r is not None and last.get(session) == r["pod"]
+            hit += r["cached_tokens"] if r is not None else 0
+            limit += reusable[s["index"]]
+        if r is not None:
+            last[session] = r["pod"]
+    return {"later_turns": later, "same_pod_turns": same / later if later else None,
+            "later_hit_of_limit": hit / limit if limit else None}
 
 
 # Prompt-length buckets of the per-bucket report, in tokens: [low, high).

@@ -13,6 +13,9 @@ COLUMNS = [
     # key, header, format, csv name
     ("hit_of_limit", "hit%lim", "{:.1%}", "hit_of_limit"),
     ("hit_of_prompt", "hit%prm", "{:.1%}", "hit_of_prompt"),
+    ("pulled_of_limit", "pull%lim", "{:.1%}", "pulled_of_limit"),
+    ("later_hit_of_limit", "hit%turn", "{:.1%}", "later_hit_of_limit"),
+    ("same_pod_turns", "sticky", "{:.0%}", "same_pod_turns"),
     ("ttft_p50", "ttft50", "{:.2f}", "ttft_p50_s"),
     ("ttft_p90", "ttft90", "{:.2f}", "ttft_p90_s"),
     ("ttft_p99", "ttft99", "{:.2f}", "ttft_p99_s"),
@@ -78,7 +81,9 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
           f"({params['trace_span_s']:.0f} s of the trace at load 1). Load: the trace's rate "
           "times it. Time scale: modelled s per real s.")
     w(f"Prompts: {params.get('bytes_per_token', 4)} bytes a token; host tier reload "
-      f"{params.get('host_gbs', 25):g} GB/s; seeds {params.get('seeds', [0])}.")
+      f"{params.get('host_gbs', 25):g} GB/s; seeds {params.get('seeds', [0])}"
+      + ("; each later turn's text extends the previous turn's (--extend-turns)."
+         if params.get("extend_turns") else "."))
     w(f"Pods: KV {params['kv_blocks']} blocks of 512 tokens per pod (Llama-3.1-8B on an H100), "
       f"prefix cache {params['cache_blocks']} blocks per pod (GPU and host tier). "
       f"Filter built from {params['commit']}.")
@@ -102,7 +107,8 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
             w(f"{n:<{width}}" + "".join(f" {cell(r, k, spec):>{wd}}"
                                         for (k, _, spec, _), wd in zip(COLUMNS, widths)))
         else:
-            w(f"{n:<{width}} (failed: {failed[n]})"[:200])
+            what = failed[n] if failed[n].startswith("skipped:") else f"failed: {failed[n]}"
+            w(f"{n:<{width}} ({what})"[:200])
     w("")
     w("hit%lim: prompt tokens found cached on the pod that computed the prompt (the prefill "
       "leg, or a request served whole) / the")
@@ -110,6 +116,14 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
       "of the run: an unbounded cache")
     w("  shared by the fleet); hit%prm: the same / all prompt tokens. The limit row is the "
       "first requests' (the @32p runs' too).")
+    w("hit%turn: hit%lim over the requests that continue a conversation (the replayer's "
+      "session: their hash ids begin with an earlier")
+    w("  request's full blocks); sticky: the share of those computed on the pod that "
+      "computed the conversation's previous turn.")
+    w("pull%lim: prompt tokens the prefill pods pulled from the last turn's decode pod "
+      "(vLLM's bidirectional NIXL transfer) instead of")
+    w("  computing them / the trace's limit (can pass 100 %: the limit counts prompt "
+      "blocks seen before, a pull also the last output).")
     w("ttft, e2e: p50/p90/p99 over answered requests, as the client saw them. pod50/99: the "
       "TTFT the pods alone took (router")
     w("  and HTTP time left out: the placement's). out/s: output tokens / (first arrival to "

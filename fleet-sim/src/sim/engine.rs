@@ -54,6 +54,28 @@ pub struct Job {
     pub output: u32,
     /// The prompt's KV arrived from a prefill pod: nothing to compute.
     pub handed_off: bool,
+    /// The prompt's first tokens whose KV was pulled from the decode pod of
+    /// the conversation's last turn (vLLM's bidirectional NIXL transfer):
+    /// not computed, whatever this pod held of them (0: none).
+    pub pulled_to: u32,
+    /// When it finishes, its blocks stay held (pinned, taking KV room) under
+    /// its key until [`Engine::release_held`]: a decode whose KV the next
+    /// turn's prefill may pull.
+    pub hold: bool,
+}
+
+impl Job {
+    /// A request of `output` tokens for `prompt`, computed here.
+    pub fn new(key: u64, prompt: Prompt, output: u32) -> Job {
+        Job {
+            key,
+            prompt,
+            output,
+            handed_off: false,
+            pulled_to: 0,
+            hold: false,
+        }
+    }
 }
 
 /// What a step did to a request.
@@ -136,6 +158,8 @@ pub struct Engine {
     planned_s: f64,
     /// The planned step only waits for reloads: no GPU work.
     planned_idle: bool,
+    /// Finished requests' blocks kept for a pull, by key: (pinned, anonymous).
+    held: std::collections::HashMap<u64, (Vec<u64>, usize)>,
 }
 
 impl Engine {
@@ -149,6 +173,19 @@ impl Engine {
             planned: Vec::new(),
             planned_s: 0.0,
             planned_idle: false,
+            held: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Frees the blocks a finished request `key` held (pulled, or its hold
+    /// expired); false when it holds none.
+    pub fn release_held(&mut self, key: u64) -> bool {
+        match self.held.remove(&key) {
+            Some((pinned, anonymous)) => {
+                self.cache.release(&pinned, anonymous);
+                true
+            }
+            None => false,
         }
     }
 
@@ -159,6 +196,7 @@ impl Engine {
     /// Drops a request (its client left): waiting, it goes now; running,
     /// at the end of the step, its KV given back.
     pub fn cancel(&mut self, key: u64) {
+        self.release_held(key);
         self.waiting.retain(|j| j.key != key);
         for r in &mut self.running {
             if r.job.key == key {
@@ -246,7 +284,10 @@ impl Engine {
             self.cache.mark_computed(&arrived);
             0
         } else {
-            job.prompt.tokens.saturating_sub(cached)
+            // Pulled tokens are in KV like cached ones; the last token is
+            // always computed.
+            let held = cached.max(job.pulled_to.min(job.prompt.tokens.saturating_sub(1)));
+            job.prompt.tokens.saturating_sub(held)
         };
         let cached = if job.handed_off { 0 } else { cached };
         self.counters.prompt_tokens += job.prompt.tokens as u64;
@@ -377,7 +418,11 @@ impl Engine {
             .partition(|r| r.cancelled || r.generated >= r.job.output);
         self.running = running;
         for r in ended {
-            self.cache.release(&r.pinned, r.anonymous);
+            if r.job.hold && !r.cancelled {
+                self.held.insert(r.job.key, (r.pinned, r.anonymous));
+            } else {
+                self.cache.release(&r.pinned, r.anonymous);
+            }
             if !r.cancelled {
                 self.counters.finished += 1;
                 events.push(Event::Finished { key: r.job.key });
@@ -392,15 +437,14 @@ mod tests {
     use crate::sim::text::{parse_prompt, prompt_text, Shape};
 
     fn job(key: u64, ids: &[u64], tokens: u32, output: u32) -> Job {
-        Job {
+        Job::new(
             key,
-            prompt: parse_prompt(
+            parse_prompt(
                 prompt_text(ids, tokens, Shape::default()).as_bytes(),
                 Shape::default(),
             ),
             output,
-            handed_off: false,
-        }
+        )
     }
 
     /// Runs the engine until idle; returns the simulated seconds and events.
@@ -592,5 +636,66 @@ mod tests {
         assert_eq!(e.running(), 0);
         assert!(!events.contains(&Event::Finished { key: 1 }));
         assert_eq!(e.kv_usage(), 0.0);
+    }
+    #[test]
+    fn pulled_tokens_are_not_computed_and_become_hits() {
+        let mut e = Engine::new(EngineConfig::default());
+        // 4,096 tokens, the first 3,000 pulled from the last turn's decode.
+        e.submit(Job {
+            pulled_to: 3000,
+            ..job(1, &[1, 2, 3, 4, 5, 6, 7, 8], 4096, 1)
+        });
+        let (pulled, events) = run(&mut e);
+        assert!(events.contains(&Event::Admitted {
+            key: 1,
+            cached: 0,
+            computed: 1096
+        }));
+        // The blocks it pulled and those it computed are hits now.
+        let c = e.counters();
+        assert_eq!((c.computed_tokens, c.prefix_hits), (1096, 0));
+        assert_eq!(
+            e.cached_tokens(&job(2, &[1, 2, 3, 4, 5, 6, 7, 8], 4096, 1).prompt),
+            4095
+        );
+        let mut cold = Engine::new(EngineConfig::default());
+        cold.submit(job(1, &[1, 2, 3, 4, 5, 6, 7, 8], 4096, 1));
+        assert!(pulled < run(&mut cold).0 / 2.0);
+        // A pull never covers the last token, nor less than the cache holds.
+        e.submit(Job {
+            pulled_to: 9000,
+            ..job(3, &[1, 2, 3, 4, 9], 2100, 1)
+        });
+        let (_, events) = run(&mut e);
+        assert!(events.contains(&Event::Admitted {
+            key: 3,
+            cached: 2048,
+            computed: 1
+        }));
+    }
+
+    #[test]
+    fn a_held_request_keeps_its_kv_room_until_released() {
+        let mut e = Engine::new(EngineConfig {
+            kv_blocks: 8,
+            cache_blocks: 8,
+            ..EngineConfig::default()
+        });
+        e.submit(Job {
+            hold: true,
+            ..job(1, &[1, 2, 3, 4, 5, 6], 3072, 10)
+        });
+        let (_, events) = run(&mut e);
+        assert!(events.contains(&Event::Finished { key: 1 }));
+        assert_eq!(e.kv_usage(), 7.0 / 8.0, "six prompt blocks, one of output");
+        // No room for a second request of four blocks while it holds.
+        e.submit(job(2, &[11, 12, 13, 14], 2048, 1));
+        let mut events = Vec::new();
+        e.plan(&mut events);
+        assert_eq!((e.running(), e.waiting()), (0, 1));
+        assert!(e.release_held(1));
+        assert!(!e.release_held(1), "released once");
+        let (_, events) = run(&mut e);
+        assert!(events.contains(&Event::Finished { key: 2 }));
     }
 }

@@ -6,8 +6,9 @@
 use super::model::Gpu;
 use super::nic::Links;
 use super::pod::{Clock, Pod};
-use super::text::Shape;
+use super::text::{Shape, BLOCK_TOKENS};
 use serde::Serialize;
+use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -30,6 +31,34 @@ pub struct Offer {
     pub prefill: usize,
     pub ids: Vec<u64>,
     pub at_s: f64,
+}
+
+/// vLLM's `kv_recompute_threshold`: a pull of fewer tokens is not made,
+/// they are computed.
+pub const KV_RECOMPUTE_THRESHOLD: u32 = 64;
+
+/// A decode's KV held for the next turn's prefill to pull (vLLM's
+/// bidirectional NIXL transfer): single use, until `expiry_s`.
+#[derive(Debug, Clone)]
+pub struct Kept {
+    pub decode: usize,
+    /// The finished request's key on the decode pod's engine (its blocks).
+    pub key: u64,
+    /// Prompt and generated tokens in its KV, but the last generated.
+    pub tokens: u32,
+    pub expiry_s: f64,
+}
+
+/// What a prefill pulls of a decode's kept KV: the tokens of `prompt`
+/// beyond the `cached` this pod holds, up to the `remote` the decode holds;
+/// none below [`KV_RECOMPUTE_THRESHOLD`].
+pub fn pull_tokens(remote: u32, prompt: u32, cached: u32) -> u32 {
+    let n = remote.min(prompt).saturating_sub(cached);
+    if n < KV_RECOMPUTE_THRESHOLD {
+        0
+    } else {
+        n
+    }
 }
 
 /// An SGLang bootstrap room: the prefill and the decode wait for each other.
@@ -82,7 +111,12 @@ pub struct Fleet {
     pub flush: Duration,
     /// How the replayer made the prompts' text (bytes per token, seed).
     pub text: Shape,
+    /// vLLM's `decoder_kv_blocks_ttl` (modelled seconds) when the decode
+    /// pods keep their KV for the next turn (bidirectional NIXL); `None`:
+    /// they free it as they finish.
+    pub decoder_kv_ttl_s: Option<f64>,
     offers: Mutex<HashMap<String, Offer>>,
+    kept: Mutex<HashMap<String, Kept>>,
     rooms: Mutex<HashMap<u64, Arc<Room>>>,
     records: Mutex<Vec<Record>>,
     next_offer: AtomicU64,
@@ -113,7 +147,9 @@ impl Fleet {
             lease_s,
             flush,
             text,
+            decoder_kv_ttl_s: None,
             offers: Mutex::new(HashMap::new()),
+            kept: Mutex::new(HashMap::new()),
             rooms: Mutex::new(HashMap::new()),
             records: Mutex::new(Vec::new()),
             next_offer: AtomicU64::new(1),
@@ -174,6 +210,103 @@ impl Fleet {
     /// Takes the offer a decode names (each is read once).
     pub fn take_offer(&self, id: &str) -> Option<Offer> {
         lock(&self.offers).remove(id)
+    }
+
+    /// Keeps finished decode `key` of `pod` (its blocks held by the engine)
+    /// for the next turn's prefill until the TTL ends, and returns the
+    /// `kv_transfer_params` its answer carries; `None` when the decode pods
+    /// do not keep their KV. `tokens`: prompt and generated.
+    pub fn keep(self: &Arc<Self>, pod: &Arc<Pod>, key: u64, tokens: u32) -> Option<Value> {
+        let ttl = self.decoder_kv_ttl_s?;
+        let id = format!("simd-{}", self.next_offer.fetch_add(1, Ordering::Relaxed));
+        let expiry_s = pod.clock.now_s() + ttl;
+        let tokens = tokens.saturating_sub(1);
+        let kept = Kept {
+            decode: pod.index,
+            key,
+            tokens,
+            expiry_s,
+        };
+        lock(&self.kept).insert(id.clone(), kept);
+        let (fleet, clock, expiring) = (Arc::clone(self), pod.clock, id.clone());
+        tokio::spawn(async move {
+            clock.sleep(ttl).await;
+            fleet.drop_kept(&expiring);
+        });
+        let blocks: Vec<u32> = (0..tokens.div_ceil(BLOCK_TOKENS).max(1)).collect();
+        Some(json!({
+            "do_remote_prefill": false,
+            "do_remote_decode": true,
+            "remote_block_ids": [blocks],
+            "remote_engine_id": pod.name,
+            "remote_request_id": id,
+            "remote_host": "localhost",
+            "remote_port": pod.port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": tokens,
+            "remote_blocks_expiry_time": expiry_s,
+            "remote_registration_generation": 0,
+            "transfer_mode": "pull",
+        }))
+    }
+
+    /// Forgets kept KV `id` and frees its blocks (its TTL ended).
+    fn drop_kept(&self, id: &str) {
+        let kept = lock(&self.kept).remove(id);
+        if let Some(k) = kept {
+            if let Some(pod) = self.pod(k.decode) {
+                pod.release_held(k.key);
+            }
+        }
+    }
+
+    /// The kept decode KV a prefill's `kv_transfer_params` name, taken
+    /// (single use) and its blocks freed, at modelled time `now_s`: the
+    /// decode pod and the tokens it holds. `Err`: why there is nothing to
+    /// pull (unknown, already pulled, expired, or another pod named), which
+    /// vLLM's `kv_load_failure_policy: fail` answers with a 500. The pod may
+    /// be named `localhost` (as it answered) or by its address, as a router
+    /// rewrites it.
+    pub fn take_kept(&self, kv: &Value, now_s: f64) -> Result<(usize, u32), String> {
+        let str_of = |k: &str| kv.get(k).and_then(Value::as_str);
+        let (Some(id), Some(engine), Some(host), Some(port)) = (
+            str_of("remote_request_id"),
+            str_of("remote_engine_id"),
+            str_of("remote_host"),
+            kv.get("remote_port").and_then(Value::as_u64),
+        ) else {
+            return Err(
+                "remote_request_id, remote_engine_id, remote_host and remote_port are required"
+                    .into(),
+            );
+        };
+        let mut kept = lock(&self.kept);
+        let k = kept
+            .get(id)
+            .cloned()
+            .ok_or_else(|| format!("no KV kept as {id}: already pulled, expired or unknown"))?;
+        let pod = self
+            .pod(k.decode)
+            .ok_or_else(|| format!("no pod holds {id}"))?;
+        let named = engine == pod.name
+            && port == u64::from(pod.port)
+            && ["localhost", pod.ip.as_str(), pod.address().as_str()].contains(&host);
+        if !named {
+            return Err(format!(
+                "{engine} at {host}:{port} holds no {id} (it is {}'s, at {})",
+                pod.name,
+                pod.address()
+            ));
+        }
+        kept.remove(id);
+        drop(kept);
+        pod.release_held(k.key);
+        if now_s > k.expiry_s {
+            return Err(format!("the KV of {id} expired at {:.1} s", k.expiry_s));
+        }
+        Ok((k.decode, k.tokens))
     }
 
     /// The room `room`, made on first use by either leg.

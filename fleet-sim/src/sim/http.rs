@@ -6,8 +6,8 @@
 //! server and model info), plus the simulation's own `/sim/records`,
 //! `/sim/pods` and `/sim/floor`.
 
-use super::engine::{Counters, EngineConfig};
-use super::fleet::{Flavor, Fleet, Offer, Record};
+use super::engine::{Counters, EngineConfig, Job};
+use super::fleet::{pull_tokens, Flavor, Fleet, Offer, Record};
 use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
 use super::text::{parse_prompt, parse_token_ids, token_ids, Shape};
@@ -110,7 +110,7 @@ async fn vllm(app: App, v: &Value, asked: Asked) -> Response {
         if asked.stream || asked.max_tokens != 1 {
             return bad("a prefill leg asks max_tokens 1 and stream false");
         }
-        return vllm_prefill(app, asked).await;
+        return vllm_prefill(app, asked, kv).await;
     }
     let mut record = serve::record(&app.pod, &asked, "whole");
     if !flag("do_remote_prefill") {
@@ -158,16 +158,65 @@ async fn pull_and_decode(app: App, asked: Asked, mut record: Record, src: usize)
     serve::run(app.fleet, app.pod, &asked, record, true).await
 }
 
-async fn vllm_prefill(app: App, asked: Asked) -> Response {
-    let record = serve::record(&app.pod, &asked, "prefill");
-    let ticket = app.pod.submit(asked.prompt.clone(), 1, false);
-    let mut s = Serving {
-        fleet: Arc::clone(&app.fleet),
-        pod: Arc::clone(&app.pod),
-        ticket,
-        record,
-        handed_off: false,
-    };
+/// Whether a prefill leg's `kv_transfer_params` name a decode's KV to pull
+/// (vLLM's bidirectional NIXL transfer, the next turn of a conversation):
+/// non-empty `remote_block_ids` and the remote engine, request, host and
+/// port.
+fn names_remote_kv(kv: &Value) -> bool {
+    let blocks = kv
+        .get("remote_block_ids")
+        .and_then(Value::as_array)
+        .is_some_and(|b| {
+            !b.is_empty() && b.iter().all(|g| g.as_array().is_none_or(|g| !g.is_empty()))
+        });
+    blocks
+        && ["remote_engine_id", "remote_request_id", "remote_host"]
+            .iter()
+            .all(|k| kv.get(k).is_some_and(Value::is_string))
+        && kv.get("remote_port").is_some_and(Value::is_u64)
+}
+
+async fn vllm_prefill(app: App, asked: Asked, kv: Option<&Value>) -> Response {
+    let mut record = serve::record(&app.pod, &asked, "prefill");
+    let mut pulled_to = 0;
+    if let Some(kv) = kv.filter(|kv| names_remote_kv(kv)) {
+        // The next turn: pull what the last turn's decode holds of this
+        // prompt beyond what this pod holds, instead of computing it.
+        let remote = kv
+            .get("remote_num_tokens")
+            .and_then(Value::as_u64)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        let cached = app.pod.cached_tokens(&asked.prompt);
+        let pull = pull_tokens(remote, asked.prompt.tokens, cached);
+        match app.fleet.take_kept(kv, app.pod.clock.now_s()) {
+            Ok((decode, _)) if pull > 0 => {
+                app.fleet
+                    .transfer(&app.pod.clock, decode, app.pod.index, pull)
+                    .await;
+                record.transferred_tokens = pull;
+                pulled_to = cached + pull;
+            }
+            // Too few to pull (vLLM's kv_recompute_threshold): computed,
+            // the decode's blocks freed all the same.
+            Ok(_) => {}
+            Err(e) if pull > 0 => {
+                record.status = 500;
+                record.error = Some(format!("KV load failed: {e}"));
+                app.fleet.record(record);
+                // vLLM's kv_load_failure_policy: fail.
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("KV load failed: {e}"),
+                );
+            }
+            Err(_) => {}
+        }
+    }
+    let ticket = app.pod.submit(Job {
+        pulled_to,
+        ..Job::new(0, asked.prompt.clone(), 1)
+    });
+    let mut s = Serving::new(Arc::clone(&app.fleet), Arc::clone(&app.pod), ticket, record);
     if !s.finish().await {
         s.record.error = Some("the engine dropped it".into());
         s.done();
@@ -221,14 +270,8 @@ async fn sglang(app: App, v: &Value, asked: Asked) -> Response {
 async fn sglang_prefill(app: App, asked: Asked, room_id: u64) -> Response {
     let record = serve::record(&app.pod, &asked, "prefill");
     let room = app.fleet.room(room_id);
-    let ticket = app.pod.submit(asked.prompt.clone(), 1, false);
-    let mut s = Serving {
-        fleet: Arc::clone(&app.fleet),
-        pod: Arc::clone(&app.pod),
-        ticket,
-        record,
-        handed_off: false,
-    };
+    let ticket = app.pod.submit(Job::new(0, asked.prompt.clone(), 1));
+    let mut s = Serving::new(Arc::clone(&app.fleet), Arc::clone(&app.pod), ticket, record);
     let done = s.finish().await;
     if done {
         room.prefill
@@ -440,15 +483,14 @@ mod tests {
     fn metrics_carry_vllms_names_and_the_engines_counts() {
         let mut e = Engine::new(EngineConfig::default());
         for (key, last) in [(1, 4), (2, 5)] {
-            e.submit(Job {
+            e.submit(Job::new(
                 key,
-                prompt: parse_prompt(
+                parse_prompt(
                     prompt_text(&[1, 2, 3, last], 2048, Shape::default()).as_bytes(),
                     Shape::default(),
                 ),
-                output: 1,
-                handed_off: false,
-            });
+                1,
+            ));
             let mut events = Vec::new();
             while e.plan(&mut events).is_some() {
                 e.complete(&mut events);
@@ -474,5 +516,182 @@ mod tests {
         assert_eq!(value(&page, "sglang:num_running_reqs"), Some(3.0));
         assert_eq!(value(&page, "sglang:num_queue_reqs"), Some(2.0));
         assert_eq!(value(&page, "sglang:token_usage"), Some(0.25));
+    }
+
+    /// One prefill and one decode pod of vLLM NIXL, the decode pods keeping
+    /// their KV for `ttl_s`, engines running at `scale`.
+    fn bidirectional(ttl_s: f64, scale: f64) -> (Arc<Fleet>, App, App) {
+        use crate::sim::model::Gpu;
+        use crate::sim::pod::Clock;
+        let clock = Clock::new(scale);
+        let pod = |index, name: &str, role, port| {
+            let addr = ("127.0.0.1".to_owned(), port, 0);
+            Pod::new(
+                index,
+                name.into(),
+                role,
+                addr,
+                EngineConfig::default(),
+                clock,
+            )
+        };
+        let pods = vec![
+            pod(0, "prefill-0", Role::Prefill, 1001),
+            pod(1, "decode-0", Role::Decode, 1002),
+        ];
+        for p in &pods {
+            tokio::spawn(Arc::clone(p).drive());
+        }
+        let mut fleet = Fleet::new(
+            Flavor::Vllm,
+            "m".into(),
+            pods.clone(),
+            Gpu::default(),
+            30.0,
+            Duration::from_millis(1),
+            Shape::default(),
+        );
+        fleet.decoder_kv_ttl_s = Some(ttl_s);
+        let fleet = Arc::new(fleet);
+        let app = |p: &Arc<Pod>| App {
+            fleet: Arc::clone(&fleet),
+            pod: Arc::clone(p),
+        };
+        let (prefill, decode) = (app(&pods[0]), app(&pods[1]));
+        (fleet, prefill, decode)
+    }
+
+    async fn post(app: &App, body: Value) -> (StatusCode, Value) {
+        let asked = asked(&body, app.fleet.text).unwrap();
+        let resp = vllm(app.clone(), &body, asked).await;
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// A decode leg of `ids` / `tokens`, its hand-off from prefill-0 valid;
+    /// the decode's `kv_transfer_params`.
+    async fn decode_turn(fleet: &Fleet, decode: &App, ids: &[u64], tokens: u32) -> Value {
+        let text = prompt_text(ids, tokens, Shape::default());
+        let offer = fleet.offer(Offer {
+            prefill: 0,
+            ids: parse_prompt(text.as_bytes(), Shape::default()).ids(),
+            at_s: decode.pod.clock.now_s(),
+        });
+        let (status, answer) = post(
+            decode,
+            json!({"prompt": text, "max_tokens": 20, "user": "t1", "kv_transfer_params": {
+                "do_remote_prefill": true, "do_remote_decode": false,
+                "remote_engine_id": "prefill-0", "remote_request_id": offer}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer["kv_transfer_params"].clone()
+    }
+
+    fn prefill_leg(ids: &[u64], tokens: u32, user: &str, kv: &Value) -> Value {
+        let mut kv = kv.clone();
+        kv["do_remote_decode"] = json!(true);
+        kv["do_remote_prefill"] = json!(false);
+        json!({"prompt": prompt_text(ids, tokens, Shape::default()), "max_tokens": 1,
+               "stream": false, "user": user, "kv_transfer_params": kv})
+    }
+
+    fn record_of(fleet: &Fleet, user: &str) -> Record {
+        let records = fleet.records();
+        records.into_iter().find(|r| r.user == user).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_next_turns_prefill_pulls_the_decodes_kv_once_instead_of_computing_it() {
+        let (fleet, prefill, decode) = bidirectional(1e9, 100.0);
+        let kv = decode_turn(&fleet, &decode, &[1, 2, 3, 4], 2000).await;
+        // vLLM's contract: the decode's blocks, engine, request, side channel.
+        assert_eq!(kv["do_remote_decode"], json!(true));
+        assert_eq!(kv["do_remote_prefill"], json!(false));
+        assert_eq!(kv["remote_engine_id"], json!("decode-0"));
+        assert_eq!(
+            (kv["remote_host"].as_str(), kv["remote_port"].as_u64()),
+            (Some("localhost"), Some(1002))
+        );
+        assert_eq!(kv["remote_num_tokens"], json!(2000 + 20 - 1));
+        assert_eq!(kv["transfer_mode"], json!("pull"));
+        assert!(kv["remote_blocks_expiry_time"].is_f64());
+        assert!(!kv["remote_block_ids"][0].as_array().unwrap().is_empty());
+        let (_, _, held, _) = decode.pod.load();
+        assert!(held > 0.0, "the decode pod holds its blocks");
+        // The next turn: the history and 1,000 new tokens; the router names
+        // the decode pod by its address.
+        let mut next = kv.clone();
+        next["remote_host"] = json!("127.0.0.1:1002");
+        let ids = [1, 2, 3, 4, 5, 6];
+        let (status, answer) = post(&prefill, prefill_leg(&ids, 3000, "t2", &next)).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        let r = record_of(&fleet, "t2");
+        assert_eq!(
+            (r.cached_tokens, r.transferred_tokens, r.computed_tokens),
+            (0, 2019, 981)
+        );
+        assert_eq!(
+            decode.pod.load().2,
+            0.0,
+            "pulled: the decode's blocks are free"
+        );
+        // Single use: the same blocks named again are gone.
+        let err = fleet
+            .take_kept(&next, decode.pod.clock.now_s())
+            .unwrap_err();
+        assert!(err.contains("already pulled"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_pull_under_the_recompute_threshold_computes_and_an_unknown_pod_fails() {
+        let (fleet, prefill, decode) = bidirectional(1e9, 100.0);
+        let kv = decode_turn(&fleet, &decode, &[1, 2], 1000).await;
+        // The prefill pod holds more than the decode's 1,019 tokens.
+        let warm = json!({"prompt": prompt_text(&[1, 2], 1000, Shape::default()),
+                          "max_tokens": 1, "user": "w"});
+        assert_eq!(post(&prefill, warm).await.0, StatusCode::OK);
+        let (status, _) = post(&prefill, prefill_leg(&[1, 2, 7], 1100, "t2", &kv)).await;
+        assert_eq!(status, StatusCode::OK);
+        let r = record_of(&fleet, "t2");
+        assert_eq!(
+            (r.cached_tokens, r.transferred_tokens, r.computed_tokens),
+            (1024, 0, 76)
+        );
+        // Another engine named for the blocks: nothing to pull there.
+        let kv = decode_turn(&fleet, &decode, &[8, 9, 10], 1500).await;
+        let mut wrong = kv.clone();
+        wrong["remote_engine_id"] = json!("decode-7");
+        let (status, _) = post(&prefill, prefill_leg(&[8, 9, 10, 11], 2000, "t4", &wrong)).await;
+        // vLLM's kv_load_failure_policy `fail`: a 500.
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(record_of(&fleet, "t4").status, 500);
+        // The right one still holds them.
+        let (status, _) = post(&prefill, prefill_leg(&[8, 9, 10, 11], 2000, "t5", &kv)).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(record_of(&fleet, "t5").transferred_tokens, 1519);
+    }
+
+    #[tokio::test]
+    async fn kept_kv_expires_at_the_ttl_and_frees_its_blocks() {
+        let (fleet, _, decode) = bidirectional(480.0, 100.0);
+        let kv = decode_turn(&fleet, &decode, &[1, 2, 3], 1500).await;
+        assert!(decode.pod.load().2 > 0.0);
+        let expiry = kv["remote_blocks_expiry_time"].as_f64().unwrap();
+        let now = decode.pod.clock.now_s();
+        assert!(
+            (expiry - now - 480.0).abs() < 480.0 * 1e-3 + 1.0,
+            "{expiry} {now}"
+        );
+        let err = fleet.take_kept(&kv, expiry + 1.0).unwrap_err();
+        assert!(err.contains("expired"), "{err}");
+        assert_eq!(decode.pod.load().2, 0.0, "expired: freed");
+        assert!(fleet.take_kept(&kv, now).is_err(), "and gone");
     }
 }

@@ -82,6 +82,13 @@ pub struct SimArgs {
     /// vLLM NIXL's kv_lease_duration, modelled seconds
     #[arg(long, default_value_t = 30.0)]
     pub lease_s: f64,
+    /// vLLM NIXL's bidirectional transfer: each decode pod keeps a finished
+    /// request's KV (held, taking KV room) for this many modelled seconds
+    /// (vLLM's decoder_kv_blocks_ttl, 480) or until the next turn's prefill
+    /// pulls it, and names it in its answer's kv_transfer_params; off by
+    /// default
+    #[arg(long)]
+    pub decoder_kv_ttl_s: Option<f64>,
     /// A stream sends what was generated at most this often (real ms),
     /// after its first token
     #[arg(long, default_value_t = 25)]
@@ -108,6 +115,11 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
     }
     if args.bytes_per_token == 0 {
         return Err("--bytes-per-token must be at least 1".into());
+    }
+    if let Some(ttl) = args.decoder_kv_ttl_s {
+        if flavor != Flavor::Vllm || ttl.is_nan() || ttl <= 0.0 {
+            return Err("--decoder-kv-ttl-s: above 0, and vLLM NIXL's (--engine vllm)".into());
+        }
     }
     let clock = Clock::new(args.time_scale);
     let gpu = Gpu {
@@ -141,7 +153,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         listeners.push(listener);
     }
     let flush = Duration::from_millis(args.flush_ms);
-    let fleet = Arc::new(Fleet::new(
+    let mut fleet = Fleet::new(
         flavor,
         args.model,
         pods.clone(),
@@ -152,7 +164,9 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
             bytes_per_token: args.bytes_per_token,
             seed: args.seed,
         },
-    ));
+    );
+    fleet.decoder_kv_ttl_s = args.decoder_kv_ttl_s;
+    let fleet = Arc::new(fleet);
     for (pod, listener) in pods.iter().zip(listeners) {
         tokio::spawn(Arc::clone(pod).drive());
         let app = http::router(http::App {
@@ -176,7 +190,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         "{}",
         serde_json::json!({"ready": true, "engine": args.engine, "time_scale": args.time_scale,
             "kv_blocks": config.kv_blocks, "cache_blocks": config.cache_blocks,
-            "host_gbs": args.host_gbs, "bytes_per_token": args.bytes_per_token, "seed": args.seed,
+            "host_gbs": args.host_gbs, "decoder_kv_ttl_s": args.decoder_kv_ttl_s, "bytes_per_token": args.bytes_per_token, "seed": args.seed,
             "prefill": describe(Role::Prefill), "decode": describe(Role::Decode)})
     );
     std::future::pending::<()>().await;

@@ -140,17 +140,12 @@ impl Pod {
         format!("{}:{}", self.ip, self.port)
     }
 
-    /// Queues a request on this pod's engine.
-    pub fn submit(self: &Arc<Self>, prompt: Prompt, output: u32, handed_off: bool) -> Ticket {
+    /// Queues a request on this pod's engine (its key is the pod's to give).
+    pub fn submit(self: &Arc<Self>, job: Job) -> Ticket {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
         lock(&self.sinks).insert(key, tx);
-        lock(&self.engine).submit(Job {
-            key,
-            prompt,
-            output,
-            handed_off,
-        });
+        lock(&self.engine).submit(Job { key, ..job });
         self.wake.notify_one();
         Ticket {
             key,
@@ -158,6 +153,14 @@ impl Pod {
             pod: Arc::clone(self),
             done: false,
         }
+    }
+
+    /// Frees what finished request `key` held for a pull; false when it
+    /// holds nothing.
+    pub fn release_held(&self, key: u64) -> bool {
+        let released = lock(&self.engine).release_held(key);
+        self.wake.notify_one();
+        released
     }
 
     /// Tokens of `prompt` this pod holds as a cached prefix now.

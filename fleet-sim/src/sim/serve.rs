@@ -3,7 +3,7 @@
 //! streamed (tokens sent as they are generated, at most one chunk per flush
 //! interval after the first), and recorded when it ends.
 
-use super::engine::Event;
+use super::engine::{Event, Job};
 use super::fleet::{Fleet, Record};
 use super::pod::{Pod, Ticket};
 use super::text::Prompt;
@@ -33,6 +33,18 @@ pub struct Serving {
     /// The prompt's KV came from a prefill pod (the record's cached tokens
     /// are what this pod held before the transfer).
     pub handed_off: bool,
+    /// The engine holds its blocks when it finishes, for the next turn's
+    /// prefill to pull ([`Fleet::keep`]); freed when it ends otherwise.
+    pub hold: bool,
+    kept: bool,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if self.hold && !self.kept {
+            self.pod.release_held(self.ticket.key);
+        }
+    }
 }
 
 /// An OpenAI-style error answer.
@@ -64,6 +76,31 @@ pub fn record(pod: &Pod, asked: &Asked, role: &'static str) -> Record {
 }
 
 impl Serving {
+    /// Serving `ticket` on `pod`.
+    pub fn new(fleet: Arc<Fleet>, pod: Arc<Pod>, ticket: Ticket, record: Record) -> Serving {
+        Serving {
+            fleet,
+            pod,
+            ticket,
+            record,
+            handed_off: false,
+            hold: false,
+            kept: false,
+        }
+    }
+
+    /// A finished request whose blocks the engine holds: kept for the next
+    /// turn, and the `kv_transfer_params` its answer names them by.
+    fn kv_params(&mut self) -> Option<serde_json::Value> {
+        if !self.hold || self.kept || self.record.finish_s.is_none() {
+            return None;
+        }
+        let tokens = self.record.prompt_tokens + self.record.output_tokens;
+        let params = self.fleet.keep(&self.pod, self.ticket.key, tokens)?;
+        self.kept = true;
+        Some(params)
+    }
+
     /// Applies one engine event to the record; true once the request ended.
     fn apply(&mut self, ev: Event) -> bool {
         let now = self.pod.clock.now_s();
@@ -197,7 +234,11 @@ pub fn stream_answer(s: Serving) -> Response {
                 }
                 if ended.0 {
                     let text = "x ".repeat(pending as usize);
-                    let mut chunk = sse(&completion_json(&model, &text, Some("length"))).to_vec();
+                    let mut last = completion_json(&model, &text, Some("length"));
+                    if let (Some(kv), Some(obj)) = (s.kv_params(), last.as_object_mut()) {
+                        obj.insert("kv_transfer_params".into(), kv);
+                    }
+                    let mut chunk = sse(&last).to_vec();
                     chunk.extend_from_slice(b"data: [DONE]\n\n");
                     s.done();
                     return Some((Bytes::from(chunk), None));
@@ -225,19 +266,22 @@ pub async fn run(
     record: Record,
     handed_off: bool,
 ) -> Response {
-    let ticket = pod.submit(asked.prompt.clone(), asked.max_tokens.max(1), handed_off);
-    let mut s = Serving {
-        fleet,
-        pod,
-        ticket,
-        record,
+    // A decode keeps its KV for the next turn when the pods are bidirectional.
+    let hold = record.role == "decode" && fleet.decoder_kv_ttl_s.is_some();
+    let ticket = pod.submit(Job {
         handed_off,
-    };
+        hold,
+        ..Job::new(0, asked.prompt.clone(), asked.max_tokens.max(1))
+    });
+    let mut s = Serving::new(fleet, pod, ticket, record);
+    s.handed_off = handed_off;
+    s.hold = hold;
     if asked.stream {
         return stream_answer(s);
     }
     let ended = s.finish().await;
-    let answer = whole_answer(&s, None);
+    let kv = s.kv_params().map(|kv| ("kv_transfer_params", kv));
+    let answer = whole_answer(&s, kv);
     if !ended {
         s.record.error = Some("the engine dropped it".into());
     }
