@@ -116,10 +116,13 @@ fn queued_tokens(c: &[&Endpoint], pods: &[PodState], prompt: f64) -> Vec<f64> {
         .collect()
 }
 
-/// A session's pods: the prefill pod first, then a decode pod of its
-/// roleset, each the first of the session's rendezvous ranking that is
-/// under the load bound (all above it: the first of the ranking). `None`
-/// when the pool has no prefill or no decode pod to pair.
+/// A session's pods: its home prefill pod, then its home decode pod of
+/// that roleset, each the first of the session's rendezvous ranking.
+/// `None` when either is at or above the load bound, or the pool has no
+/// pod to pair: the model's own policy places the request then. A busy
+/// session moving to the next pod of its ranking would land where none of
+/// its history is; the policy weighs the prefix table and the load instead
+/// (measured: bench/README.md "Session affinity and next-turn reuse rows").
 pub(crate) fn by_session<'m>(
     pool: &Pool<'m>,
     pods: &[PodState],
@@ -128,7 +131,7 @@ pub(crate) fn by_session<'m>(
 ) -> Option<Choice<'m>> {
     let prefill = eps(&pool.prefill);
     let load = prefill_load(&prefill, pods);
-    let pi = argmin(&rendezvous_ranks(key, &prefill, &load, req.load_bound))?;
+    let pi = home_under_bound(key, &prefill, &load, req.load_bound)?;
     let pre = pool.prefill.get(pi)?;
     let decode_pool = pool.decode_of(pre.roleset);
     let decode = eps(&decode_pool);
@@ -136,12 +139,20 @@ pub(crate) fn by_session<'m>(
         .iter()
         .map(|e| state(pods, e).decode_load())
         .collect();
-    let di = argmin(&rendezvous_ranks(key, &decode, &load, req.load_bound))?;
+    let di = home_under_bound(key, &decode, &load, req.load_bound)?;
     Some(Choice::Split {
         prefill: pre.ep,
         decode: decode_pool.get(di)?.ep,
         reason: "session",
     })
+}
+
+/// The first of `key`'s rendezvous ranking, when it is under the bound.
+fn home_under_bound(key: u64, c: &[&Endpoint], load: &[f64], bound: LoadBound) -> Option<usize> {
+    let home =
+        (0..c.len()).max_by_key(|i| c.get(*i).map_or(0, |e| rendezvous_weight(key, e.id)))?;
+    let cap = bound.capacity(load.iter().sum(), c.len());
+    load.get(home).is_some_and(|l| *l < cap).then_some(home)
 }
 
 /// Each candidate's position in `key`'s rendezvous ranking, the pods at or
