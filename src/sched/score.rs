@@ -118,8 +118,9 @@ fn queued_tokens(c: &[&Endpoint], pods: &[PodState], prompt: f64) -> Vec<f64> {
 
 /// A session's pods: its home prefill pod, then its home decode pod of
 /// that roleset, each the first of the session's rendezvous ranking.
-/// `None` when either is at or above the load bound, or the pool has no
-/// pod to pair: the model's own policy places the request then. A busy
+/// `None` when either is at or above the load bound, when another prefill
+/// pod holds more of the prompt, or the pool has no pod to pair: the
+/// model's own policy places the request then. A busy
 /// session moving to the next pod of its ranking would land where none of
 /// its history is; the policy weighs the prefix table and the load instead
 /// (measured: bench/README.md "Session affinity and next-turn reuse rows").
@@ -133,6 +134,16 @@ pub(crate) fn by_session<'m>(
     let load = prefill_load(&prefill, pods);
     let pi = home_under_bound(key, &prefill, &load, req.load_bound)?;
     let pre = pool.prefill.get(pi)?;
+    // Another pod holding more of the prompt (a first turn whose system
+    // prompt others share, a session that moved while busy): the policy,
+    // which weighs cache and load, places it.
+    let best = prefill
+        .iter()
+        .map(|e| (req.prefix_match)(e.slot))
+        .fold(0.0, f64::max);
+    if (req.prefix_match)(pre.ep.slot) < best {
+        return None;
+    }
     let decode_pool = pool.decode_of(pre.roleset);
     let decode = eps(&decode_pool);
     let load: Vec<f64> = decode
