@@ -10,7 +10,7 @@ mod scraped;
 pub mod slots;
 mod store;
 
-pub use keys::{SharedKeys, SHARED_LAYOUT, WORKER_SLOTS_KEY};
+pub use keys::{Key, SharedKeys, SHARED_LAYOUT, WORKER_SLOTS_KEY};
 pub use scraped::{
     decode_scraped, encode_scraped, update_scraped, PodMetrics, ScrapedTable, StoredMetrics,
 };

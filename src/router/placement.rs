@@ -7,9 +7,10 @@ use crate::error::PdError;
 use crate::fleet::Decider;
 use crate::fleet::{Model, PodId};
 use crate::load::LoadTable;
+use crate::pods::Key;
 use crate::pods::SharedStore;
 use crate::sched::decider::{self, decide, Figures};
-use crate::sched::prefix::{self, PrefixEntry, PrefixMatch};
+use crate::sched::prefix::{self, PrefixEntry, PrefixMatch, PREFILL_CHECKPOINT_EVERY};
 use crate::sched::{
     schedule, unsplit_pod, Choice, LoadBound, NoPod, PlacementRequest, PodState, SplitMix64,
 };
@@ -306,22 +307,22 @@ impl Router {
     ) -> Placement {
         let model = &request.model;
         let min = self.config.scheduling.prefix_affinity_min_match;
-        let Some((holder, _)) = seen.by_pod.iter().find(|(_, m)| *m >= min) else {
+        let Some((holder, _)) = seen.holders().find(|(_, m)| *m >= min) else {
             return first;
         };
         let Placement::Split { decode, .. } = &first else {
             return first;
         };
-        if decode.id == *holder {
+        if decode.id == holder {
             return first;
         }
         let rolesets: Vec<&crate::fleet::Roleset> = model
             .rolesets
             .iter()
-            .filter(|r| r.decode.iter().any(|d| d.id == *holder))
+            .filter(|r| r.decode.iter().any(|d| d.id == holder))
             .collect();
         let keep = |id: PodId| {
-            id == *holder
+            id == holder
                 || rolesets
                     .iter()
                     .any(|r| r.prefill.iter().any(|p| p.id == id))
@@ -431,16 +432,17 @@ impl Router {
         }
     }
 
-    /// Prompt tokens `found` says `pod` holds (the blocks matched, in
-    /// estimated tokens; 0 when another pod holds them).
+    /// Prompt tokens `found` says `pod` holds (the blocks it holds, in
+    /// estimated tokens; 0 when the table names it for none).
     pub fn cached_tokens(&self, request: &SplitRequest, found: &PrefixMatch, pod: PodId) -> u64 {
-        if found.percent(pod) <= 0.0 {
+        let depth = found.depth_of(pod);
+        if depth == 0 {
             return 0;
         }
         let model = &request.model;
         let block = model.block_bytes(self.config.scheduling.prefix_block_tokens);
         model
-            .estimate_tokens(found.depth.saturating_mul(block))
+            .estimate_tokens(depth.saturating_mul(block))
             .min(request.prompt.tokens)
     }
 
@@ -464,22 +466,46 @@ impl Router {
         pod: PodId,
         now_ms: u64,
     ) {
-        let held = if seen.percent(pod) > 0.0 {
-            seen.depth
-        } else {
-            0
-        };
-        let slots = self.config.scheduling.prefix_table_slots;
+        let key = |slot| self.keys.decode_prefix_slot(slot);
+        self.record_prefix(
+            store,
+            key,
+            request,
+            seen.depth_of(pod),
+            pod,
+            now_ms,
+            DECODE_CHECKPOINT_EVERY,
+        );
+    }
+
+    /// Adds `pod` to the holders of the checkpoints of the prompt past the
+    /// `held` blocks it holds already, in the table whose slot keys `key`
+    /// makes: a read and a write per checkpoint. Two writers of one slot at
+    /// once can lose one's holder: the table is a hint, not an account.
+    #[allow(clippy::too_many_arguments)]
+    fn record_prefix<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        key: impl Fn(u32) -> Key,
+        request: &SplitRequest,
+        held: usize,
+        pod: PodId,
+        now_ms: u64,
+        every: usize,
+    ) {
+        let s = &self.config.scheduling;
         let hashes = &request.prompt.hashes;
-        for h in prefix::to_record_every(hashes, held, DECODE_CHECKPOINT_EVERY) {
-            let entry = PrefixEntry::new(h, hashes, pod, now_ms);
-            let key = self.keys.decode_prefix_slot(prefix::slot_of(h, slots));
+        for h in prefix::to_record_every(hashes, held, every) {
+            let key = key(prefix::slot_of(h, s.prefix_table_slots));
+            let (previous, _) = store.shared_get(&key);
+            let previous = previous.as_deref().and_then(PrefixEntry::decode);
+            let entry = PrefixEntry::merged(previous, h, hashes, pod, now_ms, s.prefix_ttl_ms);
             let _ = store.shared_set(&key, &entry.encode(), None);
         }
     }
 
-    /// Records `pod` as the holder of the prompt's blocks it does not hold
-    /// yet. Last writer wins: the table is a hint, not an account.
+    /// Records `pod` as a holder of the prompt's blocks it does not hold
+    /// yet, before the pods that served them earlier.
     pub fn remember_prefix<S: SharedStore + ?Sized>(
         &self,
         store: &mut S,
@@ -492,16 +518,15 @@ impl Router {
         if hashes.is_empty() || !request.model.prefill_policy.remembers_prefixes() {
             return;
         }
-        let held = if found.percent(pod) > 0.0 {
-            found.depth
-        } else {
-            0
-        };
-        let slots = self.config.scheduling.prefix_table_slots;
-        for h in prefix::to_record(hashes, held) {
-            let entry = PrefixEntry::new(h, hashes, pod, now_ms);
-            let key = self.keys.prefix_slot(prefix::slot_of(h, slots));
-            let _ = store.shared_set(&key, &entry.encode(), None);
-        }
+        let key = |slot| self.keys.prefix_slot(slot);
+        self.record_prefix(
+            store,
+            key,
+            request,
+            found.depth_of(pod),
+            pod,
+            now_ms,
+            PREFILL_CHECKPOINT_EVERY,
+        );
     }
 }

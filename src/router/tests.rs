@@ -3,6 +3,7 @@ use super::*;
 use crate::error::PdError;
 use crate::load::HeldLoad;
 use crate::pods::MemoryStore;
+use crate::sched::prefix::PrefixMatch;
 use crate::split::Placement;
 
 #[test]
@@ -26,6 +27,33 @@ fn a_remembered_prompt_goes_back_to_the_pod_that_holds_it() {
     };
     assert_eq!(prefix.percent(prefill.id), 100.0);
     assert_eq!(prefill_of(&again), prefill.address);
+}
+
+#[test]
+fn a_prefix_two_pods_served_is_known_held_by_both() {
+    let r = router(TWO_PREFILLS);
+    let mut store = MemoryStore::default();
+    // A shared 2,000-byte system prompt, then each conversation's own text.
+    let system = "s".repeat(2_000);
+    let served = |tail: &str| request(&r, "m", &format!("{system}{tail}"));
+    let (a, b) = (served(&"a".repeat(3_000)), served(&"b".repeat(3_000)));
+    let pods: Vec<PodId> = a.model.rolesets[0].prefill.iter().map(|e| e.id).collect();
+    let none = PrefixMatch::default();
+    r.remember_prefix(&mut store, &a, &none, pods[0], 1_000);
+    r.remember_prefix(&mut store, &b, &none, pods[1], 2_000);
+    // A third conversation: both pods hold its system prompt (3 blocks of
+    // 512 bytes, found to its checkpoint below: block 2 of 0, 1, 3, 7).
+    let c = served(&"c".repeat(3_000));
+    let Placement::Split { prefix, .. } = place(&r, &mut store, &c, &[]).expect("placed") else {
+        panic!("split")
+    };
+    assert_eq!(prefix.depth_of(pods[0]), 2, "{:?}", prefix.by_pod);
+    assert_eq!(prefix.depth_of(pods[1]), 2, "{:?}", prefix.by_pod);
+    // The first conversation's next turn still finds its pod, deepest.
+    let Placement::Split { prefix, .. } = place(&r, &mut store, &a, &[]).expect("placed") else {
+        panic!("split")
+    };
+    assert_eq!(prefix.by_pod.first(), Some(&(pods[0], 9)));
 }
 
 #[test]
@@ -63,17 +91,18 @@ fn least_ttft_holds_the_tokens_a_prefill_computes_and_follows_the_prefix() {
         4_501 - 31 * 128
     );
     // Held load counts those tokens; enough of them queued there (more than
-    // 8 times the 3,968 it holds) sends the next turn to the other pod.
+    // 48 times the 3,968 it holds: 190,464) sends the next turn to the
+    // other pod.
     let mut held = HeldLoad {
         model: next.model.id,
         prefill: Some(again.id),
-        prefill_tokens: 30_000,
+        prefill_tokens: 180_000,
         decode: None,
     };
     r.hold(&mut store, held, 1_000).expect("hold");
     let stays = place(&r, &mut store, &next, &[]).expect("placed");
     assert_eq!(prefill_of(&stays), again.address);
-    held.prefill_tokens = 5_000;
+    held.prefill_tokens = 15_000;
     r.hold(&mut store, held, 1_000).expect("hold");
     let elsewhere = place(&r, &mut store, &next, &[]).expect("placed");
     assert_ne!(prefill_of(&elsewhere), again.address);

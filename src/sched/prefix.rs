@@ -1,78 +1,52 @@
-//! The prefix-cache table: which prefill pod last served each block prefix.
+//! The prefix-cache table: which prefill pods last served each block prefix.
 //!
 //! A prompt is cut into fixed-size byte blocks; block `i`'s hash chains the
 //! hashes of blocks `0..i`, so it names the whole prefix up to it. The table
 //! lives in Envoy shared data (every worker sees it), one key per slot: a
-//! slot holds one `(hash, pod, time)`, and an insert into a taken slot
-//! overwrites it, so the table is bounded by construction and old entries
-//! are evicted by newer ones (and ignored once older than the TTL).
+//! slot holds one block hash and the pods that last served it (up to
+//! [`MAX_HOLDERS`], most recent first, each with its time); an insert of
+//! another hash into a taken slot overwrites it, so the table is bounded by
+//! construction and old entries are evicted by newer ones (and each holder
+//! is ignored once older than the TTL).
+//!
+//! Several holders per block: a prefix many pods hold (a system prompt
+//! every conversation begins with) reads as held by each of them, not by
+//! the last to serve it, which a policy weighing cache would then pile every
+//! new conversation onto (measured: bench/README.md, "The prefix table's
+//! holders").
 //!
 //! Every entry is a host call inside Envoy, so not every block is stored:
 //! only checkpoint blocks (powers of two, every 16th, and the last), and a
 //! lookup bisects over them (a repeated prompt costs one lookup; a partial
 //! match a handful). A prompt of 256 blocks stores 20 entries.
 //!
-//! Each entry also names where the prompt that wrote it ended (its block
-//! count and last hash): a conversation's next turn, which holds the last
-//! turn's whole prompt, matches to that block exactly, not to the
-//! checkpoint below it, without another lookup.
+//! Each holder also names where the prompt it served ended (its block count
+//! and last hash): a conversation's next turn, which holds the last turn's
+//! whole prompt, matches to that block exactly, not to the checkpoint below
+//! it, without another lookup.
 
 use crate::codec::{RecordReader, RecordWriter};
 use crate::fleet::PodId;
 
-/// One slot's content.
+/// The most pods one block names: beyond it the oldest are forgotten.
+pub const MAX_HOLDERS: usize = 8;
+
+/// One pod that served a prompt through a block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PrefixEntry {
-    pub hash: u64,
+pub struct Holder {
     pub pod: PodId,
     pub at_ms: u64,
-    /// The blocks of the prompt that wrote the entry, and the hash of its
-    /// last: the pod holds that whole prompt.
+    /// The blocks of the prompt it served, and the hash of its last: the
+    /// pod holds that whole prompt.
     pub end: u32,
     pub end_hash: u64,
 }
 
-impl PrefixEntry {
-    pub const SIZE: usize = 36;
+impl Holder {
+    const SIZE: usize = 28;
 
-    /// The entry for block hash `hash` of a prompt whose block hashes are
-    /// `hashes`, served by `pod` at `at_ms`.
-    pub fn new(hash: u64, hashes: &[u64], pod: PodId, at_ms: u64) -> PrefixEntry {
-        PrefixEntry {
-            hash,
-            pod,
-            at_ms,
-            end: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
-            end_hash: hashes.last().copied().unwrap_or(0),
-        }
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        let mut w = RecordWriter::with_capacity(Self::SIZE);
-        w.u64(self.hash)
-            .u64(self.pod.0)
-            .u64(self.at_ms)
-            .u32(self.end)
-            .u64(self.end_hash);
-        w.finish()
-    }
-
-    pub fn decode(b: &[u8]) -> Option<PrefixEntry> {
-        if b.len() != Self::SIZE {
-            return None;
-        }
-        let mut r = RecordReader::new(b);
-        Some(PrefixEntry {
-            hash: r.u64()?,
-            pod: PodId(r.u64()?),
-            at_ms: r.u64()?,
-            end: r.u32()?,
-            end_hash: r.u64()?,
-        })
-    }
-
-    /// How many leading blocks of `hashes` the entry's pod holds, found at
-    /// checkpoint block `at`: the whole of the prompt that wrote it when
+    /// How many leading blocks of `hashes` the pod holds, found at
+    /// checkpoint block `at`: the whole of the prompt it served when
     /// `hashes` extends that prompt (chained hashes: an equal hash at its
     /// last block means an equal prefix), else up to `at`.
     fn held(&self, hashes: &[u64], at: usize) -> usize {
@@ -84,6 +58,86 @@ impl PrefixEntry {
         } else {
             at + 1
         }
+    }
+}
+
+/// One slot's content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrefixEntry {
+    pub hash: u64,
+    /// Most recent first, at most [`MAX_HOLDERS`], each pod once.
+    pub holders: Vec<Holder>,
+}
+
+impl PrefixEntry {
+    /// The entry for block hash `hash` of a prompt whose block hashes are
+    /// `hashes`, served by `pod` at `at_ms`, alone.
+    pub fn new(hash: u64, hashes: &[u64], pod: PodId, at_ms: u64) -> PrefixEntry {
+        PrefixEntry::merged(None, hash, hashes, pod, at_ms, 0)
+    }
+
+    /// `pod` served the prompt through block `hash` at `at_ms`: it goes
+    /// first, before the holders of `previous` that are still fresh
+    /// (`ttl_ms`) when `previous` names the same block; another block's
+    /// entry is replaced.
+    pub fn merged(
+        previous: Option<PrefixEntry>,
+        hash: u64,
+        hashes: &[u64],
+        pod: PodId,
+        at_ms: u64,
+        ttl_ms: u64,
+    ) -> PrefixEntry {
+        let first = Holder {
+            pod,
+            at_ms,
+            end: u32::try_from(hashes.len()).unwrap_or(u32::MAX),
+            end_hash: hashes.last().copied().unwrap_or(0),
+        };
+        let earlier = previous
+            .filter(|e| e.hash == hash)
+            .map(|e| e.holders)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|h| h.pod != pod && at_ms.saturating_sub(h.at_ms) <= ttl_ms);
+        PrefixEntry {
+            hash,
+            holders: std::iter::once(first)
+                .chain(earlier)
+                .take(MAX_HOLDERS)
+                .collect(),
+        }
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = RecordWriter::with_capacity(8 + self.holders.len() * Holder::SIZE);
+        w.u64(self.hash);
+        for h in &self.holders {
+            w.u64(h.pod.0).u64(h.at_ms).u32(h.end).u64(h.end_hash);
+        }
+        w.finish()
+    }
+
+    /// Reads a slot; anything but a hash and 1 to [`MAX_HOLDERS`] holders
+    /// (a value of another release, a torn write) reads as empty.
+    pub fn decode(b: &[u8]) -> Option<PrefixEntry> {
+        let n = b.len().checked_sub(8)? / Holder::SIZE;
+        if n == 0 || n > MAX_HOLDERS || b.len() != 8 + n * Holder::SIZE {
+            return None;
+        }
+        let mut r = RecordReader::new(b);
+        let hash = r.u64()?;
+        let holders = (0..n)
+            .map(|_| {
+                Some(Holder {
+                    pod: PodId(r.u64()?),
+                    at_ms: r.u64()?,
+                    end: r.u32()?,
+                    end_hash: r.u64()?,
+                })
+            })
+            .collect::<Option<Vec<_>>>()?;
+        Some(PrefixEntry { hash, holders })
     }
 }
 
@@ -111,20 +165,51 @@ pub fn slot_of(hash: u64, slots: u32) -> u32 {
 /// The result of walking a prompt's blocks through the table.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PrefixMatch {
-    /// Per pod, the match percentage of its deepest owned block.
-    pub by_pod: Vec<(PodId, f64)>,
-    /// Blocks matched along the chain (any owner).
+    /// Per pod, the leading blocks it holds as far as the table knows,
+    /// deepest first (the most recent first among equals).
+    pub by_pod: Vec<(PodId, usize)>,
+    /// Blocks matched along the chain (any holder).
     pub depth: usize,
     pub blocks: usize,
 }
 
 impl PrefixMatch {
-    pub fn percent(&self, pod: PodId) -> f64 {
+    /// The leading blocks `pod` holds (0: the table knows none).
+    pub fn depth_of(&self, pod: PodId) -> usize {
         self.by_pod
             .iter()
             .find(|(p, _)| *p == pod)
-            .map(|(_, m)| *m)
-            .unwrap_or(0.0)
+            .map_or(0, |(_, d)| *d)
+    }
+
+    /// [`PrefixMatch::depth_of`] as a percentage of the prompt's blocks.
+    pub fn percent(&self, pod: PodId) -> f64 {
+        percent_of(self.depth_of(pod), self.blocks)
+    }
+
+    /// The pods the table names, deepest first, with their percentages.
+    pub fn holders(&self) -> impl Iterator<Item = (PodId, f64)> + '_ {
+        self.by_pod
+            .iter()
+            .map(|(p, d)| (*p, percent_of(*d, self.blocks)))
+    }
+
+    /// `holder` holds the prompt's first `depth` blocks: kept when deeper
+    /// than what is known of it (holders arrive most recent first).
+    fn note(&mut self, holder: PodId, depth: usize) {
+        match self.by_pod.iter_mut().find(|(p, _)| *p == holder) {
+            Some((_, d)) => *d = (*d).max(depth),
+            None => self.by_pod.push((holder, depth)),
+        }
+        self.depth = self.depth.max(depth);
+    }
+}
+
+fn percent_of(depth: usize, blocks: usize) -> f64 {
+    if blocks == 0 {
+        0.0
+    } else {
+        depth as f64 * 100.0 / blocks as f64
     }
 }
 
@@ -173,36 +258,40 @@ pub fn walk_every(
         ..Default::default()
     };
     let cps = checkpoints_every(hashes.len(), every);
-    let mut probe = |k: usize| {
-        let h = *cps.get(k).and_then(|i| hashes.get(*i))?;
-        lookup(h).filter(|e| e.hash == h && now_ms.saturating_sub(e.at_ms) <= ttl_ms)
+    // Each found checkpoint's fresh holders hold the prompt at least to it;
+    // the bisection's shallower finds name pods that hold less of it (the
+    // pod a conversation left, the other holders of a shared prefix).
+    let mut probe = |k: usize, m: &mut PrefixMatch| {
+        let at = *cps.get(k)?;
+        let h = *hashes.get(at)?;
+        let e = lookup(h).filter(|e| e.hash == h)?;
+        let mut fresh = e
+            .holders
+            .iter()
+            .filter(|o| now_ms.saturating_sub(o.at_ms) <= ttl_ms)
+            .peekable();
+        fresh.peek()?;
+        for o in fresh {
+            m.note(o.pod, o.held(hashes, at));
+        }
+        Some(())
     };
     let Some(last) = cps.len().checked_sub(1) else {
         return m;
     };
     // A repeated prompt matches at its last block: one lookup.
-    let found = match probe(last) {
-        Some(e) => Some((last, e)),
-        None => {
-            let (mut lo, mut hi, mut best) = (0usize, last, None);
-            while lo < hi {
-                let mid = (lo + hi) / 2;
-                match probe(mid) {
-                    Some(e) => {
-                        best = Some((mid, e));
-                        lo = mid + 1;
-                    }
-                    None => hi = mid,
-                }
+    if probe(last, &mut m).is_none() {
+        let (mut lo, mut hi) = (0usize, last);
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            match probe(mid, &mut m) {
+                Some(()) => lo = mid + 1,
+                None => hi = mid,
             }
-            best
         }
-    };
-    if let Some((k, e)) = found {
-        m.depth = cps.get(k).map_or(0, |i| e.held(hashes, *i));
-        m.by_pod
-            .push((e.pod, m.depth as f64 * 100.0 / hashes.len() as f64));
     }
+    // Deepest first; a stable sort keeps the most recent first among equals.
+    m.by_pod.sort_by_key(|(_, d)| std::cmp::Reverse(*d));
     m
 }
 
@@ -269,7 +358,7 @@ mod tests {
             &hashes,
             |h| {
                 lookups += 1;
-                t.get(&h).copied()
+                t.get(&h).cloned()
             },
             200,
             1000,
@@ -286,7 +375,7 @@ mod tests {
             &other_hashes,
             |h| {
                 lookups += 1;
-                t.get(&h).copied()
+                t.get(&h).cloned()
             },
             200,
             1000,
@@ -297,7 +386,7 @@ mod tests {
         assert!(lookups <= 5, "{lookups} lookups");
 
         // Stale entries and hash collisions are misses.
-        assert_eq!(walk(&hashes, |h| t.get(&h).copied(), 5000, 1000).depth, 0);
+        assert_eq!(walk(&hashes, |h| t.get(&h).cloned(), 5000, 1000).depth, 0);
         assert_eq!(
             walk(
                 &hashes,
@@ -322,7 +411,7 @@ mod tests {
         let mut next = turn.to_vec();
         next.extend_from_slice(&[6u8; 4 * 30]);
         let next_hashes = block_hashes(&next, 3, 4, 1000);
-        let m = walk(&next_hashes, |h| t.get(&h).copied(), 200, 1000);
+        let m = walk(&next_hashes, |h| t.get(&h).cloned(), 200, 1000);
         assert_eq!((m.depth, m.blocks), (45, 75));
         assert_eq!(m.percent(PodId(4)), 60.0);
         // A prompt that leaves the last turn before its end matches only to
@@ -332,7 +421,7 @@ mod tests {
         other.extend_from_slice(&[6u8; 4 * 30]);
         let other_hashes = block_hashes(&other, 3, 4, 1000);
         assert_eq!(
-            walk(&other_hashes, |h| t.get(&h).copied(), 200, 1000).depth,
+            walk(&other_hashes, |h| t.get(&h).cloned(), 200, 1000).depth,
             32
         );
     }
@@ -347,14 +436,116 @@ mod tests {
 
     #[test]
     fn entries_round_trip() {
-        let e = PrefixEntry {
-            hash: u64::MAX - 3,
-            pod: PodId(9),
-            at_ms: 1_764_000_000_000,
-            end: 77,
-            end_hash: 12,
-        };
+        let hashes = [3u64, 12];
+        let e = PrefixEntry::new(u64::MAX - 3, &hashes, PodId(9), 1_764_000_000_000);
+        let e = PrefixEntry::merged(
+            Some(e),
+            u64::MAX - 3,
+            &hashes[..1],
+            PodId(4),
+            1_764_000_000_500,
+            1000,
+        );
+        assert_eq!(e.holders.len(), 2);
         assert_eq!(PrefixEntry::decode(&e.encode()), Some(e));
         assert_eq!(PrefixEntry::decode(&[1, 2, 3]), None);
+        assert_eq!(PrefixEntry::decode(&[0; 8]), None, "no holder");
+        assert_eq!(PrefixEntry::decode(&[0; 8 + 28 + 5]), None, "a torn holder");
+        assert_eq!(
+            PrefixEntry::decode(&[0; 8 + 9 * 28]),
+            None,
+            "too many holders"
+        );
+    }
+
+    #[test]
+    fn a_block_keeps_its_recent_holders_once_each_and_forgets_stale_ones() {
+        let hashes = [7u64];
+        let mut e = PrefixEntry::new(7, &hashes, PodId(0), 0);
+        for pod in 1..12 {
+            e = PrefixEntry::merged(Some(e), 7, &hashes, PodId(pod), pod * 10, 1_000);
+        }
+        let pods: Vec<u64> = e.holders.iter().map(|h| h.pod.0).collect();
+        assert_eq!(
+            pods,
+            vec![11, 10, 9, 8, 7, 6, 5, 4],
+            "most recent first, at most 8"
+        );
+        // A holder serving again moves to the front, once.
+        e = PrefixEntry::merged(Some(e), 7, &hashes, PodId(6), 200, 1_000);
+        let pods: Vec<u64> = e.holders.iter().map(|h| h.pod.0).collect();
+        assert_eq!(pods, vec![6, 11, 10, 9, 8, 7, 5, 4]);
+        // Holders older than the TTL are dropped; another block replaces them all.
+        let later = PrefixEntry::merged(Some(e.clone()), 7, &hashes, PodId(1), 1_075, 1_000);
+        let pods: Vec<u64> = later.holders.iter().map(|h| h.pod.0).collect();
+        assert_eq!(pods, vec![1, 6, 11, 10, 9, 8]);
+        let other = PrefixEntry::merged(Some(e), 8, &hashes, PodId(2), 300, 1_000);
+        assert_eq!(other.holders.len(), 1);
+    }
+
+    #[test]
+    fn a_prefix_served_by_several_pods_names_each_of_them() {
+        // A system prompt of 8 blocks that three pods served, each with a
+        // conversation of its own after it.
+        let system = [1u8; 4 * 8];
+        let mut t: HashMap<u64, PrefixEntry> = HashMap::new();
+        let served = |t: &mut HashMap<u64, PrefixEntry>, tail: u8, pod: u64, at: u64| {
+            let mut p = system.to_vec();
+            p.extend_from_slice(&[tail; 4 * 24]);
+            let hashes = block_hashes(&p, 3, 4, 1000);
+            let held = walk(&hashes, |h| t.get(&h).cloned(), at, 10_000).depth_of(PodId(pod));
+            for h in to_record(&hashes, held) {
+                let e = PrefixEntry::merged(t.get(&h).cloned(), h, &hashes, PodId(pod), at, 10_000);
+                t.insert(h, e);
+            }
+        };
+        served(&mut t, 2, 0, 100);
+        served(&mut t, 3, 1, 200);
+        served(&mut t, 4, 2, 300);
+        // A new conversation: the system prompt, then its own text.
+        let mut p = system.to_vec();
+        p.extend_from_slice(&[9u8; 4 * 24]);
+        let hashes = block_hashes(&p, 3, 4, 1000);
+        let m = walk(&hashes, |h| t.get(&h).cloned(), 400, 10_000);
+        assert_eq!(m.depth, 8);
+        for pod in 0..3 {
+            assert_eq!(m.depth_of(PodId(pod)), 8, "pod {pod}");
+        }
+        assert_eq!(m.percent(PodId(1)), 25.0);
+        // Once the TTL passes for the first two, only the last is named.
+        let m = walk(&hashes, |h| t.get(&h).cloned(), 10_250, 10_000);
+        assert_eq!(
+            (
+                m.depth_of(PodId(0)),
+                m.depth_of(PodId(1)),
+                m.depth_of(PodId(2))
+            ),
+            (0, 0, 8)
+        );
+    }
+
+    #[test]
+    fn the_pod_a_conversation_left_is_still_named_for_what_it_holds() {
+        // Turn one (40 blocks) on pod 0; turn two (60 blocks, turn one and
+        // 20 more) moved to pod 1; turn three (80 blocks) asks.
+        let text = [5u8; 4 * 80];
+        let hashes = block_hashes(&text, 3, 4, 1000);
+        let mut t: HashMap<u64, PrefixEntry> = HashMap::new();
+        for (pod, blocks, at) in [(0u64, 40usize, 100u64), (1, 60, 200)] {
+            let turn = &hashes[..blocks];
+            let held = walk(turn, |h| t.get(&h).cloned(), at, 10_000).depth_of(PodId(pod));
+            for h in to_record(turn, held) {
+                let e = PrefixEntry::merged(t.get(&h).cloned(), h, turn, PodId(pod), at, 10_000);
+                t.insert(h, e);
+            }
+        }
+        let m = walk(&hashes, |h| t.get(&h).cloned(), 300, 10_000);
+        assert_eq!(m.depth_of(PodId(1)), 60);
+        assert_eq!(m.depth_of(PodId(0)), 40, "{:?}", m.by_pod);
+        assert_eq!(
+            m.by_pod.first().map(|(p, _)| *p),
+            Some(PodId(1)),
+            "deepest first"
+        );
     }
 }

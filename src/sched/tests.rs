@@ -177,7 +177,7 @@ fn least_ttft_counts_the_tokens_queued_and_those_not_held() {
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
     assert_eq!(scores[0], 5_000.0 + 2_000.0);
     assert!((scores[1] - (500.0 + 2.0 * 5_500.0 / 3.0 + 10_000.0)).abs() < 1e-6);
-    // The tokens not held weigh 8 times the queued ones by default.
+    // The tokens not held weigh 48 times the queued ones by default.
     let scores = prefill_scores(
         PrefillPolicy::LeastTtft,
         &refs,
@@ -185,17 +185,17 @@ fn least_ttft_counts_the_tokens_queued_and_those_not_held() {
         &mut ask,
         &c.scheduling,
     );
-    assert_eq!(scores[0], 5_000.0 + 8.0 * 2_000.0);
+    assert_eq!(scores[0], 5_000.0 + 48.0 * 2_000.0);
     // Queued work past what the cache saves, so weighed, sends the prompt
-    // elsewhere (to an idle pod of the other roleset here): 70,000 + 16,000
-    // against 80,000.
-    pods[0].outstanding_prefill_tokens = 70_000;
+    // elsewhere (to an idle pod of the other roleset here): 400,000 + 96,000
+    // against 480,000.
+    pods[0].outstanding_prefill_tokens = 400_000;
     let (p, _, reason) = run(&c, &pods, 10_000, &prefix);
     assert!(
         p.starts_with("10.0.1.") && reason == "policy",
         "{p} {reason}"
     );
-    pods[0].outstanding_prefill_tokens = 60_000;
+    pods[0].outstanding_prefill_tokens = 370_000;
     assert_eq!(run(&c, &pods, 10_000, &prefix).0, "10.0.0.1:1");
 }
 
