@@ -254,7 +254,7 @@ bench-nohop *ARGS: bench-build epp kube-apiserver
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/nohop.py {{ARGS}}
 
-# Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and sglang-router onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
+# Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and SMG onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
 bench-fleet *ARGS: bench-setup
     cargo build --release -p mock-engine
     cargo build --target wasm32-wasip1 --release

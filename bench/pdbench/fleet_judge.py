@@ -27,7 +27,7 @@ METRICS = [
     ("reloaded_tokens", "reloaded", "{:.3g}", 0),
 ]
 DEFAULT = "pd-ttft"
-PEERS = ("vllm-router", "sglang-router")
+PEERS = ("vllm-router", "vllm-router-tuned", "smg", "smg-tuned")
 # The targets fixed before the judged runs (bench/README.md): the default
 # against the best peer, and its hit rate against the trace's limit.
 # The pods' own TTFT (the router's real time left out) is judged beside the
