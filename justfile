@@ -237,7 +237,7 @@ native_benches := "-p pd-router -p mock-engine -p loadgen --bench select --bench
 bench-build: bench-setup
     cargo build --release --bins {{native_benches}}
 
-# End to end (~8 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them; then the decider's rows at c=1 (bench/README.md). ARGS go to run.py.
+# End to end (~8 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, SMG / vllm-router and Envoy in front of them; then the decider's rows at c=1 (bench/README.md). ARGS go to run.py.
 bench-e2e *ARGS: bench-build
     cargo build --target wasm32-wasip1 --release
     cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
