@@ -127,6 +127,22 @@ PEER_SWEEP = [
                                 "--max-tree-size", "56295424"), **SMG,
            about="SMG cache_aware, its tree evicted every 5 s to the 8 prefill pods' "
                  "prefix caches in characters (4 a token)"),
+    # Round 2, SMG only, declared after round 1: its load poll (10 s of real
+    # time, 50 modelled at scale 5) left the prefill pods it had seen at 80 %
+    # KV use or more out of routing until the next poll.
+    Config("smg-t7", peer_args=("--load-monitor-interval", "1"), **SMG,
+           about="SMG cache_aware, the workers' load polled every second (pd-router's "
+                 "scrape interval)"),
+    Config("smg-t8", peer_args=("--disable-worker-overload-protection",), **SMG,
+           about="SMG cache_aware, worker overload protection off"),
+    Config("smg-t9", peer_args=("--load-monitor-interval", "1", "--balance-abs-threshold", "4",
+                                "--balance-rel-threshold", "1.2"), **SMG,
+           about="SMG cache_aware, load polled every second, spill thresholds abs 4, rel 1.2"),
+    Config("smg-t10", peer_args=("--disable-worker-overload-protection",
+                                 "--balance-abs-threshold", "4",
+                                 "--balance-rel-threshold", "1.2"), **SMG,
+           about="SMG cache_aware, worker overload protection off, spill thresholds abs 4, "
+                 "rel 1.2"),
 ]
 
 # One change each against a configuration above (`against`), in the
