@@ -142,7 +142,19 @@ PEER_SWEEP = [
                                  "--balance-abs-threshold", "4",
                                  "--balance-rel-threshold", "1.2"), **SMG,
            about="SMG cache_aware, worker overload protection off, spill thresholds abs 4, "
-                 "rel 1.2"),
+                 "rel 1.2"),    # Round 3, SMG only, declared after round 2: round 1's knobs again, with
+    # round 2's winner (the load polled every second) under them.
+    Config("smg-t11", peer_args=("--load-monitor-interval", "1", "--cache-threshold", "0.1"),
+           **SMG, about="SMG cache_aware, load polled every second, cache threshold 0.1"),
+    Config("smg-t12", peer_args=("--load-monitor-interval", "1", "--cache-threshold", "0.5"),
+           **SMG, about="SMG cache_aware, load polled every second, cache threshold 0.5"),
+    Config("smg-t13", peer_args=("--load-monitor-interval", "1", "--worker-warmup-secs", "0",
+                                 "--worker-warmup-divert-every", "0"), **SMG,
+           about="SMG cache_aware, load polled every second, worker warm-up off"),
+    Config("smg-t14", peer_args=("--load-monitor-interval", "1", "--eviction-interval-secs", "5",
+                                 "--max-tree-size", "56295424"), **SMG,
+           about="SMG cache_aware, load polled every second, its tree evicted every 5 s to "
+                 "the 8 prefill pods' prefix caches"),
 ]
 
 # One change each against a configuration above (`against`), in the
