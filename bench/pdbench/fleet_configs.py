@@ -85,6 +85,17 @@ CONFIGS = [
     # runs on the SGLang sims.
     Config("smg", "smg", "sglang",
            about="SMG 1.13.0 smg launch --pd-disaggregation --policy cache_aware, SGLang sims"),
+    # The peers' tuning sweep's winners on the tuning window (bench/README.md,
+    # "The peers' tuning sweep"): vllm-router kept its defaults; SMG polls
+    # its workers' load every second (10 s of real time are 50 modelled
+    # seconds here) and offers nothing to workers with thin trees.
+    Config("vllm-router-tuned", "vllm-router", "vllm", token_ids=True, variants=("1x", "2x"),
+           about="vllm-router's sweep winner: its defaults (= vllm-router)"),
+    Config("smg-tuned", "smg", "sglang", variants=("1x", "2x"),
+           peer_args=("--load-monitor-interval", "1", "--worker-warmup-secs", "0",
+                      "--worker-warmup-divert-every", "0"),
+           about="SMG's sweep winner: cache_aware, load polled every second, worker "
+                 "warm-up off (smg-t13)"),
 ]
 
 # The peers' tuning sweep (bench/README.md, "The peers' tuning sweep"): each
