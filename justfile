@@ -237,7 +237,7 @@ native_benches := "-p pd-router -p mock-engine -p loadgen --bench select --bench
 bench-build: bench-setup
     cargo build --release --bins {{native_benches}}
 
-# End to end (~8 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, sglang-router / vllm-router and Envoy in front of them; then the decider's rows at c=1 (bench/README.md). ARGS go to run.py.
+# End to end (~8 min): pd-router's CPU/request and req/s vs Envoy alone, the minimal PD wasm filter, SMG / vllm-router and Envoy in front of them; then the decider's rows at c=1 (bench/README.md). ARGS go to run.py.
 bench-e2e *ARGS: bench-build
     cargo build --target wasm32-wasip1 --release
     cargo build --release --target wasm32-wasip1 --manifest-path bench/min-pd-filter/Cargo.toml
@@ -254,7 +254,7 @@ bench-nohop *ARGS: bench-build epp kube-apiserver
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/nohop.py {{ARGS}}
 
-# Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and sglang-router onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
+# Fleet simulation (~10 min): a production trace replayed through pd-router (each prefill policy, three replicas), vllm-router and SMG onto simulated GPU pods; prefix-cache hits, TTFT, pod load (bench/README.md, "Fleet simulation"). `--quick`: the short version `bench` runs.
 bench-fleet *ARGS: bench-setup
     cargo build --release -p mock-engine
     cargo build --target wasm32-wasip1 --release

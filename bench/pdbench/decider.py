@@ -18,7 +18,7 @@ each measured at concurrency 1 against:
                    decode pod served the conversation (`cached`)
   vllm-router      vllm-router, PD mode (as bench/run.py starts it), on the
                    same vLLM mocks
-  sglang-router    sglang-router, PD mode, on SGLang mocks
+  smg              SMG (sglang-router's successor), PD mode, on SGLang mocks
 
 The machinery is bench/run.py's (the shipped envoy.yaml, mocks and routers
 started and pinned as there: routers on core 0, mocks and the client on core
@@ -53,7 +53,7 @@ from pathlib import Path
 
 from .common import (interrupt_on_sigterm, run_measured, BENCH, CLK_TCK, LOAD_CORE, REPO, Procs, admin_port, fmt, http,
                      idle_check, log, median, proc_ticks, ratio, start_envoy)
-from .engines import MODEL, Mock, start_mock, start_sglang_router, start_vllm_router
+from .engines import MODEL, Mock, start_mock, start_smg, start_vllm_router
 from .envoy import pd_envoy
 
 DECIDER = {"min_prompt_tokens": 256, "min_uncached_tokens": 256}
@@ -61,10 +61,10 @@ CONFIGS = [
     ("pd-vllm", "pd-router in Envoy, vLLM NIXL, no decider (every request split)"),
     ("pd-vllm+decider", "the same, decider min_prompt_tokens 256, min_uncached_tokens 256"),
     ("vllm-router", "vllm-router 0.1.17, PD mode, vLLM NIXL mocks (splits every request)"),
-    ("sglang-router", "sglang-router 0.3.2, PD mode, SGLang mocks (splits every request)"),
+    ("smg", "SMG 1.13.0, PD mode, SGLang mocks (splits every request)"),
 ]
 OFF, ON = "pd-vllm", "pd-vllm+decider"
-PEERS = ["vllm-router", "sglang-router"]
+PEERS = ["vllm-router", "smg"]
 WORKLOADS = {
     "chat-200": "a 200-token chat (~800 bytes of messages), a new question each request",
     "followup-4k": "a follow-up turn of a 4,000-token conversation (16,000 bytes of earlier "
@@ -378,11 +378,11 @@ def start_all(a, procs: Procs, configs: list[str], dead: dict) -> dict[str, Targ
                 pm, dm = vllm()
                 p, port = start_vllm_router(procs, a.peer_venv, pm, dm)
                 targets[name] = Target(name, p, port, pm, dm)
-            elif name == "sglang-router":
+            elif name == "smg":
                 pm = mock("sglang-prefill", "--engine", "sglang", "--role", "prefill",
                           "--lenient-prefill")
                 dm = mock("sglang-decode", "--engine", "sglang", "--role", "decode")
-                p, port = start_sglang_router(procs, a.peer_venv, pm, dm)
+                p, port = start_smg(procs, a.peer_venv, pm, dm)
                 targets[name] = Target(name, p, port, pm, dm)
         except Exception as e:  # noqa: BLE001 - reported, the rest go on
             dead[name] = f"did not start: {str(e).splitlines()[0][:200]}"
@@ -412,8 +412,8 @@ def report(rows: dict, configs: list[str], workloads: list[str], dead: dict,
     w("")
     hdr = (f"{'workload':<12} {'config':<16} {'cpu_us/req':>10} {'p50_ms':>7} {'p99_ms':>7} "
            f"{'req/s':>6} {'prefill/req':>11}  {'cpu vs off':>10} {'p50 vs off':>10}  "
-           f"{'cpu vs vllm-r':>13} {'p50 vs vllm-r':>13}  {'cpu vs sglang-r':>15} "
-           f"{'p50 vs sglang-r':>15}")
+           f"{'cpu vs vllm-r':>13} {'p50 vs vllm-r':>13}  {'cpu vs smg':>15} "
+           f"{'p50 vs smg':>15}")
     w(hdr)
     w("-" * len(hdr))
 
@@ -437,17 +437,17 @@ def report(rows: dict, configs: list[str], workloads: list[str], dead: dict,
               f"{fr(ratio(r['p50'], get(wl, OFF, 'p50'))):>10}  "
               f"{fr(ratio(r['cpu_us'], get(wl, 'vllm-router', 'cpu_us'))):>13} "
               f"{fr(ratio(r['p50'], get(wl, 'vllm-router', 'p50'))):>13}  "
-              f"{fr(ratio(r['cpu_us'], get(wl, 'sglang-router', 'cpu_us'))):>15} "
-              f"{fr(ratio(r['p50'], get(wl, 'sglang-router', 'p50'))):>15}")
+              f"{fr(ratio(r['cpu_us'], get(wl, 'smg', 'cpu_us'))):>15} "
+              f"{fr(ratio(r['p50'], get(wl, 'smg', 'p50'))):>15}")
         w("")
     w("Summary, concurrency 1 (a ratio below 1: less CPU per request or a lower p50 than "
       "the yardstick):")
     w(f"  {'ratio':<34}" + "".join(f"{wl + ' cpu':>17}{wl + ' p50':>17}" for wl in workloads))
     for a, b, what in [(ON, OFF, "decider on / off"),
                        (ON, "vllm-router", "decider on / vllm-router"),
-                       (ON, "sglang-router", "decider on / sglang-router"),
+                       (ON, "smg", "decider on / smg"),
                        (OFF, "vllm-router", "decider off / vllm-router"),
-                       (OFF, "sglang-router", "decider off / sglang-router")]:
+                       (OFF, "smg", "decider off / smg")]:
         w(f"  {what:<34}" + "".join(
             f"{fr(ratio(get(wl, a, 'cpu_us'), get(wl, b, 'cpu_us'))):>17}"
             f"{fr(ratio(get(wl, a, 'p50'), get(wl, b, 'p50'))):>17}" for wl in workloads))
@@ -621,8 +621,8 @@ def write_csvs(s: Session, rows: dict) -> None:
         wr = csv.writer(f)
         wr.writerow(["workload", "concurrency", "config", "cpu_us_per_req", "p50_ms", "p99_ms",
                      "rps", "prefill_calls_per_req", "cpu_vs_decider_off", "p50_vs_decider_off",
-                     "cpu_vs_vllm_router", "p50_vs_vllm_router", "cpu_vs_sglang_router",
-                     "p50_vs_sglang_router", "errors", "reps"])
+                     "cpu_vs_vllm_router", "p50_vs_vllm_router", "cpu_vs_smg",
+                     "p50_vs_smg", "errors", "reps"])
 
         def num(x, spec="{:.4f}"):
             return "" if x is None else spec.format(x)
@@ -640,8 +640,8 @@ def write_csvs(s: Session, rows: dict) -> None:
                              num(ratio(r["p50"], base[OFF].get("p50"))),
                              num(ratio(r["cpu_us"], base["vllm-router"].get("cpu_us"))),
                              num(ratio(r["p50"], base["vllm-router"].get("p50"))),
-                             num(ratio(r["cpu_us"], base["sglang-router"].get("cpu_us"))),
-                             num(ratio(r["p50"], base["sglang-router"].get("p50"))),
+                             num(ratio(r["cpu_us"], base["smg"].get("cpu_us"))),
+                             num(ratio(r["p50"], base["smg"].get("p50"))),
                              r["errors"], r["reps"]])
 
 

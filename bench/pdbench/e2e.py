@@ -20,9 +20,9 @@ and 32, the router's CPU time per request and the requests/s of:
   pd-vllm ...     pd-router in Envoy (the shipped envoy.yaml, plugin       (c)
                   configuration replaced), one Envoy per engine: vllm
                   (nixl), sglang, trtllm, default
-  sglang-router   the same PD job done by sglang-router (SGLang mocks)     (d)
+  smg             the same PD job done by SMG (SGLang mocks)               (d)
   vllm-router     ... and by vllm-router (vLLM NIXL mocks)
-  envoy+sglang-router  the shipped Envoy (no filter) forwarding to the     (e)
+  envoy+smg       the shipped Envoy (no filter) forwarding to the          (e)
   envoy+vllm-router    peer router: what a user who already runs a gateway
                   pays; both processes on core 0, CPU summed
 
@@ -60,7 +60,7 @@ from .common import (interrupt_on_sigterm, run_measured, BENCH, CLK_TCK, LOAD_CO
 from .e2e_configs import (BUFFER_FLOOR, CALLS_PER_REQUEST, CONFIGS, MIN_PD, MIN_PD_SGLANG,
                           MIN_PD_TRTLLM, MIN_PD_VLLM, PD, SIZES)
 from .e2e_report import aggregate, paired_report, plot, report, write_csvs
-from .engines import MODEL, Mock, start_mock, start_sglang_router, start_vllm_router
+from .engines import MODEL, Mock, start_mock, start_smg, start_vllm_router
 from .envoy import forward_envoy, min_pd_envoy, pd_envoy
 
 
@@ -452,7 +452,7 @@ class Starter:
     def start_peers(self) -> None:
         """(d) and (e). Each peer runs once; its standalone config and its
         gateway stack share it (only the one being measured gets traffic)."""
-        peer_starts = {"sglang-router": ("sglang", start_sglang_router),
+        peer_starts = {"smg": ("sglang", start_smg),
                        "vllm-router": ("vllm", start_vllm_router)}
         for peer, (engine, start) in peer_starts.items():
             stack = f"envoy+{peer}"

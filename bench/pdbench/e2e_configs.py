@@ -37,9 +37,9 @@ CONFIGS = [
     ("pd-trtllm", "pd", "(c) pd-router, trtllm"),
     ("pd-trtllm-b64", "pd", "(c) pd-router, trtllm, chat ids as base64 (trt_token_ids_b64)"),
     ("pd-default", "pd", "(c) pd-router, default"),
-    ("sglang-router", "peer", "(d) sglang-router 0.3.2, PD mode, SGLang mocks"),
+    ("smg", "peer", "(d) SMG 1.13.0 (sglang-router's successor), PD mode, SGLang mocks"),
     ("vllm-router", "peer", "(d) vllm-router 0.1.17, PD mode, vLLM NIXL mocks"),
-    ("envoy+sglang-router", "stack", "(e) Envoy -> sglang-router, CPU of both"),
+    ("envoy+smg", "stack", "(e) Envoy -> SMG, CPU of both"),
     ("envoy+vllm-router", "stack", "(e) Envoy -> vllm-router, CPU of both"),
 ]
 FLOOR = "envoy-mirror"
@@ -51,8 +51,8 @@ MIN_PD_SGLANG = "min-pd-sglang"
 PEERS = [c for c, k, _ in CONFIGS if k == "peer"]
 PD = [c for c, k, _ in CONFIGS if k == "pd"]
 # pd-router engine -> the peer doing the same PD job on the same mocks.
-HEAD_TO_HEAD = {"pd-sglang": "sglang-router", "pd-vllm": "vllm-router"}
+HEAD_TO_HEAD = {"pd-sglang": "smg", "pd-vllm": "vllm-router"}
 # ... and the gateway stack doing it: Envoy in front of that peer.
-STACKS = {"pd-sglang": "envoy+sglang-router", "pd-vllm": "envoy+vllm-router"}
+STACKS = {"pd-sglang": "envoy+smg", "pd-vllm": "envoy+vllm-router"}
 # The engines the min-pd target covers (TensorRT-LLM has its own target).
 MIN_PD_TARGET = ["pd-vllm", "pd-sglang", "pd-default"]

@@ -434,8 +434,8 @@ def plot(rows: dict, sizes, concs, configs, path: Path) -> None:
                "envoy-buffer-mirror": "#6e6e6e", "min-pd": "#333333",
                "min-pd-vllm": "#555555", "min-pd-trtllm": "#777777", "pd-vllm": "#1f4e9c",
                "pd-sglang": "#3a86d4", "pd-trtllm": "#2e9e6a", "pd-trtllm-b64": "#1b6b47", "pd-default": "#8fd19e",
-               "sglang-router": "#f2a65a", "vllm-router": "#e06a6e",
-               "envoy+sglang-router": "#b8560f", "envoy+vllm-router": "#8c1c20"}
+               "smg": "#f2a65a", "vllm-router": "#e06a6e",
+               "envoy+smg": "#b8560f", "envoy+vllm-router": "#8c1c20"}
     for col, conc in enumerate(concs):
         for row, (key, label) in enumerate([("cpu_us", "router CPU µs / request "
                                                        "(envoy+peer: both)"),

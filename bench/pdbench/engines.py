@@ -53,15 +53,16 @@ def start_mock(procs: Procs, mock_bin: Path, name: str, args: list[str]) -> Mock
 PEER_ENV = {"TOKIO_WORKER_THREADS": "1"}
 
 
-def start_sglang_router(procs: Procs, venv: Path, prefill: Mock, decode: Mock):
-    argv = [str(venv / "bin" / "python"), "-m", "sglang_router.launch_router",
-            "--pd-disaggregation",
+def start_smg(procs: Procs, venv: Path, prefill: Mock, decode: Mock):
+    """SMG (Shepherd Model Gateway, sglang-router's successor) in PD mode;
+    it takes the mocks' engine from their /v1/models `owned_by` (sglang)."""
+    argv = [str(venv / "bin" / "smg"), "launch", "--pd-disaggregation",
             "--prefill", f"http://{prefill.address}", str(prefill.bootstrap),
             "--decode", f"http://{decode.address}", "--policy", "round_robin",
             "--log-level", "warn", "--disable-retries", "--disable-circuit-breaker",
             "--disable-health-check", "--history-backend", "none"]
     # It listens before its workers are registered: /readiness says when.
-    p, port, _ = start_peer(procs, "sglang-router", argv, "/readiness", ROUTER_CORE, PEER_ENV)
+    p, port, _ = start_peer(procs, "smg", argv, "/readiness", ROUTER_CORE, PEER_ENV)
     return p, port
 
 

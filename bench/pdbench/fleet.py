@@ -174,26 +174,29 @@ def start_fleet_peer(procs: FleetProcs, name: str, argv: list[str], probe: str) 
     return port
 
 
-def start_vllm_router(procs: Procs, a, sim: dict) -> int:
+def start_vllm_router(procs: Procs, a, c: Config, sim: dict) -> int:
     argv = [str(a.peer_venv / "bin" / "vllm-router"), "--vllm-pd-disaggregation"]
     for pod in sim["prefill"]:
         argv += ["--prefill", f"http://{pod['address']}"]
     for pod in sim["decode"]:
         argv += ["--decode", f"http://{pod['address']}"]
     argv += ["--policy", "cache_aware", "--log-level", "warning",
-             "--worker-startup-check-interval", "1"]
+             "--worker-startup-check-interval", "1", *c.peer_args]
     return start_fleet_peer(procs, "vllm-router", argv, "/health")
 
 
-def start_sglang_router(procs: Procs, a, sim: dict) -> int:
-    argv = [str(a.peer_venv / "bin" / "python"), "-m", "sglang_router.launch_router",
-            "--pd-disaggregation"]
+def start_smg(procs: Procs, a, c: Config, sim: dict) -> int:
+    """SMG in PD mode, each prefill pod with its SGLang bootstrap port
+    (`--prefill URL PORT`). It answers /readiness 503 until its workers are
+    registered."""
+    argv = [str(a.peer_venv / "bin" / "smg"), "launch", "--pd-disaggregation"]
     for pod in sim["prefill"]:
         argv += ["--prefill", f"http://{pod['address']}", str(pod["bootstrap_port"])]
     for pod in sim["decode"]:
         argv += ["--decode", f"http://{pod['address']}"]
-    argv += ["--policy", "cache_aware", "--log-level", "warn", "--history-backend", "none"]
-    return start_fleet_peer(procs, "sglang-router", argv, "/readiness")
+    argv += ["--policy", "cache_aware", "--log-level", "warn", "--history-backend", "none",
+             "--worker-startup-check-interval", "1", *c.peer_args]
+    return start_fleet_peer(procs, "smg", argv, "/readiness")
 
 
 def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
@@ -209,9 +212,9 @@ def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
                               "configuration needs a pd-router that has it") from e
             raise
     elif c.router == "vllm-router":
-        ports = [start_vllm_router(procs, a, sim)]
-    elif c.router == "sglang-router":
-        ports = [start_sglang_router(procs, a, sim)]
+        ports = [start_vllm_router(procs, a, c, sim)]
+    elif c.router == "smg":
+        ports = [start_smg(procs, a, c, sim)]
     else:
         raise ValueError(f"unknown router {c.router}")
     return [f"http://127.0.0.1:{p}/v1/completions" for p in ports]
@@ -491,8 +494,10 @@ def parse_args():
     for what, p in (("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock)):
         if not p.exists():
             ap.error(f"{what} not found at {p} (`./just bench-fleet` builds everything)")
-    if any(r.config.router != "pd" for r in runs) and not (a.peer_venv / "bin/vllm-router").exists():
-        ap.error(f"the peers are not installed in {a.peer_venv} (`./just bench-fleet` does it)")
+    for peer in sorted({r.config.router for r in runs} - {"pd"}):
+        if not (a.peer_venv / "bin" / peer).exists():
+            ap.error(f"{peer} is not installed in {a.peer_venv} (`./just bench-fleet` "
+                     "installs bench/requirements.txt)")
     a.wasm = a.wasm.resolve()
     a.kv_blocks = a.kv_blocks or None
     a.cache_blocks = a.cache_blocks or None

@@ -14,7 +14,7 @@ class Config:
     `plugin` into its top-level configuration (dicts merged deeply);
     `scale` multiplies the time scale of its runs."""
     name: str
-    router: str  # "pd", "vllm-router" or "sglang-router"
+    router: str  # "pd", "vllm-router" or "smg"
     engine: str  # the sims' wire contract: "vllm" or "sglang"
     model: dict = field(default_factory=dict)
     plugin: dict = field(default_factory=dict)
@@ -31,6 +31,9 @@ class Config:
     # this many modelled seconds (vLLM NIXL's bidirectional transfer,
     # `decoder_kv_blocks_ttl`); 0: off.
     decoder_kv_ttl_s: float = 0.0
+    # A peer's own options, appended to its command line (the peers' tuning
+    # sweep, bench/README.md "The peers' tuning sweep").
+    peer_args: tuple = ()
     # The variants it runs in (by key of VARIANTS); empty: every one asked.
     variants: tuple = ()
     # A change: the configuration it is measured against.
@@ -76,9 +79,93 @@ CONFIGS = [
     Config("vllm-router", "vllm-router", "vllm", token_ids=True,
            about="vllm-router 0.1.17 --vllm-pd-disaggregation --policy cache_aware, "
                  "prompts as token ids"),
-    Config("sglang-router", "sglang-router", "sglang",
-           about="sglang-router 0.3.2 --pd-disaggregation --policy cache_aware "
-                 "(random in PD mode: its PD policies are never seeded)"),
+    # SMG (Shepherd Model Gateway, sglang-router's successor): its PD
+    # cache_aware keeps a tree per worker (sglang-router 0.3.2's was random in
+    # PD mode). It takes the sims for SGLang's (their /server_info), so it
+    # runs on the SGLang sims.
+    Config("smg", "smg", "sglang",
+           about="SMG 1.13.0 smg launch --pd-disaggregation --policy cache_aware, SGLang sims"),
+    # The peers' tuning sweep's winners on the tuning window (bench/README.md,
+    # "The peers' tuning sweep"): vllm-router kept its defaults; SMG polls
+    # its workers' load every second (10 s of real time are 50 modelled
+    # seconds here) and offers nothing to workers with thin trees.
+    Config("vllm-router-tuned", "vllm-router", "vllm", token_ids=True, variants=("1x", "2x"),
+           about="vllm-router's sweep winner: its defaults (= vllm-router)"),
+    Config("smg-tuned", "smg", "sglang", variants=("1x", "2x"),
+           peer_args=("--load-monitor-interval", "1", "--worker-warmup-secs", "0",
+                      "--worker-warmup-divert-every", "0"),
+           about="SMG's sweep winner: cache_aware, load polled every second, worker "
+                 "warm-up off (smg-t13)"),
+]
+
+# The peers' tuning sweep (bench/README.md, "The peers' tuning sweep"): each
+# peer's cache_aware knobs, on the tuning window only, 2 seeds each; run with
+# `--configs` (they are not in the default run).
+VLLM_ROUTER = dict(router="vllm-router", engine="vllm", token_ids=True, variants=("1x",))
+SMG = dict(router="smg", engine="sglang", variants=("1x",))
+PEER_SWEEP = [
+    Config("vllm-router-t1", peer_args=("--cache-threshold", "0.1"), **VLLM_ROUTER,
+           about="vllm-router cache_aware, cache threshold 0.1"),
+    Config("vllm-router-t2", peer_args=("--cache-threshold", "0.5"), **VLLM_ROUTER,
+           about="vllm-router cache_aware, cache threshold 0.5"),
+    Config("vllm-router-t3", peer_args=("--balance-abs-threshold", "8"), **VLLM_ROUTER,
+           about="vllm-router cache_aware, balance abs threshold 8"),
+    Config("vllm-router-t4", peer_args=("--balance-abs-threshold", "4",
+                                        "--balance-rel-threshold", "1.2"), **VLLM_ROUTER,
+           about="vllm-router cache_aware, balance thresholds abs 4, rel 1.2"),
+    Config("vllm-router-t5", peer_args=("--balance-abs-threshold", "2",
+                                        "--balance-rel-threshold", "1.1"), **VLLM_ROUTER,
+           about="vllm-router cache_aware, balance thresholds abs 2, rel 1.1"),
+    Config("vllm-router-t6", peer_args=("--eviction-interval-secs", "5",
+                                        "--max-tree-size", "1759232"), **VLLM_ROUTER,
+           about="vllm-router cache_aware, its tree evicted every 5 s to a pod's prefix "
+                 "cache (3,436 blocks of 512 tokens) a worker"),
+    Config("smg-t1", peer_args=("--cache-threshold", "0.1"), **SMG,
+           about="SMG cache_aware, cache threshold 0.1"),
+    Config("smg-t2", peer_args=("--cache-threshold", "0.5"), **SMG,
+           about="SMG cache_aware, cache threshold 0.5"),
+    Config("smg-t3", peer_args=("--balance-abs-threshold", "4",
+                                "--balance-rel-threshold", "1.2"), **SMG,
+           about="SMG cache_aware, spill thresholds abs 4, rel 1.2"),
+    Config("smg-t4", peer_args=("--balance-abs-threshold", "2",
+                                "--balance-rel-threshold", "1.1"), **SMG,
+           about="SMG cache_aware, spill thresholds abs 2, rel 1.1"),
+    Config("smg-t5", peer_args=("--worker-warmup-secs", "0",
+                                "--worker-warmup-divert-every", "0"), **SMG,
+           about="SMG cache_aware, worker warm-up off (no misses or hits diverted to "
+                 "thin workers)"),
+    Config("smg-t6", peer_args=("--eviction-interval-secs", "5",
+                                "--max-tree-size", "56295424"), **SMG,
+           about="SMG cache_aware, its tree evicted every 5 s to the 8 prefill pods' "
+                 "prefix caches in characters (4 a token)"),
+    # Round 2, SMG only, declared after round 1: its load poll (10 s of real
+    # time, 50 modelled at scale 5) left the prefill pods it had seen at 80 %
+    # KV use or more out of routing until the next poll.
+    Config("smg-t7", peer_args=("--load-monitor-interval", "1"), **SMG,
+           about="SMG cache_aware, the workers' load polled every second (pd-router's "
+                 "scrape interval)"),
+    Config("smg-t8", peer_args=("--disable-worker-overload-protection",), **SMG,
+           about="SMG cache_aware, worker overload protection off"),
+    Config("smg-t9", peer_args=("--load-monitor-interval", "1", "--balance-abs-threshold", "4",
+                                "--balance-rel-threshold", "1.2"), **SMG,
+           about="SMG cache_aware, load polled every second, spill thresholds abs 4, rel 1.2"),
+    Config("smg-t10", peer_args=("--disable-worker-overload-protection",
+                                 "--balance-abs-threshold", "4",
+                                 "--balance-rel-threshold", "1.2"), **SMG,
+           about="SMG cache_aware, worker overload protection off, spill thresholds abs 4, "
+                 "rel 1.2"),    # Round 3, SMG only, declared after round 2: round 1's knobs again, with
+    # round 2's winner (the load polled every second) under them.
+    Config("smg-t11", peer_args=("--load-monitor-interval", "1", "--cache-threshold", "0.1"),
+           **SMG, about="SMG cache_aware, load polled every second, cache threshold 0.1"),
+    Config("smg-t12", peer_args=("--load-monitor-interval", "1", "--cache-threshold", "0.5"),
+           **SMG, about="SMG cache_aware, load polled every second, cache threshold 0.5"),
+    Config("smg-t13", peer_args=("--load-monitor-interval", "1", "--worker-warmup-secs", "0",
+                                 "--worker-warmup-divert-every", "0"), **SMG,
+           about="SMG cache_aware, load polled every second, worker warm-up off"),
+    Config("smg-t14", peer_args=("--load-monitor-interval", "1", "--eviction-interval-secs", "5",
+                                 "--max-tree-size", "56295424"), **SMG,
+           about="SMG cache_aware, load polled every second, its tree evicted every 5 s to "
+                 "the 8 prefill pods' prefix caches"),
 ]
 
 # One change each against a configuration above (`against`), in the
@@ -125,7 +212,7 @@ CHANGES = [
            against="pd-chash", variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
                                    "(before issue 24), the bound of now"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES}
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP}
 
 
 @dataclass(frozen=True)
@@ -143,7 +230,7 @@ class Variant:
 # machine's request rate that of the @2x runs.
 VARIANTS = {"1x": Variant(""), "2x": Variant("@2x", load=2.0),
             "32p": Variant("@32p", prefill=32, scale=0.5)}
-QUICK_CONFIGS = ["pd-ttft", "pd-prefix", "pd-chash", "vllm-router", "sglang-router"]
+QUICK_CONFIGS = ["pd-ttft", "pd-prefix", "pd-chash", "vllm-router", "smg"]
 
 # Defaults measured on the 2-core machine (bench/README.md, "Fleet simulation").
 DEFAULTS = dict(requests=1000, time_scale=5.0, load=3.0, prefill=8, decode=8,
@@ -169,7 +256,8 @@ WINDOWS = {"tune": Window(0, warmup=0), "w2k": Window(2000), "w4k": Window(4000)
            "w9k": Window(9000)}
 WINDOW_SETS = {"judge": ["w2k", "w4k", "w9k"]}
 # The judged runs' configurations: the default and the best peer of the
-# earlier runs (vllm-router); sglang-router 0.3.2 places at random in PD mode.
+# earlier runs (vllm-router; sglang-router 0.3.2, which SMG replaced, placed
+# at random in PD mode).
 JUDGE_CONFIGS = ["pd-ttft", "vllm-router"]
 
 

@@ -26,8 +26,10 @@ METRICS = [
     ("evicted_blocks", "evicted", "{:.0f}", 0),
     ("reloaded_tokens", "reloaded", "{:.3g}", 0),
 ]
-DEFAULT = "pd-ttft"
-PEERS = ("vllm-router", "sglang-router")
+# pd-router's default against each peer on the same sims: vLLM NIXL for
+# vllm-router, SGLang for SMG (pd-sglang: pd-router's defaults on those).
+PAIRS = [("pd-ttft", "vllm-router"), ("pd-ttft", "vllm-router-tuned"),
+         ("pd-sglang", "smg"), ("pd-sglang", "smg-tuned")]
 # The targets fixed before the judged runs (bench/README.md): the default
 # against the best peer, and its hit rate against the trace's limit.
 # The pods' own TTFT (the router's real time left out) is judged beside the
@@ -89,12 +91,13 @@ def verdicts(results: dict) -> list[str]:
     out = []
     for (c, w), rows in sorted(g.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         base, _, suffix = c.partition("@")
-        if base != DEFAULT:
+        peers = [p for d, p in PAIRS if d == base]
+        if not peers:
             continue
         hit = spread(rows, "hit_of_limit")
         hit_v = ("-" if hit is None else "met" if hit[1] >= HIT_TARGET else
                  "not met" if hit[2] < HIT_TARGET else "unclear")
-        for peer in PEERS:
+        for peer in peers:
             other = g.get((peer + (f"@{suffix}" if suffix else ""), w))
             if not other:
                 continue

@@ -236,13 +236,22 @@ def bucket_stats(rows: list[tuple]) -> dict:
 
 
 def peer_decisions(pages: list[str]) -> dict:
-    """vllm-router's prefill routing outcomes (prefix_hit, prefix_miss,
-    missing_tokens: no token ids within its budget, so by load alone)."""
+    """A peer's routing outcomes from its metrics page: vllm-router's prefill
+    ones (prefix_hit, prefix_miss, missing_tokens: no token ids within its
+    budget, so by load alone); SMG's cache_aware branches, prefill and decode
+    picks together (`branch:tree_match`: a worker's tree held at least the
+    threshold's share of the prompt; `branch:expected_wait_fallback`: it did
+    not, the least expected wait took it; `branch:spill`: the matched worker
+    was over the spill thresholds)."""
     out: dict[str, float] = {}
     for page in pages:
         for line in page.splitlines():
             if (line.startswith("vllm_router_prefix_routing_decisions_total{")
                     and 'stage="prefill"' in line):
                 outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-                out[outcome] = out.get(outcome, 0) + float(line.rsplit(" ", 1)[1])
+            elif line.startswith("smg_cache_aware_policy_branch_total{"):
+                outcome = "branch:" + line.split('branch="', 1)[1].split('"', 1)[0]
+            else:
+                continue
+            out[outcome] = out.get(outcome, 0) + float(line.rsplit(" ", 1)[1])
     return out

@@ -149,7 +149,9 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
     for n in names:
         d = (results.get(n) or {}).get("prefill_decisions")
         if d:
-            w(f"  {n}: prefill decisions " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(d.items())))
+            what = ("cache_aware picks (prefill and decode)" if any(k.startswith("branch:") for k in d)
+                    else "prefill decisions")
+            w(f"  {n}: {what} " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(d.items())))
     for n in names:
         r = results.get(n)
         if r and r.get("errors"):
