@@ -268,6 +268,9 @@ bench-fleet-judge *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x
 # The same at twice the load.
 bench-fleet-judge-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 2x --stem fleet-judge-2x " + ARGS)
 
+# pd-router's default and the tuned SMG on the SGLang sims, judged the same way (~23 min).
+bench-fleet-judge-sglang *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-sglang,smg-tuned --stem fleet-judge-sglang " + ARGS)
+
 # The simulator's checks (~25 min): the tuning window; one judging window with prompts of 3 and of 5 bytes a token; the same with a GPU-only cache (no host tier), where eviction binds.
 bench-fleet-checks *ARGS: (bench-fleet "--windows tune --repeats 5 --variants 1x --stem fleet-tune " + ARGS)
     bench/.venv/bin/python bench/fleet.py --windows w4k --repeats 5 --variants 1x --bytes-per-token 3 --stem fleet-judge-bpt3 {{ARGS}}
