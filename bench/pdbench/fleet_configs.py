@@ -14,7 +14,7 @@ class Config:
     `plugin` into its top-level configuration (dicts merged deeply);
     `scale` multiplies the time scale of its runs."""
     name: str
-    router: str  # "pd", "vllm-router" or "smg"
+    router: str  # "pd", "vllm-router", "smg" or "epp"
     engine: str  # the sims' wire contract: "vllm" or "sglang"
     model: dict = field(default_factory=dict)
     plugin: dict = field(default_factory=dict)
@@ -34,6 +34,9 @@ class Config:
     # A peer's own options, appended to its command line (the peers' tuning
     # sweep, bench/README.md "The peers' tuning sweep").
     peer_args: tuple = ()
+    # The endpoint picker's runs: its prefix-cache scorer's parameters over
+    # EPP_SCHEDULING's.
+    epp_prefix: dict = field(default_factory=dict)
     # The variants it runs in (by key of VARIANTS); empty: every one asked.
     variants: tuple = ()
     # A change: the configuration it is measured against.
@@ -212,7 +215,65 @@ CHANGES = [
            against="pd-chash", variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
                                    "(before issue 24), the bound of now"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP}
+
+# The endpoint picker as a peer (issue 37; bench/README.md, "The endpoint
+# picker as a peer"): GIE v1.5.0's EPP with llm-d's PD plugins (tools/epp)
+# places both legs with its own scorers, over ext_proc from deploy/envoy-epp's
+# Envoy, where pd-router in executor mode ("placement": "epp") carries out
+# the hand-off; the sims each on an address of their own (the pool's pods),
+# a real kube-apiserver and etcd holding the pool and one Pod a sim pod. Run
+# only when named in --configs: it needs `just epp kube-apiserver` (Go).
+#
+# Its scheduling: llm-d's own P/D sample (llm-d-inference-scheduler
+# deploy/config/pd-epp-config.yaml): in both profiles GIE's prefix-cache
+# scorer (weight 2; approximate: it remembers where it sent each prompt's
+# blocks of 16 tokens, 4 bytes a token, at most 256, 31,250 blocks per pod,
+# and does not see the pods' caches) and its queue scorer (weight 1: the pods' waiting
+# requests), the max-score picker; every request split (llm-d's
+# prefix-based decider needs its tokenizer, not in GIE; tools/epp/pd.go
+# always splits, as pd-router does here). llm-d's precise prefix scorer
+# (KV events from the pods) is in github.com/llm-d/llm-d-inference-scheduler,
+# which the Go module proxy refuses (403): not built, not faked.
+EPP_SCHEDULING = {
+    "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+    "kind": "EndpointPickerConfig",
+    "plugins": [
+        {"type": "prefix-cache-scorer",
+         "parameters": {"maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250}},
+        {"type": "queue-scorer"},
+        {"type": "prefill-filter"},
+        {"type": "decode-filter"},
+        {"type": "max-score-picker"},
+        {"type": "pd-profile-handler",
+         "parameters": {"prefillProfile": "prefill", "decodeProfile": "decode"}},
+        {"type": "prefill-header-handler",
+         "parameters": {"prefillProfile": "prefill", "decodeProfile": "decode"}},
+    ],
+    "schedulingProfiles": [
+        {"name": role, "plugins": [
+            {"pluginRef": f"{role}-filter"},
+            {"pluginRef": "max-score-picker"},
+            {"pluginRef": "prefix-cache-scorer", "weight": 2},
+            {"pluginRef": "queue-scorer", "weight": 1},
+        ]} for role in ("prefill", "decode")
+    ],
+}
+EPP_PEER = [
+    Config("epp", "epp", "vllm",
+           about="GIE v1.5.0 EPP + llm-d PD plugins (prefix-cache 2, queue 1; llm-d's sample) "
+                 "over ext_proc, pd-router executing its picks; vLLM NIXL sims, a pod an address"),
+    # Its one tuning: the prefix scorer hashes the first 32,768 tokens of a
+    # prompt instead of 4,096 (the tuning window's prompts: median 8,400
+    # tokens, p90 29,000), so conversations that share a long start still
+    # differ. Its memory per pod is not a knob in v1.5.0: the indexer sizes
+    # each pod's LRU from the pod's vllm:cache_config_info num_gpu_blocks,
+    # else 31,250 blocks of 16 tokens (an H100's HBM, about what the sims'
+    # GPU KV is), whatever lruCapacityPerServer says (approximateprefix
+    # plugin.go makeserver); the sims export no cache_config_info.
+    Config("epp-32k", "epp", "vllm", epp_prefix={"maxPrefixBlocksToMatch": 2048},
+           about="epp, its prefix scorer matching up to 32,768 tokens (2,048 blocks of 16)"),
+]
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + EPP_PEER}
 
 
 @dataclass(frozen=True)
