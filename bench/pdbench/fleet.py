@@ -29,7 +29,6 @@ built: bench/.venv/bin/python bench/fleet.py --help
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import json
 import os
@@ -48,8 +47,9 @@ from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_po
 from .envoy import fleet_envoy, hcm
 from .epp import PodMock, envoy_epp_config, epp_paths, install_pool, start_picker
 from .kube import Kube, kube_bins
-from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, EPP_SCHEDULING, JUDGE_CONFIGS, QUICK,
-                            QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge)
+from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, EPP_WEIGHTS, JUDGE_CONFIGS, QUICK,
+                            QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge,
+                            epp_scheduling)
 from .fleet_metrics import (bucket_stats, load_trace, peer_decisions, reusable_tokens,
                             summarize, turn_stats)
 from .fleet_judge import judge_report, plot_judged, write_judge_csv
@@ -237,22 +237,14 @@ def epp_settled(url: str, sim: dict, timeout: float = 120) -> None:
             time.sleep(0.5)
 
 
-def epp_scheduling(c: Config) -> dict:
-    """EPP_SCHEDULING with the configuration's prefix scorer parameters."""
-    cfg = copy.deepcopy(EPP_SCHEDULING)
-    scorer = next(p for p in cfg["plugins"] if p["type"] == "prefix-cache-scorer")
-    scorer["parameters"] = dict(scorer.get("parameters") or {}, **c.epp_prefix)
-    return cfg
-
-
 def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
     """The endpoint picker's stack over the sims (bench/pdbench/epp.py's, as
     the no-hop row runs it, not pinned): kube-apiserver and etcd with GIE's
     CRD, the shipped pool on the sims' common port and one Pod with llm-d's
-    labels and the sim pod's address per sim pod; the picker with
-    EPP_SCHEDULING; deploy/envoy-epp's Envoy (two workers) with pd-router in
-    executor mode, the fleet's timeouts and pd-router's fleet knobs. Its
-    listener port, once requests go through split."""
+    labels and the sim pod's address per sim pod; the picker with the
+    configuration's scheduling; deploy/envoy-epp's Envoy (two workers) with
+    pd-router in executor mode, the fleet's timeouts and pd-router's fleet
+    knobs. Its listener port, once requests go through split."""
     epp, crd = epp_paths()
     for f in (epp, crd, *kube_bins()):
         if not f.exists():
@@ -267,7 +259,8 @@ def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
     install_pool(kube, crd, port, [(PodMock(p["name"], port, None, p["address"].rsplit(":", 1)[0]),
                                     role) for p, role in pods])
     config = procs.scratch / "epp-config.yaml"
-    config.write_text(yaml.safe_dump(epp_scheduling(c), sort_keys=False))
+    config.write_text(yaml.safe_dump(epp_scheduling(c.epp_weights or EPP_WEIGHTS, c.epp_prefix),
+                                     sort_keys=False))
     _, grpc = start_picker(procs, epp, kube, config, core=None, gomaxprocs=None)
     d = procs.scratch / "envoy-epp"
     d.mkdir(exist_ok=True)
