@@ -97,16 +97,23 @@ def install_pool(kube: Kube, crd: Path, port: int, pods: list[tuple[PodMock, str
                                       "llm-d.ai/model": "qwen3-8b", "llm-d.ai/role": role})
 
 
-def start_picker(procs: Procs, epp: Path, kube: Kube) -> tuple[subprocess.Popen, int]:
-    """The picker on the router core, once its ext_proc port listens."""
+def start_picker(procs: Procs, epp: Path, kube: Kube, config: Path | None = None,
+                 core: str | None = ROUTER_CORE, gomaxprocs: str | None = "1"
+                 ) -> tuple[subprocess.Popen, int]:
+    """The picker, once its ext_proc port listens: by default on the router
+    core with one Go thread and tools/epp/pd-config.yaml (the no-hop row);
+    the fleet gives its own scheduling `config`, no core, all Go threads."""
     grpc, health, metrics = free_port(), free_port(), free_port()
+    env = {"KUBECONFIG": str(kube.kubeconfig)}
+    if gomaxprocs:
+        env["GOMAXPROCS"] = gomaxprocs
     p = procs.start("epp", [
         str(epp), "--pool-name", POOL, "--pool-namespace", NS, "--grpc-port", str(grpc),
         "--grpc-health-port", str(health), "--metrics-port", str(metrics),
-        "--config-file", str(REPO / "tools/epp/pd-config.yaml"),
+        "--config-file", str(config or REPO / "tools/epp/pd-config.yaml"),
         # No collector to send traces to.
         "--tracing=false", "--v", EPP_VERBOSITY],
-        ROUTER_CORE, env={"KUBECONFIG": str(kube.kubeconfig), "GOMAXPROCS": "1"})
+        core, env=env)
     deadline = time.time() + 60
     while True:
         try:
@@ -118,10 +125,12 @@ def start_picker(procs: Procs, epp: Path, kube: Kube) -> tuple[subprocess.Popen,
             time.sleep(0.2)
 
 
-def envoy_epp_config(wasm: Path, grpc: int, kube: Kube, dirpath: Path) -> dict:
+def envoy_epp_config(wasm: Path, grpc: int, kube: Kube, dirpath: Path, model: str = MODEL,
+                     plugin_over: dict | None = None) -> dict:
     """deploy/envoy-epp's envoy.yaml with its addresses, paths and ports made
     local (each replacement must match, so a changed file fails loudly), the
-    token and CA in `dirpath`, and the plugin's model named as the bench's."""
+    token and CA in `dirpath`, the plugin's model named `model` (the bench's),
+    and `plugin_over`'s keys set at the plugin configuration's top level."""
     cm = yaml.safe_load((REPO / "deploy/envoy-epp/envoy-config.yaml").read_text())
     text = cm["data"]["envoy.yaml"]
     volume = dirpath / "token-volume"
@@ -155,8 +164,9 @@ def envoy_epp_config(wasm: Path, grpc: int, kube: Kube, dirpath: Path) -> dict:
                        if f["name"] == "envoy.filters.http.wasm")
     conf = wasm_filter["typed_config"]["config"]["configuration"]
     plugin = json.loads(conf["value"])
-    plugin["models"][0]["name"] = MODEL
-    plugin["discovery"]["kubernetes"]["inference_pool"]["model"] = MODEL
+    plugin["models"][0]["name"] = model
+    plugin["discovery"]["kubernetes"]["inference_pool"]["model"] = model
+    plugin.update(plugin_over or {})
     conf["value"] = json.dumps(plugin)
     return cfg
 

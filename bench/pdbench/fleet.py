@@ -40,11 +40,16 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
                      read_line, start_envoy, start_peer)
-from .envoy import fleet_envoy
-from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, JUDGE_CONFIGS, QUICK,
-                            QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge)
+from .envoy import fleet_envoy, hcm
+from .epp import PodMock, envoy_epp_config, epp_paths, install_pool, start_picker
+from .kube import Kube, kube_bins
+from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, EPP_WEIGHTS, JUDGE_CONFIGS, QUICK,
+                            QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge,
+                            epp_scheduling)
 from .fleet_metrics import (bucket_stats, load_trace, peer_decisions, reusable_tokens,
                             summarize, turn_stats)
 from .fleet_judge import judge_report, plot_judged, write_judge_csv
@@ -54,6 +59,9 @@ MODEL = "sim-model"
 # `mock-engine sim --lease-s`'s default: how long a vLLM prefill pod keeps
 # its KV for the decode, modelled seconds.
 SIM_LEASE_S = 30.0
+# The endpoint picker's runs: sim pod i on 127.0.0.(2 + i), all on one port
+# (`mock-engine sim --host-range`), as an InferencePool's pods are.
+EPP_FIRST_HOST = "127.0.0.2"
 
 class Skipped(RuntimeError):
     """A configuration the filter under test refuses (an option it does not
@@ -94,6 +102,8 @@ def start_sim(procs: Procs, a, run: Run) -> dict:
              "--host-gbs", f"{a.host_gbs:g}"]
     if run.config.decoder_kv_ttl_s:
         argv += ["--decoder-kv-ttl-s", f"{run.config.decoder_kv_ttl_s:g}"]
+    if run.config.router == "epp":
+        argv += ["--host-range", EPP_FIRST_HOST]
     p = procs.start("sim", argv, stdout=subprocess.PIPE)
     line = read_line(p, 30)
     try:
@@ -199,6 +209,82 @@ def start_smg(procs: Procs, a, c: Config, sim: dict) -> int:
     return start_fleet_peer(procs, "smg", argv, "/readiness")
 
 
+def epp_settled(url: str, sim: dict, timeout: float = 120) -> None:
+    """Five answers in a row through the picker's Envoy, split with a valid
+    hand-off (the sims' records say so): the picker has the pool and its
+    pods, pd-router has discovered them. The prompts are text the sims find
+    no blocks in, their records (user epp-settle-N) are not the replay's."""
+    deadline, streak, n, last = time.time() + timeout, 0, 0, ""
+    base = f"http://{sim['prefill'][0]['address']}"
+    while streak < 5:
+        n += 1
+        user = f"epp-settle-{n}"
+        body = json.dumps({"model": MODEL, "prompt": f"settle {n}", "max_tokens": 2,
+                           "user": user}).encode()
+        status, _, resp = http("POST", url, body, timeout=30)
+        ok = status == 200
+        if ok:
+            _, recs = http_get(base + "/sim/records", 30)
+            mine = [r for r in json.loads(recs) if r["user"] == user]
+            ok = (sorted(r["role"] for r in mine) == ["decode", "prefill"]
+                  and all(r["handoff"] == "ok" for r in mine if r["role"] == "decode"))
+            resp = json.dumps(mine).encode()
+        streak = streak + 1 if ok else 0
+        last = f"{status} {resp[:300]!r}"
+        if time.time() > deadline:
+            raise RuntimeError(f"the picker's Envoy never settled: last answer {last}")
+        if not ok:
+            time.sleep(0.5)
+
+
+def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
+    """The endpoint picker's stack over the sims (bench/pdbench/epp.py's, as
+    the no-hop row runs it, not pinned): kube-apiserver and etcd with GIE's
+    CRD, the shipped pool on the sims' common port and one Pod with llm-d's
+    labels and the sim pod's address per sim pod; the picker with the
+    configuration's scheduling; deploy/envoy-epp's Envoy (two workers) with
+    pd-router in executor mode, the fleet's timeouts and pd-router's fleet
+    knobs. Its listener port, once requests go through split."""
+    epp, crd = epp_paths()
+    for f in (epp, crd, *kube_bins()):
+        if not f.exists():
+            raise RuntimeError(f"{f} not found (`just epp kube-apiserver` builds the picker "
+                               "and the API server)")
+    pods = [(p, role) for role in ("prefill", "decode") for p in sim[role]]
+    ports = {p["address"].rsplit(":", 1)[1] for p, _ in pods}
+    if len(ports) != 1:
+        raise RuntimeError(f"the sims are not on one port: {sorted(ports)}")
+    port = int(ports.pop())
+    kube = Kube(procs, None)
+    install_pool(kube, crd, port, [(PodMock(p["name"], port, None, p["address"].rsplit(":", 1)[0]),
+                                    role) for p, role in pods])
+    config = procs.scratch / "epp-config.yaml"
+    config.write_text(yaml.safe_dump(epp_scheduling(c.epp_weights or EPP_WEIGHTS, c.epp_prefix),
+                                     sort_keys=False))
+    _, grpc = start_picker(procs, epp, kube, config, core=None, gomaxprocs=None)
+    d = procs.scratch / "envoy-epp"
+    d.mkdir(exist_ok=True)
+    # pd-router's fleet knobs, as the pd-* rows have them.
+    knobs = {k: v for k, v in plugin_config(c, sim).items()
+             if k in ("prefill_timeout_ms", "scrape_interval_ms", "kv_lease_ms", "max_body_bytes")}
+    cfg = envoy_epp_config(a.wasm, grpc, kube, d, MODEL, knobs)
+    # The fleet's timeouts (fleet_envoy's): modelled minutes of queueing are
+    # real seconds. deploy/envoy-epp has no circuit-breaker limits already.
+    h = hcm(cfg)
+    h["stream_idle_timeout"] = "600s"
+    for vh in h["route_config"]["virtual_hosts"]:
+        for r in vh["routes"]:
+            r["route"]["timeout"] = "0s"
+            r["route"]["idle_timeout"] = "600s"
+    port = start_fleet_envoy(procs, a, "envoy0", cfg)
+    try:
+        epp_settled(f"http://127.0.0.1:{port}/v1/completions", sim)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}\n{procs.log_tail('epp', 8)}\n{procs.log_tail('envoy0', 8)}"
+                           ) from None
+    return port
+
+
 def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
     """Starts the configuration's router(s); returns the URLs to replay to."""
     if c.router == "pd":
@@ -215,6 +301,8 @@ def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
         ports = [start_vllm_router(procs, a, c, sim)]
     elif c.router == "smg":
         ports = [start_smg(procs, a, c, sim)]
+    elif c.router == "epp":
+        ports = [start_epp(procs, a, c, sim)]
     else:
         raise ValueError(f"unknown router {c.router}")
     return [f"http://127.0.0.1:{p}/v1/completions" for p in ports]
@@ -494,7 +582,7 @@ def parse_args():
     for what, p in (("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock)):
         if not p.exists():
             ap.error(f"{what} not found at {p} (`./just bench-fleet` builds everything)")
-    for peer in sorted({r.config.router for r in runs} - {"pd"}):
+    for peer in sorted({r.config.router for r in runs} - {"pd", "epp"}):
         if not (a.peer_venv / "bin" / peer).exists():
             ap.error(f"{peer} is not installed in {a.peer_venv} (`./just bench-fleet` "
                      "installs bench/requirements.txt)")

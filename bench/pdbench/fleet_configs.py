@@ -14,7 +14,7 @@ class Config:
     `plugin` into its top-level configuration (dicts merged deeply);
     `scale` multiplies the time scale of its runs."""
     name: str
-    router: str  # "pd", "vllm-router" or "smg"
+    router: str  # "pd", "vllm-router", "smg" or "epp"
     engine: str  # the sims' wire contract: "vllm" or "sglang"
     model: dict = field(default_factory=dict)
     plugin: dict = field(default_factory=dict)
@@ -34,6 +34,11 @@ class Config:
     # A peer's own options, appended to its command line (the peers' tuning
     # sweep, bench/README.md "The peers' tuning sweep").
     peer_args: tuple = ()
+    # The endpoint picker's runs: its scorers and their weights (empty:
+    # EPP_WEIGHTS, llm-d's sample), its prefix-cache scorer's parameters
+    # over EPP_PREFIX.
+    epp_weights: dict = field(default_factory=dict)
+    epp_prefix: dict = field(default_factory=dict)
     # The variants it runs in (by key of VARIANTS); empty: every one asked.
     variants: tuple = ()
     # A change: the configuration it is measured against.
@@ -212,7 +217,80 @@ CHANGES = [
            against="pd-chash", variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
                                    "(before issue 24), the bound of now"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP}
+
+# The endpoint picker as a peer (issue 37; bench/README.md, "The endpoint
+# picker as a peer"): GIE v1.5.0's EPP with llm-d's PD plugins (tools/epp)
+# places both legs with its own scorers, over ext_proc from deploy/envoy-epp's
+# Envoy, where pd-router in executor mode ("placement": "epp") carries out
+# the hand-off; the sims each on an address of their own (the pool's pods),
+# a real kube-apiserver and etcd holding the pool and one Pod a sim pod. Run
+# only when named in --configs: it needs `just epp kube-apiserver` (Go).
+#
+# Its scheduling (EPP_WEIGHTS, EPP_PREFIX): llm-d's own P/D sample
+# (llm-d-inference-scheduler deploy/config/pd-epp-config.yaml): in both
+# profiles GIE's prefix-cache scorer (weight 2; approximate: it remembers
+# where it sent each prompt's blocks of 16 tokens, 4 bytes a token, at most
+# 256, 31,250 blocks per pod, and does not see the pods' caches) and its
+# queue scorer (weight 1: the pods' waiting requests), the max-score picker; every request split (llm-d's
+# prefix-based decider needs its tokenizer, not in GIE; tools/epp/pd.go
+# always splits, as pd-router does here). llm-d's precise prefix scorer
+# (KV events from the pods) is in github.com/llm-d/llm-d-inference-scheduler,
+# which the Go module proxy refuses (403): not built, not faked.
+#
+# The scorers and their weights in both profiles (llm-d's sample); a
+# configuration's `epp_weights` replaces them.
+EPP_WEIGHTS = {"prefix-cache-scorer": 2, "queue-scorer": 1}
+EPP_PREFIX = {"maxPrefixBlocksToMatch": 256, "lruCapacityPerServer": 31250}
+
+
+def epp_scheduling(weights: dict, prefix: dict) -> dict:
+    """The picker's EndpointPickerConfig: the role filters, `weights`'
+    scorers (the prefix-cache scorer with EPP_PREFIX and `prefix` over it),
+    the max-score picker, llm-d's profile handler and prefill header."""
+    both = {"prefillProfile": "prefill", "decodeProfile": "decode"}
+    scorers = [{"type": t, "parameters": dict(EPP_PREFIX, **prefix)}
+               if t == "prefix-cache-scorer" else {"type": t} for t in weights]
+    return {
+        "apiVersion": "inference.networking.x-k8s.io/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "plugins": scorers + [
+            {"type": "prefill-filter"}, {"type": "decode-filter"}, {"type": "max-score-picker"},
+            {"type": "pd-profile-handler", "parameters": dict(both)},
+            {"type": "prefill-header-handler", "parameters": dict(both)},
+        ],
+        "schedulingProfiles": [
+            {"name": role, "plugins": [{"pluginRef": f"{role}-filter"},
+                                       {"pluginRef": "max-score-picker"}]
+             + [{"pluginRef": t, "weight": w} for t, w in weights.items()]}
+            for role in ("prefill", "decode")
+        ],
+    }
+
+
+EPP_PEER = [
+    Config("epp", "epp", "vllm",
+           about="GIE v1.5.0 EPP + llm-d PD plugins (prefix-cache 2, queue 1; llm-d's sample) "
+                 "over ext_proc, pd-router executing its picks; vLLM NIXL sims, a pod an address"),
+    # Its one tuning: the prefix scorer hashes the first 32,768 tokens of a
+    # prompt instead of 4,096 (the tuning window's prompts: median 8,400
+    # tokens, p90 29,000), so conversations that share a long start still
+    # differ. Its memory per pod is not a knob in v1.5.0: the indexer sizes
+    # each pod's LRU from the pod's vllm:cache_config_info num_gpu_blocks,
+    # else 31,250 blocks of 16 tokens (an H100's HBM, about what the sims'
+    # GPU KV is), whatever lruCapacityPerServer says (approximateprefix
+    # plugin.go makeserver); the sims export no cache_config_info.
+    Config("epp-32k", "epp", "vllm", epp_prefix={"maxPrefixBlocksToMatch": 2048},
+           about="epp, its prefix scorer matching up to 32,768 tokens (2,048 blocks of 16)"),
+    # GIE's own default scheduling (its chart, config/charts/epplib
+    # templates/_config.yaml at v1.5.0): queue 2, KV-cache use 2, prefix 3,
+    # here in both of llm-d's profiles.
+    Config("epp-gie", "epp", "vllm",
+           epp_weights={"queue-scorer": 2, "kv-cache-utilization-scorer": 2,
+                        "prefix-cache-scorer": 3},
+           about="epp with GIE's default scorers: queue 2, kv-cache-utilization 2, "
+                 "prefix-cache 3"),
+]
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + EPP_PEER}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ use engine::EngineConfig;
 use fleet::{Flavor, Fleet};
 use model::Gpu;
 use pod::{Clock, Pod, Role};
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -50,6 +50,17 @@ pub struct SimArgs {
     /// system)
     #[arg(long, default_value = "127.0.0.1")]
     pub host: IpAddr,
+    /// Each pod on an address of its own instead, all on one port (as a
+    /// Kubernetes pool's pods are: one target port, the pod's IP): pod i
+    /// (prefill pods first, then decode) on this IPv4 address plus i, e.g.
+    /// 127.0.0.2, 127.0.0.3, ... (every 127/8 address is loopback on Linux)
+    #[arg(long, conflicts_with = "host")]
+    pub host_range: Option<Ipv4Addr>,
+    /// The port every pod listens on with --host-range (0: one the system
+    /// chooses, free on every pod's address); without --host-range only 0
+    /// (each pod on a port of its own)
+    #[arg(long, default_value_t = 0)]
+    pub port: u16,
     /// SGLang: the prefill pods' bootstrap ports start here (named in
     /// requests, not served)
     #[arg(long, default_value_t = 18998)]
@@ -103,6 +114,76 @@ fn flavor(name: &str) -> Result<Flavor, String> {
     }
 }
 
+/// Each pod's address, in pod order (prefill pods, then decode): `--host`
+/// for all, or with `--host-range` the range's first address plus the pod's
+/// index.
+pub fn pod_hosts(args: &SimArgs) -> Result<Vec<IpAddr>, String> {
+    let n = args.prefill + args.decode;
+    let Some(first) = args.host_range else {
+        if args.port != 0 && n > 1 {
+            return Err("--port: every pod on one address needs a port of its own; \
+                        give each pod an address of its own with --host-range"
+                .into());
+        }
+        return Ok(vec![args.host; n]);
+    };
+    let base = u32::from(first);
+    (0..n)
+        .map(|i| {
+            u32::try_from(i)
+                .ok()
+                .and_then(|i| base.checked_add(i))
+                .map(|a| IpAddr::V4(Ipv4Addr::from(a)))
+                .ok_or_else(|| format!("--host-range {first}: {n} pods run past 255.255.255.255"))
+        })
+        .collect()
+}
+
+/// One listener per address in `hosts`, each on `port`; `port` 0: each on a
+/// port the system chooses when the addresses are all one, else one port
+/// the system chose for the first and free on every other (tried again on
+/// another when one is taken).
+pub async fn bind_pods(hosts: &[IpAddr], port: u16) -> Result<Vec<TcpListener>, String> {
+    let bind = |host: IpAddr, port: u16| async move {
+        TcpListener::bind(SocketAddr::new(host, port))
+            .await
+            .map_err(|e| format!("cannot bind a pod on {host}:{port}: {e}"))
+    };
+    let distinct = hosts.windows(2).any(|w| w.first() != w.last());
+    if port != 0 || !distinct {
+        let mut listeners = Vec::with_capacity(hosts.len());
+        for &h in hosts {
+            listeners.push(bind(h, port).await?);
+        }
+        return Ok(listeners);
+    }
+    let mut last = String::new();
+    for _ in 0..50 {
+        let Some(&first) = hosts.first() else {
+            return Ok(Vec::new());
+        };
+        let l0 = bind(first, 0).await?;
+        let chosen = l0
+            .local_addr()
+            .map_err(|e| format!("cannot read a pod's address: {e}"))?
+            .port();
+        let mut listeners = vec![l0];
+        for &h in hosts.iter().skip(1) {
+            match bind(h, chosen).await {
+                Ok(l) => listeners.push(l),
+                Err(e) => {
+                    last = e;
+                    break;
+                }
+            }
+        }
+        if listeners.len() == hosts.len() {
+            return Ok(listeners);
+        }
+    }
+    Err(format!("no port free on every pod's address: {last}"))
+}
+
 /// Binds every pod, prints one JSON line naming them, and serves until the
 /// process is stopped.
 pub async fn run(args: SimArgs) -> Result<(), String> {
@@ -136,21 +217,17 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
     let roles = (0..args.prefill)
         .map(|i| (Role::Prefill, i))
         .chain((0..args.decode).map(|i| (Role::Decode, i)));
+    let hosts = pod_hosts(&args)?;
+    let listeners = bind_pods(&hosts, args.port).await?;
     let mut pods = Vec::new();
-    let mut listeners = Vec::new();
-    for (index, (role, i)) in roles.enumerate() {
-        let listener = TcpListener::bind(SocketAddr::new(args.host, 0))
-            .await
-            .map_err(|e| format!("cannot bind a pod on {}: {e}", args.host))?;
-        let port = listener
+    for (index, ((role, i), listener)) in roles.zip(&listeners).enumerate() {
+        let local = listener
             .local_addr()
-            .map_err(|e| format!("cannot read a pod's address: {e}"))?
-            .port();
+            .map_err(|e| format!("cannot read a pod's address: {e}"))?;
         let bootstrap = args.bootstrap_port.saturating_add(i as u16);
         let name = format!("{}-{i}", role.name());
-        let addr = (args.host.to_string(), port, bootstrap);
+        let addr = (local.ip().to_string(), local.port(), bootstrap);
         pods.push(Pod::new(index, name, role, addr, config, clock));
-        listeners.push(listener);
     }
     let flush = Duration::from_millis(args.flush_ms);
     let mut fleet = Fleet::new(
@@ -195,4 +272,73 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
     );
     std::future::pending::<()>().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> SimArgs {
+        let argv = ["sim", "--prefill", "2", "--decode", "2"];
+        SimArgs::try_parse_from(argv.iter().chain(extra)).unwrap()
+    }
+
+    #[test]
+    fn by_default_every_pod_is_on_the_host_each_on_a_port_of_its_own() {
+        let a = args(&[]);
+        let hosts = pod_hosts(&a).unwrap();
+        assert_eq!(hosts, vec![IpAddr::from([127, 0, 0, 1]); 4]);
+        assert_eq!(a.port, 0);
+        // One port for several pods on one address cannot be.
+        assert!(pod_hosts(&args(&["--port", "8000"])).is_err());
+        let one =
+            SimArgs::try_parse_from(["sim", "--prefill", "1", "--decode", "0", "--port", "8000"]);
+        assert_eq!(pod_hosts(&one.unwrap()).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_host_range_gives_pod_i_the_first_address_plus_i() {
+        let hosts = pod_hosts(&args(&["--host-range", "127.0.0.254", "--port", "8000"])).unwrap();
+        let want: Vec<IpAddr> = [
+            [127, 0, 0, 254],
+            [127, 0, 0, 255],
+            [127, 0, 1, 0],
+            [127, 0, 1, 1],
+        ]
+        .into_iter()
+        .map(IpAddr::from)
+        .collect();
+        assert_eq!(hosts, want);
+        assert!(pod_hosts(&args(&["--host-range", "255.255.255.254"])).is_err());
+        // Either one address for all, or a range.
+        assert!(SimArgs::try_parse_from([
+            "sim",
+            "--host",
+            "127.0.0.1",
+            "--host-range",
+            "127.0.0.2"
+        ])
+        .is_err());
+    }
+
+    #[tokio::test]
+    async fn pods_with_addresses_of_their_own_share_one_port() {
+        let hosts = pod_hosts(&args(&["--host-range", "127.0.0.2"])).unwrap();
+        let listeners = bind_pods(&hosts, 0).await.unwrap();
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let port = addrs[0].port();
+        assert_ne!(port, 0);
+        for (i, a) in addrs.iter().enumerate() {
+            assert_eq!(
+                *a,
+                SocketAddr::new(IpAddr::from([127, 0, 0, 2 + i as u8]), port)
+            );
+        }
+        // Each answers on its own address: a connection to pod 2 reaches
+        // pod 2's listener.
+        let dial = tokio::net::TcpStream::connect(addrs[2]);
+        let (dialed, accepted) = tokio::join!(dial, listeners[2].accept());
+        assert_eq!(dialed.unwrap().peer_addr().unwrap(), addrs[2]);
+        assert_eq!(accepted.unwrap().0.local_addr().unwrap(), addrs[2]);
+    }
 }
