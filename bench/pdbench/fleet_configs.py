@@ -14,7 +14,7 @@ class Config:
     `plugin` into its top-level configuration (dicts merged deeply);
     `scale` multiplies the time scale of its runs."""
     name: str
-    router: str  # "pd", "vllm-router" or "smg"
+    router: str  # "pd", "vllm-router", "smg" or "dynamo"
     engine: str  # the sims' wire contract: "vllm" or "sglang"
     model: dict = field(default_factory=dict)
     plugin: dict = field(default_factory=dict)
@@ -96,6 +96,16 @@ CONFIGS = [
                       "--worker-warmup-divert-every", "0"),
            about="SMG's sweep winner: cache_aware, load polled every second, worker "
                  "warm-up off (smg-t13)"),
+]
+
+# NVIDIA Dynamo's KV router (bench/README.md, "Dynamo"): its frontend and a
+# shim that makes the vLLM NIXL sims Dynamo workers, from bench/.venv-dynamo.
+# Opt-in (`--configs dynamo`, `just bench-fleet-dynamo`): not in the default
+# run, so `just bench-fleet` and CI need no Dynamo install.
+OPT_IN = [
+    Config("dynamo", "dynamo", "vllm", variants=("1x",),
+           about="Dynamo 1.6.1 frontend --router-mode kv (prefill and decode workers through "
+                 "a shim that publishes the KV events the sims do not), vLLM NIXL sims"),
 ]
 
 # The peers' tuning sweep (bench/README.md, "The peers' tuning sweep"): each
@@ -212,7 +222,7 @@ CHANGES = [
            against="pd-chash", variants=("1x",), about="consistent_hash keyed on the first 8 blocks of 128 bytes "
                                    "(before issue 24), the bound of now"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP}
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + OPT_IN}
 
 
 @dataclass(frozen=True)
