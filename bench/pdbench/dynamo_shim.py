@@ -19,17 +19,17 @@ arrive, so the client's TTFT is the pod's.
 
 KV events. The sims publish none (they are HTTP servers with a cache model,
 not vLLM), so the shim publishes what vLLM's KV event publisher would: a
-BlockStored event for the whole blocks of the prompt that the pod now holds,
-once it holds them. A prefill pod: the blocks beyond those it had cached
-(its answer's `usage.prompt_tokens_details.cached_tokens`), when the prefill
-answers. A decode pod: every whole block of the prompt, when its first token
-arrives (vLLM's decode holds the blocks it pulled over NIXL, or computed when
-the hand-off failed, in its prefix cache too). Block hashes are chained (a
-block's hash covers its parent's), computed once per block, linear in the
-prompt. Evictions (BlockRemoved) are NOT published: the sims do not say which
-blocks they evict, and at the bench's settings (a host tier of 4x the GPU's
-KV per pod) they keep them; /sim/pods' evicted_blocks says how many they
-evicted in a run (bench/results/HISTORY.md).
+BlockStored event for the whole blocks of the prompt that the pod now holds
+and the router has not been told of (those it computed, in the main), once
+it holds them: a prefill pod when it answers, a decode pod when its first
+token arrives (vLLM's decode holds the blocks it pulled over NIXL, or
+computed when the hand-off failed, in its prefix cache too; Dynamo's decode
+routing does not read them). Block hashes are chained (a block's hash covers
+its parent's), computed once per block, linear in the prompt. Evictions
+(BlockRemoved) are NOT published: the sims do not say which blocks they
+evict, and at the bench's settings (a host tier of 4x the GPU's KV per pod)
+they keep nearly all; /sim/pods' evicted_blocks says how many they evicted in
+a run (bench/results/HISTORY.md).
 
 Names. The frontend does not pass the client's `user` on to the worker, and
 the sims record requests by it, so the shim sends each pod a name made from
@@ -114,6 +114,7 @@ class Pod:
         self.kv = KvEventPublisher(self.endpoint, kv_block_size=block)
         self.metrics = WorkerMetricsPublisher()
         self.active_blocks = 0
+        self.told: set[int] = set()  # block hashes published as stored
 
     async def register(self, model_dir: str, kv_blocks: int, batched_tokens: int) -> None:
         from dynamo.llm import (ModelInput, ModelRuntimeConfig, ModelType, WorkerType,
@@ -139,12 +140,21 @@ class Pod:
         self.active_blocks += delta
         self.metrics.publish(0, self.active_blocks, None)
 
-    def _stored(self, toks: list[int], first: int) -> None:
-        """BlockStored for whole blocks `first`.. of the prompt."""
+    def _stored(self, toks: list[int]) -> None:
+        """BlockStored for the whole blocks of the prompt that the router has
+        not been told this pod holds, from the first such block on (its
+        parent named). The pod holds every whole block of the prompt once it
+        answers; which of them it computed is not what the router needs, and
+        answers that finish together may come in any order, so the shim
+        tracks what it told the router (it never tells it of an eviction)."""
         n = len(toks) // self.block
-        if n <= first:
+        if n == 0:
             return
         hashes = chained_hashes(toks, self.block, n)
+        first = next((i for i, h in enumerate(hashes) if h not in self.told), n)
+        if first == n:
+            return
+        self.told.update(hashes[first:])
         self.kv.publish_stored(toks[first * self.block:n * self.block], [self.block] * (n - first),
                                hashes[first:], hashes[first - 1] if first else None)
 
@@ -175,11 +185,7 @@ class Pod:
             yield {"token_ids": [], "finish_reason": "error",
                    "text": json.dumps(out)[:300]}
             return
-        cached = ((out.get("usage") or {}).get("prompt_tokens_details") or {}).get(
-            "cached_tokens") or 0
-        # cached_tokens counts the sim's tokens (512 a block): whole blocks of
-        # the sim are whole blocks here.
-        self._stored(toks, cached * (self.block // 512) // self.block)
+        self._stored(toks)
         yield {"token_ids": [X_ID], "finish_reason": None,
                "disaggregated_params": {"kv_transfer_params": out.get("kv_transfer_params")},
                "completion_usage": {"prompt_tokens": len(toks), "completion_tokens": 1,
@@ -208,7 +214,7 @@ class Pod:
                     ch = (c.get("choices") or [{}])[0]
                     k = (ch.get("text") or "").count("x ")
                     if n == 0 and k:
-                        self._stored(toks, 0)
+                        self._stored(toks)
                     n += k
                     fin = ch.get("finish_reason")
                     if k or fin:
