@@ -59,9 +59,12 @@ NIXL_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_en
                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
 
 
-def prompt_text(token_ids: list[int]) -> str:
-    """The prompt's text back from the char tokenizer's ids (one a byte)."""
-    return bytes(t for t in token_ids if t < 256).decode("latin-1")
+def prompt_bytes(token_ids: list[int]) -> bytes:
+    """The prompt's bytes back from the char tokenizer's ids (one a byte)."""
+    try:
+        return bytes(token_ids)
+    except ValueError:  # an id past the bytes (none in the sims' prompts)
+        return bytes(t for t in token_ids if t < 256)
 
 
 def request_key(prompt: bytes, block: int) -> str:
@@ -88,11 +91,10 @@ def key_of(prompt_bytes: int, hex_ids: list[str]) -> str:
     return "k" + h.hexdigest()
 
 
-def chained_hashes(token_ids: list[int], block: int, n: int) -> list[int]:
+def chained_hashes(data: bytes, block: int, n: int) -> list[int]:
     """The first `n` whole blocks' hashes, each covering its parent's (signed
     64-bit, as KvEventPublisher takes them)."""
     out, parent = [], b""
-    data = bytes(t & 0xFF for t in token_ids[: n * block])
     for i in range(n):
         d = hashlib.blake2b(parent + data[i * block:(i + 1) * block], digest_size=8).digest()
         out.append(int.from_bytes(d, "little", signed=True))
@@ -140,7 +142,7 @@ class Pod:
         self.active_blocks += delta
         self.metrics.publish(0, self.active_blocks, None)
 
-    def _stored(self, toks: list[int]) -> None:
+    def _stored(self, toks: list[int], data: bytes) -> None:
         """BlockStored for the whole blocks of the prompt that the router has
         not been told this pod holds, from the first such block on (its
         parent named). The pod holds every whole block of the prompt once it
@@ -150,7 +152,7 @@ class Pod:
         n = len(toks) // self.block
         if n == 0:
             return
-        hashes = chained_hashes(toks, self.block, n)
+        hashes = chained_hashes(data, self.block, n)
         first = next((i for i, h in enumerate(hashes) if h not in self.told), n)
         if first == n:
             return
@@ -159,25 +161,24 @@ class Pod:
                                hashes[first:], hashes[first - 1] if first else None)
 
     async def generate(self, request, context=None):
-        toks = list(request["token_ids"])
+        toks = request["token_ids"]
         sc = request.get("stop_conditions") or {}
-        text = prompt_text(toks)
-        body = {"model": MODEL, "prompt": text, "user": request_key(text.encode("latin-1"),
-                                                                    self.block),
-                "max_tokens": sc.get("max_tokens") or 16}
+        data = prompt_bytes(toks)
+        body = {"model": MODEL, "prompt": data.decode("latin-1"),
+                "user": request_key(data, self.block), "max_tokens": sc.get("max_tokens") or 16}
         blocks = -(-len(toks) // self.block)
         self._load(blocks)
         try:
             if self.role == "prefill":
-                async for out in self._prefill(toks, body):
+                async for out in self._prefill(toks, data, body):
                     yield out
             else:
-                async for out in self._decode(toks, body, request):
+                async for out in self._decode(toks, data, body, request):
                     yield out
         finally:
             self._load(-blocks)
 
-    async def _prefill(self, toks: list[int], body: dict):
+    async def _prefill(self, toks: list[int], data: bytes, body: dict):
         body.update(max_tokens=1, stream=False, kv_transfer_params=NIXL_PREFILL)
         async with self.session.post(self.url, json=body) as r:
             out = await r.json(content_type=None)
@@ -185,13 +186,13 @@ class Pod:
             yield {"token_ids": [], "finish_reason": "error",
                    "text": json.dumps(out)[:300]}
             return
-        self._stored(toks)
+        self._stored(toks, data)
         yield {"token_ids": [X_ID], "finish_reason": None,
                "disaggregated_params": {"kv_transfer_params": out.get("kv_transfer_params")},
                "completion_usage": {"prompt_tokens": len(toks), "completion_tokens": 1,
                                     "total_tokens": len(toks) + 1}}
 
-    async def _decode(self, toks: list[int], body: dict, request: dict):
+    async def _decode(self, toks: list[int], data: bytes, body: dict, request: dict):
         kvtp = ((request.get("prefill_result") or {}).get("disaggregated_params") or {}).get(
             "kv_transfer_params")
         if kvtp:
@@ -214,7 +215,7 @@ class Pod:
                     ch = (c.get("choices") or [{}])[0]
                     k = (ch.get("text") or "").count("x ")
                     if n == 0 and k:
-                        self._stored(toks)
+                        self._stored(toks, data)
                     n += k
                     fin = ch.get("finish_reason")
                     if k or fin:
