@@ -51,9 +51,9 @@ import sys
 
 
 MODEL = "sim-model"
-# The char tokenizer's ids beyond the bytes: end of sequence, and one output
-# token of the sims ("x "), so the frontend's token counts are the sims'.
-EOS_ID = 256
+# The char tokenizer's ids are the bytes, 256 its end of sequence, and 257
+# one output token of the sims ("x "), so the frontend's token counts are the
+# sims'.
 X_ID = 257
 NIXL_PREFILL = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
@@ -87,6 +87,7 @@ def request_key(prompt: bytes, block: int) -> str:
 
 
 def key_of(prompt_bytes: int, hex_ids: list[str]) -> str:
+    """A request's name from its prompt's length and its blocks' ids (hex)."""
     h = hashlib.blake2b(f"{prompt_bytes}:{','.join(hex_ids)}".encode(), digest_size=10)
     return "k" + h.hexdigest()
 
