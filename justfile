@@ -262,6 +262,9 @@ bench-fleet *ARGS: bench-setup
     bench/.venv/bin/pip install --quiet --disable-pip-version-check -r bench/requirements.txt
     bench/.venv/bin/python bench/fleet.py {{ARGS}}
 
+# NVIDIA Dynamo's KV router as a fleet peer on the tuning window (opt-in: not in bench-fleet's default configurations). fleet.py installs bench/.venv-dynamo when missing (bench/requirements-dynamo.txt, then ai-dynamo --no-deps: its aisimulate dependency needs pypi.nvidia.com). ARGS go to fleet.py.
+bench-fleet-dynamo *ARGS: (bench-fleet "--configs dynamo --windows tune --repeats 1 --variants 1x --stem fleet-dynamo " + ARGS)
+
 # The judged fleet runs (~23 min; -2x ~18 min): pd-router's default and vllm-router on the three judging windows (requests 2,000-2,999, 4,000-4,999, 9,000-9,999, each after 1,000 of warm-up), 5 seeds each; medians, ranges, verdicts, TTFT by prompt length beside the floor (bench/README.md, "Tuning and judging windows"). ARGS go to fleet.py (`--trace FILE` for another trace).
 bench-fleet-judge *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --stem fleet-judge " + ARGS)
 

@@ -13,6 +13,10 @@ decider.py, fleet.py, kube_api_bytes.py, nohop.py) only call a module's `main()`
   fleet_configs  its configurations, variants and defaults
   fleet_metrics  the trace's limit and each run's figures
   fleet_report   its report, CSV file and plot
+  dynamo_peer    NVIDIA Dynamo's KV router as a fleet peer: its install,
+                 start-up, the sims' records named back
+  dynamo_shim    the sims' pods as Dynamo workers (run by bench/.venv-dynamo's
+                 Python; stdlib only at import)
   kube_api_bytes the API server's bytes for pod discovery (bench/kube_api_bytes.py)
   kube           a real kube-apiserver and etcd (`just kube-apiserver`'s)
   epp            the endpoint picker's stack: GIE's EPP, its pool and pods,

@@ -44,6 +44,7 @@ import yaml
 
 from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
                      read_line, start_envoy, start_peer)
+from .dynamo_peer import ensure_venv, give_names_back, start_dynamo
 from .envoy import fleet_envoy, hcm
 from .epp import PodMock, envoy_epp_config, epp_paths, install_pool, start_picker
 from .kube import Kube, kube_bins
@@ -303,6 +304,10 @@ def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
         ports = [start_smg(procs, a, c, sim)]
     elif c.router == "epp":
         ports = [start_epp(procs, a, c, sim)]
+    elif c.router == "dynamo":
+        port = start_dynamo(procs, c, sim, a.bytes_per_token)
+        procs.metrics_urls.append(f"http://127.0.0.1:{port}/metrics")
+        ports = [port]
     else:
         raise ValueError(f"unknown router {c.router}")
     return [f"http://127.0.0.1:{p}/v1/completions" for p in ports]
@@ -378,9 +383,14 @@ def collect(a, run: Run, procs: FleetProcs, sim: dict, seen: list[dict], trace: 
     if s1 != 200 or s2 != 200:
         raise RuntimeError(f"/sim/records {s1}, /sim/pods {s2}")
     pods = json.loads(pods_body)
+    records = json.loads(rec_body)
+    if run.config.router == "dynamo":
+        # Its frontend does not pass `user` on: the shim named each request
+        # by its prompt, the replayer's names are given back here.
+        records = give_names_back(records, seen, trace, a.bytes_per_token)
     # Records of requests outside the replay (none expected) are left out.
     users = {s["user"] for s in seen}
-    records = [r for r in json.loads(rec_body) if r["user"] in users]
+    records = [r for r in records if r["user"] in users]
     measured = [s for s in seen if s["index"] >= run.warmup]
     judged = {s["user"] for s in measured}
     summary = summarize(measured, [r for r in records if r["user"] in judged], pods,
@@ -582,7 +592,12 @@ def parse_args():
     for what, p in (("envoy", a.envoy), ("wasm", a.wasm), ("mock-engine", a.mock)):
         if not p.exists():
             ap.error(f"{what} not found at {p} (`./just bench-fleet` builds everything)")
-    for peer in sorted({r.config.router for r in runs} - {"pd", "epp"}):
+    if any(r.config.router == "dynamo" for r in runs):
+        if a.extend_turns:
+            ap.error("dynamo: --extend-turns is not supported (its records are matched to the "
+                     "replayer's requests by the trace's block ids)")
+        ensure_venv()
+    for peer in sorted({r.config.router for r in runs} - {"pd", "epp", "dynamo"}):
         if not (a.peer_venv / "bin" / peer).exists():
             ap.error(f"{peer} is not installed in {a.peer_venv} (`./just bench-fleet` "
                      "installs bench/requirements.txt)")

@@ -14,7 +14,7 @@ class Config:
     `plugin` into its top-level configuration (dicts merged deeply);
     `scale` multiplies the time scale of its runs."""
     name: str
-    router: str  # "pd", "vllm-router", "smg" or "epp"
+    router: str  # "pd", "vllm-router", "smg", "epp" or "dynamo"
     engine: str  # the sims' wire contract: "vllm" or "sglang"
     model: dict = field(default_factory=dict)
     plugin: dict = field(default_factory=dict)
@@ -101,6 +101,16 @@ CONFIGS = [
                       "--worker-warmup-divert-every", "0"),
            about="SMG's sweep winner: cache_aware, load polled every second, worker "
                  "warm-up off (smg-t13)"),
+]
+
+# NVIDIA Dynamo's KV router (bench/README.md, "Dynamo"): its frontend and a
+# shim that makes the vLLM NIXL sims Dynamo workers, from bench/.venv-dynamo.
+# Opt-in (`--configs dynamo`, `just bench-fleet-dynamo`): not in the default
+# run, so `just bench-fleet` and CI need no Dynamo install.
+OPT_IN = [
+    Config("dynamo", "dynamo", "vllm", variants=("1x",),
+           about="Dynamo 1.6.1 frontend --router-mode kv (prefill and decode workers through "
+                 "a shim that publishes the KV events the sims do not), vLLM NIXL sims"),
 ]
 
 # The peers' tuning sweep (bench/README.md, "The peers' tuning sweep"): each
@@ -290,7 +300,7 @@ EPP_PEER = [
            about="epp with GIE's default scorers: queue 2, kv-cache-utilization 2, "
                  "prefix-cache 3"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + EPP_PEER}
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + EPP_PEER + OPT_IN}
 
 
 @dataclass(frozen=True)

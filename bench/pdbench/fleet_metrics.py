@@ -242,7 +242,11 @@ def peer_decisions(pages: list[str]) -> dict:
     picks together (`branch:tree_match`: a worker's tree held at least the
     threshold's share of the prompt; `branch:expected_wait_fallback`: it did
     not, the least expected wait took it; `branch:spill`: the matched worker
-    was over the spill thresholds)."""
+    was over the spill thresholds); Dynamo's KV events as its router applied
+    them (`kv_events:stored:ok`; any other status is an event it refused),
+    and the prefill pods' cached prefix (tokens, its block's) it saw on the
+    best pod for each request and on the pod it picked (`overlap:best`,
+    `overlap:picked`)."""
     out: dict[str, float] = {}
     for page in pages:
         for line in page.splitlines():
@@ -251,6 +255,14 @@ def peer_decisions(pages: list[str]) -> dict:
                 outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
             elif line.startswith("smg_cache_aware_policy_branch_total{"):
                 outcome = "branch:" + line.split('branch="', 1)[1].split('"', 1)[0]
+            elif (line.startswith("dynamo_component_kv_cache_events_applied{")
+                  and not line.endswith(" 0")):
+                outcome = ("kv_events:" + line.split('event_type="', 1)[1].split('"', 1)[0]
+                           + ":" + line.split('status="', 1)[1].split('"', 1)[0])
+            elif (line.startswith("dynamo_component_router_kv_")
+                  and "_cached_prefix_tokens_total{" in line and 'phase="prefill"' in line):
+                outcome = ("overlap:best" if "best_eligible" in line.split("{", 1)[0]
+                           else "overlap:picked")
             else:
                 continue
             out[outcome] = out.get(outcome, 0) + float(line.rsplit(" ", 1)[1])

@@ -150,6 +150,8 @@ def report(results: dict, failed: dict, params: dict, runs: list[Run], wall_s: f
         d = (results.get(n) or {}).get("prefill_decisions")
         if d:
             what = ("cache_aware picks (prefill and decode)" if any(k.startswith("branch:") for k in d)
+                    else "KV router: events applied, prefill overlap seen (best) and taken (picked)"
+                    if any(k.startswith("kv_events:") for k in d)
                     else "prefill decisions")
             w(f"  {n}: {what} " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(d.items())))
     for n in names:
