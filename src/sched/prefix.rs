@@ -12,8 +12,8 @@
 //! Several holders per block: a prefix many pods hold (a system prompt
 //! every conversation begins with) reads as held by each of them, not by
 //! the last to serve it, which a policy weighing cache would then pile every
-//! new conversation onto (measured: bench/README.md, "The prefix table's
-//! holders").
+//! new conversation onto (measured: bench/README.md, "Tuning the
+//! placement").
 //!
 //! Every entry is a host call inside Envoy, so not every block is stored:
 //! only checkpoint blocks (powers of two, every 16th, and the last), and a
