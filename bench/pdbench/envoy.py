@@ -112,18 +112,23 @@ def forward_envoy(wasm: Path, primary: int, mirror: int | None, buffer: bool = F
     return cfg
 
 
-def fleet_envoy(wasm: Path, plugin: dict) -> dict:
-    """The fleet simulation's: pd-router's (`pd_envoy`) with no circuit-breaker
-    limits (an open-loop replay keeps more than Envoy's default 1024 requests
-    in flight when pods queue) and generous timeouts."""
-    cfg = pd_envoy(wasm, plugin)
+def fleet_timeouts(cfg: dict) -> None:
+    """Generous timeouts on `cfg`'s HTTP connection manager and routes: in the
+    fleet simulation modelled minutes of queueing are real seconds."""
     h = hcm(cfg)
-    # Generous timeouts: modelled minutes of queueing are real seconds.
     h["stream_idle_timeout"] = "600s"
     for vh in h["route_config"]["virtual_hosts"]:
         for r in vh["routes"]:
             r["route"]["timeout"] = "0s"
             r["route"]["idle_timeout"] = "600s"
+
+
+def fleet_envoy(wasm: Path, plugin: dict) -> dict:
+    """The fleet simulation's: pd-router's (`pd_envoy`) with no circuit-breaker
+    limits (an open-loop replay keeps more than Envoy's default 1024 requests
+    in flight when pods queue) and generous timeouts."""
+    cfg = pd_envoy(wasm, plugin)
+    fleet_timeouts(cfg)
     big = {"max_connections": 1000000, "max_pending_requests": 1000000,
            "max_requests": 1000000, "max_retries": 1000000}
     for cl in cfg["static_resources"]["clusters"]:

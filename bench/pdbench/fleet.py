@@ -45,7 +45,7 @@ import yaml
 from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
                      read_line, start_envoy, start_peer)
 from .dynamo_peer import ensure_venv, give_names_back, start_dynamo
-from .envoy import fleet_envoy, hcm
+from .envoy import fleet_envoy, fleet_timeouts
 from .epp import PodMock, envoy_epp_config, epp_paths, install_pool, start_picker
 from .kube import Kube, kube_bins
 from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, EPP_WEIGHTS, JUDGE_CONFIGS, QUICK,
@@ -269,14 +269,8 @@ def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
     knobs = {k: v for k, v in plugin_config(c, sim).items()
              if k in ("prefill_timeout_ms", "scrape_interval_ms", "kv_lease_ms", "max_body_bytes")}
     cfg = envoy_epp_config(a.wasm, grpc, kube, d, MODEL, knobs)
-    # The fleet's timeouts (fleet_envoy's): modelled minutes of queueing are
-    # real seconds. deploy/envoy-epp has no circuit-breaker limits already.
-    h = hcm(cfg)
-    h["stream_idle_timeout"] = "600s"
-    for vh in h["route_config"]["virtual_hosts"]:
-        for r in vh["routes"]:
-            r["route"]["timeout"] = "0s"
-            r["route"]["idle_timeout"] = "600s"
+    # deploy/envoy-epp has no circuit-breaker limits already.
+    fleet_timeouts(cfg)
     port = start_fleet_envoy(procs, a, "envoy0", cfg)
     try:
         epp_settled(f"http://127.0.0.1:{port}/v1/completions", sim)
