@@ -483,6 +483,17 @@ mod tests {
         assert_eq!(other.holders.len(), 1);
     }
 
+    /// Records `pod` serving the prompt `hashes` at `at` as the router does:
+    /// the checkpoints past what the table says it holds, merged into their
+    /// slots (TTL 10,000).
+    fn serve(t: &mut HashMap<u64, PrefixEntry>, hashes: &[u64], pod: u64, at: u64) {
+        let held = walk(hashes, |h| t.get(&h).cloned(), at, 10_000).depth_of(PodId(pod));
+        for h in to_record(hashes, held) {
+            let e = PrefixEntry::merged(t.get(&h).cloned(), h, hashes, PodId(pod), at, 10_000);
+            t.insert(h, e);
+        }
+    }
+
     #[test]
     fn a_prefix_served_by_several_pods_names_each_of_them() {
         // A system prompt of 8 blocks that three pods served, each with a
@@ -492,12 +503,7 @@ mod tests {
         let served = |t: &mut HashMap<u64, PrefixEntry>, tail: u8, pod: u64, at: u64| {
             let mut p = system.to_vec();
             p.extend_from_slice(&[tail; 4 * 24]);
-            let hashes = block_hashes(&p, 3, 4, 1000);
-            let held = walk(&hashes, |h| t.get(&h).cloned(), at, 10_000).depth_of(PodId(pod));
-            for h in to_record(&hashes, held) {
-                let e = PrefixEntry::merged(t.get(&h).cloned(), h, &hashes, PodId(pod), at, 10_000);
-                t.insert(h, e);
-            }
+            serve(t, &block_hashes(&p, 3, 4, 1000), pod, at);
         };
         served(&mut t, 2, 0, 100);
         served(&mut t, 3, 1, 200);
@@ -531,14 +537,8 @@ mod tests {
         let text = [5u8; 4 * 80];
         let hashes = block_hashes(&text, 3, 4, 1000);
         let mut t: HashMap<u64, PrefixEntry> = HashMap::new();
-        for (pod, blocks, at) in [(0u64, 40usize, 100u64), (1, 60, 200)] {
-            let turn = &hashes[..blocks];
-            let held = walk(turn, |h| t.get(&h).cloned(), at, 10_000).depth_of(PodId(pod));
-            for h in to_record(turn, held) {
-                let e = PrefixEntry::merged(t.get(&h).cloned(), h, turn, PodId(pod), at, 10_000);
-                t.insert(h, e);
-            }
-        }
+        serve(&mut t, &hashes[..40], 0, 100);
+        serve(&mut t, &hashes[..60], 1, 200);
         let m = walk(&hashes, |h| t.get(&h).cloned(), 300, 10_000);
         assert_eq!(m.depth_of(PodId(1)), 60);
         assert_eq!(m.depth_of(PodId(0)), 40, "{:?}", m.by_pod);
