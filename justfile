@@ -147,7 +147,7 @@ build: bench-setup
     @ls -l {{wasm}}
 
 # Run every test: `check`, then the MSRV build, cargo deny, the flow, golden, layout and end-to-end tests through Envoy, discovery against a real kube-apiserver, executor mode under a real endpoint picker, Istio's pilot on deploy/istio, the mock Kubernetes API's own tests, and every fuzz target briefly.
-test: check setup build msrv deny
+test: room check setup build msrv deny
     # Two threads: each end-to-end test runs its own Envoy and mocks on a 2-core machine. The real API server's, Istio's pilot's and the endpoint picker's tests come after, once their binaries are built.
     cargo test --workspace -- --test-threads 2 --skip kube_real:: --skip istio:: --skip epp:: --skip tracing::
     # A real kube-apiserver and etcd: built pinned on first use (about 10 minutes cold on 2 cores), then the discovery tests against them.
@@ -164,6 +164,10 @@ test: check setup build msrv deny
     {{just_executable()}} test-envoy-versions
     # Every fuzz target briefly (installs cargo-fuzz and the fuzz toolchain on first use).
     {{just_executable()}} fuzz-smoke
+
+# A cold run writes about 25 GB (measured here: target/ 5.6 GB, .tools/ 1.6 GB, Go's build and module caches 17 GB after building every tool): say so before a build fails in its linker with "No space left on device".
+room:
+    @free=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}'); [ "$free" -ge 25 ] || echo "warning: $free GB free here; a cold \`just test\` writes about 25 GB (target/, .tools/, Go's build and module caches)" >&2
 
 # The inner loop: formatting, clippy for every crate (native and wasm, the fuzz targets and the minimal benchmark filter), the unit, flow, golden, layout and docs tests natively and the unit tests inside wasm32-wasip1. No root; no network once the toolchain and .venv exist.
 check: lint
