@@ -218,6 +218,17 @@ def proc_ticks(pid: int) -> int:
         return 0
 
 
+def peak_rss_mb(pid: int) -> float | None:
+    """The peak resident memory of `pid` (VmHWM), MB; None if gone."""
+    try:
+        for line in open(f"/proc/{pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def core_ticks() -> dict[str, tuple[int, int]]:
     """Per core: (busy, total) clock ticks so far."""
     out = {}

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, proc_ticks,
+from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, peak_rss_mb, proc_ticks,
                      read_line, start_envoy, start_peer)
 from .dynamo_peer import ensure_venv, give_names_back, start_dynamo
 from .envoy import fleet_envoy, fleet_timeouts
@@ -353,13 +353,16 @@ def run_one(a, run: Run, trace_file: Path, trace: list[dict], reusable: list[int
         cpu = {n: (proc_cpu_s(p.pid) - cpu0.get(n, 0.0)) / replay_s for n, p in procs.procs
                if n != "replay"}
         cpu["replay"] = (ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime) / replay_s
+        # Peak memory by process: what a bigger shared prefix table costs Envoy.
+        rss = {n: round(m) for n, p in procs.procs if n != "replay"
+               and (m := peak_rss_mb(p.pid)) is not None}
         if rp.returncode != 0:
             raise RuntimeError(f"replay exited {rp.returncode}: {procs.log_tail('replay', 5)}")
         seen = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
         summary = collect(a, run, procs, sim, seen, trace, reusable, run_dir)
         summary.update(replay_wall_s=replay_s,
                        machine_busy=(m1[0] - m0[0]) / max(1, m1[1] - m0[1]),
-                       cpu={k: round(v, 3) for k, v in cpu.items()})
+                       cpu={k: round(v, 3) for k, v in cpu.items()}, rss_mb=rss)
         return summary
     finally:
         procs.stop_all()
@@ -542,8 +545,9 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="measure these windows of the trace, each after its warm-up, instead of "
                          "the first --requests: " + ", ".join(
                              f"{n} ({w.start}-{w.start + w.size - 1} after {w.warmup})"
-                             for n, w in WINDOWS.items()) + "; judge = "
-                         + ",".join(WINDOW_SETS["judge"]) + " (default configurations then: "
+                             for n, w in WINDOWS.items()) + "; " + "; ".join(
+                             f"{n} = {','.join(ws)}" for n, ws in WINDOW_SETS.items())
+                         + " (default configurations then: "
                          + ",".join(JUDGE_CONFIGS) + ")")
     ap.add_argument("--repeats", type=int, default=0,
                     help="run each configuration N times, seeds 1..N (arrivals spread within "
@@ -641,7 +645,8 @@ def run_all(a, runs: list[Run], scratch: Path, results: dict, failed: dict, trac
             + f"; P busy max {cell(r, 'prefill_busy_max', '{:.0%}')}, ovh99 "
               f"{cell(r, 'overhead_p99', '{:.2f}')}, replay {r['replay_wall_s']:.0f} s "
               f"real, machine {r['machine_busy']:.0%} busy, CPU "
-            + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu"].items()))
+            + ", ".join(f"{k} {v:.2f}" for k, v in r["cpu"].items())
+            + "; peak MB " + ", ".join(f"{k} {v}" for k, v in r.get("rss_mb", {}).items()))
 
 
 def run_params(a, runs: list[Run], results: dict, traces: dict, commit: str) -> dict:

@@ -200,6 +200,18 @@ CHANGES = [
            against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 8"),
     Config("pd-ttft-w64", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 64}},
            against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 64"),
+    Config("pd-ttft-w96", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 96}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 96"),
+    Config("pd-ttft-slots64k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 65536}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 65,536 slots"),
+    Config("pd-ttft-slots32k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 32768}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 32,768 slots"),
+    Config("pd-ttft-slots128k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 131072}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 131,072 slots"),
+    Config("pd-ttft-slots256k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 262144}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 262,144 slots"),
+    Config("pd-ttft-w192", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 192}},
+           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 192"),
     Config("pd-ttft-lb", "pd", "vllm", {"decode_policy": "load_balancing"},
            against="pd-ttft", variants=("1x", "32p"), about="least_ttft, decode load_balancing (AIBrix's)"),
     Config("pd-ttft-decider", "pd", "vllm", {"decider": DECIDER},
@@ -337,12 +349,14 @@ class Window:
 
 
 # Tuning and judging are apart: every choice of a policy or a default is made
-# on `tune` (the first 1,000 requests, the slice the earlier choices were
-# made on); `judge` reports on the three others, which no choice may look at
-# (bench/README.md, "Tuning and judging windows").
-WINDOWS = {"tune": Window(0, warmup=0), "w2k": Window(2000), "w4k": Window(4000),
-           "w9k": Window(9000)}
-WINDOW_SETS = {"judge": ["w2k", "w4k", "w9k"]}
+# on the tuning windows (`tune`, the first 1,000 requests, the slice the
+# earlier choices were made on; `t6k` and `t11k`, later in the trace where
+# more of each prompt was seen before, as on the judged ones); `judge`
+# reports on three others, which no choice may look at (bench/README.md,
+# "Tuning and judging windows").
+WINDOWS = {"tune": Window(0, warmup=0), "t6k": Window(6000), "t11k": Window(11000),
+           "w2k": Window(2000), "w4k": Window(4000), "w9k": Window(9000)}
+WINDOW_SETS = {"tunes": ["tune", "t6k", "t11k"], "judge": ["w2k", "w4k", "w9k"]}
 # The judged runs' configurations: the default and the best peer of the
 # earlier runs (vllm-router; sglang-router 0.3.2, which SMG replaced, placed
 # at random in PD mode).

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import (interrupt_on_sigterm, run_measured, BENCH, LOAD_CORE, REPO, Procs, die_with_parent, fmt, http, idle_check, log,
-                     proc_ticks)
+                     peak_rss_mb, proc_ticks)
 from .decider import cpu_ns, window_cpu_s
 from .e2e import ENGINES, Starter, Target, make_body, sanity_check
 from .epp import start_epp_stack
@@ -185,16 +185,6 @@ def reset_peak(pid: int) -> None:
             f.write("5")
     except OSError:
         pass
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    try:
-        for line in open(f"/proc/{pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 # A slow row's cell runs long enough for its connections to finish their
