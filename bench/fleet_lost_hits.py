@@ -40,7 +40,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", type=Path, help="a run's directory under a --keep scratch directory")
     ap.add_argument("--skip", type=int, default=0,
-                    help="leave out the first N requests (a window's warm-up)")
+                    help="leave out the requests before trace index N (a window's warm-up: "
+                         "its first measured request, e.g. 6000 for t6k)")
     a = ap.parse_args()
     trace, computed = load(a.run)
 
