@@ -22,6 +22,6 @@ for cmd in demo test; do
   ./just "$cmd" > "$dir/$cmd.log" 2>&1 || { echo "fresh-machine: ./just $cmd failed after $(( $(date +%s) - start )) s; log: $dir/$cmd.log"; tail -n 30 "$dir/$cmd.log"; exit 1; }
   echo "fresh-machine: ./just $cmd passed in $(( $(date +%s) - start )) s (log: $dir/$cmd.log)"
 done
-# A passed clone's builds are 7 GB that nothing reads again (and a machine
+# A passed clone's builds are 8 GB that nothing reads again (and a machine
 # whose disk fills makes the next CI run fail in its linker): keep the logs.
-rm -rf "$dir/target" "$dir/.tools" "$dir/.venv" "$dir/bench/.venv"
+rm -rf "$dir/target" "$dir/fuzz/target" "$dir/.tools" "$dir/.venv" "$dir/bench/.venv"
