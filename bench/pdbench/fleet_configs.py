@@ -183,6 +183,18 @@ PEER_SWEEP = [
                  "the 8 prefill pods' prefix caches"),
 ]
 
+# The placement's tuning rows (bench/README.md, "Tuning the placement"):
+# pd-router's default with one scheduling knob changed, run by name on the
+# tuning windows only.
+PLACEMENT_SWEEP = [
+    *(Config(f"pd-ttft-w{w}", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": w}},
+             against="pd-ttft", variants=("1x",), about=f"least_ttft, uncached_token_weight {w}")
+      for w in (96, 192)),
+    *(Config(f"pd-ttft-slots{n // 1024}k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": n}},
+             against="pd-ttft", variants=("1x",), about=f"least_ttft, a prefix table of {n:,} slots")
+      for n in (32768, 65536, 131072, 262144)),
+]
+
 # One change each against a configuration above (`against`), in the
 # variants that say something: `--changes` runs them with those, and writes
 # fleet-changes.* (bench/README.md, "What was changed").
@@ -200,18 +212,6 @@ CHANGES = [
            against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 8"),
     Config("pd-ttft-w64", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 64}},
            against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 64"),
-    Config("pd-ttft-w96", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 96}},
-           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 96"),
-    Config("pd-ttft-slots64k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 65536}},
-           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 65,536 slots"),
-    Config("pd-ttft-slots32k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 32768}},
-           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 32,768 slots"),
-    Config("pd-ttft-slots128k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 131072}},
-           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 131,072 slots"),
-    Config("pd-ttft-slots256k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": 262144}},
-           against="pd-ttft", variants=("1x",), about="least_ttft, a prefix table of 262,144 slots"),
-    Config("pd-ttft-w192", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": 192}},
-           against="pd-ttft", variants=("1x",), about="least_ttft, uncached_token_weight 192"),
     Config("pd-ttft-lb", "pd", "vllm", {"decode_policy": "load_balancing"},
            against="pd-ttft", variants=("1x", "32p"), about="least_ttft, decode load_balancing (AIBrix's)"),
     Config("pd-ttft-decider", "pd", "vllm", {"decider": DECIDER},
@@ -312,7 +312,7 @@ EPP_PEER = [
            about="epp with GIE's default scorers: queue 2, kv-cache-utilization 2, "
                  "prefix-cache 3"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + EPP_PEER + OPT_IN}
+BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + OPT_IN}
 
 
 @dataclass(frozen=True)
