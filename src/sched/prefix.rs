@@ -168,12 +168,15 @@ pub struct PrefixMatch {
     /// Per pod, the leading blocks it holds as far as the table knows,
     /// deepest first (the most recent first among equals).
     pub by_pod: Vec<(PodId, usize)>,
-    /// Blocks matched along the chain (any holder).
-    pub depth: usize,
     pub blocks: usize,
 }
 
 impl PrefixMatch {
+    /// Blocks matched along the chain (any holder): the deepest holder's.
+    pub fn depth(&self) -> usize {
+        self.by_pod.iter().map(|(_, d)| *d).max().unwrap_or(0)
+    }
+
     /// The leading blocks `pod` holds (0: the table knows none).
     pub fn depth_of(&self, pod: PodId) -> usize {
         self.by_pod
@@ -201,7 +204,6 @@ impl PrefixMatch {
             Some((_, d)) => *d = (*d).max(depth),
             None => self.by_pod.push((holder, depth)),
         }
-        self.depth = self.depth.max(depth);
     }
 }
 
@@ -363,7 +365,7 @@ mod tests {
             200,
             1000,
         );
-        assert_eq!((m.depth, m.percent(PodId(2)), lookups), (100, 100.0, 1));
+        assert_eq!((m.depth(), m.percent(PodId(2)), lookups), (100, 100.0, 1));
 
         // A prompt sharing the first 70 blocks: the deepest shared checkpoint
         // is block 63 (index 63 = every 16th).
@@ -380,13 +382,13 @@ mod tests {
             200,
             1000,
         );
-        assert_eq!(m.depth, 64);
+        assert_eq!(m.depth(), 64);
         assert_eq!(m.percent(PodId(2)), 64.0);
         assert_eq!(m.percent(PodId(1)), 0.0);
         assert!(lookups <= 5, "{lookups} lookups");
 
         // Stale entries and hash collisions are misses.
-        assert_eq!(walk(&hashes, |h| t.get(&h).cloned(), 5000, 1000).depth, 0);
+        assert_eq!(walk(&hashes, |h| t.get(&h).cloned(), 5000, 1000).depth(), 0);
         assert_eq!(
             walk(
                 &hashes,
@@ -394,7 +396,7 @@ mod tests {
                 0,
                 10
             )
-            .depth,
+            .depth(),
             0
         );
         assert_eq!(walk(&[], |_| None, 0, 10), PrefixMatch::default());
@@ -412,7 +414,7 @@ mod tests {
         next.extend_from_slice(&[6u8; 4 * 30]);
         let next_hashes = block_hashes(&next, 3, 4, 1000);
         let m = walk(&next_hashes, |h| t.get(&h).cloned(), 200, 1000);
-        assert_eq!((m.depth, m.blocks), (45, 75));
+        assert_eq!((m.depth(), m.blocks), (45, 75));
         assert_eq!(m.percent(PodId(4)), 60.0);
         // A prompt that leaves the last turn before its end matches only to
         // the checkpoint below where it leaves.
@@ -421,7 +423,7 @@ mod tests {
         other.extend_from_slice(&[6u8; 4 * 30]);
         let other_hashes = block_hashes(&other, 3, 4, 1000);
         assert_eq!(
-            walk(&other_hashes, |h| t.get(&h).cloned(), 200, 1000).depth,
+            walk(&other_hashes, |h| t.get(&h).cloned(), 200, 1000).depth(),
             32
         );
     }
@@ -513,7 +515,7 @@ mod tests {
         p.extend_from_slice(&[9u8; 4 * 24]);
         let hashes = block_hashes(&p, 3, 4, 1000);
         let m = walk(&hashes, |h| t.get(&h).cloned(), 400, 10_000);
-        assert_eq!(m.depth, 8);
+        assert_eq!(m.depth(), 8);
         for pod in 0..3 {
             assert_eq!(m.depth_of(PodId(pod)), 8, "pod {pod}");
         }
