@@ -121,6 +121,16 @@ impl Running {
     fn runnable(&self) -> bool {
         self.loading_s <= 0.0
     }
+
+    /// The tokens it asks of a step: its prompt still to compute, a
+    /// decode's one, nothing while its reload runs.
+    fn demand(&self) -> u32 {
+        match (self.runnable(), self.to_prefill) {
+            (false, _) => 0,
+            (true, 0) => 1,
+            (true, n) => n,
+        }
+    }
 }
 
 /// What an engine has counted since it started (for `/metrics` and the
@@ -233,9 +243,19 @@ impl Engine {
         tokens.min(prompt.tokens.saturating_sub(1))
     }
 
-    /// Admits waiting requests while their KV fits, in arrival order.
+    /// Admits waiting requests in arrival order while the step's token
+    /// budget has room after the running requests' share and their KV fits.
+    /// vLLM v1's `Scheduler.schedule` serves RUNNING requests first and then
+    /// WAITING ones `while token_budget > 0`, looking a waiting request's
+    /// prefix up only then: a prompt queued behind another of the same
+    /// prefix finds the blocks computed by the time it gets budget, not
+    /// those of the moment it arrived.
     fn admit(&mut self, events: &mut Vec<Event>) {
-        while self.running.len() < self.config.max_running {
+        let mut room = self
+            .config
+            .step_tokens
+            .saturating_sub(self.running_demand());
+        while room > 0 && self.running.len() < self.config.max_running {
             let Some(job) = self.waiting.front() else {
                 break;
             };
@@ -257,7 +277,17 @@ impl Engine {
                 break;
             };
             self.start(job, reserved, cached, events);
+            let share = self.running.last().map_or(0, Running::demand);
+            room = room.saturating_sub(share);
         }
+    }
+
+    /// The tokens the running requests take of the next step's budget.
+    fn running_demand(&self) -> u32 {
+        self.running
+            .iter()
+            .map(Running::demand)
+            .fold(0, u32::saturating_add)
     }
 
     /// A request admitted with its reservation: `cached` tokens found here.
@@ -507,6 +537,33 @@ mod tests {
             computed: 512
         }));
         assert_eq!(e.counters().computed_tokens, 2048 * 2 + 512);
+    }
+
+    #[test]
+    fn a_prompt_waits_for_step_budget_and_then_finds_what_the_one_ahead_computed() {
+        let mut e = Engine::new(EngineConfig::default());
+        // The first takes the whole of the first step's 8,192 tokens.
+        let ahead: Vec<u64> = (1..=20).collect();
+        let mut behind: Vec<u64> = (1..=16).collect();
+        behind.push(99);
+        e.submit(job(1, &ahead, 20 * 512, 1));
+        e.submit(job(2, &behind, 17 * 512, 1));
+        let mut events = Vec::new();
+        e.plan(&mut events);
+        assert_eq!(
+            (e.running(), e.waiting()),
+            (1, 1),
+            "no budget left for the second"
+        );
+        e.complete(&mut events);
+        let (_, rest) = run(&mut e);
+        // Admitted at the second step, it finds the first's 16 blocks.
+        assert!(rest.contains(&Event::Admitted {
+            key: 2,
+            cached: 16 * 512,
+            computed: 512
+        }));
+        assert_eq!(e.counters().computed_tokens, 20 * 512 + 512);
     }
 
     #[test]
