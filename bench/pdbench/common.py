@@ -182,6 +182,21 @@ def wait_until(what: str, check, timeout: float, proc: subprocess.Popen | None =
     raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
 
 
+def settled(what: str, attempt, streak: int, timeout: float, pause: float) -> None:
+    """Calls `attempt` (returning ok and a description of its answer) until
+    `streak` oks in a row, `pause` s after each miss; fails after `timeout`
+    s naming the last answer. A row through a picker is ready when it
+    routes right several times over, not once."""
+    deadline, run, last = time.time() + timeout, 0, ""
+    while run < streak:
+        ok, last = attempt()
+        run = run + 1 if ok else 0
+        if time.time() > deadline:
+            raise RuntimeError(f"{what} never settled: last answer {last}")
+        if not ok:
+            time.sleep(pause)
+
+
 # --------------------------------------------------------------------- http
 
 _opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))

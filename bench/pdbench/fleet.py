@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, peak_rss_mb, proc_ticks,
-                     read_line, start_envoy, start_peer)
+                     read_line, settled, start_envoy, start_peer)
 from .dynamo_peer import ensure_venv, give_names_back, start_dynamo
 from .envoy import fleet_envoy, fleet_timeouts
 from .epp import PodMock, envoy_epp_config, epp_paths, install_pool, start_picker
@@ -215,27 +215,25 @@ def epp_settled(url: str, sim: dict, timeout: float = 120) -> None:
     hand-off (the sims' records say so): the picker has the pool and its
     pods, pd-router has discovered them. The prompts are text the sims find
     no blocks in, their records (user epp-settle-N) are not the replay's."""
-    deadline, streak, n, last = time.time() + timeout, 0, 0, ""
     base = f"http://{sim['prefill'][0]['address']}"
-    while streak < 5:
+    n = 0
+
+    def attempt() -> tuple[bool, str]:
+        nonlocal n
         n += 1
         user = f"epp-settle-{n}"
         body = json.dumps({"model": MODEL, "prompt": f"settle {n}", "max_tokens": 2,
                            "user": user}).encode()
         status, _, resp = http("POST", url, body, timeout=30)
-        ok = status == 200
-        if ok:
-            _, recs = http_get(base + "/sim/records", 30)
-            mine = [r for r in json.loads(recs) if r["user"] == user]
-            ok = (sorted(r["role"] for r in mine) == ["decode", "prefill"]
-                  and all(r["handoff"] == "ok" for r in mine if r["role"] == "decode"))
-            resp = json.dumps(mine).encode()
-        streak = streak + 1 if ok else 0
-        last = f"{status} {resp[:300]!r}"
-        if time.time() > deadline:
-            raise RuntimeError(f"the picker's Envoy never settled: last answer {last}")
-        if not ok:
-            time.sleep(0.5)
+        if status != 200:
+            return False, f"{status} {resp[:300]!r}"
+        _, recs = http_get(base + "/sim/records", 30)
+        mine = [r for r in json.loads(recs) if r["user"] == user]
+        ok = (sorted(r["role"] for r in mine) == ["decode", "prefill"]
+              and all(r["handoff"] == "ok" for r in mine if r["role"] == "decode"))
+        return ok, f"{status} {json.dumps(mine)[:300]}"
+
+    settled("the picker's Envoy", attempt, streak=5, timeout=timeout, pause=0.5)
 
 
 def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:

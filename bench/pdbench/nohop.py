@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .common import (interrupt_on_sigterm, run_measured, BENCH, LOAD_CORE, REPO, Procs, die_with_parent, fmt, http, idle_check, log,
-                     peak_rss_mb, proc_ticks)
+                     peak_rss_mb, proc_ticks, settled)
 from .decider import cpu_ns, window_cpu_s
 from .e2e import ENGINES, Starter, Target, make_body, sanity_check
 from .epp import start_epp_stack
@@ -120,17 +120,12 @@ def parse_args():
 def epp_settled(t: Target, body: bytes, prefill: str, timeout: float = 90) -> None:
     """Three answers in a row split onto the picked pods: the picker has the
     pool, its pods and their metrics, and pd-router has discovered them."""
-    deadline, streak, last = time.time() + timeout, 0, ""
-    while streak < 3:
+    def attempt() -> tuple[bool, str]:
         status, headers, resp = http("POST", t.url, body, timeout=30)
-        headers = {k.lower(): v for k, v in headers.items()}
-        ok = status == 200 and headers.get("prefill-target-pod") == prefill
-        streak = streak + 1 if ok else 0
-        last = f"{status} {headers.get('prefill-target-pod')!r} {resp[:200]!r}"
-        if time.time() > deadline:
-            raise RuntimeError(f"the picker's row never settled: last answer {last}")
-        if not ok:
-            time.sleep(0.25)
+        picked = {k.lower(): v for k, v in headers.items()}.get("prefill-target-pod")
+        return status == 200 and picked == prefill, f"{status} {picked!r} {resp[:200]!r}"
+
+    settled("the picker's row", attempt, streak=3, timeout=timeout, pause=0.25)
 
 
 def start_rows(a, procs: Procs, configs: list[str], dead: dict, body_1k: bytes) -> dict[str, Row]:
