@@ -168,13 +168,24 @@ pub struct PrefixMatch {
     /// Per pod, the leading blocks it holds as far as the table knows,
     /// deepest first (the most recent first among equals).
     pub by_pod: Vec<(PodId, usize)>,
+    /// Leading blocks counted as held by every pod: those through a
+    /// checkpoint whose entry names [`MAX_HOLDERS`] fresh pods. A prefix
+    /// that common (a system prompt most conversations begin with) is on
+    /// more pods than an entry can name, and counting it only on the ones
+    /// named would pile new conversations onto them in a fleet of more
+    /// than [`MAX_HOLDERS`] pods; with no more pods than that, the named
+    /// ones are all of them and this changes nothing.
+    pub common: usize,
     pub blocks: usize,
 }
 
 impl PrefixMatch {
     /// Blocks matched along the chain (any holder): the deepest holder's.
     pub fn depth(&self) -> usize {
-        self.by_pod.iter().map(|(_, d)| *d).max().unwrap_or(0)
+        self.by_pod
+            .iter()
+            .map(|(_, d)| *d)
+            .fold(self.common, usize::max)
     }
 
     /// The leading blocks `pod` holds (0: the table knows none).
@@ -183,6 +194,7 @@ impl PrefixMatch {
             .iter()
             .find(|(p, _)| *p == pod)
             .map_or(0, |(_, d)| *d)
+            .max(self.common)
     }
 
     /// [`PrefixMatch::depth_of`] as a percentage of the prompt's blocks.
@@ -267,13 +279,15 @@ pub fn walk_every(
         let at = *cps.get(k)?;
         let h = *hashes.get(at)?;
         let e = lookup(h).filter(|e| e.hash == h)?;
-        let mut fresh = e
-            .holders
-            .iter()
-            .filter(|o| now_ms.saturating_sub(o.at_ms) <= ttl_ms)
-            .peekable();
-        fresh.peek()?;
-        for o in fresh {
+        let fresh = |o: &&Holder| now_ms.saturating_sub(o.at_ms) <= ttl_ms;
+        let named = e.holders.iter().filter(fresh).count();
+        if named == 0 {
+            return None;
+        }
+        if named >= MAX_HOLDERS {
+            m.common = m.common.max(at + 1);
+        }
+        for o in e.holders.iter().filter(fresh) {
             m.note(o.pod, o.held(hashes, at));
         }
         Some(())
@@ -530,6 +544,38 @@ mod tests {
             ),
             (0, 0, 8)
         );
+    }
+
+    #[test]
+    fn a_prefix_whose_entry_is_full_counts_as_held_by_every_pod() {
+        // A system prompt of 8 blocks served by MAX_HOLDERS pods, then by
+        // one pod fewer, each with a conversation of its own after it.
+        let system = [1u8; 4 * 8];
+        let asked = |pods: u64| {
+            let mut t: HashMap<u64, PrefixEntry> = HashMap::new();
+            for pod in 0..pods {
+                let mut p = system.to_vec();
+                p.extend_from_slice(&[pod as u8 + 2; 4 * 24]);
+                serve(&mut t, &block_hashes(&p, 3, 4, 1000), pod, 100 + pod);
+            }
+            let mut p = system.to_vec();
+            p.extend_from_slice(&[99u8; 4 * 24]);
+            walk(
+                &block_hashes(&p, 3, 4, 1000),
+                |h| t.get(&h).cloned(),
+                200,
+                10_000,
+            )
+        };
+        let full = asked(MAX_HOLDERS as u64);
+        assert_eq!(full.common, 8);
+        // A pod the entry has no room to name holds it as far as placement
+        // knows, and the named ones no more than before.
+        assert_eq!(full.depth_of(PodId(31)), 8);
+        assert_eq!((full.depth_of(PodId(0)), full.depth()), (8, 8));
+        let short = asked(MAX_HOLDERS as u64 - 1);
+        assert_eq!((short.common, short.depth_of(PodId(31))), (0, 0));
+        assert_eq!(short.depth_of(PodId(0)), 8);
     }
 
     #[test]
