@@ -181,6 +181,9 @@ pub struct PrefixMatch {
 
 impl PrefixMatch {
     /// Blocks matched along the chain (any holder): the deepest holder's.
+    /// Placement asks per pod ([`PrefixMatch::depth_of`]); the tests check
+    /// the walk with this.
+    #[cfg(test)]
     pub fn depth(&self) -> usize {
         self.by_pod
             .iter()
