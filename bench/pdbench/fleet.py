@@ -728,6 +728,9 @@ def main() -> int:
     # The tree the recipe just built from (edits made while the runs go on
     # do not change the binaries).
     commit = git_state()
+    if a.wasm.resolve() != (REPO / "target/wasm32-wasip1/release/pd_router.wasm").resolve():
+        # Another build (`--wasm`): the checkout's state says nothing of it.
+        commit = f"{a.wasm} (--wasm; the checkout is at {commit})"
     scratch = Path(tempfile.mkdtemp(prefix="pd-fleet-"))
 
     interrupt_on_sigterm()

@@ -189,7 +189,7 @@ PEER_SWEEP = [
 PLACEMENT_SWEEP = [
     *(Config(f"pd-ttft-w{w}", "pd", "vllm", {}, {"scheduling": {"uncached_token_weight": w}},
              against="pd-ttft", variants=("1x",), about=f"least_ttft, uncached_token_weight {w}")
-      for w in (96, 192, 384)),
+      for w in (24, 32, 96, 192, 384)),
     *(Config(f"pd-ttft-slots{n // 1024}k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": n}},
              against="pd-ttft", variants=("1x",), about=f"least_ttft, a prefix table of {n:,} slots")
       for n in (32768, 65536, 131072, 262144)),

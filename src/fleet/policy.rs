@@ -211,7 +211,9 @@ impl Default for Scheduling {
             // Chosen on the fleet simulation's tuning window (bench/README.md,
             // "Tuning the placement"): with the table naming every pod that
             // holds a prefix, 8 kept 91 % of the limit, 48 the 97 % target
-            // at the same TTFT p50 and p99.
+            // at the same TTFT p50 and p99; on the simulator as corrected
+            // since, 32 and 64 did not beat it ("On the corrected
+            // simulator" there).
             uncached_token_weight: 48.0,
         }
     }
