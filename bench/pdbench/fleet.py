@@ -487,6 +487,10 @@ def run_of(a, c: Config, v: str) -> Run:
                time_scale=a.time_scale * x.scale * c.scale)
 
 
+# The filter `just bench-fleet` builds from this checkout.
+BUILT_WASM = REPO / "target/wasm32-wasip1/release/pd_router.wasm"
+
+
 def git_state() -> str:
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"],
@@ -570,7 +574,7 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--envoy", type=Path,
                     default=Path(os.environ.get("ENVOY_BIN", REPO / ".venv/bin/envoy")))
     ap.add_argument("--wasm", type=Path, default=Path(os.environ.get(
-        "PD_ROUTER_WASM", REPO / "target/wasm32-wasip1/release/pd_router.wasm")))
+        "PD_ROUTER_WASM", BUILT_WASM)))
     ap.add_argument("--mock", type=Path, default=REPO / "target/release/mock-engine")
     ap.add_argument("--peer-venv", type=Path, default=BENCH / ".venv")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs, "
@@ -728,8 +732,9 @@ def main() -> int:
     # The tree the recipe just built from (edits made while the runs go on
     # do not change the binaries).
     commit = git_state()
-    if a.wasm.resolve() != (REPO / "target/wasm32-wasip1/release/pd_router.wasm").resolve():
-        # Another build (`--wasm`): the checkout's state says nothing of it.
+    if a.wasm.resolve() != BUILT_WASM.resolve():
+        # Another build (`--wasm`, PD_ROUTER_WASM): the checkout's state says
+        # nothing of it.
         commit = f"{a.wasm} (--wasm; the checkout is at {commit})"
     scratch = Path(tempfile.mkdtemp(prefix="pd-fleet-"))
 
