@@ -278,6 +278,12 @@ bench-fleet-judge-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --variants
 # pd-router's default and the tuned SMG on the SGLang sims, judged the same way (~23 min).
 bench-fleet-judge-sglang *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-sglang,smg-tuned --stem fleet-judge-sglang " + ARGS)
 
+# pd-router's default against llm-d's endpoint picker at GIE's default scorers (`epp-gie`), judged the same way (~25 min); builds the picker and kube-apiserver first when missing.
+bench-fleet-judge-epp *ARGS: epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,epp-gie --stem fleet-judge-epp " + ARGS)
+
+# pd-router's default against Dynamo's KV router at its defaults, judged the same way (~25 min; installs bench/.venv-dynamo when missing).
+bench-fleet-judge-dynamo *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,dynamo --stem fleet-judge-dynamo " + ARGS)
+
 # The simulator's checks (~25 min): the tuning window; one judging window with prompts of 3 and of 5 bytes a token; the same with a GPU-only cache (no host tier), where eviction binds.
 bench-fleet-checks *ARGS: (bench-fleet "--windows tune --repeats 5 --variants 1x --stem fleet-tune " + ARGS)
     bench/.venv/bin/python bench/fleet.py --windows w4k --repeats 5 --variants 1x --bytes-per-token 3 --stem fleet-judge-bpt3 {{ARGS}}
