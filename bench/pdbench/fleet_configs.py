@@ -193,6 +193,10 @@ PLACEMENT_SWEEP = [
     *(Config(f"pd-ttft-slots{n // 1024}k", "pd", "vllm", {}, {"scheduling": {"prefix_table_slots": n}},
              against="pd-ttft", variants=("1x",), about=f"least_ttft, a prefix table of {n:,} slots")
       for n in (32768, 65536, 131072, 262144)),
+    *(Config(f"pd-ttft-cap{n // 1024}k", "pd", "vllm", {}, {"scheduling": {"affinity_cap_tokens": n}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, the weight's part above 1 capped at {n:,} tokens")
+      for n in (32768, 131072)),
 ]
 
 # One change each against a configuration above (`against`), in the

@@ -175,6 +175,11 @@ pub struct Scheduling {
     /// the prompt: a prefix computed again also delays the prompts queued
     /// after it.
     pub uncached_token_weight: f64,
+    /// `least_ttft`: the most the weight's part above 1 may add to a pod's
+    /// score, in tokens (0: no cap). Past it a pod holding the prompt wins
+    /// only by the tokens it saves, so a conversation leaves a pod whose
+    /// queue is that much longer than another's.
+    pub affinity_cap_tokens: f64,
 }
 
 impl Default for Scheduling {
@@ -215,13 +220,14 @@ impl Default for Scheduling {
             // since, 32 and 64 did not beat it ("On the corrected
             // simulator" there).
             uncached_token_weight: 48.0,
+            affinity_cap_tokens: 0.0,
         }
     }
 }
 
 impl Scheduling {
     /// The knobs that must be finite and non-negative, by name.
-    pub fn ratios(&self) -> [(&'static str, f64); 10] {
+    pub fn ratios(&self) -> [(&'static str, f64); 11] {
         [
             (
                 "prefill_outlier_stddev_factor",
@@ -245,6 +251,7 @@ impl Scheduling {
             ("pd_overload_ratio", self.pd_overload_ratio),
             ("bounded_load_factor", self.bounded_load_factor),
             ("uncached_token_weight", self.uncached_token_weight),
+            ("affinity_cap_tokens", self.affinity_cap_tokens),
         ]
     }
 }

@@ -85,9 +85,22 @@ fn least_ttft(
         .zip(queued_tokens(c, pods, prompt))
         .map(|(e, queued)| {
             let held = prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
-            queued + s.uncached_token_weight * (prompt - held)
+            queued + uncached_cost(prompt - held, s)
         })
         .collect()
+}
+
+/// The score of the prompt tokens a pod does not hold: the tokens
+/// themselves, and the weight's part above 1 (the work a prefix computed
+/// again puts before later prompts), capped by `affinity_cap_tokens` when
+/// set.
+fn uncached_cost(uncached: f64, s: &Scheduling) -> f64 {
+    let extra = (s.uncached_token_weight - 1.0) * uncached;
+    if s.affinity_cap_tokens > 0.0 && extra > s.affinity_cap_tokens {
+        uncached + s.affinity_cap_tokens
+    } else {
+        s.uncached_token_weight * uncached
+    }
 }
 
 /// The prompt tokens queued on each candidate: this Envoy's prefills, as

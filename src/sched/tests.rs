@@ -200,6 +200,48 @@ fn least_ttft_counts_the_tokens_queued_and_those_not_held() {
 }
 
 #[test]
+fn least_ttft_caps_what_holding_the_prompt_is_worth() {
+    let c = config(r#","prefill_policy":"least_ttft""#);
+    let mut pods = idle(8);
+    // Pod 0 holds 80 % of a 10,000-token prompt, pod 1 nothing.
+    pods[0].outstanding_prefill_tokens = 100_000;
+    let cands = eps(&c, &[0, 1]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
+    let mut ask = PlacementRequest {
+        prompt_tokens: 10_000,
+        prefix_match: &prefix,
+        prefix_key: None,
+        load_bound: LoadBound { factor: 1.25 },
+        prefill_turn: 0,
+        decode_turn: &mut |_| 0,
+        random: &mut random,
+        exclude: &[],
+        session: None,
+    };
+    let mut s = c.scheduling.clone();
+    s.affinity_cap_tokens = 20_000.0;
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    // 47 × 2,000 and 47 × 10,000 both pass the cap: each pod's tokens not
+    // held count once, plus the cap.
+    assert_eq!(
+        scores,
+        vec![100_000.0 + 2_000.0 + 20_000.0, 10_000.0 + 20_000.0]
+    );
+    // Under the cap the weight applies in full, as without one.
+    s.affinity_cap_tokens = 1_000_000.0;
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    assert_eq!(scores, vec![100_000.0 + 96_000.0, 480_000.0]);
+    // So a queue 92,000 tokens longer than another's sends the prompt away
+    // under a cap of 20,000, and keeps it where it is cached without one.
+    let mut capped = c.clone();
+    capped.scheduling.affinity_cap_tokens = 20_000.0;
+    assert_ne!(run(&capped, &pods, 10_000, &prefix).0, "10.0.0.1:1");
+    assert_eq!(run(&c, &pods, 10_000, &prefix).0, "10.0.0.1:1");
+}
+
+#[test]
 fn least_ttft_is_not_overridden_by_counts_of_requests() {
     let c = config(r#","prefill_policy":"least_ttft""#);
     let mut pods = idle(8);
