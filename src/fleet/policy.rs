@@ -176,9 +176,9 @@ pub struct Scheduling {
     /// after it.
     pub uncached_token_weight: f64,
     /// `least_ttft`: the most the weight's part above 1 may add to a pod's
-    /// score, in tokens (0: no cap). Past it a pod holding the prompt wins
-    /// only by the tokens it saves, so a conversation leaves a pod whose
-    /// queue is that much longer than another's.
+    /// score for the tokens it lacks beyond the candidate lacking fewest, in
+    /// tokens (0: no cap). A pod holding the prompt then wins unless its
+    /// queue is longer than another's by the tokens it saves plus this.
     pub affinity_cap_tokens: f64,
 }
 

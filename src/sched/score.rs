@@ -81,23 +81,29 @@ fn least_ttft(
     s: &Scheduling,
 ) -> Vec<f64> {
     let prompt = ask.prompt_tokens as f64;
-    c.iter()
-        .zip(queued_tokens(c, pods, prompt))
-        .map(|(e, queued)| {
-            let held = prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
-            queued + uncached_cost(prompt - held, s)
-        })
+    let uncached: Vec<f64> = c
+        .iter()
+        .map(|e| prompt - prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0)
+        .collect();
+    let fewest = uncached.iter().copied().fold(prompt, f64::min);
+    queued_tokens(c, pods, prompt)
+        .into_iter()
+        .zip(uncached)
+        .map(|(queued, u)| queued + uncached_cost(u, fewest, s))
         .collect()
 }
 
-/// The score of the prompt tokens a pod does not hold: the tokens
-/// themselves, and the weight's part above 1 (the work a prefix computed
-/// again puts before later prompts), capped by `affinity_cap_tokens` when
-/// set.
-fn uncached_cost(uncached: f64, s: &Scheduling) -> f64 {
-    let extra = (s.uncached_token_weight - 1.0) * uncached;
-    if s.affinity_cap_tokens > 0.0 && extra > s.affinity_cap_tokens {
-        uncached + s.affinity_cap_tokens
+/// The score of the prompt tokens a pod does not hold. Weighed in full
+/// (`uncached_token_weight`) without a cap. With `affinity_cap_tokens`, the
+/// tokens themselves count once and the weight's part above 1 counts only
+/// on those beyond the fewest any candidate lacks, at most the cap: so a
+/// pod holding the prompt wins unless its queue is longer than another's
+/// by the tokens it saves plus the cap. Subtracting the same amount from
+/// every candidate leaves the uncapped order unchanged.
+fn uncached_cost(uncached: f64, fewest: f64, s: &Scheduling) -> f64 {
+    if s.affinity_cap_tokens > 0.0 {
+        let extra = (s.uncached_token_weight - 1.0) * (uncached - fewest).max(0.0);
+        uncached + extra.min(s.affinity_cap_tokens)
     } else {
         s.uncached_token_weight * uncached
     }

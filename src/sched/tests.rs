@@ -223,18 +223,18 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
     let mut s = c.scheduling.clone();
     s.affinity_cap_tokens = 20_000.0;
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
-    // 47 × 2,000 and 47 × 10,000 both pass the cap: each pod's tokens not
-    // held count once, plus the cap.
-    assert_eq!(
-        scores,
-        vec![100_000.0 + 2_000.0 + 20_000.0, 10_000.0 + 20_000.0]
-    );
-    // Under the cap the weight applies in full, as without one.
+    // Pod 0 lacks the fewest tokens (2,000): they count once. Pod 1 lacks
+    // 8,000 more, which the weight's part above 1 makes 376,000, capped at
+    // 20,000.
+    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
+    // Under the cap the order is the uncapped one: each score less 47 ×
+    // 2,000.
     s.affinity_cap_tokens = 1_000_000.0;
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
-    assert_eq!(scores, vec![100_000.0 + 96_000.0, 480_000.0]);
-    // So a queue 92,000 tokens longer than another's sends the prompt away
-    // under a cap of 20,000, and keeps it where it is cached without one.
+    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 376_000.0]);
+    // So a queue 100,000 tokens longer than another's sends the prompt away
+    // under a cap of 20,000 (it saves 8,000), and keeps it where it is
+    // cached without one.
     let mut capped = c.clone();
     capped.scheduling.affinity_cap_tokens = 20_000.0;
     assert_ne!(run(&capped, &pods, 10_000, &prefix).0, "10.0.0.1:1");
