@@ -196,7 +196,7 @@ PLACEMENT_SWEEP = [
     *(Config(f"pd-ttft-cap{n // 1024}k", "pd", "vllm", {}, {"scheduling": {"affinity_cap_tokens": n}},
              against="pd-ttft", variants=("1x",),
              about=f"least_ttft, the weight's part above 1 capped at {n:,} tokens")
-      for n in (32768, 131072)),
+      for n in (32768, 131072, 262144)),
 ]
 
 # One change each against a configuration above (`against`), in the
