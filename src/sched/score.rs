@@ -81,15 +81,17 @@ fn least_ttft(
     s: &Scheduling,
 ) -> Vec<f64> {
     let prompt = ask.prompt_tokens as f64;
-    let uncached: Vec<f64> = c
-        .iter()
-        .map(|e| prompt - prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0)
-        .collect();
-    let fewest = uncached.iter().copied().fold(prompt, f64::min);
-    queued_tokens(c, pods, prompt)
-        .into_iter()
-        .zip(uncached)
-        .map(|(queued, u)| queued + uncached_cost(u, fewest, s))
+    let uncached =
+        |e: &Endpoint| prompt - prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
+    // Only the cap reads the fewest, so the default path makes no second pass.
+    let fewest = if s.affinity_cap_tokens > 0.0 {
+        c.iter().map(|e| uncached(e)).fold(prompt, f64::min)
+    } else {
+        0.0
+    };
+    c.iter()
+        .zip(queued_tokens(c, pods, prompt))
+        .map(|(e, queued)| queued + uncached_cost(uncached(e), fewest, s))
         .collect()
 }
 
