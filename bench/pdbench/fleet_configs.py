@@ -181,6 +181,21 @@ PEER_SWEEP = [
                                  "--max-tree-size", "56295424"), **SMG,
            about="SMG cache_aware, load polled every second, its tree evicted every 5 s to "
                  "the 8 prefill pods' prefix caches"),
+    # Dynamo's round, declared before its runs (issue 37's equal effort): its
+    # KV router's cost is the prefill tokens queued on a worker plus the
+    # prompt's tokens it lacks, less `credit` times those it holds (so 1
+    # weighs a token held as one queued); `decay` shrinks the credit as the
+    # worker's queue passes the least loaded one's (1 halves it at one
+    # request's worth).
+    *(Config(f"dynamo-t{i}", "dynamo", "vllm", variants=("1x",), peer_args=args, about=about)
+      for i, (args, about) in enumerate([
+          (("--router-kv-overlap-score-credit", "0.5"), "Dynamo KV router, overlap credit 0.5"),
+          (("--router-kv-overlap-score-credit", "2"), "Dynamo KV router, overlap credit 2"),
+          (("--router-kv-overlap-score-credit", "4"), "Dynamo KV router, overlap credit 4"),
+          (("--router-kv-overlap-score-credit", "4", "--router-kv-overlap-score-credit-decay",
+            "1"), "Dynamo KV router, overlap credit 4, halved at one request's worth "
+                  "of excess prefill load"),
+      ], start=1)),
 ]
 
 # The placement's tuning rows (bench/README.md, "Tuning the placement"):
@@ -197,6 +212,14 @@ PLACEMENT_SWEEP = [
              against="pd-ttft", variants=("1x",),
              about=f"least_ttft, the weight's part above 1 capped at {n:,} tokens")
       for n in (32768, 131072, 262144)),
+    # The cap as a multiple of the prompt (bench/README.md, "A cap relative
+    # to the prompt"), declared after fleet_tail.py on t6k: the tail's
+    # requests that were not giant prompts waited behind one on their
+    # conversation's pod.
+    *(Config(f"pd-ttft-capp{k}", "pd", "vllm", {}, {"scheduling": {"affinity_cap_prompts": k}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, the weight's part above 1 capped at {k} times the prompt")
+      for k in (2, 4)),
 ]
 
 # One change each against a configuration above (`against`), in the

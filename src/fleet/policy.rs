@@ -180,6 +180,11 @@ pub struct Scheduling {
     /// tokens (0: no cap). A pod holding the prompt then wins unless its
     /// queue is longer than another's by the tokens it saves plus this.
     pub affinity_cap_tokens: f64,
+    /// `least_ttft`: the same cap as a multiple of the prompt's own tokens
+    /// (0: none), so a short prompt leaves a long queue sooner than a long
+    /// conversation's turn, whose recomputation costs more. With both set,
+    /// the smaller cap holds.
+    pub affinity_cap_prompts: f64,
 }
 
 impl Default for Scheduling {
@@ -221,13 +226,14 @@ impl Default for Scheduling {
             // simulator" there).
             uncached_token_weight: 48.0,
             affinity_cap_tokens: 0.0,
+            affinity_cap_prompts: 0.0,
         }
     }
 }
 
 impl Scheduling {
     /// The knobs that must be finite and non-negative, by name.
-    pub fn ratios(&self) -> [(&'static str, f64); 11] {
+    pub fn ratios(&self) -> [(&'static str, f64); 12] {
         [
             (
                 "prefill_outlier_stddev_factor",
@@ -252,6 +258,7 @@ impl Scheduling {
             ("bounded_load_factor", self.bounded_load_factor),
             ("uncached_token_weight", self.uncached_token_weight),
             ("affinity_cap_tokens", self.affinity_cap_tokens),
+            ("affinity_cap_prompts", self.affinity_cap_prompts),
         ]
     }
 }

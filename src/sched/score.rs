@@ -83,31 +83,36 @@ fn least_ttft(
     let prompt = ask.prompt_tokens as f64;
     let uncached =
         |e: &Endpoint| prompt - prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
-    // Only the cap reads the fewest, so the default path makes no second pass.
-    let fewest = if s.affinity_cap_tokens > 0.0 {
-        c.iter().map(|e| uncached(e)).fold(prompt, f64::min)
-    } else {
-        0.0
+    let cap = [s.affinity_cap_tokens, s.affinity_cap_prompts * prompt]
+        .into_iter()
+        .filter(|c| *c > 0.0)
+        .reduce(f64::min);
+    // Only a cap reads the fewest, so the default path makes no second pass.
+    let fewest = match cap {
+        Some(_) => c.iter().map(|e| uncached(e)).fold(prompt, f64::min),
+        None => 0.0,
     };
     c.iter()
         .zip(queued_tokens(c, pods, prompt))
-        .map(|(e, queued)| queued + uncached_cost(uncached(e), fewest, s))
+        .map(|(e, queued)| queued + uncached_cost(uncached(e), fewest, cap, s))
         .collect()
 }
 
 /// The score of the prompt tokens a pod does not hold. Weighed in full
-/// (`uncached_token_weight`) without a cap. With `affinity_cap_tokens`, the
-/// tokens themselves count once and the weight's part above 1 counts only
-/// on those beyond the fewest any candidate lacks, at most the cap: so a
-/// pod holding the prompt wins unless its queue is longer than another's
-/// by the tokens it saves plus the cap. Subtracting the same amount from
-/// every candidate leaves the uncapped order unchanged.
-fn uncached_cost(uncached: f64, fewest: f64, s: &Scheduling) -> f64 {
-    if s.affinity_cap_tokens > 0.0 {
-        let extra = (s.uncached_token_weight - 1.0) * (uncached - fewest).max(0.0);
-        uncached + extra.min(s.affinity_cap_tokens)
-    } else {
-        s.uncached_token_weight * uncached
+/// (`uncached_token_weight`) without a cap. With one (`affinity_cap_tokens`,
+/// `affinity_cap_prompts` times the prompt), the tokens themselves count
+/// once and the weight's part above 1 counts only on those beyond the
+/// fewest any candidate lacks, at most the cap: so a pod holding the prompt
+/// wins unless its queue is longer than another's by the tokens it saves
+/// plus the cap. Subtracting the same amount from every candidate leaves the
+/// uncapped order unchanged.
+fn uncached_cost(uncached: f64, fewest: f64, cap: Option<f64>, s: &Scheduling) -> f64 {
+    match cap {
+        Some(cap) => {
+            let extra = (s.uncached_token_weight - 1.0) * (uncached - fewest).max(0.0);
+            uncached + extra.min(cap)
+        }
+        None => s.uncached_token_weight * uncached,
     }
 }
 

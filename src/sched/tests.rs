@@ -33,6 +33,28 @@ impl Rng {
     }
 }
 
+/// A request of `prompt_tokens` with the parts most tests do not vary: no
+/// prefix key, session or excluded pods, a load bound of 1.25, turn 0.
+/// Override a part with `PlacementRequest { part, ..request(..) }`.
+fn request<'a>(
+    prompt_tokens: u64,
+    prefix_match: &'a dyn Fn(usize) -> f64,
+    random: &'a mut dyn FnMut() -> u64,
+) -> PlacementRequest<'a> {
+    PlacementRequest {
+        prompt_tokens,
+        prefix_match,
+        prefix_key: None,
+        load_bound: LoadBound { factor: 1.25 },
+        prefill_turn: 0,
+        // Zero-sized: leaking it allocates nothing.
+        decode_turn: Box::leak(Box::new(|_| 0)),
+        random,
+        exclude: &[],
+        session: None,
+    }
+}
+
 fn run(
     config: &Config,
     pods: &[PodState],
@@ -51,17 +73,7 @@ fn run_seeded(
 ) -> (String, String, &'static str) {
     let mut rng = Rng(seed);
     let mut random = || rng.next();
-    let mut ask = PlacementRequest {
-        prompt_tokens: tokens,
-        prefix_match: prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
-    };
+    let mut ask = request(tokens, prefix, &mut random);
     match schedule(&config.models[0], pods, &mut ask, &config.scheduling) {
         Choice::Split {
             prefill,
@@ -104,17 +116,7 @@ fn prefix_cache_score_matches_aibrix_formula() {
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
     let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
-    let mut ask = PlacementRequest {
-        prompt_tokens: 0,
-        prefix_match: &prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
-    };
+    let mut ask = request(0, &prefix, &mut random);
     // (100 − 80) × 0.1 + 2/2 = 3.0 ; (100 − 0) × 0.1 + 0/2 = 10.0
     assert_eq!(
         prefill_scores(
@@ -161,17 +163,7 @@ fn least_ttft_counts_the_tokens_queued_and_those_not_held() {
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
     let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
-    let mut ask = PlacementRequest {
-        prompt_tokens: 10_000,
-        prefix_match: &prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
-    };
+    let mut ask = request(10_000, &prefix, &mut random);
     let mut s = c.scheduling.clone();
     s.uncached_token_weight = 1.0;
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
@@ -209,17 +201,7 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
     let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
-    let mut ask = PlacementRequest {
-        prompt_tokens: 10_000,
-        prefix_match: &prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
-    };
+    let mut ask = request(10_000, &prefix, &mut random);
     let mut s = c.scheduling.clone();
     s.affinity_cap_tokens = 20_000.0;
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
@@ -227,6 +209,16 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
     // 8,000 more, which the weight's part above 1 makes 376,000, capped at
     // 20,000.
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
+    // The same cap as twice the prompt's 10,000 tokens; with both, the
+    // smaller holds.
+    s.affinity_cap_tokens = 0.0;
+    s.affinity_cap_prompts = 2.0;
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
+    s.affinity_cap_tokens = 5_000.0;
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 5_000.0]);
+    s.affinity_cap_prompts = 0.0;
     // Under the cap the order is the uncapped one: each score less 47 ×
     // 2,000.
     s.affinity_cap_tokens = 1_000_000.0;
@@ -285,17 +277,7 @@ fn load_balancing_score_matches_aibrix_formula() {
     let cands = eps(&c, &[2, 3]);
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
-    let mut ask = PlacementRequest {
-        prompt_tokens: 0,
-        prefix_match: &no_prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
-    };
+    let mut ask = request(0, &no_prefix, &mut random);
     // d0: run 4, thr 100, free 50 → (4/4 + (1 − 100/100)) / (50/100) = 2.0
     // d1: run 0, thr 0, free 100 → (0 + (1 − 0)) / (100/100) = 1.0
     let s = &c.scheduling;
@@ -329,17 +311,7 @@ fn an_idle_pods_past_throughput_does_not_make_it_the_favourite() {
     let cands = eps(&c, &[2, 3]);
     let refs: Vec<&Endpoint> = cands.iter().collect();
     let mut random = || 0u64;
-    let mut ask = PlacementRequest {
-        prompt_tokens: 0,
-        prefix_match: &no_prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
-    };
+    let mut ask = request(0, &no_prefix, &mut random);
     let s = &c.scheduling;
     let scores = decode_scores(DecodePolicy::LoadBalancing, &refs, &pods, &mut ask, s, 0);
     assert_eq!(scores[0], scores[1], "{scores:?}");
@@ -514,15 +486,8 @@ fn unhealthy_and_excluded_pods_are_skipped() {
     let mut random = || 1u64;
     let exclude = [0usize, 4];
     let mut ask = PlacementRequest {
-        prompt_tokens: 1,
-        prefix_match: &no_prefix,
-        prefix_key: None,
-        load_bound: LoadBound { factor: 1.25 },
-        prefill_turn: 0,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
         exclude: &exclude,
-        session: None,
+        ..request(1, &no_prefix, &mut random)
     };
     match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
         Choice::Split { prefill, .. } => assert!(![0, 4].contains(&prefill.slot)),
@@ -538,15 +503,8 @@ fn round_robin_rotates() {
     for turn in 0..4 {
         let mut random = || 0u64;
         let mut ask = PlacementRequest {
-            prompt_tokens: 1,
-            prefix_match: &no_prefix,
-            prefix_key: None,
-            load_bound: LoadBound { factor: 1.25 },
             prefill_turn: turn,
-            decode_turn: &mut |_| 0,
-            random: &mut random,
-            exclude: &[],
-            session: None,
+            ..request(1, &no_prefix, &mut random)
         };
         if let Choice::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
@@ -569,17 +527,7 @@ fn power_of_two_samples_two_and_takes_the_less_loaded() {
     for seed in 1..20u64 {
         let mut rng = Rng(seed);
         let mut random = || rng.next();
-        let mut ask = PlacementRequest {
-            prompt_tokens: 1,
-            prefix_match: &no_prefix,
-            prefix_key: None,
-            load_bound: LoadBound { factor: 1.25 },
-            prefill_turn: 0,
-            decode_turn: &mut |_| 0,
-            random: &mut random,
-            exclude: &[],
-            session: None,
-        };
+        let mut ask = request(1, &no_prefix, &mut random);
         match schedule(&c.models[0], &pods, &mut ask, &c.scheduling) {
             Choice::Split {
                 prefill, decode, ..
@@ -601,17 +549,7 @@ fn random_spreads_over_every_prefill_pod() {
     let mut rng = Rng(7);
     for _ in 0..400 {
         let mut random = || rng.next();
-        let mut ask = PlacementRequest {
-            prompt_tokens: 1,
-            prefix_match: &no_prefix,
-            prefix_key: None,
-            load_bound: LoadBound { factor: 1.25 },
-            prefill_turn: 0,
-            decode_turn: &mut |_| 0,
-            random: &mut random,
-            exclude: &[],
-            session: None,
-        };
+        let mut ask = request(1, &no_prefix, &mut random);
         if let Choice::Split { prefill, .. } =
             schedule(&c.models[0], &pods, &mut ask, &c.scheduling)
         {
@@ -760,15 +698,8 @@ fn equal_idle_pods_and_rolesets_share_placements_under_every_policy() {
             let mut rng = Rng(seed);
             let mut random = || rng.next();
             let mut req = PlacementRequest {
-                prompt_tokens: 10,
-                prefix_match: &no_prefix,
-                prefix_key: None,
-                load_bound: LoadBound { factor: 1.25 },
                 prefill_turn: seed,
-                decode_turn: &mut |_| 0,
-                random: &mut random,
-                exclude: &[],
-                session: None,
+                ..request(10, &no_prefix, &mut random)
             };
             let Choice::Split {
                 prefill: p,
@@ -820,15 +751,9 @@ fn round_robin_rotates_each_phase_on_its_own() {
             t
         };
         let mut req = PlacementRequest {
-            prompt_tokens: 1,
-            prefix_match: &no_prefix,
-            prefix_key: None,
-            load_bound: LoadBound { factor: 1.25 },
             prefill_turn: turn,
             decode_turn: &mut decode_turn,
-            random: &mut random,
-            exclude: &[],
-            session: None,
+            ..request(1, &no_prefix, &mut random)
         };
         if let Choice::Split { decode: d, .. } =
             schedule(&c.models[0], &pods, &mut req, &c.scheduling)
@@ -860,15 +785,10 @@ fn place_key(c: &Config, pods: &[PodState], key: u64, seed: u64) -> String {
     let mut rng = Rng(seed);
     let mut random = || rng.next();
     let mut req = PlacementRequest {
-        prompt_tokens: 100,
-        prefix_match: &no_prefix,
         prefix_key: Some(key),
         load_bound: LoadBound::of(&c.scheduling),
         prefill_turn: seed,
-        decode_turn: &mut |_| 0,
-        random: &mut random,
-        exclude: &[],
-        session: None,
+        ..request(100, &no_prefix, &mut random)
     };
     match schedule(&c.models[0], pods, &mut req, &c.scheduling) {
         Choice::Split {
@@ -1000,15 +920,11 @@ fn place_session_by(c: &Config, pods: &[PodState], key: u64, seed: u64) -> (Stri
     let mut rng = Rng(seed);
     let mut random = || rng.next();
     let mut req = PlacementRequest {
-        prompt_tokens: 100,
-        prefix_match: &no_prefix,
-        prefix_key: None,
         load_bound: LoadBound { factor: 1.5 },
         prefill_turn: seed,
         decode_turn: &mut |_| seed,
-        random: &mut random,
-        exclude: &[],
         session: Some(key),
+        ..request(100, &no_prefix, &mut random)
     };
     match schedule(&c.models[0], pods, &mut req, &c.scheduling) {
         Choice::Split {
