@@ -111,6 +111,12 @@ OPT_IN = [
     Config("dynamo", "dynamo", "vllm", variants=("1x",),
            about="Dynamo 1.6.1 frontend --router-mode kv (prefill and decode workers through "
                  "a shim that publishes the KV events the sims do not), vLLM NIXL sims"),
+    # Dynamo's sweep winner on the tuning window (bench/README.md, "The
+    # peers' tuning sweep"): the p99 medians of credits 1, 2 and 4 within
+    # 2 % of each other, credit 4 keeping the most hits.
+    Config("dynamo-tuned", "dynamo", "vllm", variants=("1x",),
+           peer_args=("--router-kv-overlap-score-credit", "4"),
+           about="Dynamo's sweep winner: KV router, overlap credit 4 (dynamo-t3)"),
 ]
 
 # The peers' tuning sweep (bench/README.md, "The peers' tuning sweep"): each
@@ -220,6 +226,14 @@ PLACEMENT_SWEEP = [
              against="pd-ttft", variants=("1x",),
              about=f"least_ttft, the weight's part above 1 capped at {k} times the prompt")
       for k in (2, 4)),
+    # Declared after the relative caps gave up 5-19 points of hits on the
+    # tuning windows: the cap grows with the prompt above a floor of 65,536
+    # tokens, so only waits past about 3 modelled seconds move a prompt.
+    Config("pd-ttft-capf64k4", "pd", "vllm", {},
+           {"scheduling": {"affinity_cap_tokens": 65536, "affinity_cap_prompts": 4}},
+           against="pd-ttft", variants=("1x",),
+           about="least_ttft, the weight's part above 1 capped at 4 times the prompt, "
+                 "at least 65,536 tokens"),
 ]
 
 # One change each against a configuration above (`against`), in the

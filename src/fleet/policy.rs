@@ -183,7 +183,7 @@ pub struct Scheduling {
     /// `least_ttft`: the same cap as a multiple of the prompt's own tokens
     /// (0: none), so a short prompt leaves a long queue sooner than a long
     /// conversation's turn, whose recomputation costs more. With both set,
-    /// the smaller cap holds.
+    /// the larger cap holds: `affinity_cap_tokens` is then the floor.
     pub affinity_cap_prompts: f64,
 }
 

@@ -86,7 +86,7 @@ fn least_ttft(
     let cap = [s.affinity_cap_tokens, s.affinity_cap_prompts * prompt]
         .into_iter()
         .filter(|c| *c > 0.0)
-        .reduce(f64::min);
+        .reduce(f64::max);
     // Only a cap reads the fewest, so the default path makes no second pass.
     let fewest = match cap {
         Some(_) => c.iter().map(|e| uncached(e)).fold(prompt, f64::min),

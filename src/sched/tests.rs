@@ -210,14 +210,17 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
     // 20,000.
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
     // The same cap as twice the prompt's 10,000 tokens; with both, the
-    // smaller holds.
+    // larger holds (the tokens a floor).
     s.affinity_cap_tokens = 0.0;
     s.affinity_cap_prompts = 2.0;
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
     s.affinity_cap_tokens = 5_000.0;
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
-    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 5_000.0]);
+    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
+    s.affinity_cap_tokens = 50_000.0;
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 50_000.0]);
     s.affinity_cap_prompts = 0.0;
     // Under the cap the order is the uncapped one: each score less 47 ×
     // 2,000.
