@@ -121,16 +121,6 @@ impl Running {
     fn runnable(&self) -> bool {
         self.loading_s <= 0.0
     }
-
-    /// The tokens it asks of a step: its prompt still to compute, a
-    /// decode's one, nothing while its reload runs.
-    fn demand(&self) -> u32 {
-        match (self.runnable(), self.to_prefill) {
-            (false, _) => 0,
-            (true, 0) => 1,
-            (true, n) => n,
-        }
-    }
 }
 
 /// What an engine has counted since it started (for `/metrics` and the
@@ -251,11 +241,8 @@ impl Engine {
     /// prefix finds the blocks computed by the time it gets budget, not
     /// those of the moment it arrived.
     fn admit(&mut self, events: &mut Vec<Event>) {
-        let mut room = self
-            .config
-            .step_tokens
-            .saturating_sub(self.running_demand());
-        while room > 0 && self.running.len() < self.config.max_running {
+        let mut chunks = Vec::new();
+        while self.running.len() < self.config.max_running && self.share(&mut chunks) > 0 {
             let Some(job) = self.waiting.front() else {
                 break;
             };
@@ -277,17 +264,34 @@ impl Engine {
                 break;
             };
             self.start(job, reserved, cached, events);
-            let share = self.running.last().map_or(0, Running::demand);
-            room = room.saturating_sub(share);
         }
     }
 
-    /// The tokens the running requests take of the next step's budget.
-    fn running_demand(&self) -> u32 {
-        self.running
+    /// One step's token budget as vLLM v1's scheduler hands it out: a token
+    /// to each runnable decode, then to each runnable prompt still being
+    /// computed, in admission order, as much of its rest as is left (a
+    /// request waiting for its reload gets none). Fills `chunks` (index into
+    /// `running`, tokens) and gives the tokens left for waiting requests:
+    /// admission and the step's plan share this one rule.
+    fn share(&self, chunks: &mut Vec<(usize, u32)>) -> u32 {
+        chunks.clear();
+        let decodes = self
+            .running
             .iter()
-            .map(Running::demand)
-            .fold(0, u32::saturating_add)
+            .filter(|r| r.runnable() && r.to_prefill == 0)
+            .count() as u32;
+        let mut budget = self.config.step_tokens.saturating_sub(decodes);
+        for (i, r) in self.running.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            if r.to_prefill > 0 && r.runnable() {
+                let n = r.to_prefill.min(budget);
+                budget -= n;
+                chunks.push((i, n));
+            }
+        }
+        budget
     }
 
     /// A request admitted with its reservation: `cached` tokens found here.
@@ -363,7 +367,9 @@ impl Engine {
         if self.running.is_empty() {
             return None;
         }
-        self.planned.clear();
+        let mut planned = std::mem::take(&mut self.planned);
+        self.share(&mut planned);
+        self.planned = planned;
         let mut decodes = 0u32;
         let mut context = 0u64;
         for r in self.running.iter().filter(|r| r.runnable()) {
@@ -372,22 +378,16 @@ impl Engine {
                 context += (r.done + r.generated) as u64;
             }
         }
-        let mut budget = self.config.step_tokens.saturating_sub(decodes);
-        let mut chunks = Vec::new();
-        for (i, r) in self.running.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            if r.to_prefill > 0 && r.runnable() {
-                let n = r.to_prefill.min(budget);
-                budget -= n;
-                chunks.push(Chunk {
-                    tokens: n,
+        let chunks: Vec<Chunk> = self
+            .planned
+            .iter()
+            .filter_map(|(i, n)| {
+                self.running.get(*i).map(|r| Chunk {
+                    tokens: *n,
                     before: r.done,
-                });
-                self.planned.push((i, n));
-            }
-        }
+                })
+            })
+            .collect();
         self.planned_idle = decodes == 0 && chunks.is_empty();
         self.planned_s = if self.planned_idle {
             // Every running request waits for a reload: until the first ends.
