@@ -293,6 +293,9 @@ bench-fleet-judge-epp-2x *ARGS: epp kube-apiserver (bench-fleet "--windows judge
 # pd-router's default against Dynamo at its defaults at twice the load (~20 min).
 bench-fleet-judge-dynamo-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --configs pd-ttft@2x,dynamo@2x --stem fleet-judge-dynamo-2x " + ARGS)
 
+# pd-router's default against Dynamo's sweep winner at twice the load (~17 min).
+bench-fleet-judge-dynamo-tuned-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --configs pd-ttft@2x,dynamo-tuned@2x --stem fleet-judge-dynamo-tuned-2x " + ARGS)
+
 # The simulator's checks (~25 min): the tuning window; one judging window with prompts of 3 and of 5 bytes a token; the same with a GPU-only cache (no host tier), where eviction binds.
 bench-fleet-checks *ARGS: (bench-fleet "--windows tune --repeats 5 --variants 1x --stem fleet-tune " + ARGS)
     bench/.venv/bin/python bench/fleet.py --windows w4k --repeats 5 --variants 1x --bytes-per-token 3 --stem fleet-judge-bpt3 {{ARGS}}
