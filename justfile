@@ -278,6 +278,9 @@ bench-fleet-judge-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --variants
 # pd-router's default and the tuned SMG on the SGLang sims, judged the same way (~23 min).
 bench-fleet-judge-sglang *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-sglang,smg-tuned --stem fleet-judge-sglang " + ARGS)
 
+# The same at twice the load (~19 min).
+bench-fleet-judge-sglang-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --configs pd-sglang@2x,smg-tuned@2x --stem fleet-judge-sglang-2x " + ARGS)
+
 # pd-router's default against llm-d's endpoint picker at GIE's default scorers (`epp-gie`), judged the same way (~25 min); builds the picker and kube-apiserver first when missing.
 bench-fleet-judge-epp *ARGS: epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,epp-gie --stem fleet-judge-epp " + ARGS)
 
