@@ -181,6 +181,7 @@ fn main() {
                     prefill: Some(prefill.id),
                     prefill_tokens: router.uncached_tokens(&request, &prefix, prefill.id),
                     decode: Some(decode.id),
+                    streaming: Some(prefill.id),
                 };
                 router.hold(&mut store, held, 1_000).expect("hold");
                 router.remember_prefix(&mut store, &request, &prefix, prefill.id, 1_000);

@@ -746,8 +746,23 @@ fn load(r: &Router, host: &FakeHost) -> Vec<(u32, u32)> {
         .collect()
 }
 
+/// The position of the pod at `address` in the router's counters.
+fn pod_index(r: &Router, address: &str) -> usize {
+    r.fleet()
+        .pods()
+        .iter()
+        .position(|p| p.address == address)
+        .expect("a pod of the fleet")
+}
+
+/// Answers still streaming whose prefill each pod ran.
+fn streams(r: &Router, host: &FakeHost) -> Vec<u32> {
+    r.counters(host).iter().map(|c| c.live_streams).collect()
+}
+
 fn all_zero(r: &Router, host: &FakeHost) -> bool {
     load(r, host).iter().all(|(p, d)| *p == 0 && *d == 0)
+        && streams(r, host).iter().all(|s| *s == 0)
 }
 
 /// A fresh request on `host`'s shared data (the same "Envoy"), with fresh
@@ -789,13 +804,18 @@ fn load_is_held_while_in_flight_and_returned_on_every_ending() {
     let body = r#"{"model":"m","prompt":"p"}"#;
     let mut host = post("/v1/completions", body);
 
-    // Success: prefill counted until it answers, decode until the stream ends.
+    // Success: prefill counted until it answers, decode until the stream
+    // ends, and the stream on its prefill pod until then too.
     let mut flow = Flow::new(Rc::clone(&r));
     send_request(&mut flow, &mut host);
     assert_eq!(load(&r, &host).iter().map(|l| l.0).sum::<u32>(), 1);
+    let prefill_pod = pod_index(&r, &dispatched_to(&host, 0));
     answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
     assert_eq!(load(&r, &host).iter().map(|l| l.0).sum::<u32>(), 0);
     assert_eq!(load(&r, &host).iter().map(|l| l.1).sum::<u32>(), 1);
+    let mut one = vec![0; streams(&r, &host).len()];
+    one[prefill_pod] = 1;
+    assert_eq!(streams(&r, &host), one);
     flow.on_stream_end(&mut host);
     assert!(all_zero(&r, &host));
     flow.on_stream_end(&mut host);
@@ -924,6 +944,10 @@ fn a_failed_prefill_pod_is_ejected_and_the_request_retried_elsewhere() {
     assert!(host.replies.is_empty());
     assert_eq!(host.counted(Counter::PrefillRetry), 1);
     assert_eq!(host.counted(Counter::Ejection), 1);
+    // The stream's count moved with its prefill.
+    let live = streams(&r, &host);
+    assert_eq!(live[pod_index(&r, &first)], 0, "{live:?}");
+    assert_eq!(live[pod_index(&r, &second)], 1, "{live:?}");
     answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
     assert_eq!(host.resumed, 1);
     flow.on_stream_end(&mut host);
@@ -1143,9 +1167,13 @@ fn swapping_the_pod_set_keeps_other_pods_exact_and_drains_the_departed() {
         db_before,
         "C's load came and went; B's stays"
     );
-    assert!(
-        table.rows().iter().all(|(id, _)| *id != pb.id),
-        "the departed pb's failure streak is dropped"
+    // The departed pb keeps its row only while B's answer, prefilled
+    // there, streams.
+    let pb_row = table.get(pb.id);
+    assert_eq!(
+        (pb_row.outstanding_prefills, pb_row.live_streams),
+        (0, 1),
+        "{pb_row:?}"
     );
 
     // The requests placed before the swap give their load back to the pods
@@ -2374,6 +2402,7 @@ fn a_prefill_retry_may_use_a_pod_that_was_full_when_the_request_was_let_in() {
         prefill: Some(a),
         prefill_tokens: 1,
         decode: None,
+        streaming: None,
     };
     let mut host = post(
         "/v1/completions",

@@ -207,6 +207,7 @@ fn held() -> HeldLoad {
         prefill: None,
         prefill_tokens: 0,
         decode: Some(decode_pod()),
+        streaming: None,
     }
 }
 

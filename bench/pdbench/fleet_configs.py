@@ -234,6 +234,14 @@ PLACEMENT_SWEEP = [
            against="pd-ttft", variants=("1x",),
            about="least_ttft, the weight's part above 1 capped at 4 times the prompt, "
                  "at least 65,536 tokens"),
+    # Declared after the relative caps (bench/README.md, "Where the tail
+    # is"): instead of moving the turns stuck behind a giant prefill, keep
+    # the giant off the pod whose conversations are streaming, a cost that
+    # grows with the square of the tokens it computes there.
+    *(Config(f"pd-ttft-home{n // 1024}k", "pd", "vllm", {}, {"scheduling": {"busy_home_tokens": n}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, each streaming conversation of a pod costs u^2/{n:,} tokens")
+      for n in (131072, 524288)),
 ]
 
 # One change each against a configuration above (`against`), in the

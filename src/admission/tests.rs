@@ -22,6 +22,7 @@ fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
         prefill: on("p1"),
         prefill_tokens: 10,
         decode: None,
+        streaming: None,
     };
     r.hold(&mut store, held, 1_000).expect("hold");
     assert_eq!(r.room(&store, m, Some("sql"), None, 1_000), Room::Saturated);
@@ -59,6 +60,7 @@ fn a_waiting_adapter_request_whose_pods_are_full_holds_no_one_back() {
         prefill: on("p1"),
         prefill_tokens: 10,
         decode: None,
+        streaming: None,
     };
     r.release(&mut store, released, None, 1_200)
         .expect("release");
@@ -86,6 +88,7 @@ fn requests_of_a_saturated_model_stay_ahead_of_other_workers_lower_ones() {
             .iter()
             .find(|e| e.address == "10.0.0.2:8000")
             .map(|e| e.id),
+        streaming: None,
     };
     r.hold(&mut store, held, 1_000).expect("hold");
     let premium = Entry {

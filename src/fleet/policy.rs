@@ -185,6 +185,14 @@ pub struct Scheduling {
     /// conversation's turn, whose recomputation costs more. With both set,
     /// the larger cap holds: `affinity_cap_tokens` is then the floor.
     pub affinity_cap_prompts: f64,
+    /// `least_ttft`: what a prompt costs the conversations of the pod it
+    /// goes to (0: nothing). A prompt the pod would compute `u` tokens of
+    /// adds `u² / busy_home_tokens` tokens for each answer still streaming
+    /// from that pod's prefill: their conversations' next turns come back
+    /// to the pod, and wait behind this prefill, more of them the longer it
+    /// runs. A prompt of this many tokens counts each such stream as its
+    /// own size again; a short one barely at all.
+    pub busy_home_tokens: f64,
 }
 
 impl Default for Scheduling {
@@ -227,13 +235,14 @@ impl Default for Scheduling {
             uncached_token_weight: 48.0,
             affinity_cap_tokens: 0.0,
             affinity_cap_prompts: 0.0,
+            busy_home_tokens: 0.0,
         }
     }
 }
 
 impl Scheduling {
     /// The knobs that must be finite and non-negative, by name.
-    pub fn ratios(&self) -> [(&'static str, f64); 12] {
+    pub fn ratios(&self) -> [(&'static str, f64); 13] {
         [
             (
                 "prefill_outlier_stddev_factor",
@@ -259,6 +268,7 @@ impl Scheduling {
             ("uncached_token_weight", self.uncached_token_weight),
             ("affinity_cap_tokens", self.affinity_cap_tokens),
             ("affinity_cap_prompts", self.affinity_cap_prompts),
+            ("busy_home_tokens", self.busy_home_tokens),
         ]
     }
 }

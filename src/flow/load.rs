@@ -15,6 +15,9 @@ pub(super) enum Release {
     Prefill,
     /// The decode will not be sent where it was held (a prefill retry).
     Decode,
+    /// The prefill pod no longer holds the stream's conversation (a retry
+    /// moves it to another).
+    Stream,
     /// The stream is done with both.
     All,
 }
@@ -28,7 +31,9 @@ pub(super) struct Judgement<'a> {
 
 impl Flow {
     /// Takes load on the chosen pods (the prefill's with the prompt tokens
-    /// it computes) and counts the selections.
+    /// it computes) and counts the selections. A split's prefill pod also
+    /// counts the stream as live until it ends; a retry on another prefill
+    /// pod moves that count.
     pub(super) fn hold<H: Host>(
         &mut self,
         host: &mut H,
@@ -36,12 +41,16 @@ impl Flow {
         prefill: Option<(&Rc<Endpoint>, u64)>,
         decode: Option<&Rc<Endpoint>>,
     ) {
+        if prefill.is_some() {
+            self.release(host, Release::Stream, None);
+        }
         let router = Rc::clone(&self.router);
         let taken = HeldLoad {
             model,
             prefill: prefill.map(|(p, _)| p.id),
             prefill_tokens: prefill.map_or(0, |(_, tokens)| tokens),
             decode: decode.map(|d| d.id),
+            streaming: prefill.map(|(p, _)| p.id),
         };
         let now = host.now_ms();
         match router.hold(host, taken, now) {
@@ -55,6 +64,7 @@ impl Flow {
                     prefill,
                     prefill_tokens,
                     decode: taken.decode.or(self.held.decode),
+                    streaming: taken.streaming.or(self.held.streaming),
                 };
             }
             // Routing goes on without load accounting rather than failing.
@@ -82,13 +92,17 @@ impl Flow {
     ) {
         let prefill = match which {
             Release::Prefill | Release::All => self.held.prefill.take(),
-            Release::Decode => None,
+            Release::Decode | Release::Stream => None,
         };
         let decode = match which {
             Release::Decode | Release::All => self.held.decode.take(),
-            Release::Prefill => None,
+            Release::Prefill | Release::Stream => None,
         };
-        if prefill.is_none() && decode.is_none() && judged.is_none() {
+        let streaming = match which {
+            Release::Stream | Release::All => self.held.streaming.take(),
+            Release::Prefill | Release::Decode => None,
+        };
+        if prefill.is_none() && decode.is_none() && streaming.is_none() && judged.is_none() {
             return;
         }
         let released = HeldLoad {
@@ -96,6 +110,7 @@ impl Flow {
             prefill,
             prefill_tokens: self.held.prefill_tokens,
             decode,
+            streaming,
         };
         let router = Rc::clone(&self.router);
         let judged = judged

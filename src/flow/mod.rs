@@ -106,6 +106,7 @@ impl Flow {
                 prefill: None,
                 prefill_tokens: 0,
                 decode: None,
+                streaming: None,
             },
             response: ResponseRewrite::default(),
             timing: Timing::default(),

@@ -20,6 +20,10 @@ pub struct HeldLoad {
     /// The prompt tokens the prefill computes, as estimated at placement.
     pub prefill_tokens: u64,
     pub decode: Option<PodId>,
+    /// The prefill pod of a split whose answer still streams (taken with
+    /// the prefill, given back when the stream ends): the pod its
+    /// conversation's next turn will find its history on.
+    pub streaming: Option<PodId>,
 }
 
 /// A pod a judgement ejected: what to count and log.
@@ -144,6 +148,7 @@ impl Book<'_> {
                     sum.pending_decodes += c.pending_decodes;
                     sum.unhealthy_until_ms = sum.unhealthy_until_ms.max(c.unhealthy_until_ms);
                     sum.failures = sum.failures.max(c.failures);
+                    sum.live_streams += c.live_streams;
                 }
                 (ep, sum)
             })
@@ -203,6 +208,9 @@ impl Book<'_> {
                     c.pending_decodes = c.pending_decodes.saturating_add(1)
                 });
             }
+            if let Some(p) = held.streaming {
+                t.update(p, |c| c.live_streams = c.live_streams.saturating_add(1));
+            }
             t.prune(now_ms, &live);
         })
         .map(|_| ())
@@ -241,6 +249,9 @@ impl Book<'_> {
                 t.update_existing(d, |c| {
                     c.pending_decodes = c.pending_decodes.saturating_sub(1)
                 });
+            }
+            if let Some(p) = released.streaming {
+                t.update_existing(p, |c| c.live_streams = c.live_streams.saturating_sub(1));
             }
             if let Some((pod, verdict, _)) = judged {
                 let judge =

@@ -26,6 +26,9 @@ pub struct PodCounters {
     pub unhealthy_until_ms: u64,
     /// Prefill failures in a row; reset by a success or an ejection.
     pub failures: u32,
+    /// Requests whose prefill this pod ran and whose answer still streams:
+    /// conversations whose next turn will find their history here.
+    pub live_streams: u32,
 }
 
 impl PodCounters {
@@ -34,12 +37,13 @@ impl PodCounters {
     }
 
     fn is_busy(&self) -> bool {
-        self.outstanding_prefills > 0 || self.pending_decodes > 0
+        self.outstanding_prefills > 0 || self.pending_decodes > 0 || self.live_streams > 0
     }
 }
 
-/// `PodId`, outstanding, their tokens, pending, unhealthy until, failures.
-const RECORD: usize = 8 + 4 + 8 + 4 + 8 + 4;
+/// `PodId`, outstanding, their tokens, pending, unhealthy until, failures,
+/// live streams.
+const RECORD: usize = 8 + 4 + 8 + 4 + 8 + 4 + 4;
 
 /// One model's rows. Absent rows read as idle and healthy.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -60,6 +64,7 @@ impl LoadTable {
                         pending_decodes: r.u32()?,
                         unhealthy_until_ms: r.u64()?,
                         failures: r.u32()?,
+                        live_streams: r.u32()?,
                     },
                 ))
             })
@@ -95,7 +100,8 @@ impl LoadTable {
                 .u64(c.outstanding_prefill_tokens)
                 .u32(c.pending_decodes)
                 .u64(c.unhealthy_until_ms)
-                .u32(c.failures);
+                .u32(c.failures)
+                .u32(c.live_streams);
         }
     }
 
@@ -114,6 +120,7 @@ impl LoadTable {
                 c.pending_decodes = c.pending_decodes.saturating_add(o.pending_decodes);
                 c.unhealthy_until_ms = c.unhealthy_until_ms.max(o.unhealthy_until_ms);
                 c.failures = c.failures.saturating_add(o.failures);
+                c.live_streams = c.live_streams.saturating_add(o.live_streams);
             });
         }
     }
@@ -183,6 +190,7 @@ mod tests {
                 pending_decodes: 9,
                 unhealthy_until_ms: u64::MAX,
                 failures: 2,
+                live_streams: 4,
             }
         });
         t.update(B, |c| c.pending_decodes = 1);
@@ -232,6 +240,7 @@ mod tests {
             c.pending_decodes = 1;
             c.failures = 1;
             c.unhealthy_until_ms = 70;
+            c.live_streams = 2;
         });
         b.update(B, |c| c.pending_decodes = 4);
         assert_eq!(
@@ -248,6 +257,7 @@ mod tests {
                 pending_decodes: 1,
                 unhealthy_until_ms: 70,
                 failures: 2,
+                live_streams: 2,
             }
         );
         assert_eq!(a.get(B).pending_decodes, 4);

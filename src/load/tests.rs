@@ -21,6 +21,7 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
         prefill: Some(p.id),
         prefill_tokens: 3_000,
         decode: Some(d.id),
+        streaming: Some(p.id),
     };
     let smaller = HeldLoad {
         prefill_tokens: 500,
@@ -32,6 +33,7 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
     assert_eq!(c.get(p.id).outstanding_prefills, 2);
     assert_eq!(c.get(p.id).outstanding_prefill_tokens, 3_500);
     assert_eq!(c.get(d.id).pending_decodes, 2);
+    assert_eq!(c.get(p.id).live_streams, 2);
     assert_eq!(
         (r.own_decodes(&store, d), r.own_prefills(&store, p)),
         (2, 2)
@@ -48,7 +50,8 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
         .iter()
         .all(|c| c.outstanding_prefills == 0
             && c.outstanding_prefill_tokens == 0
-            && c.pending_decodes == 0));
+            && c.pending_decodes == 0
+            && c.live_streams == 0));
 
     let failures = r.config.health.eject_after_failures;
     let none = HeldLoad {
@@ -56,6 +59,7 @@ fn load_held_is_given_back_and_failures_eject_after_the_streak() {
         prefill: None,
         prefill_tokens: 0,
         decode: None,
+        streaming: None,
     };
     for i in 1..=failures {
         let judged = Some((p.as_ref(), Verdict::Failed, "prefill: 500"));
@@ -106,6 +110,7 @@ fn workers_failures_add_up_to_an_ejection_and_each_sees_it() {
         prefill: None,
         prefill_tokens: 0,
         decode: None,
+        streaming: None,
     };
     let fail = Some((p.as_ref(), Verdict::Failed, "prefill: 500"));
     assert_eq!(a.config.health.eject_after_failures, 3);

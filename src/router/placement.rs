@@ -52,6 +52,7 @@ impl Router {
                     outstanding_prefills: c.outstanding_prefills,
                     outstanding_prefill_tokens: c.outstanding_prefill_tokens,
                     pending_decodes: c.pending_decodes,
+                    live_streams: c.live_streams,
                     unhealthy: !c.is_healthy(now_ms),
                     not_ready_for_prefill: false,
                     metrics: scraped

@@ -98,6 +98,7 @@ fn least_ttft_holds_the_tokens_a_prefill_computes_and_follows_the_prefix() {
         prefill: Some(again.id),
         prefill_tokens: 180_000,
         decode: None,
+        streaming: None,
     };
     r.hold(&mut store, held, 1_000).expect("hold");
     let stays = place(&r, &mut store, &next, &[]).expect("placed");

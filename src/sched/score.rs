@@ -94,8 +94,25 @@ fn least_ttft(
     };
     c.iter()
         .zip(queued_tokens(c, pods, prompt))
-        .map(|(e, queued)| queued + uncached_cost(uncached(e), fewest, cap, s))
+        .map(|(e, queued)| {
+            let lacking = uncached(e);
+            queued
+                + uncached_cost(lacking, fewest, cap, s)
+                + busy_home_cost(lacking, state(pods, e).live_streams, s)
+        })
         .collect()
+}
+
+/// What computing `lacking` tokens on a pod costs the conversations whose
+/// answers stream from its prefill (`busy_home_tokens`, 0: nothing): their
+/// next turns arrive while it runs, in proportion to how long it runs, and
+/// each waits for it.
+fn busy_home_cost(lacking: f64, live_streams: u32, s: &Scheduling) -> f64 {
+    if s.busy_home_tokens > 0.0 {
+        f64::from(live_streams) * lacking * lacking / s.busy_home_tokens
+    } else {
+        0.0
+    }
 }
 
 /// The score of the prompt tokens a pod does not hold. Weighed in full

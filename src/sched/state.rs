@@ -13,6 +13,9 @@ pub struct PodState {
     pub outstanding_prefill_tokens: u64,
     /// Decodes sent by this Envoy and not finished.
     pub pending_decodes: u32,
+    /// Answers still streaming whose prefill this pod ran (this Envoy's):
+    /// conversations whose next turn will find their history here.
+    pub live_streams: u32,
     pub unhealthy: bool,
     /// Healthy, but its hand-off cannot run yet (a Mooncake prefill whose
     /// engine id is not known): no prefill goes to it.

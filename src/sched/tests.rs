@@ -237,6 +237,53 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
 }
 
 #[test]
+fn least_ttft_keeps_a_long_cold_prompt_off_the_pod_whose_conversations_stream() {
+    let c = config(r#","prefill_policy":"least_ttft""#);
+    let mut pods = idle(8);
+    // Pod 0 has 4 answers streaming from its prefills, pod 1 none but
+    // 20,000 tokens queued; neither holds the prompt.
+    pods[0].live_streams = 4;
+    pods[1].outstanding_prefill_tokens = 20_000;
+    let cands = eps(&c, &[0, 1]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let mut s = c.scheduling.clone();
+    s.busy_home_tokens = 100_000.0;
+    let mut ask = request(100_000, &no_prefix, &mut random);
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    // 100,000 tokens at 100,000: each stream counts as the prompt again.
+    let own = 48.0 * 100_000.0;
+    assert_eq!(scores, vec![own + 4.0 * 100_000.0, 20_000.0 + own]);
+    // A 5,000-token prompt costs each stream 250 tokens: the queue decides.
+    let mut ask = request(5_000, &no_prefix, &mut random);
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let own = 48.0 * 5_000.0;
+    assert_eq!(scores, vec![own + 1_000.0, 20_000.0 + own]);
+    // Tokens a pod holds cost its conversations nothing.
+    let held = |pod: usize| if pod == 0 { 100.0 } else { 0.0 };
+    let mut ask = request(100_000, &held, &mut random);
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    assert_eq!(scores[0], 0.0);
+    // Off (the default), the streams do not count.
+    let mut ask = request(100_000, &no_prefix, &mut random);
+    let scores = prefill_scores(
+        PrefillPolicy::LeastTtft,
+        &refs,
+        &pods,
+        &mut ask,
+        &c.scheduling,
+    );
+    assert_eq!(scores, vec![48.0 * 100_000.0, 20_000.0 + 48.0 * 100_000.0]);
+    // Through the whole placement, the other roleset's pods busier still.
+    pods[4].outstanding_prefill_tokens = 50_000;
+    pods[5].outstanding_prefill_tokens = 50_000;
+    let mut busy = c.clone();
+    busy.scheduling.busy_home_tokens = 100_000.0;
+    assert_eq!(run(&busy, &pods, 100_000, &no_prefix).0, "10.0.0.2:1");
+    assert_eq!(run(&c, &pods, 100_000, &no_prefix).0, "10.0.0.1:1");
+}
+
+#[test]
 fn least_ttft_is_not_overridden_by_counts_of_requests() {
     let c = config(r#","prefill_policy":"least_ttft""#);
     let mut pods = idle(8);
