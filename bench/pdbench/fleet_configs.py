@@ -242,6 +242,16 @@ PLACEMENT_SWEEP = [
              against="pd-ttft", variants=("1x",),
              about=f"least_ttft, each streaming conversation of a pod costs u^2/{n:,} tokens")
       for n in (131072, 524288)),
+    # Declared after those raised the tail by gathering the giants on pods
+    # busy with other giants (fleet-tail-home128k-t6k.txt): the cost bounded
+    # at an eighth of the tokens computed, so a giant takes at most that
+    # much more queue; S large enough that only giants feel it.
+    *(Config(f"pd-ttft-homecap{n // 1048576}m", "pd", "vllm", {},
+             {"scheduling": {"busy_home_tokens": n, "busy_home_cap": 0.125}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, each streaming conversation of a pod costs u^2/{n:,} tokens, "
+                   "at most u/8")
+      for n in (2097152, 8388608)),
 ]
 
 # One change each against a configuration above (`against`), in the

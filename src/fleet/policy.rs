@@ -193,6 +193,11 @@ pub struct Scheduling {
     /// runs. A prompt of this many tokens counts each such stream as its
     /// own size again; a short one barely at all.
     pub busy_home_tokens: f64,
+    /// `busy_home_tokens`' cost on a pod is at most this fraction of the
+    /// tokens the pod would compute (0: no bound): a long prompt's own wait
+    /// is the tail's floor, so it takes at most that much more queue to
+    /// stay off the pods whose conversations stream.
+    pub busy_home_cap: f64,
 }
 
 impl Default for Scheduling {
@@ -236,13 +241,14 @@ impl Default for Scheduling {
             affinity_cap_tokens: 0.0,
             affinity_cap_prompts: 0.0,
             busy_home_tokens: 0.0,
+            busy_home_cap: 0.0,
         }
     }
 }
 
 impl Scheduling {
     /// The knobs that must be finite and non-negative, by name.
-    pub fn ratios(&self) -> [(&'static str, f64); 13] {
+    pub fn ratios(&self) -> [(&'static str, f64); 14] {
         [
             (
                 "prefill_outlier_stddev_factor",
@@ -269,6 +275,7 @@ impl Scheduling {
             ("affinity_cap_tokens", self.affinity_cap_tokens),
             ("affinity_cap_prompts", self.affinity_cap_prompts),
             ("busy_home_tokens", self.busy_home_tokens),
+            ("busy_home_cap", self.busy_home_cap),
         ]
     }
 }

@@ -106,12 +106,16 @@ fn least_ttft(
 /// What computing `lacking` tokens on a pod costs the conversations whose
 /// answers stream from its prefill (`busy_home_tokens`, 0: nothing): their
 /// next turns arrive while it runs, in proportion to how long it runs, and
-/// each waits for it.
+/// each waits for it. At most `busy_home_cap` times `lacking` when set.
 fn busy_home_cost(lacking: f64, live_streams: u32, s: &Scheduling) -> f64 {
-    if s.busy_home_tokens > 0.0 {
-        f64::from(live_streams) * lacking * lacking / s.busy_home_tokens
+    if s.busy_home_tokens <= 0.0 {
+        return 0.0;
+    }
+    let cost = f64::from(live_streams) * lacking * lacking / s.busy_home_tokens;
+    if s.busy_home_cap > 0.0 {
+        cost.min(s.busy_home_cap * lacking)
     } else {
-        0.0
+        cost
     }
 }
 

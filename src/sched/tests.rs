@@ -259,6 +259,15 @@ fn least_ttft_keeps_a_long_cold_prompt_off_the_pod_whose_conversations_stream() 
     let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
     let own = 48.0 * 5_000.0;
     assert_eq!(scores, vec![own + 1_000.0, 20_000.0 + own]);
+    // Bounded at an eighth of the tokens computed: 4 streams would cost
+    // 400,000, the bound lets the prompt take 12,500 more queued tokens at
+    // most to avoid them, so the less queued pod wins.
+    s.busy_home_cap = 0.125;
+    let mut ask = request(100_000, &no_prefix, &mut random);
+    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let own = 48.0 * 100_000.0;
+    assert_eq!(scores, vec![own + 12_500.0, 20_000.0 + own]);
+    s.busy_home_cap = 0.0;
     // Tokens a pod holds cost its conversations nothing.
     let held = |pod: usize| if pod == 0 { 100.0 } else { 0.0 };
     let mut ask = request(100_000, &held, &mut random);
