@@ -8,7 +8,7 @@ use crate::inline_str::InlineStr;
 /// configuration's fingerprint. Bump the number when a record's bytes
 /// change (the load table, scraped metrics, prefix entries, admission
 /// reports); a release changes it anyway.
-pub const SHARED_LAYOUT: &str = concat!(env!("CARGO_PKG_VERSION"), "/3");
+pub const SHARED_LAYOUT: &str = concat!(env!("CARGO_PKG_VERSION"), "/4");
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedKeys {
