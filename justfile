@@ -31,6 +31,9 @@ export ISTIO_PILOT_BIN := justfile_directory() / ".tools/istio-" + istio_version
 # The Gateway API Inference Extension's endpoint picker with llm-d's prefill/decode plugins (tools/epp/), for tests/e2e/epp.rs, built pinned by `just epp`.
 epp_version := `awk '$1 == "sigs.k8s.io/gateway-api-inference-extension" { print $2 }' tools/epp/go.mod`
 export EPP_BIN := justfile_directory() / ".tools/epp-" + epp_version / "epp"
+# llm-d's own endpoint picker (tools/llmd-epp/), built pinned by `just llmd-epp`: llm-d-inference-scheduler's plugins, its precise prefix-cache scorer among them.
+llmd_version := `awk '$1 == "github.com/llm-d/llm-d-inference-scheduler" { print $2 }' tools/llmd-epp/go.mod`
+export LLMD_EPP_BIN := justfile_directory() / ".tools/llmd-epp-" + llmd_version / "epp"
 # Jaeger's all-in-one, the OpenTelemetry collector tests/e2e/tracing.rs sends spans to, built pinned by `just jaeger` (tools/jaeger/).
 jaeger_version := `awk '$1 == "github.com/jaegertracing/jaeger" { print $2 }' tools/jaeger/go.mod`
 export JAEGER_BIN := justfile_directory() / ".tools/jaeger-" + jaeger_version / "jaeger"
@@ -118,6 +121,36 @@ epp:
       mkdir -p "$out"
       (cd tools/epp && time GOMAXPROCS=2 nice go build -p 1 -o "$out/epp" .)
       install -m 644 "$(go env GOMODCACHE)/sigs.k8s.io/gateway-api-inference-extension@{{epp_version}}/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/inferencepools.yaml"
+    fi
+    ls -l "$out/epp"
+
+# llm-d's own endpoint picker, llm-d-inference-scheduler `llmd_version` (the newest whose dependencies the module proxy serves: v0.5.1 needs llm-d-kv-cache v0.5.0, which it refuses), into .tools/llmd-epp-<version>. Its precise prefix-cache scorer is cgo: HuggingFace tokenizers through github.com/daulet/tokenizers (a Rust static library, built here with cargo from that module's source), ZMQ (Debian's libzmq3-dev) and an embedded Python for chat templates (Debian's python3-dev); the recipe installs the two packages when missing and apt-get is there. Rebuilt when a file of tools/llmd-epp/ is newer than the binary. Not yet a fleet peer (bench/README.md, "The endpoint picker as a peer").
+llmd-epp:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    out="{{justfile_directory()}}/.tools/llmd-epp-{{llmd_version}}"
+    if [ ! -x "$out/epp" ] || [ -n "$(find tools/llmd-epp -type f -newer "$out/epp")" ]; then
+      command -v go >/dev/null || { echo "llmd-epp: building it needs Go 1.24 or later (go.dev/dl) and the Go module proxy" >&2; exit 1; }
+      command -v cargo >/dev/null || { echo "llmd-epp: building its tokenizer library needs cargo" >&2; exit 1; }
+      if [ ! -f /usr/include/zmq.h ] || [ ! -x /usr/bin/python3-config ]; then
+        command -v apt-get >/dev/null || { echo "llmd-epp: needs libzmq3-dev and python3-dev (Debian's names)" >&2; exit 1; }
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q libzmq3-dev python3-dev
+      fi
+      mkdir -p "$out/lib"
+      if [ ! -f "$out/lib/libtokenizers.a" ]; then
+        tok=$(awk '$1 == "github.com/daulet/tokenizers" { print $2 }' tools/llmd-epp/go.mod)
+        (cd tools/llmd-epp && go mod download github.com/daulet/tokenizers)
+        # Built outside this repository: cargo would take it for a member of our workspace.
+        scratch=$(mktemp -d)
+        trap 'rm -rf "$scratch"' EXIT
+        cp -r "$(go env GOMODCACHE)/github.com/daulet/tokenizers@$tok/." "$scratch/"
+        chmod -R u+w "$scratch"
+        (cd "$scratch" && time nice cargo build --release --locked -j 2)
+        install -m 644 "$scratch/target/release/libtokenizers.a" "$out/lib/libtokenizers.a"
+      fi
+      (cd tools/llmd-epp && time CGO_ENABLED=1 CGO_CFLAGS="$(/usr/bin/python3-config --includes)" \
+        CGO_LDFLAGS="-L$out/lib $(/usr/bin/python3-config --ldflags --embed)" \
+        GOMAXPROCS=2 nice go build -p 1 -o "$out/epp" .)
     fi
     ls -l "$out/epp"
 

@@ -315,8 +315,9 @@ CHANGES = [
 # queue scorer (weight 1: the pods' waiting requests), the max-score picker; every request split (llm-d's
 # prefix-based decider needs its tokenizer, not in GIE; tools/epp/pd.go
 # always splits, as pd-router does here). llm-d's precise prefix scorer
-# (KV events from the pods) is in github.com/llm-d/llm-d-inference-scheduler,
-# which the Go module proxy refuses (403): not built, not faked.
+# (KV events from the pods) is in github.com/llm-d/llm-d-inference-scheduler:
+# `just llmd-epp` builds its v0.4.0, not yet run here (the sims publish no
+# KV events hashed its way); none are faked.
 #
 # The scorers and their weights in both profiles (llm-d's sample); a
 # configuration's `epp_weights` replaces them.
