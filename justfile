@@ -129,7 +129,7 @@ llmd-epp:
     #!/usr/bin/env bash
     set -euo pipefail
     out="{{justfile_directory()}}/.tools/llmd-epp-{{llmd_version}}"
-    if [ ! -x "$out/epp" ] || [ -n "$(find tools/llmd-epp -type f -newer "$out/epp")" ]; then
+    if [ ! -x "$out/epp" ] || [ ! -f "$out/python/render_jinja_template_wrapper.py" ] || [ -n "$(find tools/llmd-epp -type f -newer "$out/epp")" ]; then
       command -v go >/dev/null || { echo "llmd-epp: building it needs Go 1.24 or later (go.dev/dl) and the Go module proxy" >&2; exit 1; }
       command -v cargo >/dev/null || { echo "llmd-epp: building its tokenizer library needs cargo" >&2; exit 1; }
       if [ ! -f /usr/include/zmq.h ] || [ ! -x /usr/bin/python3-config ]; then
@@ -151,6 +151,9 @@ llmd-epp:
       (cd tools/llmd-epp && time CGO_ENABLED=1 CGO_CFLAGS="$(/usr/bin/python3-config --includes)" \
         CGO_LDFLAGS="-L$out/lib $(/usr/bin/python3-config --ldflags --embed)" \
         GOMAXPROCS=2 nice go build -p 1 -o "$out/epp" .)
+      # The scorer's embedded Python imports this module when it starts (run the picker with PYTHONPATH=$out/python).
+      kv=$(awk '$1 == "github.com/llm-d/llm-d-kv-cache-manager" { print $2 }' tools/llmd-epp/go.mod)
+      install -D -m 644 "$(go env GOMODCACHE)/github.com/llm-d/llm-d-kv-cache-manager@$kv/pkg/preprocessing/chat_completions/render_jinja_template_wrapper.py" "$out/python/render_jinja_template_wrapper.py"
     fi
     ls -l "$out/epp"
 
