@@ -1511,9 +1511,14 @@ class Handler(BaseHTTPRequestHandler):
                 if bookmarks:
                     self._event(*bookmark(cursor))
                 break
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        # As in _answer: logged before the terminating chunk goes.
         entry["status"] = 200
+        try:
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            entry["status"] = None
+            raise
 
     def _answer(self, entry, code, body, headers=()):
         hs = [
@@ -1522,8 +1527,14 @@ class Handler(BaseHTTPRequestHandler):
             ("X-Content-Type-Options", "nosniff"),
         ]
         hs.extend(headers)
-        self._send(code, body, headers=hs)
+        # Logged before the last byte goes: a client that has its answer
+        # may read the log at once. A write that fails leaves it unanswered.
         entry["status"] = code
+        try:
+            self._send(code, body, headers=hs)
+        except OSError:
+            entry["status"] = None
+            raise
 
 
 class Server(ThreadingHTTPServer):
