@@ -96,9 +96,7 @@ fn least_ttft(
         .zip(queued_tokens(c, pods, prompt))
         .map(|(e, queued)| {
             let lacking = uncached(e);
-            queued
-                + uncached_cost(lacking, fewest, cap, s)
-                + busy_home_cost(lacking, state(pods, e).live_streams, s)
+            queued + uncached_cost(lacking, fewest, cap, s) + busy_home_cost(lacking, pods, e, s)
         })
         .collect()
 }
@@ -107,11 +105,13 @@ fn least_ttft(
 /// answers stream from its prefill (`busy_home_tokens`, 0: nothing): their
 /// next turns arrive while it runs, in proportion to how long it runs, and
 /// each waits for it. At most `busy_home_cap` times `lacking` when set.
-fn busy_home_cost(lacking: f64, live_streams: u32, s: &Scheduling) -> f64 {
+/// Off (the default), the pod's state is not read.
+fn busy_home_cost(lacking: f64, pods: &[PodState], e: &Endpoint, s: &Scheduling) -> f64 {
     if s.busy_home_tokens <= 0.0 {
         return 0.0;
     }
-    let cost = f64::from(live_streams) * lacking * lacking / s.busy_home_tokens;
+    let streams = f64::from(state(pods, e).live_streams);
+    let cost = streams * lacking * lacking / s.busy_home_tokens;
     if s.busy_home_cap > 0.0 {
         cost.min(s.busy_home_cap * lacking)
     } else {
