@@ -107,6 +107,21 @@ fn eps(c: &Config, pods: &[usize]) -> Vec<Endpoint> {
     pods.iter().map(|i| all[*i].clone()).collect()
 }
 
+/// `least_ttft`'s scores of pods 0 and 1 for a prompt of `tokens` under `s`.
+fn ttft_scores(
+    c: &Config,
+    pods: &[PodState],
+    tokens: u64,
+    prefix: &dyn Fn(usize) -> f64,
+    s: &crate::fleet::Scheduling,
+) -> Vec<f64> {
+    let cands = eps(c, &[0, 1]);
+    let refs: Vec<&Endpoint> = cands.iter().collect();
+    let mut random = || 0u64;
+    let mut ask = request(tokens, prefix, &mut random);
+    prefill_scores(PrefillPolicy::LeastTtft, &refs, pods, &mut ask, s)
+}
+
 #[test]
 fn prefix_cache_score_matches_aibrix_formula() {
     let c = config(AIBRIX);
@@ -197,14 +212,10 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
     let mut pods = idle(8);
     // Pod 0 holds 80 % of a 10,000-token prompt, pod 1 nothing.
     pods[0].outstanding_prefill_tokens = 100_000;
-    let cands = eps(&c, &[0, 1]);
-    let refs: Vec<&Endpoint> = cands.iter().collect();
-    let mut random = || 0u64;
     let prefix = |pod: usize| if pod == 0 { 80.0 } else { 0.0 };
-    let mut ask = request(10_000, &prefix, &mut random);
     let mut s = c.scheduling.clone();
     s.affinity_cap_tokens = 20_000.0;
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 10_000, &prefix, &s);
     // Pod 0 lacks the fewest tokens (2,000): they count once. Pod 1 lacks
     // 8,000 more, which the weight's part above 1 makes 376,000, capped at
     // 20,000.
@@ -213,19 +224,19 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
     // larger holds (the tokens a floor).
     s.affinity_cap_tokens = 0.0;
     s.affinity_cap_prompts = 2.0;
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 10_000, &prefix, &s);
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
     s.affinity_cap_tokens = 5_000.0;
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 10_000, &prefix, &s);
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 20_000.0]);
     s.affinity_cap_tokens = 50_000.0;
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 10_000, &prefix, &s);
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 50_000.0]);
     s.affinity_cap_prompts = 0.0;
     // Under the cap the order is the uncapped one: each score less 47 ×
     // 2,000.
     s.affinity_cap_tokens = 1_000_000.0;
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 10_000, &prefix, &s);
     assert_eq!(scores, vec![100_000.0 + 2_000.0, 10_000.0 + 376_000.0]);
     // So a queue 100,000 tokens longer than another's sends the prompt away
     // under a cap of 20,000 (it saves 8,000), and keeps it where it is
@@ -244,44 +255,30 @@ fn least_ttft_keeps_a_long_cold_prompt_off_the_pod_whose_conversations_stream() 
     // 20,000 tokens queued; neither holds the prompt.
     pods[0].live_streams = 4;
     pods[1].outstanding_prefill_tokens = 20_000;
-    let cands = eps(&c, &[0, 1]);
-    let refs: Vec<&Endpoint> = cands.iter().collect();
-    let mut random = || 0u64;
     let mut s = c.scheduling.clone();
     s.busy_home_tokens = 100_000.0;
-    let mut ask = request(100_000, &no_prefix, &mut random);
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 100_000, &no_prefix, &s);
     // 100,000 tokens at 100,000: each stream counts as the prompt again.
     let own = 48.0 * 100_000.0;
     assert_eq!(scores, vec![own + 4.0 * 100_000.0, 20_000.0 + own]);
     // A 5,000-token prompt costs each stream 250 tokens: the queue decides.
-    let mut ask = request(5_000, &no_prefix, &mut random);
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 5_000, &no_prefix, &s);
     let own = 48.0 * 5_000.0;
     assert_eq!(scores, vec![own + 1_000.0, 20_000.0 + own]);
     // Bounded at an eighth of the tokens computed: 4 streams would cost
     // 400,000, the bound lets the prompt take 12,500 more queued tokens at
     // most to avoid them, so the less queued pod wins.
     s.busy_home_cap = 0.125;
-    let mut ask = request(100_000, &no_prefix, &mut random);
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 100_000, &no_prefix, &s);
     let own = 48.0 * 100_000.0;
     assert_eq!(scores, vec![own + 12_500.0, 20_000.0 + own]);
     s.busy_home_cap = 0.0;
     // Tokens a pod holds cost its conversations nothing.
     let held = |pod: usize| if pod == 0 { 100.0 } else { 0.0 };
-    let mut ask = request(100_000, &held, &mut random);
-    let scores = prefill_scores(PrefillPolicy::LeastTtft, &refs, &pods, &mut ask, &s);
+    let scores = ttft_scores(&c, &pods, 100_000, &held, &s);
     assert_eq!(scores[0], 0.0);
     // Off (the default), the streams do not count.
-    let mut ask = request(100_000, &no_prefix, &mut random);
-    let scores = prefill_scores(
-        PrefillPolicy::LeastTtft,
-        &refs,
-        &pods,
-        &mut ask,
-        &c.scheduling,
-    );
+    let scores = ttft_scores(&c, &pods, 100_000, &no_prefix, &c.scheduling);
     assert_eq!(scores, vec![48.0 * 100_000.0, 20_000.0 + 48.0 * 100_000.0]);
     // Through the whole placement, the other roleset's pods busier still.
     pods[4].outstanding_prefill_tokens = 50_000;
