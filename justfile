@@ -124,7 +124,7 @@ epp:
     fi
     ls -l "$out/epp"
 
-# llm-d's own endpoint picker, llm-d-inference-scheduler `llmd_version` (the newest whose dependencies the module proxy serves: v0.5.1 needs llm-d-kv-cache v0.5.0, which it refuses), into .tools/llmd-epp-<version>. Its precise prefix-cache scorer is cgo: HuggingFace tokenizers through github.com/daulet/tokenizers (a Rust static library, built here with cargo from that module's source), ZMQ (Debian's libzmq3-dev) and an embedded Python for chat templates (Debian's python3-dev); the recipe installs the two packages when missing and apt-get is there. Rebuilt when a file of tools/llmd-epp/ is newer than the binary. Not yet a fleet peer (bench/README.md, "The endpoint picker as a peer").
+# llm-d's own endpoint picker, llm-d-inference-scheduler `llmd_version` (the newest whose dependencies the module proxy serves: v0.5.1 needs llm-d-kv-cache v0.5.0, which it refuses), into .tools/llmd-epp-<version>. Its precise prefix-cache scorer is cgo: HuggingFace tokenizers through github.com/daulet/tokenizers (a Rust static library, built here with cargo from that module's source), ZMQ (Debian's libzmq3-dev) and an embedded Python for chat templates (Debian's python3-dev); the recipe installs the two packages when missing and apt-get is there. Rebuilt when a file of tools/llmd-epp/ is newer than the binary. The fleet's `llmd` peer (bench/README.md, "llm-d's precise prefix scorer as a peer").
 llmd-epp:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -154,6 +154,14 @@ llmd-epp:
       # The scorer's embedded Python imports this module when it starts (run the picker with PYTHONPATH=$out/python).
       kv=$(awk '$1 == "github.com/llm-d/llm-d-kv-cache-manager" { print $2 }' tools/llmd-epp/go.mod)
       install -D -m 644 "$(go env GOMODCACHE)/github.com/llm-d/llm-d-kv-cache-manager@$kv/pkg/preprocessing/chat_completions/render_jinja_template_wrapper.py" "$out/python/render_jinja_template_wrapper.py"
+    fi
+    # The CRDs of the GIE release its runner is built on: that runner watches InferenceObjectives too, and stops at start-up where the API server has no such resource.
+    if [ ! -f "$out/inferenceobjectives.yaml" ]; then
+      gie=$(awk '$1 == "sigs.k8s.io/gateway-api-inference-extension" { print $2 }' tools/llmd-epp/go.mod)
+      (cd tools/llmd-epp && go mod download sigs.k8s.io/gateway-api-inference-extension)
+      crds="$(go env GOMODCACHE)/sigs.k8s.io/gateway-api-inference-extension@$gie/config/crd/bases"
+      install -m 644 "$crds/inference.networking.k8s.io_inferencepools.yaml" "$out/inferencepools.yaml"
+      install -m 644 "$crds/inference.networking.x-k8s.io_inferenceobjectives.yaml" "$out/inferenceobjectives.yaml"
     fi
     ls -l "$out/epp"
 
@@ -319,6 +327,12 @@ bench-fleet-judge-sglang-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --c
 
 # pd-router's default against llm-d's endpoint picker at GIE's default scorers (`epp-gie`), judged the same way (~25 min); builds the picker and kube-apiserver first when missing.
 bench-fleet-judge-epp *ARGS: epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,epp-gie --stem fleet-judge-epp " + ARGS)
+
+# pd-router's default against llm-d's own endpoint picker (`llmd`: llm-d-inference-scheduler v0.4.0, its precise prefix scorer fed the sims' KV events), judged the same way (~25 min); builds the picker and kube-apiserver first when missing.
+bench-fleet-judge-llmd *ARGS: llmd-epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,llmd --stem fleet-judge-llmd " + ARGS)
+
+# The same at twice the load.
+bench-fleet-judge-llmd-2x *ARGS: llmd-epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --configs pd-ttft@2x,llmd@2x --stem fleet-judge-llmd-2x " + ARGS)
 
 # pd-router's default against Dynamo's KV router at its defaults, judged the same way (~25 min; installs bench/.venv-dynamo when missing).
 bench-fleet-judge-dynamo *ARGS: (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,dynamo --stem fleet-judge-dynamo " + ARGS)

@@ -38,6 +38,14 @@ def epp_paths() -> tuple[Path, Path]:
     return epp, epp.with_name("inferencepools.yaml")
 
 
+def llmd_epp_path() -> Path:
+    """llm-d's own picker (LLMD_EPP_BIN, or `just llmd-epp`'s), its
+    chat-template module in python/ beside it."""
+    version = next(line.split()[1] for line in (REPO / "tools/llmd-epp/go.mod").read_text()
+                   .splitlines() if line.strip().startswith("github.com/llm-d/llm-d-inference-scheduler "))
+    return Path(os.environ.get("LLMD_EPP_BIN", REPO / f".tools/llmd-epp-{version}/epp"))
+
+
 @dataclass
 class PodMock(Mock):
     """A mock engine on an address of its own (the pool's pods share a port)."""
@@ -76,12 +84,15 @@ def start_pod_mock(procs: Procs, mock_bin: Path, name: str, host: str, port: int
     return PodMock(name, ready["http"], ready.get("bootstrap"), host)
 
 
-def install_pool(kube: Kube, crd: Path, port: int, pods: list[tuple[PodMock, str]]) -> None:
-    """The shipped identity, GIE's CRD as released, the shipped pool (its
-    target port the mocks'), and one pod per mock with llm-d's labels."""
+def install_pool(kube: Kube, crd: Path, port: int, pods: list[tuple[PodMock, str]],
+                 more_crds: tuple[Path, ...] = ()) -> None:
+    """The shipped identity, GIE's CRD as released (and `more_crds`), the
+    shipped pool (its target port the mocks'), and one pod per mock with
+    llm-d's labels."""
     kube.apply(shipped_rbac())
     # `create`: the CRD is too large for `apply`'s last-applied annotation.
-    kube.kubectl(["create", "-f", str(crd)])
+    for f in (crd, *more_crds):
+        kube.kubectl(["create", "-f", str(f)])
     kube.kubectl(["wait", "--for=condition=Established", "--timeout=60s", "crd",
                   "inferencepools.inference.networking.k8s.io"])
     # A CRD just established answers lists with 429 for a moment: kubectl
@@ -98,13 +109,14 @@ def install_pool(kube: Kube, crd: Path, port: int, pods: list[tuple[PodMock, str
 
 
 def start_picker(procs: Procs, epp: Path, kube: Kube, config: Path | None = None,
-                 core: str | None = ROUTER_CORE, gomaxprocs: str | None = "1"
-                 ) -> tuple[subprocess.Popen, int]:
+                 core: str | None = ROUTER_CORE, gomaxprocs: str | None = "1",
+                 env: dict | None = None) -> tuple[subprocess.Popen, int]:
     """The picker, once its ext_proc port listens: by default on the router
     core with one Go thread and tools/epp/pd-config.yaml (the no-hop row);
-    the fleet gives its own scheduling `config`, no core, all Go threads."""
+    the fleet gives its own scheduling `config`, no core, all Go threads,
+    and `env` for llm-d's picker."""
     grpc, health, metrics = free_port(), free_port(), free_port()
-    env = {"KUBECONFIG": str(kube.kubeconfig)}
+    env = {"KUBECONFIG": str(kube.kubeconfig), **(env or {})}
     if gomaxprocs:
         env["GOMAXPROCS"] = gomaxprocs
     p = procs.start("epp", [

@@ -42,15 +42,16 @@ from pathlib import Path
 
 import yaml
 
-from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, http, http_get, log, peak_rss_mb, proc_ticks,
+from .common import (interrupt_on_sigterm, BENCH, CLK_TCK, REPO, Procs, admin_port, free_port, http, http_get, log, peak_rss_mb, proc_ticks,
                      read_line, settled, start_envoy, start_peer)
 from .dynamo_peer import ensure_venv, give_names_back, start_dynamo
 from .envoy import fleet_envoy, fleet_timeouts
-from .epp import PodMock, envoy_epp_config, epp_paths, install_pool, start_picker
+from .epp import (PodMock, envoy_epp_config, epp_paths, install_pool, llmd_epp_path,
+                  start_picker)
 from .kube import Kube, kube_bins
 from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, EPP_WEIGHTS, JUDGE_CONFIGS, QUICK,
                             QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge,
-                            epp_scheduling)
+                            LLMD_WEIGHTS, epp_scheduling, llmd_scheduling)
 from .fleet_metrics import (bucket_stats, load_trace, peer_decisions, reusable_tokens,
                             summarize, turn_stats)
 from .fleet_judge import judge_report, plot_judged, write_judge_csv
@@ -103,8 +104,10 @@ def start_sim(procs: Procs, a, run: Run) -> dict:
              "--host-gbs", f"{a.host_gbs:g}"]
     if run.config.decoder_kv_ttl_s:
         argv += ["--decoder-kv-ttl-s", f"{run.config.decoder_kv_ttl_s:g}"]
-    if run.config.router == "epp":
+    if run.config.router in ("epp", "llmd"):
         argv += ["--host-range", EPP_FIRST_HOST]
+    if run.config.router == "llmd":
+        argv += ["--kv-events"]
     p = procs.start("sim", argv, stdout=subprocess.PIPE)
     line = read_line(p, 30)
     try:
@@ -236,19 +239,53 @@ def epp_settled(url: str, sim: dict, timeout: float = 120) -> None:
     settled("the picker's Envoy", attempt, streak=5, timeout=timeout, pause=0.5)
 
 
+def llmd_picker(procs: FleetProcs, a, c: Config, sim: dict) -> tuple[dict, dict, callable]:
+    """llm-d's picker's scheduling, its environment, and what starts the KV
+    events' bridge once the picker listens: the sims' tokenizer.json in the
+    scratch directory, a ZMQ port for the picker's subscriber, a key per sim
+    block (512 tokens of --bytes-per-token characters)."""
+    base = f"http://{sim['prefill'][0]['address']}"
+    status, body = http_get(base + "/sim/kv_events/tokenizer.json", 10)
+    if status != 200:
+        raise RuntimeError(f"/sim/kv_events/tokenizer.json: {status} (a sim without --kv-events?)")
+    tokenizer = procs.scratch / "tokenizer.json"
+    tokenizer.write_bytes(body)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    block = 512 * a.bytes_per_token
+    sched = llmd_scheduling(c.epp_weights or LLMD_WEIGHTS, block, str(tokenizer), endpoint, MODEL)
+    env = {"PYTHONPATH": str(llmd_epp_path().parent / "python")}
+
+    def bridge() -> None:
+        p = procs.start("kv-bridge", [sys.executable, "-m", "pdbench.kv_bridge", "--sim", base,
+                                      "--endpoint", endpoint, "--model", MODEL,
+                                      "--block-size", str(block)],
+                        env={"PYTHONPATH": str(BENCH)}, stdout=subprocess.PIPE)
+        line = read_line(p, 30)
+        if line != "READY":
+            raise RuntimeError(f"kv bridge did not start: {line!r}\n{procs.log_tail('kv-bridge')}")
+    return sched, env, bridge
+
+
 def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
     """The endpoint picker's stack over the sims (bench/pdbench/epp.py's, as
     the no-hop row runs it, not pinned): kube-apiserver and etcd with GIE's
     CRD, the shipped pool on the sims' common port and one Pod with llm-d's
     labels and the sim pod's address per sim pod; the picker with the
-    configuration's scheduling; deploy/envoy-epp's Envoy (two workers) with
-    pd-router in executor mode, the fleet's timeouts and pd-router's fleet
-    knobs. Its listener port, once requests go through split."""
+    configuration's scheduling (GIE's with tools/epp's P/D plugins, or
+    llm-d's own for `llmd`, fed the pods' KV events); deploy/envoy-epp's
+    Envoy (two workers) with pd-router in executor mode, the fleet's
+    timeouts and pd-router's fleet knobs. Its listener port, once requests
+    go through split."""
     epp, crd = epp_paths()
-    for f in (epp, crd, *kube_bins()):
+    more_crds = ()
+    if c.router == "llmd":
+        epp = llmd_epp_path()
+        crd, more_crds = epp.with_name("inferencepools.yaml"), (
+            epp.with_name("inferenceobjectives.yaml"),)
+    for f in (epp, crd, *more_crds, *kube_bins()):
         if not f.exists():
-            raise RuntimeError(f"{f} not found (`just epp kube-apiserver` builds the picker "
-                               "and the API server)")
+            raise RuntimeError(f"{f} not found (`just epp llmd-epp kube-apiserver` builds the "
+                               "pickers and the API server)")
     pods = [(p, role) for role in ("prefill", "decode") for p in sim[role]]
     ports = {p["address"].rsplit(":", 1)[1] for p, _ in pods}
     if len(ports) != 1:
@@ -256,11 +293,17 @@ def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
     port = int(ports.pop())
     kube = Kube(procs, None)
     install_pool(kube, crd, port, [(PodMock(p["name"], port, None, p["address"].rsplit(":", 1)[0]),
-                                    role) for p, role in pods])
+                                    role) for p, role in pods], more_crds)
     config = procs.scratch / "epp-config.yaml"
-    config.write_text(yaml.safe_dump(epp_scheduling(c.epp_weights or EPP_WEIGHTS, c.epp_prefix),
-                                     sort_keys=False))
-    _, grpc = start_picker(procs, epp, kube, config, core=None, gomaxprocs=None)
+    env, bridge = {}, None
+    if c.router == "llmd":
+        sched, env, bridge = llmd_picker(procs, a, c, sim)
+    else:
+        sched = epp_scheduling(c.epp_weights or EPP_WEIGHTS, c.epp_prefix)
+    config.write_text(yaml.safe_dump(sched, sort_keys=False))
+    _, grpc = start_picker(procs, epp, kube, config, core=None, gomaxprocs=None, env=env)
+    if bridge:
+        bridge()
     d = procs.scratch / "envoy-epp"
     d.mkdir(exist_ok=True)
     # pd-router's fleet knobs, as the pd-* rows have them.
@@ -294,7 +337,7 @@ def start_router(procs: Procs, a, c: Config, sim: dict) -> list[str]:
         ports = [start_vllm_router(procs, a, c, sim)]
     elif c.router == "smg":
         ports = [start_smg(procs, a, c, sim)]
-    elif c.router == "epp":
+    elif c.router in ("epp", "llmd"):
         ports = [start_epp(procs, a, c, sim)]
     elif c.router == "dynamo":
         port = start_dynamo(procs, c, sim, a.bytes_per_token)
@@ -597,7 +640,7 @@ def parse_args():
             ap.error("dynamo: --extend-turns is not supported (its records are matched to the "
                      "replayer's requests by the trace's block ids)")
         ensure_venv()
-    for peer in sorted({r.config.router for r in runs} - {"pd", "epp", "dynamo"}):
+    for peer in sorted({r.config.router for r in runs} - {"pd", "epp", "llmd", "dynamo"}):
         if not (a.peer_venv / "bin" / peer).exists():
             ap.error(f"{peer} is not installed in {a.peer_venv} (`./just bench-fleet` "
                      "installs bench/requirements.txt)")

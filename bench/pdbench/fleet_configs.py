@@ -14,7 +14,7 @@ class Config:
     `plugin` into its top-level configuration (dicts merged deeply);
     `scale` multiplies the time scale of its runs."""
     name: str
-    router: str  # "pd", "vllm-router", "smg", "epp" or "dynamo"
+    router: str  # "pd", "vllm-router", "smg", "epp", "llmd" or "dynamo"
     engine: str  # the sims' wire contract: "vllm" or "sglang"
     model: dict = field(default_factory=dict)
     plugin: dict = field(default_factory=dict)
@@ -314,10 +314,8 @@ CHANGES = [
 # 256, 31,250 blocks per pod, and does not see the pods' caches) and its
 # queue scorer (weight 1: the pods' waiting requests), the max-score picker; every request split (llm-d's
 # prefix-based decider needs its tokenizer, not in GIE; tools/epp/pd.go
-# always splits, as pd-router does here). llm-d's precise prefix scorer
-# (KV events from the pods) is in github.com/llm-d/llm-d-inference-scheduler:
-# `just llmd-epp` builds its v0.4.0, not yet run here (the sims publish no
-# KV events hashed its way); none are faked.
+# always splits, as pd-router does here). llm-d's precise prefix scorer is
+# the `llmd` peer below (LLMD_PEER).
 #
 # The scorers and their weights in both profiles (llm-d's sample); a
 # configuration's `epp_weights` replaces them.
@@ -372,7 +370,53 @@ EPP_PEER = [
            about="epp with GIE's default scorers: queue 2, kv-cache-utilization 2, "
                  "prefix-cache 3"),
 ]
-BY_NAME = {c.name: c for c in CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + OPT_IN}
+
+# llm-d's own endpoint picker (issue 37; bench/README.md, "llm-d's precise
+# prefix scorer as a peer"): llm-d-inference-scheduler v0.4.0 (`just
+# llmd-epp`) on GIE v1.2.0's runner, its own P/D plugins (the role filters,
+# pd-profile-handler with threshold 0: every request split, the prefill
+# header) and its precise prefix-cache scorer: it tokenizes each prompt
+# (a char-level tokenizer.json of the sims' alphabet), keys its blocks by
+# chained sha256 and looks them up in an index the pods' KV events fill
+# (`mock-engine sim --kv-events`, bench/pdbench/kv_bridge.py publishing them
+# over ZMQ as vLLM does). A key is one sim block (512 tokens), the block
+# size vLLM would be started with to match. Its weights are llm-d's
+# precise-prefix guide's (guides/precise-prefix-cache-aware
+# gaie-kv-events/values.yaml): precise prefix 3, KV-cache use 2, queue 2,
+# here in both P/D profiles. Run only when named in --configs: it needs
+# `just llmd-epp kube-apiserver epp` (Go, cgo; GIE's CRD comes with `epp`).
+LLMD_WEIGHTS = {"precise-prefix-cache-scorer": 3, "kv-cache-utilization-scorer": 2,
+                "queue-scorer": 2}
+
+
+def llmd_scheduling(weights: dict, block_size: int, tokenizer: str, endpoint: str,
+                    model: str) -> dict:
+    """llm-d's picker's EndpointPickerConfig: epp_scheduling's P/D plugins
+    with `weights`' scorers, the precise prefix scorer keying `block_size`
+    characters a block with the local `tokenizer` for `model`, subscribed
+    to KV events at `endpoint`."""
+    cfg = epp_scheduling(weights, {})
+    precise = {
+        "indexerConfig": {
+            "tokenProcessorConfig": {"blockSize": block_size, "hashSeed": ""},
+            "tokenizersPoolConfig": {"modelName": model,
+                                     "local": {"modelTokenizerMap": {model: tokenizer}}},
+        },
+        "kvEventsConfig": {"zmqEndpoint": endpoint, "topicFilter": "kv@"},
+    }
+    for p in cfg["plugins"]:
+        if p["type"] == "precise-prefix-cache-scorer":
+            p["parameters"] = precise
+    return cfg
+
+
+LLMD_PEER = [
+    Config("llmd", "llmd", "vllm",
+           about="llm-d v0.4.0's EPP: its P/D plugins, precise prefix 3 (the pods' KV events), "
+                 "KV-cache use 2, queue 2; pd-router executing its picks; vLLM NIXL sims"),
+]
+BY_NAME = {c.name: c for c in
+           CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + LLMD_PEER + OPT_IN}
 
 
 @dataclass(frozen=True)

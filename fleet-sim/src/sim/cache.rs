@@ -62,6 +62,15 @@ pub struct BlockCache {
     anonymous: usize,
     clock: u64,
     evicted: u64,
+    /// What changed since last taken, when asked to keep it (KV events).
+    changes: Option<Changes>,
+}
+
+/// Blocks that became hits here, and blocks that left for good, in order.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Changes {
+    pub stored: Vec<u64>,
+    pub removed: Vec<u64>,
 }
 
 impl BlockCache {
@@ -78,6 +87,25 @@ impl BlockCache {
             anonymous: 0,
             clock: 0,
             evicted: 0,
+            changes: None,
+        }
+    }
+
+    /// Keeps the changes from now on, for [`BlockCache::take_changes`].
+    pub fn track_changes(&mut self) {
+        self.changes.get_or_insert_with(Changes::default);
+    }
+
+    /// The changes since last taken (none when not tracked).
+    pub fn take_changes(&mut self) -> Option<Changes> {
+        self.changes.as_mut().map(std::mem::take)
+    }
+
+    fn dropped(&mut self, id: u64) {
+        self.entries.remove(&id);
+        self.evicted += 1;
+        if let Some(c) = &mut self.changes {
+            c.removed.push(id);
         }
     }
 
@@ -201,8 +229,7 @@ impl BlockCache {
     fn demote(&mut self, id: u64) {
         self.on_gpu -= 1;
         if self.host_capacity() == 0 {
-            self.entries.remove(&id);
-            self.evicted += 1;
+            self.dropped(id);
             return;
         }
         if let Some(e) = self.entries.get_mut(&id) {
@@ -213,8 +240,7 @@ impl BlockCache {
             let Some((_, old)) = self.host_lru.pop_first() else {
                 break;
             };
-            self.entries.remove(&old);
-            self.evicted += 1;
+            self.dropped(old);
         }
     }
 
@@ -222,6 +248,11 @@ impl BlockCache {
     pub fn mark_computed(&mut self, ids: &[u64]) {
         for id in ids {
             if let Some(e) = self.entries.get_mut(id) {
+                if !e.computed {
+                    if let Some(c) = &mut self.changes {
+                        c.stored.push(*id);
+                    }
+                }
                 e.computed = true;
             }
         }
@@ -276,6 +307,32 @@ mod tests {
         assert_eq!(c.cached_free(), 5, "the cache keeps what no request pins");
         assert_eq!(c.leading_hits(&[1, 2, 3]), 3);
         assert_eq!(c.evicted(), 0);
+    }
+
+    #[test]
+    fn tracked_changes_say_which_blocks_became_hits_and_which_left() {
+        // GPU-only, three blocks: the fourth evicts the oldest.
+        let mut c = BlockCache::new(3, 3);
+        assert_eq!(c.take_changes(), None, "not tracked unless asked");
+        c.track_changes();
+        let r = c.reserve(&[1, 2], 0).unwrap();
+        assert_eq!(
+            c.take_changes().unwrap(),
+            Changes::default(),
+            "not computed yet"
+        );
+        c.mark_computed(&r.pinned);
+        c.mark_computed(&r.pinned);
+        c.release(&r.pinned, 0);
+        let got = c.take_changes().unwrap();
+        assert_eq!((got.stored, got.removed), (vec![1, 2], vec![]));
+        // A block dropped before it was computed was never a hit: no change.
+        let r = c.reserve(&[9], 0).unwrap();
+        c.release(&r.pinned, 0);
+        assert_eq!(c.take_changes().unwrap(), Changes::default());
+        serve(&mut c, &[3, 4], 0);
+        let got = c.take_changes().unwrap();
+        assert_eq!((got.stored, got.removed), (vec![3, 4], vec![1]));
     }
 
     #[test]

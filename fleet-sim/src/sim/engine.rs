@@ -213,6 +213,16 @@ impl Engine {
         self.running.len()
     }
 
+    /// Keeps the cache's changes from now on (KV events).
+    pub fn track_changes(&mut self) {
+        self.cache.track_changes();
+    }
+
+    /// The cache's changes since last taken (none when not tracked).
+    pub fn take_changes(&mut self) -> Option<super::cache::Changes> {
+        self.cache.take_changes()
+    }
+
     /// The share of KV blocks in use by running requests (0 to 1).
     pub fn kv_usage(&self) -> f64 {
         self.cache.in_use() as f64 / self.cache.pin_limit().max(1) as f64

@@ -115,6 +115,8 @@ pub struct Fleet {
     /// pods keep their KV for the next turn (bidirectional NIXL); `None`:
     /// they free it as they finish.
     pub decoder_kv_ttl_s: Option<f64>,
+    /// The pods' KV events (`--kv-events`), read at `/sim/kv_events`.
+    pub kv_events: Option<Arc<super::kv_events::KvEvents>>,
     offers: Mutex<HashMap<String, Offer>>,
     kept: Mutex<HashMap<String, Kept>>,
     rooms: Mutex<HashMap<u64, Arc<Room>>>,
@@ -148,6 +150,7 @@ impl Fleet {
             flush,
             text,
             decoder_kv_ttl_s: None,
+            kv_events: None,
             offers: Mutex::new(HashMap::new()),
             kept: Mutex::new(HashMap::new()),
             rooms: Mutex::new(HashMap::new()),

@@ -4,7 +4,7 @@
 //! and says so in its record), and what routers probe (`/health`,
 //! `/metrics`, vLLM's `/v1/completions/render` and `/tokenize`, SGLang's
 //! server and model info), plus the simulation's own `/sim/records`,
-//! `/sim/pods` and `/sim/floor`.
+//! `/sim/pods`, `/sim/floor` and `/sim/kv_events`.
 
 use super::engine::{Counters, EngineConfig, Job};
 use super::fleet::{pull_tokens, Flavor, Fleet, Offer, Record};
@@ -12,7 +12,7 @@ use super::pod::{Pod, Role};
 use super::serve::{self, error, Asked, Serving};
 use super::text::{parse_prompt, parse_token_ids, token_ids, Shape};
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -45,6 +45,8 @@ pub fn router(app: App) -> Router {
         .route("/sim/records", get(records))
         .route("/sim/pods", get(pods))
         .route("/sim/floor", post(floor))
+        .route("/sim/kv_events", get(kv_events))
+        .route("/sim/kv_events/tokenizer.json", get(kv_tokenizer))
         .with_state(app)
 }
 
@@ -409,6 +411,28 @@ fn metrics_page(
             c.generated_tokens
         ),
     }
+}
+
+/// The fleet's KV event batches after `after` (`?after=SEQ&wait_ms=MS`),
+/// waiting up to `wait_ms` (at most 10 s) for one: `{"batches": [...]}`,
+/// those up to `after` dropped as read. 404 without `--kv-events`.
+async fn kv_events(
+    State(app): State<App>,
+    Query(q): Query<std::collections::HashMap<String, u64>>,
+) -> Response {
+    let Some(ev) = &app.fleet.kv_events else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "this fleet publishes no KV events (--kv-events)",
+        );
+    };
+    let wait = Duration::from_millis(q.get("wait_ms").copied().unwrap_or(0).min(10_000));
+    let batches = ev.after(q.get("after").copied().unwrap_or(0), wait).await;
+    Json(json!({ "batches": batches })).into_response()
+}
+
+async fn kv_tokenizer() -> Response {
+    Json(super::kv_events::tokenizer_json()).into_response()
 }
 
 async fn records(State(app): State<App>) -> Response {

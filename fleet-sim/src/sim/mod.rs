@@ -17,6 +17,7 @@ pub mod cache;
 pub mod engine;
 pub mod fleet;
 pub mod http;
+pub mod kv_events;
 pub mod model;
 pub mod nic;
 pub mod pod;
@@ -104,6 +105,12 @@ pub struct SimArgs {
     /// after its first token
     #[arg(long, default_value_t = 25)]
     pub flush_ms: u64,
+    /// Each pod publishes vLLM's KV events for its cache (blocks stored and
+    /// removed, keyed as llm-d's precise prefix scorer keys them), read at
+    /// `/sim/kv_events` (kv_events.rs); the tokenizer they assume at
+    /// `/sim/kv_events/tokenizer.json`
+    #[arg(long)]
+    pub kv_events: bool,
 }
 
 fn flavor(name: &str) -> Result<Flavor, String> {
@@ -243,6 +250,13 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         },
     );
     fleet.decoder_kv_ttl_s = args.decoder_kv_ttl_s;
+    if args.kv_events {
+        let events = Arc::new(kv_events::KvEvents::new(fleet.text));
+        for pod in &pods {
+            pod.publish_kv_events(Arc::clone(&events));
+        }
+        fleet.kv_events = Some(events);
+    }
     let fleet = Arc::new(fleet);
     for (pod, listener) in pods.iter().zip(listeners) {
         tokio::spawn(Arc::clone(pod).drive());
@@ -267,7 +281,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
         "{}",
         serde_json::json!({"ready": true, "engine": args.engine, "time_scale": args.time_scale,
             "kv_blocks": config.kv_blocks, "cache_blocks": config.cache_blocks,
-            "host_gbs": args.host_gbs, "decoder_kv_ttl_s": args.decoder_kv_ttl_s, "bytes_per_token": args.bytes_per_token, "seed": args.seed,
+            "host_gbs": args.host_gbs, "decoder_kv_ttl_s": args.decoder_kv_ttl_s, "kv_events": args.kv_events, "bytes_per_token": args.bytes_per_token, "seed": args.seed,
             "prefill": describe(Role::Prefill), "decode": describe(Role::Decode)})
     );
     std::future::pending::<()>().await;

@@ -8,10 +8,11 @@
 //! pod that falls behind (a busy machine) catches up without drifting.
 
 use super::engine::{Counters, Engine, EngineConfig, Event, Job};
+use super::kv_events::KvEvents;
 use super::text::Prompt;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 
@@ -84,6 +85,8 @@ pub struct Pod {
     wake: Notify,
     sinks: Mutex<HashMap<u64, mpsc::UnboundedSender<Event>>>,
     next_key: AtomicU64,
+    /// Where its cache's changes go, once it publishes KV events.
+    kv_events: OnceLock<Arc<KvEvents>>,
 }
 
 /// A request's place in its pod: events arrive on `events`; dropping it
@@ -133,7 +136,24 @@ impl Pod {
             wake: Notify::new(),
             sinks: Mutex::new(HashMap::new()),
             next_key: AtomicU64::new(1),
+            kv_events: OnceLock::new(),
         })
+    }
+
+    /// Publishes its cache's changes to `events` from now on.
+    pub fn publish_kv_events(&self, events: Arc<KvEvents>) {
+        lock(&self.engine).track_changes();
+        let _ = self.kv_events.set(events);
+    }
+
+    /// Hands what its cache changed to the KV events, if it publishes them.
+    fn publish_changes(&self) {
+        let Some(kv) = self.kv_events.get() else {
+            return;
+        };
+        if let Some(c) = lock(&self.engine).take_changes() {
+            kv.publish(&self.ip, &c.stored, &c.removed);
+        }
     }
 
     pub fn address(&self) -> String {
@@ -144,6 +164,9 @@ impl Pod {
     pub fn submit(self: &Arc<Self>, job: Job) -> Ticket {
         let key = self.next_key.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::unbounded_channel();
+        if let Some(kv) = self.kv_events.get() {
+            kv.learn(&job.prompt);
+        }
         lock(&self.sinks).insert(key, tx);
         lock(&self.engine).submit(Job { key, ..job });
         self.wake.notify_one();
@@ -197,6 +220,7 @@ impl Pod {
         loop {
             let mut events = Vec::new();
             let planned = lock(&self.engine).plan(&mut events);
+            self.publish_changes();
             self.dispatch(events);
             let Some(dt) = planned else {
                 self.wake.notified().await;
@@ -208,6 +232,7 @@ impl Pod {
             t = end;
             let mut events = Vec::new();
             lock(&self.engine).complete(&mut events);
+            self.publish_changes();
             self.dispatch(events);
         }
     }
