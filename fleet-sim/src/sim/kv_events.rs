@@ -53,7 +53,10 @@ pub fn token_id(byte: u8) -> u32 {
 }
 
 /// The HuggingFace tokenizer.json of [`token_id`]: every character its own
-/// token, no special tokens added.
+/// token, no special tokens added. A BPE model with no merges and no
+/// pre-tokenizer: HF tokenizers 0.23 encodes 33,000 characters with it in
+/// 5.5 ms, against 23 ms for a word-level model behind a split at every
+/// character (bench/README.md, "llm-d's precise prefix scorer as a peer").
 pub fn tokenizer_json() -> Value {
     let mut vocab = serde_json::Map::new();
     vocab.insert("[UNK]".into(), json!(0));
@@ -62,11 +65,11 @@ pub fn tokenizer_json() -> Value {
     }
     json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null,
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated",
-                          "invert": false},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
+        "model": {"type": "BPE", "dropout": null, "unk_token": "[UNK]",
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []},
     })
 }
 
