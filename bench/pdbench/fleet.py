@@ -51,7 +51,7 @@ from .epp import (PodMock, envoy_epp_config, epp_paths, install_pool, llmd_epp_p
 from .kube import Kube, kube_bins
 from .fleet_configs import (BY_NAME, CHANGES, CONFIGS, DEFAULTS, EPP_WEIGHTS, JUDGE_CONFIGS, QUICK,
                             QUICK_CONFIGS, VARIANTS, WINDOW_SETS, WINDOWS, Config, Run, deep_merge,
-                            LLMD_WEIGHTS, epp_scheduling, llmd_scheduling)
+                            epp_scheduling, llmd_scheduling)
 from .fleet_metrics import (bucket_stats, load_trace, peer_decisions, reusable_tokens,
                             summarize, turn_stats)
 from .fleet_judge import judge_report, plot_judged, write_judge_csv
@@ -252,7 +252,7 @@ def llmd_picker(procs: FleetProcs, a, c: Config, sim: dict) -> tuple[dict, dict,
     tokenizer.write_bytes(body)
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     block = 512 * a.bytes_per_token
-    sched = llmd_scheduling(c.epp_weights or LLMD_WEIGHTS, block, str(tokenizer), endpoint, MODEL)
+    sched = llmd_scheduling(c, block, str(tokenizer), endpoint, MODEL)
     env = {"PYTHONPATH": str(llmd_epp_path().parent / "python")}
 
     def bridge() -> None:

@@ -39,6 +39,13 @@ class Config:
     # over EPP_PREFIX.
     epp_weights: dict = field(default_factory=dict)
     epp_prefix: dict = field(default_factory=dict)
+    # llm-d's picker: its other scorers' parameters, by scorer type; its
+    # index's in-memory settings (`inMemoryConfig`; empty: v0.4.0's
+    # defaults); the decode profile's scorers and weights (empty: as the
+    # prefill profile's).
+    epp_params: dict = field(default_factory=dict)
+    llmd_index: dict = field(default_factory=dict)
+    epp_decode_weights: dict = field(default_factory=dict)
     # The variants it runs in (by key of VARIANTS); empty: every one asked.
     variants: tuple = ()
     # A change: the configuration it is measured against.
@@ -389,24 +396,37 @@ LLMD_WEIGHTS = {"precise-prefix-cache-scorer": 3, "kv-cache-utilization-scorer":
                 "queue-scorer": 2}
 
 
-def llmd_scheduling(weights: dict, block_size: int, tokenizer: str, endpoint: str,
+def llmd_scheduling(c: Config, block_size: int, tokenizer: str, endpoint: str,
                     model: str) -> dict:
-    """llm-d's picker's EndpointPickerConfig: epp_scheduling's P/D plugins
-    with `weights`' scorers, the precise prefix scorer keying `block_size`
-    characters a block with the local `tokenizer` for `model`, subscribed
-    to KV events at `endpoint`."""
-    cfg = epp_scheduling(weights, {})
-    precise = {
-        "indexerConfig": {
-            "tokenProcessorConfig": {"blockSize": block_size, "hashSeed": ""},
-            "tokenizersPoolConfig": {"modelName": model,
-                                     "local": {"modelTokenizerMap": {model: tokenizer}}},
-        },
-        "kvEventsConfig": {"zmqEndpoint": endpoint, "topicFilter": "kv@"},
+    """llm-d's picker's EndpointPickerConfig for `c`: epp_scheduling's P/D
+    plugins with its scorers (LLMD_WEIGHTS unless it names its own, the
+    decode profile's apart if it names them), the precise prefix scorer
+    keying `block_size` characters a block with the local `tokenizer` for
+    `model`, subscribed to KV events at `endpoint`."""
+    weights = c.epp_weights or LLMD_WEIGHTS
+    decode = c.epp_decode_weights or weights
+    cfg = epp_scheduling(dict(weights, **decode), {})
+    for prof in cfg["schedulingProfiles"]:
+        w = weights if prof["name"] == "prefill" else decode
+        prof["plugins"] = [p for p in prof["plugins"]
+                           if "weight" not in p or p["pluginRef"] in w]
+        for p in prof["plugins"]:
+            if "weight" in p:
+                p["weight"] = w[p["pluginRef"]]
+    indexer = {
+        "tokenProcessorConfig": {"blockSize": block_size, "hashSeed": ""},
+        "tokenizersPoolConfig": {"modelName": model,
+                                 "local": {"modelTokenizerMap": {model: tokenizer}}},
     }
+    if c.llmd_index:
+        indexer["kvBlockIndexConfig"] = {"inMemoryConfig": dict(c.llmd_index)}
+    precise = {"indexerConfig": indexer,
+               "kvEventsConfig": {"zmqEndpoint": endpoint, "topicFilter": "kv@"}}
     for p in cfg["plugins"]:
         if p["type"] == "precise-prefix-cache-scorer":
             p["parameters"] = precise
+        elif p["type"] in c.epp_params:
+            p["parameters"] = c.epp_params[p["type"]]
     return cfg
 
 
@@ -415,8 +435,35 @@ LLMD_PEER = [
            about="llm-d v0.4.0's EPP: its P/D plugins, precise prefix 3 (the pods' KV events), "
                  "KV-cache use 2, queue 2; pd-router executing its picks; vLLM NIXL sims"),
 ]
+# Its tuning sweep (bench/README.md, "The peers' tuning sweep"), the same
+# rule and budget as the other peers'. v0.4.0's in-memory index keeps at
+# most 10 pods per key (`podCacheSize`): here 16 pods publish, and a block
+# every prompt starts with is held by all of them, so the pods past the
+# 10 most recent fall out of that key's list and score 0 for every prompt
+# starting with it, whatever else they hold. Each setting gives it room
+# for every pod. The active-request scorer counts the requests it placed
+# on each pod until their response completes; under P/D only the decode
+# pod's response completes, so a prefill pod's count falls only when its
+# entry expires (`requestTimeout`, real time): 2 s is 10 modelled s.
+ROOMY = {"size": 100_000_000, "podCacheSize": 32}
+LLMD_SWEEP = [
+    Config("llmd-t1", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
+           about="llmd, its index keeping up to 32 pods a key"),
+    Config("llmd-t2", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
+           epp_decode_weights={"kv-cache-utilization-scorer": 2, "queue-scorer": 2},
+           about="llmd-t1, the decode profile by load alone (KV-cache use 2, queue 2)"),
+    Config("llmd-t3", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
+           epp_weights={"precise-prefix-cache-scorer": 2, "queue-scorer": 1},
+           about="llmd-t1 with llm-d's P/D sample's weights: precise prefix 2, queue 1"),
+    Config("llmd-t4", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
+           epp_weights={"precise-prefix-cache-scorer": 3, "kv-cache-utilization-scorer": 2,
+                        "queue-scorer": 2, "active-request-scorer": 2},
+           epp_params={"active-request-scorer": {"requestTimeout": "2s"}},
+           about="llmd-t1 and its own count of requests placed (active-request 2, 2 s)"),
+]
 BY_NAME = {c.name: c for c in
-           CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + LLMD_PEER + OPT_IN}
+           CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + LLMD_PEER + LLMD_SWEEP
+           + OPT_IN}
 
 
 @dataclass(frozen=True)
