@@ -110,11 +110,11 @@ def install_pool(kube: Kube, crd: Path, port: int, pods: list[tuple[PodMock, str
 
 def start_picker(procs: Procs, epp: Path, kube: Kube, config: Path | None = None,
                  core: str | None = ROUTER_CORE, gomaxprocs: str | None = "1",
-                 env: dict | None = None) -> tuple[subprocess.Popen, int]:
+                 env: dict | None = None, args: tuple = ()) -> tuple[subprocess.Popen, int]:
     """The picker, once its ext_proc port listens: by default on the router
     core with one Go thread and tools/epp/pd-config.yaml (the no-hop row);
     the fleet gives its own scheduling `config`, no core, all Go threads,
-    and `env` for llm-d's picker."""
+    and `env` and more `args` for llm-d's picker."""
     grpc, health, metrics = free_port(), free_port(), free_port()
     env = {"KUBECONFIG": str(kube.kubeconfig), **(env or {})}
     if gomaxprocs:
@@ -124,7 +124,7 @@ def start_picker(procs: Procs, epp: Path, kube: Kube, config: Path | None = None
         "--grpc-health-port", str(health), "--metrics-port", str(metrics),
         "--config-file", str(config or REPO / "tools/epp/pd-config.yaml"),
         # No collector to send traces to.
-        "--tracing=false", "--v", EPP_VERBOSITY],
+        "--tracing=false", "--v", EPP_VERBOSITY, *args],
         core, env=env)
     deadline = time.time() + 60
     while True:

@@ -239,9 +239,9 @@ def epp_settled(url: str, sim: dict, timeout: float = 120) -> None:
     settled("the picker's Envoy", attempt, streak=5, timeout=timeout, pause=0.5)
 
 
-def llmd_picker(procs: FleetProcs, a, c: Config, sim: dict) -> tuple[dict, dict, callable]:
-    """llm-d's picker's scheduling, its environment, and what starts the KV
-    events' bridge once the picker listens: the sims' tokenizer.json in the
+def llmd_picker(procs: FleetProcs, a, c: Config, sim: dict) -> tuple[dict, dict, tuple, callable]:
+    """llm-d's picker's scheduling, its environment, its arguments, and
+    what starts the KV events' bridge once the picker listens: the sims' tokenizer.json in the
     scratch directory, a ZMQ port for the picker's subscriber, a key per sim
     block (512 tokens of --bytes-per-token characters)."""
     base = f"http://{sim['prefill'][0]['address']}"
@@ -254,6 +254,10 @@ def llmd_picker(procs: FleetProcs, a, c: Config, sim: dict) -> tuple[dict, dict,
     block = 512 * a.bytes_per_token
     sched = llmd_scheduling(c, block, str(tokenizer), endpoint, MODEL)
     env = {"PYTHONPATH": str(llmd_epp_path().parent / "python")}
+    # GIE v1.2.0's runner reads KV-cache use from `vllm:gpu_cache_usage_perc`
+    # unless told otherwise; vLLM names it `vllm:kv_cache_usage_perc` since
+    # v0.10, as the sims do (GIE v1.5.0 reads that name by default).
+    args = ("--kv-cache-usage-percentage-metric", "vllm:kv_cache_usage_perc")
 
     def bridge() -> None:
         p = procs.start("kv-bridge", [sys.executable, "-m", "pdbench.kv_bridge", "--sim", base,
@@ -263,7 +267,7 @@ def llmd_picker(procs: FleetProcs, a, c: Config, sim: dict) -> tuple[dict, dict,
         line = read_line(p, 30)
         if line != "READY":
             raise RuntimeError(f"kv bridge did not start: {line!r}\n{procs.log_tail('kv-bridge')}")
-    return sched, env, bridge
+    return sched, env, args, bridge
 
 
 def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
@@ -295,13 +299,14 @@ def start_epp(procs: FleetProcs, a, c: Config, sim: dict) -> int:
     install_pool(kube, crd, port, [(PodMock(p["name"], port, None, p["address"].rsplit(":", 1)[0]),
                                     role) for p, role in pods], more_crds)
     config = procs.scratch / "epp-config.yaml"
-    env, bridge = {}, None
+    env, args, bridge = {}, (), None
     if c.router == "llmd":
-        sched, env, bridge = llmd_picker(procs, a, c, sim)
+        sched, env, args, bridge = llmd_picker(procs, a, c, sim)
     else:
         sched = epp_scheduling(c.epp_weights or EPP_WEIGHTS, c.epp_prefix)
     config.write_text(yaml.safe_dump(sched, sort_keys=False))
-    _, grpc = start_picker(procs, epp, kube, config, core=None, gomaxprocs=None, env=env)
+    _, grpc = start_picker(procs, epp, kube, config, core=None, gomaxprocs=None, env=env,
+                           args=args)
     if bridge:
         bridge()
     d = procs.scratch / "envoy-epp"

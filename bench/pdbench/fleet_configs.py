@@ -446,21 +446,31 @@ LLMD_PEER = [
 # pod's response completes, so a prefill pod's count falls only when its
 # entry expires (`requestTimeout`, real time): 2 s is 10 modelled s.
 ROOMY = {"size": 100_000_000, "podCacheSize": 32}
+DECODE_BY_LOAD = {"kv-cache-utilization-scorer": 2, "queue-scorer": 2}
+ACTIVE_2S = {"active-request-scorer": {"requestTimeout": "2s"}}
 LLMD_SWEEP = [
     Config("llmd-t1", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
            about="llmd, its index keeping up to 32 pods a key"),
     Config("llmd-t2", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
-           epp_decode_weights={"kv-cache-utilization-scorer": 2, "queue-scorer": 2},
+           epp_decode_weights=DECODE_BY_LOAD,
            about="llmd-t1, the decode profile by load alone (KV-cache use 2, queue 2)"),
     Config("llmd-t3", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
-           epp_weights={"precise-prefix-cache-scorer": 2, "queue-scorer": 1},
-           about="llmd-t1 with llm-d's P/D sample's weights: precise prefix 2, queue 1"),
+           epp_weights={"precise-prefix-cache-scorer": 1, "kv-cache-utilization-scorer": 2,
+                        "queue-scorer": 2}, epp_decode_weights=DECODE_BY_LOAD,
+           about="llmd-t2, precise prefix weighed 1 (KV-cache use 2, queue 2)"),
     Config("llmd-t4", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
-           epp_weights={"precise-prefix-cache-scorer": 3, "kv-cache-utilization-scorer": 2,
+           epp_weights=dict(LLMD_WEIGHTS, **{"active-request-scorer": 2}),
+           epp_decode_weights=dict(DECODE_BY_LOAD, **{"active-request-scorer": 2}),
+           epp_params=ACTIVE_2S,
+           about="llmd-t2 and its own count of requests placed (active-request 2, 2 s)"),
+    Config("llmd-t5", "llmd", "vllm", variants=("1x",), llmd_index=ROOMY,
+           epp_weights={"precise-prefix-cache-scorer": 1, "kv-cache-utilization-scorer": 2,
                         "queue-scorer": 2, "active-request-scorer": 2},
-           epp_params={"active-request-scorer": {"requestTimeout": "2s"}},
-           about="llmd-t1 and its own count of requests placed (active-request 2, 2 s)"),
+           epp_decode_weights=dict(DECODE_BY_LOAD, **{"active-request-scorer": 2}),
+           epp_params=ACTIVE_2S,
+           about="llmd-t3 and its own count of requests placed (active-request 2, 2 s)"),
 ]
+
 BY_NAME = {c.name: c for c in
            CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + LLMD_PEER + LLMD_SWEEP
            + OPT_IN}
