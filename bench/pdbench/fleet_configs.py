@@ -4,6 +4,7 @@ defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 # ------------------------------------------------------------ configurations
@@ -434,6 +435,8 @@ LLMD_PEER = [
     Config("llmd", "llmd", "vllm",
            about="llm-d v0.4.0's EPP: its P/D plugins, precise prefix 3 (the pods' KV events), "
                  "KV-cache use 2, queue 2; pd-router executing its picks; vLLM NIXL sims"),
+    # Its sweep's winner (llmd-t3; bench/README.md, "The peers' tuning
+    # sweep"), spelled out below the sweep.
 ]
 # Its tuning sweep (bench/README.md, "The peers' tuning sweep"), the same
 # rule and budget as the other peers'. v0.4.0's in-memory index keeps at
@@ -471,6 +474,10 @@ LLMD_SWEEP = [
            about="llmd-t3 and its own count of requests placed (active-request 2, 2 s)"),
 ]
 
+LLMD_PEER.append(dataclasses.replace(
+    LLMD_SWEEP[2], name="llmd-tuned", variants=(),
+    about="llm-d's sweep winner (llmd-t3): precise prefix 1, KV-cache use 2, queue 2; decode "
+          "by load; 32 pods a key"))
 BY_NAME = {c.name: c for c in
            CONFIGS + CHANGES + PEER_SWEEP + PLACEMENT_SWEEP + EPP_PEER + LLMD_PEER + LLMD_SWEEP
            + OPT_IN}
