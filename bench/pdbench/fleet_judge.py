@@ -30,6 +30,7 @@ METRICS = [
 # vllm-router, SGLang for SMG (pd-sglang: pd-router's defaults on those).
 PAIRS = [("pd-ttft", "vllm-router"), ("pd-ttft", "vllm-router-tuned"),
          ("pd-ttft", "epp-gie"), ("pd-ttft", "dynamo"), ("pd-ttft", "dynamo-tuned"),
+         ("pd-ttft", "llmd"), ("pd-ttft", "llmd-tuned"),
          ("pd-sglang", "smg"), ("pd-sglang", "smg-tuned")]
 # The targets fixed before the judged runs (bench/README.md): the default
 # against the best peer, and its hit rate against the trace's limit.
