@@ -1185,6 +1185,10 @@ def check_picker_chain(where, filters, wasm, clusters, failures):
         failures.append(f"{where}: the picker's ext_proc fails open: a broken picker connection (a TLS mismatch "
                         "among them) would go unseen, every pick made by pd-router instead")
     cluster = (((ext.get("grpc_service") or {}).get("envoy_grpc") or {}).get("cluster_name"))
+    if cluster in clusters:
+        # Each request holds one ext_proc stream for its whole life (the
+        # answer streams through the picker too).
+        check_breakers(where, cluster, clusters[cluster], failures)
     tls = ((clusters.get(cluster) or {}).get("transport_socket") or {}).get("name")
     if tls != "envoy.transport_sockets.tls":
         failures.append(f"{where}: the picker's cluster {cluster} speaks plaintext: llm-d's EPP serves TLS "

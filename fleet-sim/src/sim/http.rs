@@ -545,6 +545,13 @@ mod tests {
     /// One prefill and one decode pod of vLLM NIXL, the decode pods keeping
     /// their KV for `ttl_s`, engines running at `scale`.
     fn bidirectional(ttl_s: f64, scale: f64) -> (Arc<Fleet>, App, App) {
+        pair(Some(ttl_s), scale, false)
+    }
+
+    /// One prefill and one decode pod of vLLM NIXL: the decode pods keeping
+    /// their KV for `ttl_s` if given, engines running at `scale`, both
+    /// publishing KV events if asked.
+    fn pair(ttl_s: Option<f64>, scale: f64, kv_events: bool) -> (Arc<Fleet>, App, App) {
         use crate::sim::model::Gpu;
         use crate::sim::pod::Clock;
         let clock = Clock::new(scale);
@@ -575,7 +582,14 @@ mod tests {
             Duration::from_millis(1),
             Shape::default(),
         );
-        fleet.decoder_kv_ttl_s = Some(ttl_s);
+        fleet.decoder_kv_ttl_s = ttl_s;
+        if kv_events {
+            let events = Arc::new(crate::sim::kv_events::KvEvents::new(fleet.text));
+            for p in &pods {
+                p.publish_kv_events(Arc::clone(&events));
+            }
+            fleet.kv_events = Some(events);
+        }
         let fleet = Arc::new(fleet);
         let app = |p: &Arc<Pod>| App {
             fleet: Arc::clone(&fleet),
@@ -700,6 +714,79 @@ mod tests {
         let (status, _) = post(&prefill, prefill_leg(&[8, 9, 10, 11], 2000, "t5", &kv)).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(record_of(&fleet, "t5").transferred_tokens, 1519);
+    }
+
+    /// The KV event batches after `after`, as the bridge reads them.
+    async fn read_events(app: &App, after: u64) -> (StatusCode, Value) {
+        let q = std::collections::HashMap::from([("after".to_owned(), after)]);
+        let resp = kv_events(State(app.clone()), Query(q)).await;
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// The keys llm-d's picker computes for `text`: one id a character,
+    /// chunks of one sim block.
+    fn picker_keys(text: &str) -> Vec<u64> {
+        use crate::sim::kv_events::{chunk_digest, key, seed_digest, token_id};
+        let tokens: Vec<u32> = text.bytes().map(token_id).collect();
+        let mut parent = seed_digest("");
+        tokens
+            .chunks_exact(Shape::default().block_bytes())
+            .map(|c| {
+                parent = chunk_digest(&parent, c);
+                key(&parent)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_pod_publishes_the_blocks_a_prompt_leaves_computed_as_the_picker_keys_them() {
+        let (_, prefill, _) = pair(None, 100.0, true);
+        // Three whole blocks and a tail past the trace's blocks.
+        let text = prompt_text(&[1, 2, 3], 3 * 512 + 100, Shape::default());
+        let want = picker_keys(&text);
+        assert_eq!(want.len(), 3);
+        let (status, _) = post(
+            &prefill,
+            json!({"prompt": text, "max_tokens": 1, "user": "a"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, got) = read_events(&prefill, 0).await;
+        assert_eq!(status, StatusCode::OK);
+        let batches = got["batches"].as_array().unwrap();
+        let stored: Vec<u64> = batches
+            .iter()
+            .flat_map(|b| b["stored"].as_array().unwrap().iter())
+            .map(|k| k.as_u64().unwrap())
+            .collect();
+        assert_eq!(stored, want);
+        assert!(batches.iter().all(|b| b["pod"] == json!("127.0.0.1")));
+        let last = batches.last().unwrap()["seq"].as_u64().unwrap();
+        // The same start and one block more: only the new block is stored.
+        let text = prompt_text(&[1, 2, 3, 4], 4 * 512, Shape::default());
+        let (status, _) = post(
+            &prefill,
+            json!({"prompt": text, "max_tokens": 1, "user": "b"}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        let (_, got) = read_events(&prefill, last).await;
+        let batches = got["batches"].as_array().unwrap();
+        assert_eq!(batches.len(), 1, "{got}");
+        assert_eq!(batches[0]["stored"], json!([picker_keys(&text)[3]]));
+        assert_eq!(batches[0]["parent"], json!(want[2]));
+    }
+
+    #[tokio::test]
+    async fn without_kv_events_the_route_says_so() {
+        let (_, prefill, _) = pair(None, 100.0, false);
+        let (status, body) = read_events(&prefill, 0).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(body.to_string().contains("--kv-events"), "{body}");
     }
 
     #[tokio::test]
