@@ -328,10 +328,10 @@ bench-fleet-judge-sglang-2x *ARGS: (bench-fleet "--windows judge --repeats 5 --c
 # pd-router's default against llm-d's endpoint picker at GIE's default scorers (`epp-gie`), judged the same way (~25 min); builds the picker and kube-apiserver first when missing.
 bench-fleet-judge-epp *ARGS: epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,epp-gie --stem fleet-judge-epp " + ARGS)
 
-# pd-router's default against llm-d's own endpoint picker after its sweep (`llmd-tuned`: llm-d-inference-scheduler v0.4.0, its precise prefix scorer fed the sims' KV events), judged the same way (~25 min); builds the picker and kube-apiserver first when missing.
+# pd-router's default against llm-d's own endpoint picker after its sweep (`llmd-tuned`: llm-d-inference-scheduler v0.4.0, its precise prefix scorer fed the sims' KV events), judged the same way (~27 min); builds the picker and kube-apiserver first when missing.
 bench-fleet-judge-llmd *ARGS: llmd-epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --variants 1x --configs pd-ttft,llmd-tuned --stem fleet-judge-llmd " + ARGS)
 
-# The same at twice the load.
+# The same at twice the load (~23 min).
 bench-fleet-judge-llmd-2x *ARGS: llmd-epp kube-apiserver (bench-fleet "--windows judge --repeats 5 --configs pd-ttft@2x,llmd-tuned@2x --stem fleet-judge-llmd-2x " + ARGS)
 
 # pd-router's default against Dynamo's KV router at its defaults, judged the same way (~25 min; installs bench/.venv-dynamo when missing).
