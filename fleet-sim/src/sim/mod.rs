@@ -11,7 +11,8 @@
 //! (step and transfer times), [`cache`] (a pod's blocks), [`engine`] (the
 //! scheduler), [`nic`] (transfers sharing the pods' NICs), then [`pod`]
 //! (driving an engine in real time), [`fleet`] (what pods share), [`serve`] (one request's life) and [`http`] (the
-//! API).
+//! API); [`kv_events`] keys the caches' changes as llm-d's picker keys
+//! prompts (`--kv-events`).
 
 pub mod cache;
 pub mod engine;
