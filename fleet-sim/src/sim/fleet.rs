@@ -192,6 +192,16 @@ impl Fleet {
         self.links_changed.notify_waiters();
     }
 
+    /// Every pod publishes its cache's changes as KV events from now on,
+    /// read at `/sim/kv_events` (`--kv-events`).
+    pub fn publish_kv_events(&mut self) {
+        let events = Arc::new(super::kv_events::KvEvents::new(self.text));
+        for pod in &self.pods {
+            pod.publish_kv_events(Arc::clone(&events));
+        }
+        self.kv_events = Some(events);
+    }
+
     pub fn pod(&self, index: usize) -> Option<&Arc<Pod>> {
         self.pods.get(index)
     }

@@ -584,11 +584,7 @@ mod tests {
         );
         fleet.decoder_kv_ttl_s = ttl_s;
         if kv_events {
-            let events = Arc::new(crate::sim::kv_events::KvEvents::new(fleet.text));
-            for p in &pods {
-                p.publish_kv_events(Arc::clone(&events));
-            }
-            fleet.kv_events = Some(events);
+            fleet.publish_kv_events();
         }
         let fleet = Arc::new(fleet);
         let app = |p: &Arc<Pod>| App {

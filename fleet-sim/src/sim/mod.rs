@@ -252,11 +252,7 @@ pub async fn run(args: SimArgs) -> Result<(), String> {
     );
     fleet.decoder_kv_ttl_s = args.decoder_kv_ttl_s;
     if args.kv_events {
-        let events = Arc::new(kv_events::KvEvents::new(fleet.text));
-        for pod in &pods {
-            pod.publish_kv_events(Arc::clone(&events));
-        }
-        fleet.kv_events = Some(events);
+        fleet.publish_kv_events();
     }
     let fleet = Arc::new(fleet);
     for (pod, listener) in pods.iter().zip(listeners) {
