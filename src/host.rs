@@ -78,6 +78,9 @@ pub enum Counter {
     AdmissionExpired,
     /// Requests refused because `max_queued` were waiting (503).
     AdmissionQueueFull,
+    /// Requests let in whose pods another worker filled between the look
+    /// and the taking of their place: they waited again.
+    AdmissionRaceLost,
     /// Waiting requests whose client left.
     AdmissionCancelled,
     /// Executor mode: an endpoint picker's `x-kv-cache-source-host-port`
@@ -108,7 +111,7 @@ pub enum Counter {
 }
 
 impl Counter {
-    pub const ALL: [Counter; 40] = [
+    pub const ALL: [Counter; 41] = [
         Counter::Split,
         Counter::Unsplit(NotSplit::Path),
         Counter::Unsplit(NotSplit::ByModel),
@@ -138,6 +141,7 @@ impl Counter {
         Counter::AdmissionShed,
         Counter::AdmissionExpired,
         Counter::AdmissionQueueFull,
+        Counter::AdmissionRaceLost,
         Counter::AdmissionCancelled,
         Counter::KvSourceIgnored,
         Counter::EppPickMissing,
@@ -184,6 +188,7 @@ impl Counter {
             Counter::AdmissionShed => "pd_router.admission.shed",
             Counter::AdmissionExpired => "pd_router.admission.expired",
             Counter::AdmissionQueueFull => "pd_router.admission.queue_full",
+            Counter::AdmissionRaceLost => "pd_router.admission.race_lost",
             Counter::AdmissionCancelled => "pd_router.admission.cancelled",
             Counter::KvSourceIgnored => "pd_router.kv_source_ignored",
             Counter::EppPickMissing => "pd_router.epp_pick_missing",

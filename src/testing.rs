@@ -79,6 +79,8 @@ pub struct FakeHost {
     /// Returned in turn by `random_u64`; none left is an error.
     pub randoms: Vec<u64>,
     pub shared: RefCell<MemoryStore>,
+    /// The shared-data keys written, in order (when effects are recorded).
+    pub written: Vec<String>,
     /// Every request header write fails (a host that lost the header map).
     pub refuse_header_writes: bool,
     /// The host cannot hand over the buffered body.
@@ -141,6 +143,7 @@ impl Default for FakeHost {
             counts: RefCell::new(CallCounts::default()),
             host_work: plain,
             record: true,
+            written: Vec::new(),
         }
     }
 }
@@ -227,18 +230,29 @@ impl FakeHost {
     }
 }
 
+impl FakeHost {
+    /// A shared-data read as the host call makes it: counted, and the value
+    /// handed over as one buffer in the VM.
+    fn read_shared(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.count("shared data get");
+        let v = self.shared.borrow().shared_get(key);
+        self.copied_in(v.0.as_ref().map_or(0, Vec::len));
+        v
+    }
+}
+
 impl SharedStore for FakeHost {
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
-        let read = || {
-            self.count("shared data get");
-            // The value as the SDK hands it over: one buffer in the VM.
-            let v = self.shared.borrow().shared_get(key);
-            self.copied_in(v.0.as_ref().map_or(0, Vec::len));
-            v
-        };
         match &self.reads {
-            Some(r) => r.get(key, read),
-            None => read(),
+            Some(r) => r.get(key, || self.read_shared(key)),
+            None => self.read_shared(key),
+        }
+    }
+
+    fn shared_get_fresh(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        match &self.reads {
+            Some(r) => r.refresh(key, || self.read_shared(key)),
+            None => self.read_shared(key),
         }
     }
 
@@ -246,6 +260,9 @@ impl SharedStore for FakeHost {
         self.count("shared data set");
         if let Some(r) = self.reads.as_mut() {
             r.wrote(key);
+        }
+        if self.record {
+            self.written.push(key.to_owned());
         }
         self.copied_out(value.len());
         let mut out = Ok(());

@@ -2236,23 +2236,34 @@ fn a_saturated_model_sheds_queues_by_priority_and_expires_waits() {
     assert!(gone.host.dispatched.is_empty() && gone.host.replies.is_empty());
 }
 
+/// A standard request that took the pods' one place and has ended since,
+/// and a premium one that waited behind it (context 2), on `r`.
+fn premium_waiting_behind_an_ended_request(
+    r: &Rc<Router>,
+    store: &mut MemoryStore,
+) -> (Waiter, Waiter) {
+    let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
+    let mut first = Waiter::new(r, 1, "standard");
+    assert_eq!(send(&mut first, store), Action::Pause);
+    let mut premium = Waiter::new(r, 2, "premium");
+    assert_eq!(send(&mut premium, store), Action::Pause);
+    assert!(premium.host.dispatched.is_empty(), "full: premium waits");
+    first.on(store, |f, h| {
+        answer(f, h, Some(200), VLLM_ANSWER);
+        f.on_stream_end(h);
+    });
+    (first, premium)
+}
+
 #[test]
 fn a_negative_priority_waits_when_room_is_free_but_others_wait_ahead() {
     let r = Rc::new(Router::new(Config::parse(ADMISSION.as_bytes()).unwrap(), 0).unwrap());
     let mut store = MemoryStore::default();
     let send = |w: &mut Waiter, store: &mut MemoryStore| w.on(store, send_request);
-    let mut first = Waiter::new(&r, 1, "standard");
-    assert_eq!(send(&mut first, &mut store), Action::Pause);
-    let mut premium = Waiter::new(&r, 2, "premium");
-    assert_eq!(send(&mut premium, &mut store), Action::Pause);
-    assert!(premium.host.dispatched.is_empty(), "full: premium waits");
-    // The first request ends: the model has room, but premium still waits
+    // The first request ended: the model has room, but premium still waits
     // for the next look at the queue. A batch request arriving now is not
     // shed (the model is not saturated): it waits behind premium.
-    first.on(&mut store, |f, h| {
-        answer(f, h, Some(200), VLLM_ANSWER);
-        f.on_stream_end(h);
-    });
+    let (mut first, _premium) = premium_waiting_behind_an_ended_request(&r, &mut store);
     let mut batch = Waiter::new(&r, 3, "batch");
     assert_eq!(send(&mut batch, &mut store), Action::Pause);
     assert!(
@@ -2267,6 +2278,149 @@ fn a_negative_priority_waits_when_room_is_free_but_others_wait_ahead() {
         r.next_admitted(&*h, now, 0).map(|w| w.context)
     });
     assert_eq!(next, Some(2), "premium first");
+}
+
+/// Two worker VMs of one Envoy on one store (inside the first's host), each
+/// with the slot it leased, as the shell leases them at start.
+fn two_workers() -> (Rc<Router>, Rc<Router>, MemoryStore) {
+    use pd_router::pods::slots::{ensure_table, lease_slot};
+    use pd_router::pods::WORKER_SLOTS_KEY;
+    let mut store = MemoryStore::default();
+    ensure_table(&mut store, WORKER_SLOTS_KEY);
+    let mut worker = |holder: u64| {
+        let slot = lease_slot(&mut store, WORKER_SLOTS_KEY, holder, None, 0).unwrap();
+        let config = Config::parse(ADMISSION.as_bytes()).unwrap();
+        Rc::new(Router::leased(config, slot, holder, 0).unwrap())
+    };
+    let (first, second) = (worker(11), worker(22));
+    (first, second, store)
+}
+
+/// The decode pod of [`ADMISSION`]'s model, as load another worker holds.
+fn decode_held(r: &Router) -> pd_router::load::HeldLoad {
+    let fleet = r.fleet();
+    let m = fleet.model("m").unwrap();
+    let decode = m
+        .endpoints()
+        .iter()
+        .find(|e| e.address == "10.9.0.2:8000")
+        .map(|e| e.id);
+    pd_router::load::HeldLoad {
+        model: m.id,
+        prefill: None,
+        prefill_tokens: 0,
+        decode,
+        streaming: None,
+    }
+}
+
+/// Worker 1 looks at the room (its reads kept for the callback, as the
+/// shell keeps them), then worker 2 takes the decode pod's one place.
+fn look_then_lose_the_place(w: &mut Waiter, first: &Router, second: &Router) {
+    use pd_router::admission::Room;
+    use pd_router::pods::CallbackReads;
+    w.host.reads = Some(CallbackReads::default());
+    let fleet = first.fleet();
+    let m = fleet.model("m").unwrap();
+    let now = w.host.now_ms();
+    let room = first.room(&w.host, m, None, None, now);
+    assert!(matches!(room, Room::Free { .. }), "{room:?}");
+    let mut store = w.host.shared.borrow_mut();
+    second.hold(&mut *store, decode_held(second), now).unwrap();
+}
+
+/// Worker 2's request on the decode pod ends; worker 1's stream then runs
+/// in a new callback.
+fn second_worker_ends(w: &mut Waiter, second: &Router) {
+    let now = w.host.now_ms();
+    let held = decode_held(second);
+    let mut store = w.host.shared.borrow_mut();
+    second.release(&mut *store, held, None, now).unwrap();
+    drop(store);
+    w.host.callback();
+}
+
+#[test]
+fn a_request_let_in_whose_place_another_worker_took_waits_and_sends_nothing() {
+    let (first, second, store) = two_workers();
+    let mut w = Waiter::new(&first, 1, "standard");
+    *w.host.shared.get_mut() = store;
+    look_then_lose_the_place(&mut w, &first, &second);
+    // Its placement reads what the look read, finds room, and takes the
+    // place; the check after reads afresh and finds two on a pod of one.
+    assert_eq!(send_request(&mut w.flow, &mut w.host), Action::Pause);
+    assert!(w.host.dispatched.is_empty() && w.host.replies.is_empty());
+    assert_eq!(w.host.counted(Counter::AdmissionRaceLost), 1);
+    assert_eq!(w.host.counted(Counter::AdmissionQueued), 1);
+    assert_eq!(first.waiting_total(), 1, "it waits");
+    let fleet = first.fleet();
+    let m = fleet.model("m").unwrap();
+    let decode = decode_held(&first).decode.unwrap();
+    let seen = first.load(&*w.host.shared.borrow(), m.id);
+    assert_eq!(seen.get(decode).pending_decodes, 1, "worker 2's alone");
+    // Worker 2's request ends: the next tick lets it in, and it is sent.
+    second_worker_ends(&mut w, &second);
+    let now = w.host.now_ms();
+    assert_eq!(
+        first.next_admitted(&w.host, now, 0).map(|x| x.context),
+        Some(1)
+    );
+    assert!(w.flow.admit(&mut w.host));
+    assert_eq!(w.host.dispatched.len(), 1, "its prefill left");
+}
+
+#[test]
+fn a_request_the_tick_let_in_whose_place_another_worker_took_keeps_waiting() {
+    let (first, second, store) = two_workers();
+    let mut w = Waiter::new(&first, 1, "premium");
+    *w.host.shared.get_mut() = store;
+    // The pod is full when the request arrives: it waits.
+    let now = w.host.now_ms();
+    second
+        .hold(&mut *w.host.shared.borrow_mut(), decode_held(&second), now)
+        .unwrap();
+    assert_eq!(send_request(&mut w.flow, &mut w.host), Action::Pause);
+    assert_eq!(first.waiting_total(), 1);
+    second_worker_ends(&mut w, &second);
+    // The tick finds room and takes the request out; worker 2 fills the pod
+    // again before the request takes its place.
+    let next = first.next_admitted(&w.host, now, 0);
+    assert_eq!(next.as_ref().map(|x| x.context), Some(1));
+    look_then_lose_the_place(&mut w, &first, &second);
+    assert!(!w.flow.admit(&mut w.host), "not let in after all");
+    assert!(w.host.dispatched.is_empty() && w.host.replies.is_empty());
+    assert_eq!(w.host.counted(Counter::AdmissionRaceLost), 1);
+    // The tick puts it back in its place (the waitlist's own tests: still
+    // open, so other workers' lower priorities wait behind it). Room again:
+    // the same stream's request goes.
+    second_worker_ends(&mut w, &second);
+    assert!(w.flow.admit(&mut w.host));
+    assert_eq!(w.host.dispatched.len(), 1, "its prefill left");
+}
+
+#[test]
+fn a_request_the_tick_lets_in_leaves_the_published_queue_after_taking_its_pods() {
+    // Another worker that reads this one's report without the request must
+    // also read the load it took, or a lower priority there could take the
+    // same place.
+    let r = Rc::new(Router::new(Config::parse(ADMISSION.as_bytes()).unwrap(), 0).unwrap());
+    let mut store = MemoryStore::default();
+    let (mut first, mut premium) = premium_waiting_behind_an_ended_request(&r, &mut store);
+    let now = first.host.now_ms();
+    let next = first.on(&mut store, |_, h| {
+        r.next_admitted(&*h, now, 0).map(|w| w.context)
+    });
+    assert_eq!(next, Some(2));
+    premium.host.written.clear();
+    assert!(premium.on(&mut store, |f, h| f.admit(h)));
+    let written = &premium.host.written;
+    let model = r.fleet().model("m").unwrap().id;
+    let load = written.iter().position(|k| *k == *r.keys().load(model, 0));
+    let report = written.iter().position(|k| *k == *r.keys().admission(0));
+    assert!(
+        load.is_some() && report.is_some() && load < report,
+        "{written:?}"
+    );
 }
 
 /// The admission router's configuration with `rolesets` (JSON) as its pods.

@@ -44,6 +44,8 @@ type Trace = Vec<(usize, Vec<usize>)>;
 #[derive(Debug, Clone, Default)]
 struct Outcome {
     slot: Option<u8>,
+    /// It took a place admission control let it in to.
+    took: bool,
 }
 
 struct State {
@@ -238,7 +240,7 @@ fn worker(holder: u64, holds: u32, releases: u32, report: bool) -> Program {
             );
             router.publish_queue(io, 0);
         }
-        Outcome { slot }
+        Outcome { slot, took: false }
     })
 }
 
@@ -318,6 +320,58 @@ fn three_workers_lease_distinct_slots_and_see_each_others_load_and_queues() {
     );
     assert_eq!(violation, None, "after {runs} schedules");
     assert!(runs > 500, "the explorer ran {runs} schedules");
+    eprintln!("{runs} schedules");
+}
+
+/// One free place on the decode pod (`max_in_flight_per_pod` 1). Its
+/// shared-data keys are its own (they carry the configuration's
+/// fingerprint).
+const ONE_PLACE: &str = r#"{"admission":{"max_in_flight_per_pod":1},"models":[{"name":"m","engine":"vllm","rolesets":[{"prefill":["10.0.0.1:8000"],"decode":["10.0.0.2:8000"]}]}]}"#;
+
+/// The store with two workers' slots leased, 0 and 1.
+fn two_leased_workers() -> MemoryStore {
+    let mut s = canary_store();
+    assert_eq!(lease_slot(&mut s, WORKER_SLOTS_KEY, 11, None, 0), Some(0));
+    assert_eq!(lease_slot(&mut s, WORKER_SLOTS_KEY, 22, None, 0), Some(1));
+    s
+}
+
+/// A worker whose look found the decode pod's one place free (both did,
+/// the worst case) takes it as admission control does.
+fn admitted(slot: u8, holder: u64) -> Program {
+    Box::new(move |io: &mut Stepped| {
+        let config = Config::parse(ONE_PLACE.as_bytes()).expect("config");
+        let router = Router::leased(config, slot, holder, 0).expect("router");
+        let took = router.hold_admitted(io, held(), 0).expect("hold");
+        Outcome {
+            slot: Some(slot),
+            took,
+        }
+    })
+}
+
+#[test]
+fn two_workers_let_in_for_one_place_never_both_take_it() {
+    let (runs, violation) = explore(
+        two_leased_workers,
+        || vec![admitted(0, 11), admitted(1, 22)],
+        |store, outcomes| {
+            let took = outcomes.iter().filter(|o| o.took).count();
+            let config = Config::parse(ONE_PLACE.as_bytes()).expect("config");
+            let reader = Router::leased(config, 0, 11, 0).expect("router");
+            let seen = reader
+                .load(store, model_id())
+                .get(decode_pod())
+                .pending_decodes;
+            if took > 1 {
+                Some(format!("{took} took the one place"))
+            } else {
+                (seen as usize != took).then(|| format!("{seen} decodes held, {took} took a place"))
+            }
+        },
+    );
+    assert_eq!(violation, None, "after {runs} schedules");
+    assert!(runs > 20, "the explorer ran {runs} schedules");
     eprintln!("{runs} schedules");
 }
 

@@ -19,6 +19,6 @@ mod tests;
 pub mod waitlist;
 
 pub use queue::{Count, Entry, Queue, Waiting};
-pub use room::{full_slots, Room};
+pub use room::{full_slots, over_limit, Room};
 pub use settings::{Admission, Objectives, FAIRNESS_HEADERS, OBJECTIVE_HEADERS};
 pub use waitlist::{Turn, VmView, Waitlist};

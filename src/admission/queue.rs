@@ -94,9 +94,10 @@ impl Queue {
     }
 
     /// Puts back a request [`Queue::take_next`] gave out that could not go
-    /// after all: in its old place, blocked.
-    pub fn put_back(&mut self, mut w: Waiting) {
-        w.blocked = true;
+    /// after all, in its old place. Not blocked: another worker took the
+    /// place it was to have, and the pods are full for every request, so
+    /// the other workers' lower priorities still wait behind it.
+    pub fn put_back(&mut self, w: Waiting) {
         // It was about to go: its tenant's turn is not over.
         self.served
             .entry((w.model, w.priority, w.fairness.clone()))

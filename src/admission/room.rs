@@ -39,6 +39,14 @@ fn is_full(s: &PodState, a: &Admission) -> bool {
     by_router || by_engine
 }
 
+/// Whether `in_flight` requests of the router's (prefills and decodes) are
+/// more than `max_in_flight_per_pod` allows on one pod: what a request let
+/// in may not push a pod to (two workers that both saw its last place
+/// free).
+pub fn over_limit(in_flight: u32, a: &Admission) -> bool {
+    a.max_in_flight_per_pod > 0 && in_flight > a.max_in_flight_per_pod
+}
+
 /// What `model` can do with a request of `prompt_tokens` (`None`: of any
 /// length) now, from its pods' states.
 pub fn room(model: &Model, pods: &[PodState], a: &Admission, prompt_tokens: Option<u64>) -> Room {
@@ -90,6 +98,22 @@ mod tests {
             outstanding_prefills: n,
             ..PodState::default()
         }
+    }
+
+    #[test]
+    fn a_pod_at_its_limit_is_full_and_one_past_it_is_over() {
+        let a = Admission {
+            max_in_flight_per_pod: 2,
+            ..Admission::default()
+        };
+        let at = PodState {
+            outstanding_prefills: 1,
+            pending_decodes: 1,
+            ..PodState::default()
+        };
+        assert!(is_full(&at, &a) && !over_limit(2, &a));
+        assert!(over_limit(3, &a));
+        assert!(!over_limit(3, &Admission::default()), "0: no limit");
     }
 
     #[test]

@@ -196,6 +196,28 @@ mod pump {
     }
 
     #[test]
+    fn a_request_that_lost_its_place_to_another_vm_still_holds_lower_ones_back() {
+        use crate::admission::shared::{Others, Report};
+        let r = router(ADMISSION);
+        let mut store = MemoryStore::default();
+        let premium = entry(&r, 1, 10);
+        let model = premium.model;
+        r.enqueue(premium, 0);
+        // The tick found room, but another VM's request took it between the
+        // look and the placement: the pods are full, not this request's own.
+        let asked = tick(&r, &mut store, 100, |_| Some(false));
+        assert_eq!(asked, vec![(1, Turn::Admit)]);
+        let report = store.shared_get(&r.keys().admission(r.worker_slot())).0;
+        let report = Report::decode(&report.expect("published")).expect("report");
+        assert_eq!(
+            Others::new(vec![report], 100).top_priority(model),
+            Some(10),
+            "the other VMs still let none of their standard requests go before it"
+        );
+        assert!(r.waits_behind(model, 0), "nor does this VM");
+    }
+
+    #[test]
     fn a_gone_stream_is_not_put_back() {
         let r = router(ADMISSION);
         let mut store = MemoryStore::default();

@@ -5,7 +5,7 @@
 
 use super::phase::{Next, QueuedRequest};
 use super::{Attempt, Flow};
-use crate::admission::{Entry, Room};
+use crate::admission::{Admission, Entry, Room};
 use crate::error::{ClientError, Dropped, PdError};
 use crate::fleet::PodId;
 use crate::host::{Counter, Histogram, Host, Level};
@@ -37,54 +37,74 @@ impl Flow {
             Room::Free { full } if !router.waits_behind(model.id, priority) => {
                 let attempt = Attempt {
                     full: router.pods_at(&model, &full),
+                    admitted: true,
                     ..Attempt::default()
                 };
-                self.place(host, request, attempt)
+                match self.place(host, request, attempt)? {
+                    // Another worker took the last place since the look.
+                    Next::Queue(q) => self.wait(host, q.request, Room::Saturated, settings),
+                    next => Ok(next),
+                }
             }
             Room::Unservable => self.place(host, request, Attempt::default()),
-            _ => {
-                let drop = |why| PdError::Dropped {
-                    why,
-                    model: model.name.clone(),
-                    retry_after_s: settings.retry_after_s(why),
-                };
-                // Shed only when the model is full: with room free and
-                // others waiting ahead of it, a negative priority waits its
-                // turn like any other.
-                if priority < 0 && matches!(room, Room::Saturated) {
-                    host.increment(Counter::AdmissionShed);
-                    return Err(drop(Dropped::Shed));
-                }
-                if router.waiting_total() >= u64::from(settings.max_queued) {
-                    host.increment(Counter::AdmissionQueueFull);
-                    return Err(drop(Dropped::QueueFull));
-                }
-                let entry = Entry {
-                    context: self.context,
-                    model: model.id,
-                    adapter: request.adapter.clone(),
-                    prompt_tokens: request.prompt.tokens,
-                    priority,
-                    fairness: self.head.fairness.clone(),
-                };
-                router.enqueue(entry, now);
-                // The other VMs learn of it now, not at this VM's next tick:
-                // they let their own lower priorities go only when no higher
-                // one waits anywhere.
-                router.publish_queue(host, now);
-                host.increment(Counter::AdmissionQueued);
-                self.debug(host, || {
-                    format!(
-                        "model {} saturated: waiting at priority {priority}",
-                        model.name
-                    )
-                });
-                Ok(Next::Queue(Box::new(QueuedRequest {
-                    request,
-                    since_ms: now,
-                })))
-            }
+            room => self.wait(host, request, room, settings),
         }
+    }
+
+    /// Queues `request`, whose model has `room` (none, or others wait
+    /// ahead of it), or drops it: a negative priority on a saturated model,
+    /// or any request past `max_queued`.
+    fn wait<H: Host>(
+        &mut self,
+        host: &mut H,
+        request: SplitRequest,
+        room: Room,
+        settings: Admission,
+    ) -> Result<Next, PdError> {
+        let router = Rc::clone(&self.router);
+        let now = host.now_ms();
+        let model = Rc::clone(&request.model);
+        let priority = self.head.priority;
+        let drop = |why| PdError::Dropped {
+            why,
+            model: model.name.clone(),
+            retry_after_s: settings.retry_after_s(why),
+        };
+        // Shed only when the model is full: with room free and others
+        // waiting ahead of it, a negative priority waits its turn like any
+        // other.
+        if priority < 0 && matches!(room, Room::Saturated) {
+            host.increment(Counter::AdmissionShed);
+            return Err(drop(Dropped::Shed));
+        }
+        if router.waiting_total() >= u64::from(settings.max_queued) {
+            host.increment(Counter::AdmissionQueueFull);
+            return Err(drop(Dropped::QueueFull));
+        }
+        let entry = Entry {
+            context: self.context,
+            model: model.id,
+            adapter: request.adapter.clone(),
+            prompt_tokens: request.prompt.tokens,
+            priority,
+            fairness: self.head.fairness.clone(),
+        };
+        router.enqueue(entry, now);
+        // The other VMs learn of it now, not at this VM's next tick: they
+        // let their own lower priorities go only when no higher one waits
+        // anywhere.
+        router.publish_queue(host, now);
+        host.increment(Counter::AdmissionQueued);
+        self.debug(host, || {
+            format!(
+                "model {} saturated: waiting at priority {priority}",
+                model.name
+            )
+        });
+        Ok(Next::Queue(Box::new(QueuedRequest {
+            request,
+            since_ms: now,
+        })))
     }
 
     /// Lets a waiting request in (the tick found room for it): places and
@@ -122,15 +142,30 @@ impl Flow {
             Room::Saturated => return false,
             Room::Unservable => Vec::new(),
         };
-        let Some(queued) = self.take_queued(host) else {
+        let Some(queued) = self.take_queued_phase() else {
             return true;
         };
-        let full = router.pods_at(&queued.request.model, &full);
+        let (since_ms, model) = (queued.since_ms, Rc::clone(&queued.request.model));
+        let full = router.pods_at(&model, &full);
         let attempt = Attempt {
             full,
+            admitted: true,
             ..Attempt::default()
         };
-        let next = self.place(host, queued.request, attempt);
+        let next = match self.place(host, queued.request, attempt) {
+            // Another worker took the last place since the look: it waits
+            // on, as it was.
+            Ok(Next::Queue(q)) => {
+                let request = q.request;
+                self.enter(Next::Queue(Box::new(QueuedRequest { request, since_ms })));
+                return false;
+            }
+            next => next,
+        };
+        // Out of the queue only now that it holds its pods: another worker
+        // that reads this VM's report without it also reads its load, so
+        // does not let a lower priority take the place it took.
+        self.left_queue(host, &model.name, since_ms);
         self.resume_after(host, next);
         true
     }
@@ -185,10 +220,20 @@ impl Flow {
     /// recorded.
     fn take_queued<H: Host>(&mut self, host: &mut H) -> Option<QueuedRequest> {
         let q = self.take_queued_phase()?;
-        self.router.dequeue(self.context);
-        let waited = host.now_ms().saturating_sub(q.since_ms);
-        self.router.publish_queue(host, host.now_ms());
-        host.record(Histogram::QueueDuration, &q.request.model.name, waited);
+        self.left_queue(host, &q.request.model.name, q.since_ms);
         Some(q)
+    }
+
+    /// This stream's request is out of the queue: the other VMs hear of it,
+    /// and its wait since `since_ms` is recorded.
+    fn left_queue<H: Host>(&mut self, host: &mut H, model: &str, since_ms: u64) {
+        self.router.dequeue(self.context);
+        let now = host.now_ms();
+        self.router.publish_queue(host, now);
+        host.record(
+            Histogram::QueueDuration,
+            model,
+            now.saturating_sub(since_ms),
+        );
     }
 }

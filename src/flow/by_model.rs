@@ -60,7 +60,8 @@ impl Flow {
                 self.head.path, pod.address
             )
         });
-        self.forward_unsplit(host, model.id, &pod)
+        self.hold(host, model.id, None, Some(&pod), false);
+        self.forward_unsplit(host, &pod)
     }
 
     /// Paths the router does not split go to a healthy decode pod it chose.

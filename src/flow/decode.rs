@@ -4,7 +4,7 @@ use super::phase::Next;
 use super::Flow;
 use crate::body::LegBody;
 use crate::error::PdError;
-use crate::fleet::{Endpoint, ModelId};
+use crate::fleet::Endpoint;
 use crate::host::Host;
 use crate::split::{DecodeLeg, SplitPlan};
 use std::rc::Rc;
@@ -37,15 +37,14 @@ impl Flow {
     }
 
     /// Sends the client's request unchanged to one pod (a combined pod, or
-    /// the decode pod of a request that is not split).
+    /// the decode pod of a request that is not split), whose load the
+    /// caller took.
     pub(super) fn forward_unsplit<H: Host>(
         &mut self,
         host: &mut H,
-        model: ModelId,
         pod: &Rc<Endpoint>,
     ) -> Result<Next, PdError> {
         host.set_request_header(&self.router.config.routing.header, Some(&pod.address))?;
-        self.hold(host, model, None, Some(pod));
         self.decode_pod = Some(Rc::clone(pod));
         self.trace_decode(host, &pod.name, false);
         Ok(Next::Upstream(None))

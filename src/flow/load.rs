@@ -33,14 +33,18 @@ impl Flow {
     /// Takes load on the chosen pods (the prefill's with the prompt tokens
     /// it computes) and counts the selections. A split's prefill pod also
     /// counts the stream as live until it ends; a retry on another prefill
-    /// pod moves that count.
+    /// pod moves that count. For a request admission control just let in
+    /// (`admitted`), false when another worker took the pods' last place
+    /// since the look: nothing is held or counted, and the request waits
+    /// again.
     pub(super) fn hold<H: Host>(
         &mut self,
         host: &mut H,
         model: ModelId,
         prefill: Option<(&Rc<Endpoint>, u64)>,
         decode: Option<&Rc<Endpoint>>,
-    ) {
+        admitted: bool,
+    ) -> bool {
         if prefill.is_some() {
             self.release(host, Release::Stream, None);
         }
@@ -53,8 +57,17 @@ impl Flow {
             streaming: prefill.map(|(p, _)| p.id),
         };
         let now = host.now_ms();
-        match router.hold(host, taken, now) {
-            Ok(()) => {
+        let held = if admitted {
+            router.hold_admitted(host, taken, now)
+        } else {
+            router.hold(host, taken, now).map(|()| true)
+        };
+        match held {
+            Ok(false) => {
+                host.increment(Counter::AdmissionRaceLost);
+                return false;
+            }
+            Ok(true) => {
                 let (prefill, prefill_tokens) = match taken.prefill {
                     Some(p) => (Some(p), taken.prefill_tokens),
                     None => (self.held.prefill, self.held.prefill_tokens),
@@ -80,6 +93,7 @@ impl Flow {
         if let Some(d) = decode {
             host.count_pod(&d.name, PodEvent::DecodeSelected);
         }
+        true
     }
 
     /// Gives back held load, and applies what a prefill answer said about its

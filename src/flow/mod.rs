@@ -61,6 +61,10 @@ struct Attempt {
     /// The one resend a connection closed before any answer earns (a
     /// keep-alive race) was spent.
     resent: bool,
+    /// Admission control let the request in just now: its pods must still
+    /// be within their limit once it takes its place on them, or it goes
+    /// back to waiting. Only the first placement: a retry was let in.
+    admitted: bool,
 }
 
 /// One HTTP stream's flow.

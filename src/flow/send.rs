@@ -3,7 +3,7 @@
 
 use super::ids::HostIds;
 use super::load::Release;
-use super::phase::{Next, PendingPrefill, WatchedPrefill};
+use super::phase::{Next, PendingPrefill, QueuedRequest, WatchedPrefill};
 
 use super::{Attempt, Flow};
 use crate::api::Api;
@@ -148,17 +148,42 @@ impl Flow {
 
     /// Sends a planned request on: the prefill dispatched (and, for
     /// concurrent engines, the decode too), or the whole request to one pod.
+    /// Its load is taken first; a request admission control just let in
+    /// whose pods another worker filled meanwhile waits again instead
+    /// ([`Next::Queue`]), nothing sent.
     fn send<H: Host>(
         &mut self,
         host: &mut H,
         plan: Plan,
-        attempt: Attempt,
+        mut attempt: Attempt,
     ) -> Result<Next, PdError> {
         let model = match &plan {
             Plan::Unsplit { request, .. } => &request.model,
             Plan::Split(p) => &p.request.model,
         };
-        self.timing.model = Some(Rc::clone(model));
+        let model = Rc::clone(model);
+        self.timing.model = Some(Rc::clone(&model));
+        let router = Rc::clone(&self.router);
+        let (prefill, decode) = match &plan {
+            Plan::Unsplit { pod, .. } => (None, Rc::clone(pod)),
+            Plan::Split(p) => {
+                let computes = router.uncached_tokens(&p.request, &p.prefix, p.prefill_pod.id);
+                (
+                    Some((Rc::clone(&p.prefill_pod), computes)),
+                    Rc::clone(&p.decode_pod),
+                )
+            }
+        };
+        let prefill_held = prefill.as_ref().map(|(p, tokens)| (p, *tokens));
+        let admitted = std::mem::take(&mut attempt.admitted);
+        if !self.hold(host, model.id, prefill_held, Some(&decode), admitted) {
+            let request = match plan {
+                Plan::Unsplit { request, .. } => request,
+                Plan::Split(p) => p.request,
+            };
+            let since_ms = host.now_ms();
+            return Ok(Next::Queue(Box::new(QueuedRequest { request, since_ms })));
+        }
         let plan = match plan {
             Plan::Unsplit { request, pod, why } => {
                 self.trace_unsplit(host, &request, &pod, &why);
@@ -166,16 +191,9 @@ impl Flow {
             }
             Plan::Split(plan) => plan,
         };
-        let now = host.now_ms();
-        let router = Rc::clone(&self.router);
-        let computes = router.uncached_tokens(&plan.request, &plan.prefix, plan.prefill_pod.id);
+        let computes = prefill.map_or(0, |(_, tokens)| tokens);
         self.trace_split(host, &plan, computes);
-        self.hold(
-            host,
-            plan.request.model.id,
-            Some((&plan.prefill_pod, computes)),
-            Some(&plan.decode_pod),
-        );
+        let now = host.now_ms();
         router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);
         if let Some(decided) = &plan.decided {
             self.report_decision(host, &plan.request, &plan.decode_pod, decided);
@@ -247,7 +265,7 @@ impl Flow {
         if let UnsplitReason::Decided(decided) = why {
             self.report_decision(host, request, pod, decided);
         }
-        self.forward_unsplit(host, request.model.id, pod)
+        self.forward_unsplit(host, pod)
     }
 
     /// A concurrent engine's decode, sent while its prefill (`token`) is in

@@ -14,4 +14,4 @@ pub use keys::{Key, SharedKeys, SHARED_LAYOUT, WORKER_SLOTS_KEY};
 pub use scraped::{
     decode_scraped, encode_scraped, update_scraped, PodMetrics, ScrapedTable, StoredMetrics,
 };
-pub use store::{cas_update, CallbackReads, MemoryStore, SetError, SharedStore};
+pub use store::{cas_update, CallbackReads, Fresh, MemoryStore, SetError, SharedStore};

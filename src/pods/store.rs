@@ -5,6 +5,12 @@
 pub trait SharedStore {
     /// The value and its CAS token.
     fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>);
+    /// The value as the store holds it now, past any copy this callback
+    /// kept of an earlier read: for a check that must see what other
+    /// workers wrote since (admission's, after taking a pod's place).
+    fn shared_get_fresh(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.shared_get(key)
+    }
     /// Writes `value` if the key's CAS token is still `cas` (`None`: always).
     fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError>;
 }
@@ -101,9 +107,39 @@ impl CallbackReads {
         v
     }
 
+    /// Reads `key` afresh with `read`, and keeps that for the rest of the
+    /// callback.
+    pub fn refresh(&self, key: &str, read: impl FnOnce() -> Record) -> Record {
+        let v = read();
+        let mut records = self.records.borrow_mut();
+        match records.iter_mut().find(|(k, _)| k == key) {
+            Some((_, kept)) => *kept = v.clone(),
+            None => records.push((key.into(), v.clone())),
+        }
+        v
+    }
+
     /// A write to `key` (whatever its outcome, its CAS moved or is not ours).
     pub fn wrote(&mut self, key: &str) {
         self.records.get_mut().retain(|(k, _)| k != key);
+    }
+}
+
+/// Reads of a store that go past the callback's kept reads
+/// ([`SharedStore::shared_get_fresh`]), for code that takes a store and
+/// must see other workers' latest writes. It only reads: a write through it
+/// fails.
+pub struct Fresh<'a, S: ?Sized>(pub &'a S);
+
+impl<S: SharedStore + ?Sized> SharedStore for Fresh<'_, S> {
+    fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.0.shared_get_fresh(key)
+    }
+
+    fn shared_set(&mut self, _: &str, _: &[u8], _: Option<u32>) -> Result<(), SetError> {
+        Err(SetError::Failed(
+            "a fresh view of shared data only reads".into(),
+        ))
     }
 }
 
@@ -170,6 +206,9 @@ mod tests {
         fn shared_get(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
             self.reads.get(key, || self.store.shared_get(key))
         }
+        fn shared_get_fresh(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+            self.reads.refresh(key, || self.store.shared_get(key))
+        }
         fn shared_set(
             &mut self,
             key: &str,
@@ -215,6 +254,23 @@ mod tests {
             9,
             "the callback's first microsecond reading serves"
         );
+    }
+
+    #[test]
+    fn a_fresh_read_sees_another_workers_write_and_later_reads_keep_it() {
+        let mut store = MemoryStore::default();
+        store.shared_set("k", &[1], None).unwrap();
+        let c = Cached {
+            store: &mut store,
+            reads: CallbackReads::default(),
+            sets: 0,
+        };
+        assert_eq!(c.shared_get("k").0, Some(vec![1]));
+        c.store.shared_set("k", &[2], None).unwrap();
+        assert_eq!(c.shared_get("k").0, Some(vec![1]), "kept");
+        assert_eq!(c.shared_get_fresh("k").0, Some(vec![2]), "read past it");
+        assert_eq!(c.shared_get("k").0, Some(vec![2]), "and kept in turn");
+        assert_eq!(c.shared_get_fresh("new").0, None);
     }
 
     #[test]

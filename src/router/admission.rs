@@ -4,9 +4,10 @@
 
 use super::Router;
 use crate::admission::waitlist::{pods_at, room_in, Turn, VmView};
-use crate::admission::{Entry, Room, Waiting};
+use crate::admission::{over_limit, Entry, Room, Waiting};
 use crate::fleet::{Fleet, Model, ModelId, PodId};
-use crate::pods::SharedStore;
+use crate::load::HeldLoad;
+use crate::pods::{Fresh, SharedStore};
 use crate::sched::PodState;
 
 impl Router {
@@ -62,6 +63,38 @@ impl Router {
         };
         let pods = self.admission_pods(store, model, now_ms);
         room_in(settings, model, &pods, adapter, prompt_tokens)
+    }
+
+    /// Takes `held` for a request admission control let in, if its pods
+    /// stay within `max_in_flight_per_pod` with it; else takes nothing and
+    /// answers false. The look that let it in read the load before this
+    /// write: another worker may have taken the last place in between. So
+    /// after writing, this reads every worker's load afresh. Of two workers
+    /// that both took a pod's last place, at least one reads the other's
+    /// write (each writes, then reads), and gives its place back; both may.
+    /// Without admission control it is a plain hold.
+    pub fn hold_admitted<S: SharedStore + ?Sized>(
+        &self,
+        store: &mut S,
+        held: HeldLoad,
+        now_ms: u64,
+    ) -> Result<bool, String> {
+        self.hold(store, held, now_ms)?;
+        let Some(settings) = &self.config.admission else {
+            return Ok(true);
+        };
+        let table = self.load(&Fresh(&*store), held.model);
+        let over = [held.prefill, held.decode].into_iter().flatten().any(|id| {
+            let c = table.get(id);
+            over_limit(
+                c.outstanding_prefills.saturating_add(c.pending_decodes),
+                settings,
+            )
+        });
+        if over {
+            self.release(store, held, None, now_ms)?;
+        }
+        Ok(!over)
     }
 
     /// The pod ids of `full` slots of `model`.

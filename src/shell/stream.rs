@@ -161,6 +161,10 @@ impl SharedStore for StreamHost {
         self.reads.get(key, || shared::get(key))
     }
 
+    fn shared_get_fresh(&self, key: &str) -> (Option<Vec<u8>>, Option<u32>) {
+        self.reads.refresh(key, || shared::get(key))
+    }
+
     fn shared_set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), SetError> {
         self.reads.wrote(key);
         shared::set(key, value, cas)

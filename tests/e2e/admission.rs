@@ -7,6 +7,8 @@
 
 use crate::harness::*;
 use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 struct Gateway {
@@ -129,6 +131,31 @@ fn slots(g: &Gateway, workers: usize) -> Vec<String> {
     }
 }
 
+/// A streamed completion of 1,000 tokens (100 s at the decode) that holds
+/// its place on the decode pod until the returned connection is dropped, so
+/// the test frees places when it chooses, not when a decode happens to end.
+fn hold_place(g: &Gateway, id: &str) -> TcpStream {
+    let body = json!({"model": "m", "prompt": format!("prompt of {id}"),
+                      "max_tokens": 1000, "stream": true})
+    .to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: localhost\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\
+         x-request-id: {id}\r\nx-gateway-inference-objective: standard\r\n\r\n",
+        body.len()
+    );
+    let mut s = TcpStream::connect(("127.0.0.1", g.envoy.port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    s.write_all(head.as_bytes()).expect("head");
+    s.write_all(body.as_bytes()).expect("body");
+    // The answer starts once its decode streams: it holds its place.
+    let mut start = [0u8; 12];
+    s.read_exact(&mut start).expect("the answer starts");
+    assert_eq!(&start, b"HTTP/1.1 200", "{id}");
+    s
+}
+
 #[test]
 fn batch_is_shed_and_premium_goes_before_standard() {
     let g = gateway(json!({"max_in_flight_per_pod": 2}));
@@ -136,18 +163,13 @@ fn batch_is_shed_and_premium_goes_before_standard() {
     // VMs on one slot would share one gauge.
     let leased = slots(&g, 4);
     assert!(leased.len() >= 4, "{leased:?}");
+    // Two streams fill the decode pod. Once six requests wait, the first
+    // is dropped and the second kept: one place frees and stays the only
+    // one, so the queue's requests go through it one at a time, and the
+    // order it lets them in is the order they reach the prefill pod.
+    let first = hold_place(&g, "slow-0");
+    let second = hold_place(&g, "slow-1");
     std::thread::scope(|s| {
-        // Two slow requests (4 s and 5 s of decode) fill the decode pod;
-        // from then on one place frees at a time, so the order the queue
-        // lets requests in is the order they reach the prefill pod.
-        let slow: Vec<_> = (0..2)
-            .map(|i| {
-                let g = &g;
-                s.spawn(move || request(g, &format!("slow-{i}"), "standard", 40 + 10 * i))
-            })
-            .collect();
-        wait_for_placed(&g, "slow-", 2);
-
         let start = Instant::now();
         let shed: Vec<_> = (0..3)
             .map(|i| {
@@ -178,11 +200,13 @@ fn batch_is_shed_and_premium_goes_before_standard() {
             std::thread::sleep(Duration::from_millis(150));
         }
         wait_for_waiting(&g, 6);
-        for h in slow.into_iter().chain(queued) {
+        drop(first);
+        for h in queued {
             let a = h.join().expect("request");
             assert_eq!(a.status, 200, "{}\n{}", a.body, g.envoy.log());
         }
     });
+    drop(second);
     let order: Vec<String> = g
         .prefill
         .requests()
