@@ -492,8 +492,10 @@ impl Envoy {
     /// The discovered pod set all VMs route by, as (generation, pods), once
     /// each has applied the generation the lister published last (`None`
     /// before). Envoy's main thread runs a VM of its own beside the
-    /// workers' (it ticks, so it applies sets too): at least `workers`. Read twice, so a VM applying a set between
-    /// the reads is not taken for agreement.
+    /// workers' (it ticks, so it applies sets too): more than `workers`
+    /// gauges, or the main thread's alone could stand for a worker that has
+    /// applied nothing yet. Read twice, so a VM applying a set between the
+    /// reads is not taken for agreement.
     pub fn applied_pod_set(&self) -> Option<(u64, u64)> {
         let read = || {
             let stats = self.stats("wasmcustom.pd_router.discovery.");
@@ -507,7 +509,7 @@ impl Envoy {
                 stats.iter().find(|(k, _)| *k == name).map(|(_, v)| *v)
             };
             let (pods, published) = (gauge("pods")?, gauge("published_generation")?);
-            (gens.len() >= self.workers as usize && gens.iter().all(|g| *g == published))
+            (gens.len() > self.workers as usize && gens.iter().all(|g| *g == published))
                 .then_some((published, pods))
         };
         let first = read()?;
