@@ -755,6 +755,16 @@ fn pod_index(r: &Router, address: &str) -> usize {
         .expect("a pod of the fleet")
 }
 
+/// The id of the pod at `address`.
+fn pod_id(r: &Router, address: &str) -> pd_router::fleet::PodId {
+    r.fleet()
+        .pods()
+        .iter()
+        .find(|p| p.address == address)
+        .expect("a pod of the fleet")
+        .id
+}
+
 /// Answers still streaming whose prefill each pod ran.
 fn streams(r: &Router, host: &FakeHost) -> Vec<u32> {
     r.counters(host).iter().map(|c| c.live_streams).collect()
@@ -2300,16 +2310,11 @@ fn two_workers() -> (Rc<Router>, Rc<Router>, MemoryStore) {
 fn decode_held(r: &Router) -> pd_router::load::HeldLoad {
     let fleet = r.fleet();
     let m = fleet.model("m").unwrap();
-    let decode = m
-        .endpoints()
-        .iter()
-        .find(|e| e.address == "10.9.0.2:8000")
-        .map(|e| e.id);
     pd_router::load::HeldLoad {
         model: m.id,
         prefill: None,
         prefill_tokens: 0,
-        decode,
+        decode: Some(pod_id(r, "10.9.0.2:8000")),
         streaming: None,
     }
 }
@@ -2545,12 +2550,7 @@ fn a_prefill_retry_may_use_a_pod_that_was_full_when_the_request_was_let_in() {
     let r = Rc::new(Router::new(Config::parse(json.as_bytes()).unwrap(), 0).unwrap());
     let fleet = r.fleet();
     let m = fleet.model("m").unwrap();
-    let a = m
-        .endpoints()
-        .iter()
-        .find(|e| e.address == "10.9.1.1:8000")
-        .unwrap()
-        .id;
+    let a = pod_id(&r, "10.9.1.1:8000");
     let full_a = pd_router::load::HeldLoad {
         model: m.id,
         prefill: Some(a),
