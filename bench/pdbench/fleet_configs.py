@@ -260,6 +260,20 @@ PLACEMENT_SWEEP = [
              about=f"least_ttft, each streaming conversation of a pod costs u^2/{n:,} tokens, "
                    "at most u/8")
       for n in (2097152, 8388608)),
+    # Declared after those (bench/README.md, "Weighing tokens by their
+    # attention"): a giant cold prompt delays the turns queued behind it by
+    # more than its token count says, since each of its tokens attends to
+    # all before it. Llama-3.1-8B's own figure (2 x 6.98 G non-embedding
+    # parameters over 4 x 32 layers x 4,096 wide: 26,600), alone and under
+    # caps on what holding the prompt is worth, in that unit.
+    Config("pd-ttft-att", "pd", "vllm", {}, {"scheduling": {"attention_tokens": 26600}},
+           against="pd-ttft", variants=("1x",),
+           about="least_ttft, tokens weighed by their attention (attention_tokens 26,600)"),
+    *(Config(f"pd-ttft-att-cap{n // 1024}k", "pd", "vllm", {},
+             {"scheduling": {"attention_tokens": 26600, "affinity_cap_tokens": n}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, tokens weighed by their attention, the affinity capped at {n:,}")
+      for n in (196608, 262144)),
 ]
 
 # One change each against a configuration above (`against`), in the

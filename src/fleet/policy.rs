@@ -198,6 +198,15 @@ pub struct Scheduling {
     /// is the tail's floor, so it takes at most that much more queue to
     /// stay off the pods whose conversations stream.
     pub busy_home_cap: f64,
+    /// `least_ttft`: the context length, in tokens, at which a prompt
+    /// token's attention costs as much as its linear layers (0: every token
+    /// counts alike). Set, queues and prompts are weighed by what computing
+    /// them costs ([`crate::sched::prefill_work`]): a giant prompt ahead in a
+    /// pod's queue delays the next one by more than its token count says.
+    /// For a dense transformer, twice its non-embedding parameters over
+    /// four times its layers by its model width: about 26,600 for
+    /// Llama-3.1-8B.
+    pub attention_tokens: f64,
 }
 
 impl Default for Scheduling {
@@ -242,13 +251,14 @@ impl Default for Scheduling {
             affinity_cap_prompts: 0.0,
             busy_home_tokens: 0.0,
             busy_home_cap: 0.0,
+            attention_tokens: 0.0,
         }
     }
 }
 
 impl Scheduling {
     /// The knobs that must be finite and non-negative, by name.
-    pub fn ratios(&self) -> [(&'static str, f64); 14] {
+    pub fn ratios(&self) -> [(&'static str, f64); 15] {
         [
             (
                 "prefill_outlier_stddev_factor",
@@ -276,6 +286,7 @@ impl Scheduling {
             ("affinity_cap_prompts", self.affinity_cap_prompts),
             ("busy_home_tokens", self.busy_home_tokens),
             ("busy_home_cap", self.busy_home_cap),
+            ("attention_tokens", self.attention_tokens),
         ]
     }
 }

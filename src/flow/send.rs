@@ -167,9 +167,9 @@ impl Flow {
         let (prefill, decode) = match &plan {
             Plan::Unsplit { pod, .. } => (None, Rc::clone(pod)),
             Plan::Split(p) => {
-                let computes = router.uncached_tokens(&p.request, &p.prefix, p.prefill_pod.id);
+                let work = router.prefill_work(&p.request, &p.prefix, p.prefill_pod.id);
                 (
-                    Some((Rc::clone(&p.prefill_pod), computes)),
+                    Some((Rc::clone(&p.prefill_pod), work)),
                     Rc::clone(&p.decode_pod),
                 )
             }
@@ -191,7 +191,7 @@ impl Flow {
             }
             Plan::Split(plan) => plan,
         };
-        let computes = prefill.map_or(0, |(_, tokens)| tokens);
+        let computes = router.uncached_tokens(&plan.request, &plan.prefix, plan.prefill_pod.id);
         self.trace_split(host, &plan, computes);
         let now = host.now_ms();
         router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);

@@ -17,7 +17,9 @@ use std::rc::Rc;
 pub struct HeldLoad {
     pub model: ModelId,
     pub prefill: Option<PodId>,
-    /// The prompt tokens the prefill computes, as estimated at placement.
+    /// The prompt tokens the prefill computes, as estimated at placement
+    /// (weighed by their attention with `attention_tokens` set:
+    /// [`crate::sched::prefill_work`]).
     pub prefill_tokens: u64,
     pub decode: Option<PodId>,
     /// The prefill pod of a split whose answer still streams (taken with

@@ -19,7 +19,8 @@ use crate::fleet::PodId;
 pub struct PodCounters {
     pub outstanding_prefills: u32,
     /// The prompt tokens those prefills compute, as estimated when they
-    /// were placed (what they do not find cached on the pod).
+    /// were placed (what they do not find cached on the pod; weighed by
+    /// their attention with `attention_tokens` set).
     pub outstanding_prefill_tokens: u64,
     pub pending_decodes: u32,
     /// The pod is skipped until this time (Unix ms).

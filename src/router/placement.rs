@@ -456,6 +456,20 @@ impl Router {
             .saturating_sub(self.cached_tokens(request, found, pod))
     }
 
+    /// What the prefill on `pod` costs it, in the unit `least_ttft` weighs
+    /// queues in: [`Router::uncached_tokens`] weighed by their attention
+    /// (`attention_tokens`; the tokens themselves when 0).
+    pub fn prefill_work(&self, request: &SplitRequest, found: &PrefixMatch, pod: PodId) -> u64 {
+        let uncached = self.uncached_tokens(request, found, pod);
+        let cached = request.prompt.tokens.saturating_sub(uncached);
+        let work = crate::sched::prefill_work(
+            uncached as f64,
+            cached as f64,
+            self.config.scheduling.attention_tokens,
+        );
+        work.round() as u64
+    }
+
     /// Records `pod` as the decode pod that last served the prompt, for the
     /// decider's next look (as [`Router::remember_prefix`], checkpoints
     /// closer together: the decider compares tokens, not pods).

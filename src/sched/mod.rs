@@ -18,6 +18,7 @@ mod random;
 mod request;
 mod score;
 mod state;
+mod work;
 
 use crate::fleet::{DecodePolicy, Endpoint, Model, Scheduling};
 use random::shuffle;
@@ -30,6 +31,7 @@ pub use random::SplitMix64;
 pub use request::{LoadBound, PlacementRequest};
 pub use score::{decode_scores, prefill_scores};
 pub use state::PodState;
+pub use work::prefill_work;
 
 /// Places one request.
 pub fn schedule<'m>(

@@ -7,6 +7,7 @@ use super::choice::{Choice, NoPod};
 use super::random::SplitMix64;
 use super::request::{LoadBound, PlacementRequest};
 use super::state::{state, PodState};
+use super::work::prefill_work;
 use crate::fleet::{DecodePolicy, Endpoint, Model, PrefillPolicy, Scheduling};
 use std::rc::Rc;
 
@@ -81,22 +82,32 @@ fn least_ttft(
     s: &Scheduling,
 ) -> Vec<f64> {
     let prompt = ask.prompt_tokens as f64;
-    let uncached =
+    let lacks =
         |e: &Endpoint| prompt - prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
+    // In the queue's unit: what computing them costs that pod.
+    let uncached = |e: &Endpoint| {
+        let lacking = lacks(e);
+        prefill_work(lacking, prompt - lacking, s.attention_tokens)
+    };
     let cap = [s.affinity_cap_tokens, s.affinity_cap_prompts * prompt]
         .into_iter()
         .filter(|c| *c > 0.0)
         .reduce(f64::max);
     // Only a cap reads the fewest, so the default path makes no second pass.
     let fewest = match cap {
-        Some(_) => c.iter().map(|e| uncached(e)).fold(prompt, f64::min),
+        Some(_) => c.iter().map(|e| uncached(e)).fold(f64::INFINITY, f64::min),
         None => 0.0,
     };
     c.iter()
-        .zip(queued_tokens(c, pods, prompt))
+        .zip(queued_tokens(
+            c,
+            pods,
+            prefill_work(prompt, 0.0, s.attention_tokens),
+        ))
         .map(|(e, queued)| {
-            let lacking = uncached(e);
-            queued + uncached_cost(lacking, fewest, cap, s) + busy_home_cost(lacking, pods, e, s)
+            queued
+                + uncached_cost(uncached(e), fewest, cap, s)
+                + busy_home_cost(lacks(e), pods, e, s)
         })
         .collect()
 }

@@ -248,6 +248,61 @@ fn least_ttft_caps_what_holding_the_prompt_is_worth() {
 }
 
 #[test]
+fn least_ttft_weighs_tokens_by_their_attention_when_asked() {
+    let c = config(r#","prefill_policy":"least_ttft""#);
+    let pods = idle(8);
+    let mut s = c.scheduling.clone();
+    s.attention_tokens = 25_000.0;
+    // Pod 0 holds 90,000 of a 100,000-token prompt: its 10,000 new tokens
+    // attend to 95,000 before them on average, 4.8 times a short prompt's
+    // cost. Pod 1 computes all of it: 3 times.
+    let held = |pod: usize| if pod == 0 { 90.0 } else { 0.0 };
+    let scores = ttft_scores(&c, &pods, 100_000, &held, &s);
+    let near = |a: f64, b: f64| (a - b).abs() < 1e-6;
+    assert!(near(scores[0], 48.0 * 10_000.0 * 4.8), "{scores:?}");
+    assert!(near(scores[1], 48.0 * 100_000.0 * 3.0), "{scores:?}");
+    // Off (the default), tokens count alike.
+    let scores = ttft_scores(&c, &pods, 100_000, &held, &c.scheduling);
+    assert_eq!(scores, vec![48.0 * 10_000.0, 48.0 * 100_000.0]);
+    // A cap compares the same unit: pod 1 lacks 90,000 tokens more, which
+    // the weight's part above 1 makes far more than the cap.
+    s.affinity_cap_tokens = 20_000.0;
+    let scores = ttft_scores(&c, &pods, 100_000, &held, &s);
+    assert!(near(scores[0], 48_000.0), "{scores:?}");
+    assert!(near(scores[1], 300_000.0 + 20_000.0), "{scores:?}");
+}
+
+#[test]
+fn least_ttft_sends_a_turn_away_from_a_giant_prefill_only_when_tokens_weigh_their_attention() {
+    let mut c = config(r#","prefill_policy":"least_ttft""#);
+    c.scheduling.affinity_cap_tokens = 200_000.0;
+    let mut pods = idle(8);
+    // A 20,000-token turn, 60 % held on pod 0, where a cold prompt of
+    // 120,000 tokens is queued (held as its work with attention_tokens
+    // set, as the router holds it); every other pod has 20,000 tokens of
+    // short prompts queued.
+    let held = |pod: usize| if pod == 0 { 60.0 } else { 0.0 };
+    for p in pods.iter_mut() {
+        p.outstanding_prefills = 4;
+        p.outstanding_prefill_tokens = 20_000;
+    }
+    pods[0].outstanding_prefills = 1;
+    pods[0].outstanding_prefill_tokens = 120_000;
+    // Counted in tokens the giant is 100,000 more than elsewhere, under
+    // the 12,000 saved plus the cap: the turn waits behind it.
+    assert_eq!(run(&c, &pods, 20_000, &held).0, "10.0.0.1:1");
+    // Weighed by its attention it is 3.4 times that, and the turn leaves.
+    c.scheduling.attention_tokens = 25_000.0;
+    let giant = crate::sched::prefill_work(120_000.0, 0.0, 25_000.0);
+    let short = 4.0 * crate::sched::prefill_work(5_000.0, 0.0, 25_000.0);
+    pods[0].outstanding_prefill_tokens = giant as u64;
+    for p in pods.iter_mut().skip(1) {
+        p.outstanding_prefill_tokens = short as u64;
+    }
+    assert_ne!(run(&c, &pods, 20_000, &held).0, "10.0.0.1:1");
+}
+
+#[test]
 fn least_ttft_keeps_a_long_cold_prompt_off_the_pod_whose_conversations_stream() {
     let c = config(r#","prefill_policy":"least_ttft""#);
     let mut pods = idle(8);
