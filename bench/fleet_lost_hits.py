@@ -15,8 +15,9 @@ blocks seen in an earlier request, capped at its prompt less one token):
   serve it: a router whose table knows only that pod piles them there.
 
 A pod holds a request's blocks from its prefill's first token on (the
-sims' rule: computed blocks only); evictions are ignored (the host tier
-keeps them at this benchmark's settings)."""
+sims' rule: computed blocks only) and never drops them here, so what the
+chosen pod had computed less what the sims found cached on it is what its
+evictions took (a block evicted before the request's step came)."""
 
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ def main() -> int:
     print(f"{a.run}: {t['requests']} requests, limit {t['limit']} tokens")
     print(f"  cached on the chosen pod (the sims' count): {t['cached'] / lim:.1%} of the limit")
     print(f"  lost, no pod held it yet:                   {(t['limit'] - t['best']) / lim:.1%}")
+    print(f"  lost on the chosen pod after it computed it: {(t['chosen'] - t['cached']) / lim:.1%}"
+          " (evicted, or not yet computed when its step came)")
     print(f"  lost, sent to a pod holding less:           {(t['best'] - t['chosen']) / lim:.1%}"
           f" over {t['moves']} requests ({t['load moves']} load moves, "
           f"{t['table named another']} where the last pod to serve the prefix held less)")

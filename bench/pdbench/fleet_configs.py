@@ -274,6 +274,17 @@ PLACEMENT_SWEEP = [
              against="pd-ttft", variants=("1x",),
              about=f"least_ttft, tokens weighed by their attention, the affinity capped at {n:,}")
       for n in (196608, 262144)),
+    # Declared after those gave up hits (bench/README.md, "Weighing tokens
+    # by their attention"): keep the turns home and the giants off the
+    # pods whose conversations stream (busy_home_tokens, unbounded); weighed
+    # by its attention a giant in flight makes its pod look three times
+    # busier, which is what should keep the next giant from gathering there.
+    *(Config(f"pd-ttft-att-home{n // 1024}k", "pd", "vllm", {},
+             {"scheduling": {"attention_tokens": 26600, "busy_home_tokens": n}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, tokens weighed by their attention, each streaming "
+                   f"conversation of a pod costs u^2/{n:,} tokens")
+      for n in (131072, 262144)),
 ]
 
 # One change each against a configuration above (`against`), in the
