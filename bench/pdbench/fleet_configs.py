@@ -285,6 +285,16 @@ PLACEMENT_SWEEP = [
              about=f"least_ttft, tokens weighed by their attention, each streaming "
                    f"conversation of a pod costs u^2/{n:,} tokens")
       for n in (131072, 262144)),
+    # Declared after those (fleet_lost_hits.py on t6k: the weighing's lost
+    # hits are load moves, 77 against the default's 46): the weighing makes
+    # a giant queue about three times its tokens and a queue of short
+    # prompts about its tokens, so a higher weight should keep the moves
+    # behind giants and drop the others.
+    *(Config(f"pd-ttft-att-w{w}", "pd", "vllm", {},
+             {"scheduling": {"attention_tokens": 26600, "uncached_token_weight": w}},
+             against="pd-ttft", variants=("1x",),
+             about=f"least_ttft, tokens weighed by their attention, uncached_token_weight {w}")
+      for w in (96, 144)),
 ]
 
 # One change each against a configuration above (`against`), in the
