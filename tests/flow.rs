@@ -855,6 +855,46 @@ fn load_is_held_while_in_flight_and_returned_on_every_ending() {
     assert!(all_zero(&r, &host));
 }
 
+#[test]
+fn a_prefill_holds_its_work_weighed_by_attention_when_attention_tokens_is_set() {
+    // The tokens a prefill holds on its pod until it answers, with and
+    // without `attention_tokens`: the same prompt, weighed by its attention.
+    let held = |attention: Option<f64>| {
+        let config = match attention {
+            Some(a) => POOL.replacen(
+                '{',
+                &format!(r#"{{"scheduling":{{"attention_tokens":{a}}},"#),
+                1,
+            ),
+            None => POOL.to_string(),
+        };
+        let r = Rc::new(
+            Router::new(Config::parse(config.as_bytes()).expect("config"), 0).expect("router"),
+        );
+        let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(40_000));
+        let mut host = post("/v1/completions", &body);
+        let mut flow = Flow::new(Rc::clone(&r));
+        send_request(&mut flow, &mut host);
+        let tokens: u64 = r
+            .counters(&host)
+            .iter()
+            .map(|c| c.outstanding_prefill_tokens)
+            .sum();
+        answer(&mut flow, &mut host, Some(200), VLLM_ANSWER);
+        flow.on_stream_end(&mut host);
+        assert!(all_zero(&r, &host));
+        tokens
+    };
+    let tokens = held(None);
+    assert!(
+        tokens > 9_000,
+        "about 10,000 tokens at 4 bytes each: {tokens}"
+    );
+    let work = pd_router::sched::prefill_work(tokens as f64, 0.0, 5_000.0);
+    assert_eq!(held(Some(5_000.0)), work.round() as u64);
+    assert!(work > 1.9 * tokens as f64);
+}
+
 /// Envoy 1.40's own 503 bodies for a call it could not complete.
 const ENVOY_OVERFLOW: &str =
     "upstream connect error or disconnect/reset before headers. reset reason: overflow";
