@@ -74,7 +74,8 @@ pub fn prefill_scores(
 /// estimated when each was placed; the requests it reported for others at
 /// the last scrape, at this Envoy's mean prefill) and this prompt's tokens
 /// it does not hold. Prefill time grows with the tokens computed, so this
-/// is the order of the first tokens' times.
+/// is the order of the first tokens' times. With `attention_tokens` set,
+/// each token counts for its attention too ([`prefill_work`]).
 fn least_ttft(
     c: &[&Endpoint],
     pods: &[PodState],
@@ -85,7 +86,7 @@ fn least_ttft(
     let lacks =
         |e: &Endpoint| prompt - prompt * (ask.prefix_match)(e.slot).clamp(0.0, 100.0) / 100.0;
     // In the queue's unit: what computing them costs that pod.
-    let uncached = |e: &Endpoint| {
+    let lacking_work = |e: &Endpoint| {
         let lacking = lacks(e);
         prefill_work(lacking, prompt - lacking, s.attention_tokens)
     };
@@ -95,7 +96,10 @@ fn least_ttft(
         .reduce(f64::max);
     // Only a cap reads the fewest, so the default path makes no second pass.
     let fewest = match cap {
-        Some(_) => c.iter().map(|e| uncached(e)).fold(f64::INFINITY, f64::min),
+        Some(_) => c
+            .iter()
+            .map(|e| lacking_work(e))
+            .fold(f64::INFINITY, f64::min),
         None => 0.0,
     };
     c.iter()
@@ -106,7 +110,7 @@ fn least_ttft(
         ))
         .map(|(e, queued)| {
             queued
-                + uncached_cost(uncached(e), fewest, cap, s)
+                + uncached_cost(lacking_work(e), fewest, cap, s)
                 + busy_home_cost(lacks(e), pods, e, s)
         })
         .collect()
