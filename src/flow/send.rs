@@ -164,13 +164,17 @@ impl Flow {
         let model = Rc::clone(model);
         self.timing.model = Some(Rc::clone(&model));
         let router = Rc::clone(&self.router);
-        let (prefill, decode) = match &plan {
-            Plan::Unsplit { pod, .. } => (None, Rc::clone(pod)),
+        // A split's prefill: the tokens it computes (for the trace) and the
+        // work its pod holds for them.
+        let (prefill, decode, computes) = match &plan {
+            Plan::Unsplit { pod, .. } => (None, Rc::clone(pod), 0),
             Plan::Split(p) => {
-                let work = router.prefill_work(&p.request, &p.prefix, p.prefill_pod.id);
+                let computes = router.uncached_tokens(&p.request, &p.prefix, p.prefill_pod.id);
+                let work = router.prefill_work(&p.request, computes);
                 (
                     Some((Rc::clone(&p.prefill_pod), work)),
                     Rc::clone(&p.decode_pod),
+                    computes,
                 )
             }
         };
@@ -191,7 +195,6 @@ impl Flow {
             }
             Plan::Split(plan) => plan,
         };
-        let computes = router.uncached_tokens(&plan.request, &plan.prefix, plan.prefill_pod.id);
         self.trace_split(host, &plan, computes);
         let now = host.now_ms();
         router.remember_prefix(host, &plan.request, &plan.prefix, plan.prefill_pod.id, now);

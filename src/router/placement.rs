@@ -456,11 +456,11 @@ impl Router {
             .saturating_sub(self.cached_tokens(request, found, pod))
     }
 
-    /// What the prefill on `pod` costs it, in the unit `least_ttft` weighs
-    /// queues in: [`Router::uncached_tokens`] weighed by their attention
+    /// What a prefill computing `uncached` of the prompt's tokens (as
+    /// [`Router::uncached_tokens`] says) costs its pod, in the unit
+    /// `least_ttft` weighs queues in: the tokens weighed by their attention
     /// (`attention_tokens`; the tokens themselves when 0).
-    pub fn prefill_work(&self, request: &SplitRequest, found: &PrefixMatch, pod: PodId) -> u64 {
-        let uncached = self.uncached_tokens(request, found, pod);
+    pub fn prefill_work(&self, request: &SplitRequest, uncached: u64) -> u64 {
         let cached = request.prompt.tokens.saturating_sub(uncached);
         let work = crate::sched::prefill_work(
             uncached as f64,
