@@ -154,8 +154,10 @@ fn uncached_cost(uncached: f64, fewest: f64, cap: Option<f64>, s: &Scheduling) -
 
 /// The prompt tokens queued on each candidate: this Envoy's prefills, as
 /// estimated when each was placed, and the requests the pod reported for
-/// others at the last scrape, at this Envoy's mean prefill (`prompt`'s
-/// tokens when it has none in flight).
+/// others at the last scrape, at this Envoy's mean prefill (`prompt`, the
+/// placed prompt's own, when it has none in flight). In the unit the
+/// prefills were held in: their tokens, or their work with
+/// `attention_tokens` set.
 fn queued_tokens(c: &[&Endpoint], pods: &[PodState], prompt: f64) -> Vec<f64> {
     let states: Vec<PodState> = c.iter().map(|e| state(pods, e)).collect();
     let (count, tokens) = states.iter().fold((0u64, 0u64), |(n, t), s| {
