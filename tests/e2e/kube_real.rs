@@ -951,8 +951,13 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
     wait_until("the dead token is counted", || {
         stat(&envoy, "failures") >= 1
     });
+    // The ModelAdapters read carries the same token and usually meets it
+    // first (it is due every interval; the pod watch holds the one call
+    // slot for watch_seconds), so the first failure counted is often not
+    // the pods'. Rotating before the pod calls fail too leaves them
+    // nothing to recover from: wait for theirs (CI, stop 51).
     assert!(
-        envoy.log_lines_with("401 Unauthorized") >= 1,
+        envoy.log_lines_with("keeping the last good pod set: 401 Unauthorized") >= 1,
         "{}",
         envoy.log()
     );
@@ -966,6 +971,10 @@ fn envoy_follows_a_rotated_token_the_real_api_server_issued() {
     for i in 0..6 {
         assert_eq!(split(&envoy, "m", i).1, "rot-d1");
     }
-    assert!(envoy.log_lines_with("the API server answers again") >= 1);
+    assert!(
+        envoy.log_lines_with("the API server answers again") >= 1,
+        "{}",
+        envoy.log()
+    );
     envoy.assert_counters_zero();
 }
