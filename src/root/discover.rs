@@ -20,6 +20,13 @@ use crate::router::Router;
 
 /// The largest list or watch answer read (a few thousand pods are a few MiB).
 pub const MAX_LIST_BYTES: usize = 64 << 20;
+/// How late the lease holder's next tick may come before another VM takes
+/// the discovery over. The TTL without it is exactly the longest gap
+/// between two calls when ticks are on time.
+const LEASE_SLACK_MS: u64 = 2_000;
+/// A call answered without a status this close to the end of its timeout
+/// is taken as timed out.
+const TIMEOUT_CLOCK_SLACK_MS: u64 = 5;
 
 fn log<H: RootHost>(host: &H, level: Level, msg: &str) {
     host.log(level, &format!("pd-router discovery: {msg}"));
@@ -39,8 +46,9 @@ pub struct Discoverer {
     cfg: KubeDiscovery,
     /// The bearer token, from the VM environment variable `token_env`.
     token: Option<String>,
-    /// The call in flight: its token and what it is.
-    in_flight: Option<(u32, Call)>,
+    /// The call in flight: its token, what it is, and when its timeout
+    /// ends (Unix ms).
+    in_flight: Option<(u32, Call, u64)>,
     /// No call starts before this (Unix ms).
     next_at_ms: u64,
     jitter: Jitter,
@@ -162,14 +170,17 @@ impl Discoverer {
             return;
         }
         let watching = self.cfg.watch && self.watched.is_some();
-        // Held through the call and the longest wait before the next one
-        // (a backoff included), with room to spare: the holder keeps its
-        // watch's resourceVersion, which another VM would have to list for.
+        // Held through the call, the longest wait before the next one (a
+        // backoff included), the tick that notices it is due, and slack for
+        // a tick that runs late on a loaded Envoy: the holder keeps its
+        // watch's resourceVersion and its failure state, which another VM
+        // would have to list for and would report afresh.
         let ttl = self
             .cfg
             .call_timeout_ms(watching)
             .saturating_add(max_delay_ms(&self.cfg))
-            .saturating_add(self.cfg.interval_ms);
+            .saturating_add(self.cfg.interval_ms)
+            .saturating_add(LEASE_SLACK_MS);
         self.lister = lease::try_hold(host, &router.keys().discovery_lease(), vm_id, now, ttl);
         if !self.lister {
             return;
@@ -217,7 +228,10 @@ impl Discoverer {
         }
         let timeout = self.cfg.call_timeout_ms(matches!(call, Call::Watch));
         match host.dispatch(&self.cfg.cluster, &headers, timeout) {
-            Ok(token) => self.in_flight = Some((token, call)),
+            Ok(token) => {
+                let ends = host.now_ms().saturating_add(timeout);
+                self.in_flight = Some((token, call, ends));
+            }
             Err(e) => {
                 log(
                     host,
@@ -234,7 +248,7 @@ impl Discoverer {
     }
 
     pub fn owns(&self, token: u32) -> bool {
-        self.in_flight.as_ref().is_some_and(|(t, _)| *t == token)
+        self.in_flight.as_ref().is_some_and(|(t, ..)| *t == token)
     }
 
     /// A list or watch answer arrived.
@@ -245,9 +259,17 @@ impl Discoverer {
         status: Option<u16>,
         body_size: usize,
     ) {
-        let Some((_, call)) = self.in_flight.take() else {
+        let Some((_, call, ends)) = self.in_flight.take() else {
             return;
         };
+        // Envoy answers a call whose timeout ends before its headers with
+        // a 504 of its own, but cuts one whose timeout ends mid-answer (a
+        // watch, a slow list page) with a reset and no status: that is the
+        // timeout too, and "connection reset" would send an operator
+        // after the network. The slack covers whole-millisecond clocks.
+        let status = status.or_else(|| {
+            (host.now_ms().saturating_add(TIMEOUT_CLOCK_SLACK_MS) >= ends).then_some(504)
+        });
         let body = host.call_answer_body(body_size, MAX_LIST_BYTES);
         match call {
             Call::List(mut run) => match run.on_answer(&self.cfg, status, &body) {

@@ -479,6 +479,43 @@ fn a_set_not_confirmed_for_stale_after_ms_is_said_and_its_age_published() {
 }
 
 #[test]
+fn a_call_cut_when_its_timeout_ends_is_said_to_have_timed_out_not_reset() {
+    let mut vms = vms(WATCHED, 1);
+    let [(a, ha)] = &mut vms[..] else {
+        panic!("one vm")
+    };
+    let list = next_call(a, ha);
+    let pods = pod_list(vec![pod("p0", "10.1.0.1", "prefill")]);
+    answer(a, ha, &list, Some(200), &pods);
+    // Envoy cuts a watch whose timeout ends mid-answer with a reset and
+    // no status, not with the 504 it gives one cut before its headers.
+    let watch = next_call(a, ha);
+    ha.now += 700_000;
+    answer(a, ha, &watch, None, b"");
+    assert!(
+        ha.logged("the API server did not answer: timed out"),
+        "{:?}",
+        ha.logs.borrow()
+    );
+    assert!(!ha.logged("connection reset"));
+    let again = next_call(a, ha);
+    assert!(
+        again.header(":path").contains("watch=1"),
+        "the watch goes on"
+    );
+    answer(a, ha, &again, Some(200), &watch_events(&[]));
+    assert!(ha.logged("the API server answers again"));
+    // A reset well inside the call's time is the connection's.
+    let watch = next_call(a, ha);
+    answer(a, ha, &watch, None, b"");
+    assert!(
+        ha.logged("the API server did not answer: connection reset"),
+        "{:?}",
+        ha.logs.borrow()
+    );
+}
+
+#[test]
 fn a_missing_token_is_said_at_configure() {
     let mut host = MemoryStore::default();
     let c = configure(Some(DISCOVERED.as_bytes()), &|_| None, &mut host, 1, 0).expect("valid");

@@ -357,7 +357,15 @@ fn api_trouble_keeps_the_last_good_pod_set() {
     // Slower than the call's timeout: no answer, same rule.
     let before = failures();
     api.set_mode_delay("slow", 1500);
-    wait_until("a timed-out call is counted", || failures() > before);
+    // The ModelAdapters read counts its own timeouts in `failures` and
+    // can meet the slow answers first: the log count below needs the pod
+    // calls' own failure before the mode changes back.
+    wait_until("a timed-out pod call is reported", || {
+        envoy.log_lines_with(
+            "keeping the last good pod set: the API server did not answer: timed out",
+        ) >= 1
+    });
+    assert!(failures() > before, "slow: counted");
     ok("slow");
 
     // Back to normal, and a change is picked up again.
