@@ -548,14 +548,17 @@ fn watches_survive_cuts_expiry_and_an_outage_and_the_age_says_so() {
     wait_until("the second relist", || relists() >= 2);
     api.set_mode("ok");
     // 3. A watch cut mid-stream (no final chunk): counted, then watched
-    //    again from the same resourceVersion; the change still arrives.
+    //    again from the same resourceVersion; a change made after the cut
+    //    still arrives. (Made before it, the watch open under "ok" could
+    //    carry it and the resumed watch would be untested.)
     let failures = envoy.stat("wasmcustom.pd_router.discovery.failures");
     api.set_mode("truncated");
-    pods.push(pod(&d1, "decode"));
-    api.set_pods(&pods);
     wait_until("the cut watch is counted", || {
         envoy.stat("wasmcustom.pd_router.discovery.failures") > failures
     });
+    assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 2);
+    pods.push(pod(&d1, "decode"));
+    api.set_pods(&pods);
     api.set_mode("ok");
     wait_for_lists(&api, &envoy);
     assert_eq!(envoy.stat("wasmcustom.pd_router.discovery.pods"), 3);
